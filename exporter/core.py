@@ -1,0 +1,123 @@
+"""Types shared by the sampler and the collectors: what a sample cycle sees and produces."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from exporter.metrics import BY_NAME
+
+Labels = tuple[str, ...]
+# Allow-listed pod labels, (name, value) pairs sorted by name; rendered as label_<name>.
+PodLabels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    """A GPU as discovered through NVML. `handle` is opaque (real or simulated NVML)."""
+
+    index: int
+    uuid: str
+    model: str
+    mig_enabled: bool
+    handle: Any = field(compare=False, repr=False)
+
+    def labels(self, node: str) -> Labels:
+        return (node, str(self.index), self.uuid, self.model)
+
+
+@dataclass(frozen=True)
+class MigRef:
+    parent: GpuRef
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str  # e.g. "3g.40gb"
+    slices: int  # compute slices of the profile
+    parent_slices: int
+    handle: Any = field(compare=False, repr=False)
+
+    def labels(self, node: str) -> Labels:
+        return (*self.parent.labels(node), self.uuid, str(self.gpu_instance_id),
+                str(self.compute_instance_id), self.profile)
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One GPU process as NVML reports it (host PID)."""
+
+    pid: int
+    uuid: str  # parent GPU
+    mig_uuid: str  # '' unless the process runs in a MIG instance
+    memory_bytes: float
+    sm_util: float | None  # 0-1; None where NVML gives none (MIG, no sample yet)
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    up: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ExporterOptions:
+    node: str = ""
+    interval: float = 5.0
+    process_metrics: bool = False
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    proc_root: str = "/proc"
+    kubeconfig: str | None = None
+    kubernetes: bool = True
+    pod_label_allowlist: tuple[str, ...] = ()
+    # resource name -> sharing mode override (exclusive | mig | time-slicing | mps)
+    sharing_modes: tuple[tuple[str, str], ...] = ()
+    rpc_timeout: float = 2.0
+
+
+class SampleSink:
+    """Collects samples for one cycle, grouped by family, in insertion order."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[tuple[Labels, float, PodLabels]]] = {}
+
+    def add(self, family: str, labels: Labels, value: float, pod_labels: PodLabels = ()) -> None:
+        fam = BY_NAME[family]  # KeyError here means an undeclared family: a bug, not bad input
+        if len(labels) != len(fam.labels):
+            raise ValueError(f"{family}: expected labels {fam.labels}, got {labels}")
+        self.samples.setdefault(family, []).append((labels, float(value), pod_labels))
+
+
+@dataclass
+class CycleContext:
+    """What one sample cycle knows. Collectors run in table order and may fill fields
+    for later ones (the processes collector fills `processes` for attribution)."""
+
+    nvml: Any
+    options: ExporterOptions
+    now: float
+    gpus: list[GpuRef] = field(default_factory=list)
+    migs: list[MigRef] = field(default_factory=list)
+    lost: set[str] = field(default_factory=set)  # uuids of GPUs that fell off the bus
+    processes: list[ProcessSample] = field(default_factory=list)
+    sources: dict[str, SourceStatus] = field(default_factory=dict)
+
+    @property
+    def node(self) -> str:
+        return self.options.node
+
+
+class Collector(Protocol):
+    name: str
+
+    def collect(self, ctx: CycleContext, sink: SampleSink) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class CollectorSpec:
+    name: str
+    default_enabled: bool
+    help: str
+    factory: Callable[[ExporterOptions, Any], Collector]  # (options, nvml module) -> Collector

@@ -1,0 +1,17 @@
+"""Errors for bad input: each names the file, the key path and what was expected."""
+
+from __future__ import annotations
+
+
+class ConfigError(Exception):
+    """A configuration or scenario file is malformed.
+
+    str() reads like `scenario.yaml: gpus[2].memory: expected a size like 80GiB, got "abc"`.
+    """
+
+    def __init__(self, file: str, key: str, expected: str, found: object = None) -> None:
+        self.file, self.key, self.expected, self.found = file, key, expected, found
+        msg = f"{file}: {key}: expected {expected}" if key else f"{file}: expected {expected}"
+        if found is not None:
+            msg += f", got {found!r}"
+        super().__init__(msg)

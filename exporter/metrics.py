@@ -1,0 +1,154 @@
+"""Every metric family the exporter emits, declared once as data.
+
+The renderer, docs/metrics.md and the tests all read this table; nothing else spells a
+metric name. Label tuples are ordered as they are rendered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(str, Enum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+
+
+DEVICE = ("node", "gpu", "uuid", "model")
+MIG = (*DEVICE, "mig_uuid", "gpu_instance_id", "compute_instance_id", "profile")
+CONTAINER = ("node", "namespace", "pod", "container", "uuid", "mig_uuid")
+PROCESS = ("node", "pid", "uuid", "mig_uuid", "namespace", "pod", "container")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...]
+    collector: str
+    # True: allow-listed pod labels are appended as label_<name> (kube-state-metrics style).
+    pod_labels: bool = False
+
+    @property
+    def openmetrics_name(self) -> str:
+        """OpenMetrics names a counter family without its _total suffix."""
+        if self.kind is Kind.COUNTER and self.name.endswith("_total"):
+            return self.name[: -len("_total")]
+        return self.name
+
+
+def _g(name: str, help: str, labels: tuple[str, ...], collector: str, **kw: bool) -> Family:
+    return Family(name, Kind.GAUGE, help, labels, collector, **kw)
+
+
+def _c(name: str, help: str, labels: tuple[str, ...], collector: str) -> Family:
+    return Family(name, Kind.COUNTER, help, labels, collector)
+
+
+FAMILIES: tuple[Family, ...] = (
+    # --- device -------------------------------------------------------------------------------
+    _g("gpu_info", "Fixed properties of a GPU; always 1.",
+       (*DEVICE, "pci_bus_id", "driver_version", "cuda_version", "vbios_version", "mig_mode",
+        "virtualization_mode"), "device"),
+    _g("gpu_up", "1 if the GPU answers NVML, 0 if it is lost or fell off the bus.", DEVICE,
+       "device"),
+    _g("gpu_temperature_celsius", "GPU core temperature.", DEVICE, "device"),
+    _g("gpu_memory_temperature_celsius", "GPU memory (HBM) temperature.", DEVICE, "device"),
+    _g("gpu_power_watts", "Current power draw.", DEVICE, "device"),
+    _g("gpu_power_limit_watts", "Enforced power limit.", DEVICE, "device"),
+    _c("gpu_energy_joules_total", "Energy consumed since the driver was loaded.", DEVICE,
+       "device"),
+    _g("gpu_utilization_ratio",
+       "Fraction of the sample period a kernel ran on the GPU (absent on MIG-enabled GPUs).",
+       DEVICE, "device"),
+    _g("gpu_memory_utilization_ratio",
+       "Fraction of the sample period device memory was read or written (absent on MIG).",
+       DEVICE, "device"),
+    _g("gpu_encoder_utilization_ratio", "Video encoder utilisation (absent on MIG).", DEVICE,
+       "device"),
+    _g("gpu_decoder_utilization_ratio", "Video decoder utilisation (absent on MIG).", DEVICE,
+       "device"),
+    _g("gpu_memory_total_bytes", "Total device memory.", DEVICE, "device"),
+    _g("gpu_memory_used_bytes", "Device memory in use.", DEVICE, "device"),
+    _g("gpu_memory_free_bytes", "Device memory free.", DEVICE, "device"),
+    _g("gpu_memory_reserved_bytes", "Device memory reserved by the driver and firmware.",
+       DEVICE, "device"),
+    _g("gpu_sm_clock_hertz", "Current SM clock.", DEVICE, "device"),
+    _g("gpu_memory_clock_hertz", "Current memory clock.", DEVICE, "device"),
+    # --- clocks events and violation time -------------------------------------------------------
+    _g("gpu_clock_event_active",
+       "1 while a clock event (throttle) reason is active, else 0.", (*DEVICE, "reason"),
+       "clocks"),
+    _c("gpu_throttle_seconds_total",
+       "Time the GPU spent held below its target clocks, by policy.", (*DEVICE, "reason"),
+       "clocks"),
+    # --- reliability ----------------------------------------------------------------------------
+    _c("gpu_ecc_errors_total", "Volatile ECC error count since the driver was loaded.",
+       (*DEVICE, "type"), "ecc"),
+    _g("gpu_remapped_rows", "Memory rows remapped, by kind.", (*DEVICE, "kind"), "ecc"),
+    _g("gpu_row_remap_pending", "1 if a row remap is pending (needs a GPU reset).", DEVICE,
+       "ecc"),
+    _g("gpu_row_remap_failure", "1 if a row remap failed.", DEVICE, "ecc"),
+    _c("gpu_pcie_replay_total", "PCIe replay count.", DEVICE, "ecc"),
+    _c("gpu_nvlink_errors_total", "NVLink error counters, per link and type.",
+       (*DEVICE, "link", "type"), "nvlink"),
+    # --- XID events -----------------------------------------------------------------------------
+    _c("gpu_xid_errors_total", "XID events received from the NVML event set, per XID code.",
+       (*DEVICE, "xid"), "xid"),
+    _g("gpu_xid_last_timestamp_seconds", "Unix time of the last XID event of this code.",
+       (*DEVICE, "xid"), "xid"),
+    # --- GPM (Hopper+) per GPU and per MIG instance ---------------------------------------------
+    _g("gpu_sm_active_ratio", "Fraction of cycles an SM had at least one warp assigned (GPM).",
+       MIG, "gpm"),
+    _g("gpu_sm_occupancy_ratio", "Resident warps over the SM maximum (GPM).", MIG, "gpm"),
+    _g("gpu_tensor_active_ratio", "Fraction of cycles a tensor pipe was active (GPM).", MIG,
+       "gpm"),
+    _g("gpu_dram_active_ratio", "Fraction of peak DRAM bandwidth used (GPM).", MIG, "gpm"),
+    # --- MIG ------------------------------------------------------------------------------------
+    _g("gpu_mig_info", "A MIG instance and its profile; always 1.",
+       (*MIG, "slices", "parent_slices"), "mig"),
+    _g("gpu_mig_memory_total_bytes", "Memory of a MIG instance.", MIG, "mig"),
+    _g("gpu_mig_memory_used_bytes", "Memory in use in a MIG instance.", MIG, "mig"),
+    # --- attribution ----------------------------------------------------------------------------
+    _g("gpu_container_allocation",
+       "1 per GPU unit the kubelet allocated to a container; replicas is how many shares the "
+       "device is cut into (1 if exclusive).",
+       (*CONTAINER, "resource", "sharing", "replicas"), "attribution", pod_labels=True),
+    _g("gpu_container_memory_used_bytes", "GPU memory used by the container's processes.",
+       CONTAINER, "attribution", pod_labels=True),
+    _g("gpu_container_sm_utilization_ratio",
+       "SM utilisation of the container's processes, summed (absent on MIG).", CONTAINER,
+       "attribution", pod_labels=True),
+    _g("gpu_container_processes", "GPU processes the container runs on the device.",
+       CONTAINER, "attribution", pod_labels=True),
+    _g("gpu_process_memory_used_bytes", "GPU memory used by one process (opt-in).", PROCESS,
+       "attribution"),
+    _g("gpu_process_sm_utilization_ratio", "SM utilisation of one process (opt-in).", PROCESS,
+       "attribution"),
+    # --- the exporter itself --------------------------------------------------------------------
+    _g("gpu_exporter_collector_success", "1 if the collector's last run succeeded.",
+       ("collector",), "exporter"),
+    _g("gpu_exporter_collector_duration_seconds", "Wall time of the collector's last run.",
+       ("collector",), "exporter"),
+    _g("gpu_exporter_last_sample_timestamp_seconds", "Unix time of the last completed sample.",
+       (), "exporter"),
+    _g("gpu_exporter_build_info", "Exporter build; always 1.", ("version", "python_version"),
+       "exporter"),
+    _g("gpu_exporter_source_up", "1 if the data source answered on the last sample.",
+       ("source",), "exporter"),
+    _g("gpu_exporter_source_error_info",
+       "Why a data source is down; present (=1) only while it is down.",
+       ("source", "reason"), "exporter"),
+)
+
+BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
+
+# Reasons in the metric contract, mapped from NVML bit masks / policy enums by the collectors.
+CLOCK_EVENT_REASONS = ("hw_thermal", "sw_thermal", "hw_power_brake", "sw_power_cap",
+                       "hw_slowdown", "sync_boost", "idle")
+THROTTLE_REASONS = ("power", "thermal", "reliability", "board_limit", "low_utilization",
+                    "sync_boost")
+NVLINK_ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
+SHARING_MODES = ("exclusive", "mig", "time-slicing", "mps")

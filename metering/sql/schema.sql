@@ -1,0 +1,81 @@
+-- GPU Ledger facts and charges. All times are UTC; `hour` is the start of the hour.
+-- Ingest owns the fact tables and writes them idempotently (delete the chunk's hours, insert,
+-- in one transaction). Pricing owns `charges` and rebuilds it for a period.
+
+CREATE TABLE IF NOT EXISTS device_hours (
+    hour              TIMESTAMP NOT NULL,
+    node              VARCHAR   NOT NULL,
+    gpu               VARCHAR   NOT NULL,   -- index on the node, as the exporter labels it
+    uuid              VARCHAR   NOT NULL,
+    model             VARCHAR   NOT NULL,
+    mig_enabled       BOOLEAN   NOT NULL,
+    observed_seconds  DOUBLE    NOT NULL,   -- samples of gpu_up in the hour x sample spacing
+    up_seconds        DOUBLE    NOT NULL,   -- of which gpu_up == 1
+    sm_active_seconds DOUBLE,               -- integral of gpu_utilization_ratio (NULL on MIG)
+    energy_joules     DOUBLE,               -- increase of gpu_energy_joules_total
+    PRIMARY KEY (hour, uuid)
+);
+
+CREATE TABLE IF NOT EXISTS mig_hours (
+    hour              TIMESTAMP NOT NULL,
+    node              VARCHAR   NOT NULL,
+    uuid              VARCHAR   NOT NULL,   -- parent GPU
+    mig_uuid          VARCHAR   NOT NULL,
+    profile           VARCHAR   NOT NULL,   -- e.g. 3g.40gb
+    slices            INTEGER   NOT NULL,   -- compute slices of the profile
+    parent_slices     INTEGER   NOT NULL,
+    memory_total_bytes DOUBLE,
+    observed_seconds  DOUBLE    NOT NULL,
+    PRIMARY KEY (hour, mig_uuid)
+);
+
+CREATE TABLE IF NOT EXISTS allocation_hours (
+    hour              TIMESTAMP NOT NULL,
+    node              VARCHAR   NOT NULL,
+    namespace         VARCHAR   NOT NULL,
+    pod               VARCHAR   NOT NULL,
+    container         VARCHAR   NOT NULL,
+    uuid              VARCHAR   NOT NULL,
+    mig_uuid          VARCHAR   NOT NULL,   -- '' for a whole (or time-sliced) GPU
+    resource          VARCHAR   NOT NULL,   -- e.g. nvidia.com/gpu, nvidia.com/mig-3g.40gb
+    sharing           VARCHAR   NOT NULL,   -- exclusive | mig | time-slicing | mps | ...
+    replicas          INTEGER   NOT NULL,   -- shares the device is cut into (1 if exclusive)
+    units             DOUBLE    NOT NULL,   -- shares of the device this container holds (avg)
+    allocated_seconds DOUBLE    NOT NULL,   -- samples of gpu_container_allocation x spacing
+    memory_byte_seconds DOUBLE  NOT NULL,   -- integral of gpu_container_memory_used_bytes
+    sm_seconds        DOUBLE    NOT NULL,   -- integral of gpu_container_sm_utilization_ratio
+    labels            MAP(VARCHAR, VARCHAR) NOT NULL,  -- label_<name> pod labels, name without prefix
+    PRIMARY KEY (hour, namespace, pod, container, uuid, mig_uuid)
+);
+
+-- One row per hour that an ingest covered; hours of the period absent here had no data.
+CREATE TABLE IF NOT EXISTS coverage (
+    hour              TIMESTAMP NOT NULL PRIMARY KEY,
+    source            VARCHAR   NOT NULL,   -- prometheus URL or openmetrics file
+    devices           INTEGER   NOT NULL,   -- devices seen in the hour (0 = no data)
+    ingested_at       TIMESTAMP NOT NULL
+);
+
+-- Priced rows: per hour x team x namespace x pod x device. Idle rows have team 'idle'
+-- (or, when idle is shared out, carry idle_share > 0 on team rows).
+CREATE TABLE IF NOT EXISTS charges (
+    hour              TIMESTAMP NOT NULL,
+    team              VARCHAR   NOT NULL,
+    namespace         VARCHAR   NOT NULL,   -- '' for idle
+    pod               VARCHAR   NOT NULL,   -- '' for idle
+    container         VARCHAR   NOT NULL,
+    node              VARCHAR   NOT NULL,
+    uuid              VARCHAR   NOT NULL,
+    mig_uuid          VARCHAR   NOT NULL,
+    model             VARCHAR   NOT NULL,
+    sharing           VARCHAR   NOT NULL,   -- exclusive | mig | time-slicing | mps | idle
+    profile           VARCHAR   NOT NULL,   -- MIG profile or ''
+    basis             VARCHAR   NOT NULL,   -- allocation | usage | blend | idle
+    fraction          DOUBLE    NOT NULL,   -- share of the device-hour charged to this row
+    rate              DOUBLE    NOT NULL,   -- device-hour price used (after discounts)
+    allocated_gpu_hours DOUBLE  NOT NULL,   -- device-equivalent hours allocated
+    used_gpu_hours    DOUBLE    NOT NULL,   -- device-equivalent hours of SM activity
+    cost              DECIMAL(18, 6) NOT NULL,
+    idle_share        DECIMAL(18, 6) NOT NULL, -- part of cost that is shared-out idle
+    cost_model_hash   VARCHAR   NOT NULL
+);
