@@ -1,0 +1,101 @@
+"""Per-GPU identity, health, temperature, power, energy, utilisation, memory and clocks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exporter.collectors.base import NvmlCollector, mark_lost
+from exporter.core import CycleContext, SampleSink
+from exporter.inventory import GpuStatic
+from exporter.nvmlcall import GpuLost, Reader
+
+MHZ = 1_000_000.0
+
+
+class DeviceCollector(NvmlCollector):
+    name = "device"
+
+    def __init__(self, options: Any, nvml: Any) -> None:
+        super().__init__(options, nvml)
+        # Filled by the sampler from the inventory: uuid -> static identity.
+        self.static: dict[str, GpuStatic] = {}
+        self.driver_version = ""
+        self.cuda_version = ""
+
+    def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
+        nv, r = self.nvml, Reader(self.nvml)
+        for gpu in ctx.gpus:
+            labels = gpu.labels(ctx.node)
+            st = self.static.get(gpu.uuid, GpuStatic())
+            sink.add("gpu_info", (*labels, st.pci_bus_id, self.driver_version,
+                                  self.cuda_version, st.vbios_version, st.mig_mode,
+                                  st.virtualization_mode), 1)
+            up = 0
+            if gpu.uuid not in ctx.lost:
+                try:
+                    self._read(ctx, sink, r, gpu.handle, labels, gpu.mig_enabled)
+                    up = 1
+                except GpuLost:
+                    mark_lost(ctx, gpu)
+            sink.add("gpu_up", labels, up)
+        self.failed_calls = r.failures
+        del nv
+
+    def _read(self, ctx: CycleContext, sink: SampleSink, r: Reader, h: Any,
+              labels: tuple[str, ...], mig_enabled: bool) -> None:
+        nv = self.nvml
+        # Temperature first: it is the cheapest call and tells us quickly if the GPU is lost.
+        temp = r.call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+        if temp is not None:
+            sink.add("gpu_temperature_celsius", labels, temp)
+        fields = r.call(nv.nvmlDeviceGetFieldValues, h, [nv.NVML_FI_DEV_MEMORY_TEMP])
+        if fields:
+            fv = fields[0]
+            if getattr(fv, "nvmlReturn", 1) == 0:
+                sink.add("gpu_memory_temperature_celsius", labels, _field_value(fv))
+        power = r.call(nv.nvmlDeviceGetPowerUsage, h)
+        if power is not None:
+            sink.add("gpu_power_watts", labels, power / 1000.0)
+        limit = r.call(nv.nvmlDeviceGetEnforcedPowerLimit, h)
+        if limit is not None:
+            sink.add("gpu_power_limit_watts", labels, limit / 1000.0)
+        energy = r.call(nv.nvmlDeviceGetTotalEnergyConsumption, h)
+        if energy is not None:
+            sink.add("gpu_energy_joules_total", labels, energy / 1000.0)
+        if not mig_enabled:  # NVML has no device utilisation on MIG-enabled GPUs
+            util = r.call(nv.nvmlDeviceGetUtilizationRates, h)
+            if util is not None:
+                sink.add("gpu_utilization_ratio", labels, util.gpu / 100.0)
+                sink.add("gpu_memory_utilization_ratio", labels, util.memory / 100.0)
+            enc = r.call(nv.nvmlDeviceGetEncoderUtilization, h)
+            if enc is not None:
+                sink.add("gpu_encoder_utilization_ratio", labels, enc[0] / 100.0)
+            dec = r.call(nv.nvmlDeviceGetDecoderUtilization, h)
+            if dec is not None:
+                sink.add("gpu_decoder_utilization_ratio", labels, dec[0] / 100.0)
+        mem = r.call(nv.nvmlDeviceGetMemoryInfo, h, version=nv.nvmlMemory_v2)
+        if mem is None:
+            mem = r.call(nv.nvmlDeviceGetMemoryInfo, h)
+        if mem is not None:
+            sink.add("gpu_memory_total_bytes", labels, mem.total)
+            sink.add("gpu_memory_used_bytes", labels, mem.used)
+            sink.add("gpu_memory_free_bytes", labels, mem.free)
+            reserved = getattr(mem, "reserved", None)
+            if reserved is not None:
+                sink.add("gpu_memory_reserved_bytes", labels, reserved)
+        sm = r.call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
+        if sm is not None:
+            sink.add("gpu_sm_clock_hertz", labels, sm * MHZ)
+        memclk = r.call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM)
+        if memclk is not None:
+            sink.add("gpu_memory_clock_hertz", labels, memclk * MHZ)
+        del ctx
+
+
+def _field_value(fv: Any) -> float:
+    """Decode an nvmlFieldValue_t by its valueType (double, uint, ulong, ulonglong, sll...)."""
+    kind = getattr(fv, "valueType", 1)
+    v = fv.value
+    attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+            6: "usVal"}.get(kind, "uiVal")
+    return float(getattr(v, attr))

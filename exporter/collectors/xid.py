@@ -1,0 +1,137 @@
+"""XID errors from an NVML event set, counted per GPU and XID code.
+
+A daemon thread blocks in nvmlEventSetWait so an event is never missed between scrapes; the
+collector only renders the counts. For simulation (a fake clock advanced in steps) the sampler
+can run without the thread and drain pending events synchronously each cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from exporter.collectors.base import NvmlCollector
+from exporter.core import CycleContext, GpuRef, SampleSink
+
+log = logging.getLogger(__name__)
+WAIT_MS = 500
+
+
+class XidWatcher:
+    def __init__(self, nvml: Any, clock: Callable[[], float] = time.time) -> None:
+        self.nvml = nvml
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, int], int] = {}
+        self._last: dict[tuple[str, int], float] = {}
+        self._set: Any = None
+        self._registered: set[str] = set()
+        self._handles: list[tuple[Any, str]] = []
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def register(self, gpus: list[GpuRef]) -> None:
+        """Register XID events for GPUs not registered yet (idempotent, cheap)."""
+        nv = self.nvml
+        if self._set is None:
+            self._set = nv.nvmlEventSetCreate()
+        for gpu in gpus:
+            if gpu.uuid in self._registered:
+                continue
+            try:
+                nv.nvmlDeviceRegisterEvents(gpu.handle, nv.nvmlEventTypeXidCriticalError,
+                                            self._set)
+            except nv.NVMLError as err:
+                log.warning("XID events unavailable on GPU %s: %s", gpu.uuid, err)
+            self._registered.add(gpu.uuid)
+            self._handles.append((gpu.handle, gpu.uuid))
+
+    def poll(self, timeout_ms: int) -> bool:
+        """Wait up to timeout_ms for one event and count it. True if one arrived."""
+        nv = self.nvml
+        if self._set is None:
+            return False
+        try:
+            wait = getattr(nv, "nvmlEventSetWait_v2", None) or nv.nvmlEventSetWait
+            event = wait(self._set, timeout_ms)
+        except nv.NVMLError as err:
+            if err.value != nv.NVML_ERROR_TIMEOUT:
+                log.debug("XID wait: %s", err)
+                if timeout_ms:
+                    self._stop.wait(timeout_ms / 1000.0)
+            return False
+        if not event.eventType & nv.nvmlEventTypeXidCriticalError:
+            return True
+        uuid = self._uuid_of(event.device)
+        key = (uuid, int(event.eventData))
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + 1
+            self._last[key] = self.clock()
+        return True
+
+    def drain(self) -> None:
+        while self.poll(0):
+            pass
+
+    def _uuid_of(self, handle: Any) -> str:
+        for known, uuid in self._handles:
+            if known is handle or known == handle:
+                return uuid
+        try:
+            raw = self.nvml.nvmlDeviceGetUUID(handle)
+            return raw.decode() if isinstance(raw, bytes) else str(raw)
+        except self.nvml.NVMLError:
+            return ""
+
+    def snapshot(self) -> list[tuple[str, int, int, float]]:
+        with self._lock:
+            return [(u, x, n, self._last[(u, x)]) for (u, x), n in sorted(self._counts.items())]
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll(WAIT_MS)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * WAIT_MS / 1000.0)
+        if self._set is not None:
+            try:
+                self.nvml.nvmlEventSetFree(self._set)
+            except self.nvml.NVMLError:
+                pass
+            self._set = None
+
+
+class XidCollector(NvmlCollector):
+    name = "xid"
+
+    def __init__(self, options: Any, nvml: Any, threaded: bool = True,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__(options, nvml)
+        self.watcher = XidWatcher(nvml, clock)
+        self.threaded = threaded
+
+    def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
+        self.watcher.register(ctx.gpus)
+        if self.threaded:
+            self.watcher.start()
+        else:
+            self.watcher.drain()
+        by_uuid = {g.uuid: g for g in ctx.gpus}
+        for uuid, xid, count, last in self.watcher.snapshot():
+            gpu = by_uuid.get(uuid)
+            labels = gpu.labels(ctx.node) if gpu else (ctx.node, "", uuid, "")
+            sink.add("gpu_xid_errors_total", (*labels, str(xid)), count)
+            sink.add("gpu_xid_last_timestamp_seconds", (*labels, str(xid)), last)
+
+    def close(self) -> None:
+        self.watcher.close()

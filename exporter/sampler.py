@@ -1,0 +1,165 @@
+"""The background sampler: every interval it reads every source once, renders the result and
+swaps in the new rendering. Scrapes only read the last rendering, so a hung GPU or a slow
+kubelet delays the next snapshot, never a scrape."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from exporter import __version__
+from exporter.collectors.device import DeviceCollector
+from exporter.collectors.xid import XidCollector
+from exporter.core import Collector, CollectorSpec, CycleContext, ExporterOptions, SampleSink
+from exporter.inventory import Inventory, discover
+from exporter.render import Rendering
+
+log = logging.getLogger(__name__)
+
+INVENTORY_REFRESH_SECONDS = 60.0
+NVML_RETRY_MAX_SECONDS = 60.0
+
+
+class Sampler:
+    def __init__(self, nvml: Any, options: ExporterOptions, specs: Sequence[CollectorSpec],
+                 clock: Callable[[], float] = time.time, threaded: bool = True) -> None:
+        self.nvml = nvml
+        self.options = options
+        self.clock = clock
+        self.threaded = threaded
+        self.collectors: list[Collector] = []
+        for spec in specs:
+            if spec.name == "xid":
+                self.collectors.append(XidCollector(options, nvml, threaded=threaded,
+                                                    clock=clock))
+            else:
+                self.collectors.append(spec.factory(options, nvml))
+        self._nvml_ok = False
+        self._nvml_reason = "not initialised yet"
+        self._next_init = 0.0
+        self._init_backoff = 1.0
+        self._inventory: Inventory | None = None
+        self._inventory_at = 0.0
+        self._last_cycle_end = 0.0
+        self._rendering = Rendering({})
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- NVML lifecycle -----------------------------------------------------------------------
+    def _ensure_nvml(self, now: float) -> None:
+        if self._nvml_ok or now < self._next_init:
+            return
+        try:
+            self.nvml.nvmlInit()
+        except Exception as err:  # NVMLError, OSError (library missing), anything: retry later
+            self._nvml_reason = f"NVML init failed: {err}"
+            self._next_init = now + self._init_backoff
+            self._init_backoff = min(self._init_backoff * 2, NVML_RETRY_MAX_SECONDS)
+            log.warning("%s; retrying in %.0fs", self._nvml_reason, self._init_backoff)
+            return
+        self._nvml_ok, self._nvml_reason, self._init_backoff = True, "", 1.0
+        self._inventory = None
+        log.info("NVML initialised")
+
+    def _refresh_inventory(self, now: float) -> Inventory:
+        if self._inventory is None or now - self._inventory_at >= INVENTORY_REFRESH_SECONDS:
+            self._inventory = discover(self.nvml, self._inventory)
+            self._inventory_at = now
+            for c in self.collectors:
+                if isinstance(c, DeviceCollector):
+                    c.static = self._inventory.static
+                    c.driver_version = self._inventory.driver_version
+                    c.cuda_version = self._inventory.cuda_version
+        return self._inventory
+
+    # --- one cycle ----------------------------------------------------------------------------
+    def cycle(self) -> Rendering:
+        now = self.clock()
+        ctx = CycleContext(nvml=self.nvml, options=self.options, now=now)
+        sink = SampleSink()
+        self._ensure_nvml(now)
+        if self._nvml_ok:
+            try:
+                inv = self._refresh_inventory(now)
+                ctx.gpus, ctx.migs = list(inv.gpus), list(inv.migs)
+            except Exception as err:
+                log.exception("GPU discovery failed")
+                self._nvml_reason = f"GPU discovery failed: {err}"
+        for c in self.collectors:
+            if getattr(c, "needs_nvml", False) and not self._nvml_ok:
+                sink.add("gpu_exporter_collector_success", (c.name,), 0)
+                continue
+            start = time.perf_counter()
+            ok = True
+            try:
+                c.collect(ctx, sink)
+                ok = getattr(c, "failed_calls", 0) == 0
+            except Exception:
+                log.exception("collector %s failed", c.name)
+                ok = False
+            sink.add("gpu_exporter_collector_success", (c.name,), 1 if ok else 0)
+            sink.add("gpu_exporter_collector_duration_seconds", (c.name,),
+                     time.perf_counter() - start)
+        self._self_metrics(ctx, sink, now)
+        rendering = Rendering(sink.samples)
+        self._rendering = rendering  # one reference swap: scrapes see old or new, never half
+        self._last_cycle_end = self.clock()
+        return rendering
+
+    def _self_metrics(self, ctx: CycleContext, sink: SampleSink, now: float) -> None:
+        sink.add("gpu_exporter_last_sample_timestamp_seconds", (), now)
+        sink.add("gpu_exporter_build_info", (__version__, platform.python_version()), 1)
+        sources = {"nvml": (self._nvml_ok, self._nvml_reason)}
+        for name, status in sorted(ctx.sources.items()):
+            sources[name] = (status.up, status.reason)
+        for name, (up, reason) in sources.items():
+            sink.add("gpu_exporter_source_up", (name,), 1 if up else 0)
+            if not up:
+                sink.add("gpu_exporter_source_error_info", (name, reason or "unknown"), 1)
+
+    # --- serving (exporter.web.MetricsSource) -------------------------------------------------
+    def exposition(self, openmetrics: bool, gzipped: bool) -> bytes:
+        return self._rendering.body(openmetrics, gzipped)
+
+    def health(self) -> tuple[bool, str]:
+        if not self._nvml_ok:
+            return False, self._nvml_reason
+        if self.threaded and self._last_cycle_end:
+            stale = self.clock() - self._last_cycle_end
+            if stale > max(3 * self.options.interval, 30.0):
+                return False, f"no completed sample for {stale:.0f}s (NVML hung?)"
+        return True, "ok"
+
+    # --- background thread --------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                self.cycle()
+            except Exception:  # never let the sampler thread die
+                log.exception("sample cycle failed")
+            self._stop.wait(max(0.0, self.options.interval - (time.monotonic() - began)))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for c in self.collectors:
+            try:
+                c.close()
+            except Exception:
+                log.exception("closing collector %s", c.name)
+        if self._nvml_ok:
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+            self._nvml_ok = False
