@@ -7,10 +7,10 @@ metric name. Label tuples are ordered as they are rendered.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     GAUGE = "gauge"
     COUNTER = "counter"
 

@@ -4,6 +4,7 @@ kubelet delays the next snapshot, never a scrape."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
 import threading
@@ -158,8 +159,6 @@ class Sampler:
             except Exception:
                 log.exception("closing collector %s", c.name)
         if self._nvml_ok:
-            try:
+            with contextlib.suppress(Exception):
                 self.nvml.nvmlShutdown()
-            except Exception:
-                pass
             self._nvml_ok = False

@@ -4,6 +4,7 @@ GPU instance) keeps its previous sample between cycles; the first cycle emits no
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from exporter.collectors.base import NvmlCollector, mark_lost
@@ -92,10 +93,8 @@ class GpmCollector(NvmlCollector):
     def _free(self, sample: Any) -> None:
         fn = getattr(self.nvml, "nvmlGpmSampleFree", None)
         if fn is not None:
-            try:
+            with contextlib.suppress(self.nvml.NVMLError):
                 fn(sample)
-            except self.nvml.NVMLError:
-                pass
 
     def close(self) -> None:
         for store in (self._prev, self._spare):

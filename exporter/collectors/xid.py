@@ -7,6 +7,7 @@ can run without the thread and drain pending events synchronously each cycle.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -104,10 +105,8 @@ class XidWatcher:
         if self._thread is not None:
             self._thread.join(timeout=2 * WAIT_MS / 1000.0)
         if self._set is not None:
-            try:
+            with contextlib.suppress(self.nvml.NVMLError):
                 self.nvml.nvmlEventSetFree(self._set)
-            except self.nvml.NVMLError:
-                pass
             self._set = None
 
 
