@@ -1,0 +1,44 @@
+# Quick start: `make demo` runs the whole pipeline on a simulated cluster; `make test` runs
+# lint, type checks and the test suite. Both create .venv with every Python dependency first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint typecheck pytest generate check-generated bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/gpu-ledger demo
+
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+# Rebuild every generated file (metric docs, gRPC stubs, dashboards, alert rules).
+generate: $(STAMP)
+	$(BIN)/python -m exporter.metricsdoc
+	$(BIN)/python -m exporter.attribution.regenerate
+	$(BIN)/python -m dashboards.generate
+
+check-generated: generate
+	git diff --exit-code -- docs/metrics.md exporter/attribution dashboards alerts
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.exporter_scrape
+	$(BIN)/python -m bench.metering
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
