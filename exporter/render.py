@@ -57,6 +57,23 @@ def _label_block(names: Sequence[str], values: Sequence[str],
     return "{" + ",".join(parts) + "}" if parts else ""
 
 
+def sample_lines(fam: Family, rows: Iterable[Sample], timestamp: float | None = None) -> str:
+    """The sample lines of one family; with a timestamp (seconds) for OpenMetrics history."""
+    suffix = "\n" if timestamp is None else f" {format_value(round(timestamp, 3))}\n"
+    return "".join(f"{fam.name}{_label_block(fam.labels, labels, pod_labels)} "
+                   f"{format_value(value)}{suffix}" for labels, value, pod_labels in rows)
+
+
+def family_header(fam: Family, openmetrics: bool) -> str:
+    if openmetrics and _is_info(fam):
+        fam_name, type_name = fam.name[: -len("_info")], "info"
+    elif openmetrics:
+        fam_name, type_name = fam.openmetrics_name, fam.kind.value
+    else:
+        fam_name, type_name = fam.name, fam.kind.value
+    return f"# HELP {fam_name} {escape_help(fam.help)}\n# TYPE {fam_name} {type_name}\n"
+
+
 def _is_info(fam: Family) -> bool:
     return fam.kind is Kind.GAUGE and fam.name.endswith("_info")
 
@@ -68,17 +85,8 @@ def render(samples: dict[str, list[Sample]], openmetrics: bool = False,
         rows = samples.get(fam.name)
         if not rows:
             continue
-        if openmetrics:
-            if _is_info(fam):
-                fam_name, type_name = fam.name[: -len("_info")], "info"
-            else:
-                fam_name, type_name = fam.openmetrics_name, fam.kind.value
-        else:
-            fam_name, type_name = fam.name, fam.kind.value
-        out.append(f"# HELP {fam_name} {escape_help(fam.help)}\n# TYPE {fam_name} {type_name}\n")
-        for labels, value, pod_labels in rows:
-            out.append(f"{fam.name}{_label_block(fam.labels, labels, pod_labels)} "
-                       f"{format_value(value)}\n")
+        out.append(family_header(fam, openmetrics))
+        out.append(sample_lines(fam, rows))
     if openmetrics:
         out.append("# EOF\n")
     return "".join(out).encode()
@@ -88,6 +96,7 @@ class Rendering:
     """The immutable exposition of one cycle, in both formats, with gzip made lazily."""
 
     def __init__(self, samples: dict[str, list[Sample]]) -> None:
+        self.samples = samples
         self._bodies = {False: render(samples, False), True: render(samples, True)}
         self._gz: dict[bool, bytes] = {}
         self._lock = threading.Lock()
