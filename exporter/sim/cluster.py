@@ -1,0 +1,197 @@
+"""A simulated cluster: every node of a scenario set with its simulated NVML, kubelet
+PodResources server, /proc tree and one shared Kubernetes API server, each node driven through
+the exporter's own Sampler. Used by the demo, the end-to-end tests and the benchmarks.
+
+Two ways to drive it: `step(t)` with a manual clock (a month of history in minutes), or
+`start_live()` with the real clock (sampler threads plus a proc-tree refresher).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exporter.collectors import REGISTRY
+from exporter.core import CollectorSpec, ExporterOptions
+from exporter.render import Rendering
+from exporter.sampler import Sampler
+from exporter.sim.apiserver import FakeApiServer
+from exporter.sim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
+from exporter.sim.node import (
+    Window,
+    container_id,
+    device_ids,
+    pod_identity,
+    pods_at,
+    sharing_modes,
+    write_proc_tree,
+)
+from exporter.sim.nvml import SimNVML
+from exporter.sim.scenario import Scenario, load_scenario
+
+
+class ManualClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pod_objects(scenario: Scenario, t0: float, t1: float) -> list[dict[str, Any]]:
+    """Kubernetes Pod objects for every pod run alive at some time in [t0, t1) (scenario
+    seconds), as the API server would list them for the node."""
+    out = []
+    for pod in scenario.pods:
+        w = Window(pod.start, pod.end, pod.repeat)
+        if w.repeat is None:
+            runs = [0] if pod.start < t1 and (pod.end is None or pod.end > t0) else []
+        else:
+            assert pod.end is not None
+            first = max(0, math.floor((t0 - pod.end) / w.repeat))
+            last = math.floor((t1 - pod.start) / w.repeat)
+            runs = list(range(first, last + 1))
+        for k in runs:
+            uid, name = pod_identity(pod, k)
+            out.append({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": pod.namespace, "uid": uid,
+                             "labels": dict(pod.labels)},
+                "spec": {"nodeName": scenario.node,
+                         "containers": [{"name": c.name, "image": "sim"}
+                                        for c in pod.containers]},
+                "status": {"phase": "Running", "containerStatuses": [
+                    {"name": c.name, "ready": True,
+                     "containerID": f"containerd://{container_id(uid, c.name)}"}
+                    for c in pod.containers]},
+            })
+    return out
+
+
+@dataclass
+class SimNode:
+    scenario: Scenario
+    clock: Any
+    start: float
+    nvml: SimNVML
+    kubelet: FakeKubelet
+    proc_root: Path
+    sampler: Sampler
+
+    @property
+    def name(self) -> str:
+        return self.scenario.node
+
+    def scenario_time(self) -> float:
+        return float(self.clock()) - self.start
+
+    def allocations(self) -> list[PodAllocation]:
+        return [PodAllocation(p.namespace, p.name, [
+            ContainerAllocation(c.name, [(r, list(ids)) for r, ids in c.devices])
+            for c in p.containers]) for p in pods_at(self.scenario, self.scenario_time())]
+
+    def refresh_proc_tree(self) -> None:
+        write_proc_tree(self.scenario, self.proc_root, self.scenario_time())
+
+
+class SimCluster:
+    """Nodes from scenario files; `start` is the wall-clock time scenario t=0 maps to."""
+
+    def __init__(self, scenarios: Sequence[str | Path | Scenario], start: float,
+                 workdir: str | Path | None = None, live: bool = False,
+                 interval: float = 5.0, horizon: float = 31 * 86400.0,
+                 collectors: Sequence[str] | None = None, pod_labels: Sequence[str] = ("team",),
+                 process_metrics: bool = False) -> None:
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="gpu-ledger-sim-")
+        self.workdir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.live = live
+        loaded = [s if isinstance(s, Scenario) else load_scenario(s) for s in scenarios]
+        pods: list[dict[str, Any]] = []
+        for sc in loaded:
+            pods.extend(pod_objects(sc, 0.0, horizon))
+        self.api = FakeApiServer(pods).start()
+        kubeconfig = self.api.kubeconfig(str(self.workdir / "kubeconfig"))
+        specs: list[CollectorSpec] = [s for s in REGISTRY
+                                      if collectors is None or s.name in collectors]
+        self.nodes: list[SimNode] = []
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        for sc in loaded:
+            clock: Any = time.time if live else ManualClock(start)
+            nvml = SimNVML(sc, clock=clock, start=start)
+            proc_root = self.workdir / sc.node / "proc"
+            sock = str(self.workdir / sc.node / "kubelet.sock")
+            proc_root.mkdir(parents=True, exist_ok=True)
+            node = SimNode(sc, clock, start, nvml, None, proc_root, None)  # type: ignore[arg-type]
+            node.kubelet = FakeKubelet(sock, node.allocations,
+                                       lambda sc=sc: device_ids(sc)).start()
+            options = ExporterOptions(
+                node=sc.node, interval=interval, process_metrics=process_metrics,
+                pod_resources_socket=sock, proc_root=str(proc_root), kubeconfig=kubeconfig,
+                pod_label_allowlist=tuple(sorted(pod_labels)),
+                sharing_modes=tuple(sorted(sharing_modes(sc).items())))
+            node.sampler = Sampler(nvml, options, specs, clock=clock, threaded=live)
+            self.nodes.append(node)
+        self._wait_for_pod_watch(len(pods))
+
+    def _wait_for_pod_watch(self, expected: int, timeout: float = 15.0) -> None:
+        """The pod watch runs on its own thread; before stepping a simulated clock, give it
+        time to list every pod so the first cycles already carry pod labels."""
+        if expected == 0:
+            return
+        deadline = time.monotonic() + timeout
+        seen = 0
+        for node in self.nodes:
+            node.refresh_proc_tree()
+            node.sampler.cycle()  # starts the collectors' background threads
+        while time.monotonic() < deadline:
+            seen = sum(1 for r in self.api.requests if "watch" in r)
+            if seen >= len(self.nodes):
+                return
+            time.sleep(0.05)
+
+    def step(self, t: float) -> Iterator[tuple[SimNode, Rendering]]:
+        """Set every node's clock to wall time t and run one sample cycle on each."""
+        for node in self.nodes:
+            assert isinstance(node.clock, ManualClock), "step() needs a cluster built live=False"
+            node.clock.now = t
+            node.refresh_proc_tree()
+            yield node, node.sampler.cycle()
+
+    def start_live(self, refresh: float = 1.0) -> None:
+        for node in self.nodes:
+            node.refresh_proc_tree()
+            node.sampler.start()
+
+        def refresher() -> None:
+            while not self._stop.wait(refresh):
+                for node in self.nodes:
+                    node.refresh_proc_tree()
+
+        thread = threading.Thread(target=refresher, name="proc-tree", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        for node in self.nodes:
+            node.sampler.close()
+            node.kubelet.stop()
+        self.api.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> SimCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
