@@ -140,7 +140,7 @@ def main(argv: list[str]) -> int:
     try:
         server = start_server(sampler, host, port, web_config)
     except OSError as err:
-        print(f"gpu-ledger exporter: cannot listen on {args.listen}: {err}", file=sys.stderr)
+        print(f"gpu-ledger exporter: {err}", file=sys.stderr)
         sampler.close()
         return 1
     log.info("serving metrics on %s/metrics (node %s, interval %.1fs)", server.url,

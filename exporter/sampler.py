@@ -46,6 +46,8 @@ class Sampler:
         self._inventory: Inventory | None = None
         self._inventory_at = 0.0
         self._last_cycle_end = 0.0
+        # /healthz fails when no sample completed for this long (a hung driver call).
+        self.stale_after = max(3 * options.interval, 30.0)
         self._rendering = Rendering({})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -131,7 +133,7 @@ class Sampler:
             return False, self._nvml_reason
         if self.threaded and self._last_cycle_end:
             stale = self.clock() - self._last_cycle_end
-            if stale > max(3 * self.options.interval, 30.0):
+            if stale > self.stale_after:
                 return False, f"no completed sample for {stale:.0f}s (NVML hung?)"
         return True, "ok"
 

@@ -8,6 +8,7 @@ Two ways to drive it: `step(t)` with a manual clock (a month of history in minut
 
 from __future__ import annotations
 
+import functools
 import math
 import tempfile
 import threading
@@ -131,7 +132,7 @@ class SimCluster:
             proc_root.mkdir(parents=True, exist_ok=True)
             node = SimNode(sc, clock, start, nvml, None, proc_root, None)  # type: ignore[arg-type]
             node.kubelet = FakeKubelet(sock, node.allocations,
-                                       lambda sc=sc: device_ids(sc)).start()
+                                       functools.partial(device_ids, sc)).start()
             options = ExporterOptions(
                 node=sc.node, interval=interval, process_metrics=process_metrics,
                 pod_resources_socket=sock, proc_root=str(proc_root), kubeconfig=kubeconfig,
@@ -139,23 +140,19 @@ class SimCluster:
                 sharing_modes=tuple(sorted(sharing_modes(sc).items())))
             node.sampler = Sampler(nvml, options, specs, clock=clock, threaded=live)
             self.nodes.append(node)
-        self._wait_for_pod_watch(len(pods))
+        self._wait_for_pod_watch()
 
-    def _wait_for_pod_watch(self, expected: int, timeout: float = 15.0) -> None:
-        """The pod watch runs on its own thread; before stepping a simulated clock, give it
-        time to list every pod so the first cycles already carry pod labels."""
-        if expected == 0:
-            return
-        deadline = time.monotonic() + timeout
-        seen = 0
+    def _wait_for_pod_watch(self, timeout: float = 15.0) -> None:
+        """The pod watch runs on its own thread; before stepping a simulated clock, let it
+        finish its first list so the first cycles already carry pod names and labels."""
         for node in self.nodes:
             node.refresh_proc_tree()
             node.sampler.cycle()  # starts the collectors' background threads
-        while time.monotonic() < deadline:
-            seen = sum(1 for r in self.api.requests if "watch" in r)
-            if seen >= len(self.nodes):
-                return
-            time.sleep(0.05)
+        watches = [w for n in self.nodes for c in n.sampler.collectors
+                   if (w := getattr(c, "_watch", None)) is not None]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(w.lists < 1 for w in watches):
+            time.sleep(0.02)
 
     def step(self, t: float) -> Iterator[tuple[SimNode, Rendering]]:
         """Set every node's clock to wall time t and run one sample cycle on each."""
