@@ -8,7 +8,7 @@ import time
 import urllib.request
 
 from exporter.web import start_server
-from tests.exporter_helpers import SCENARIO, make_sampler, values
+from tests.exporter_helpers import SCENARIO, make_sampler, samples, values
 
 
 def test_gpu_lost_marks_only_that_gpu_down_and_counts_xid_79() -> None:
@@ -33,6 +33,8 @@ def test_no_driver_serves_self_metrics_and_retries_init() -> None:
     body = sampler.cycle().body(False, False)
     assert values(body, "gpu_exporter_source_up", source="nvml") == [0]
     assert values(body, "gpu_exporter_build_info")
+    errors = [k for k in samples(body) if k[0] == "gpu_exporter_source_error_info"]
+    assert errors and ("source", "nvml") in errors[0][1]
     assert not values(body, "gpu_up")
     ok, reason = sampler.health()
     assert not ok and "NVML init failed" in reason

@@ -1,0 +1,70 @@
+"""Golden files of the full exposition for each example scenario, through the whole exporter
+(simulated NVML, real PodResources gRPC server, real pod watch, cgroup files). Regenerate with
+`UPDATE_GOLDEN=1 pytest tests/test_exporter_golden.py` and review the diff."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from exporter.sim.cluster import SimCluster
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+SCENARIOS = sorted((ROOT / "exporter" / "scenarios").glob("*.yaml"))
+T0 = 1_790_000_000.0
+# Values that legitimately change run to run: how long a collector took, the Python version.
+_VOLATILE = [
+    (re.compile(r"^(gpu_exporter_collector_duration_seconds\{[^}]*\}) .*$", re.M), r"\1 0"),
+    (re.compile(r'python_version="[^"]*"'), 'python_version="<py>"'),
+]
+
+
+def normalise(text: str) -> str:
+    for pattern, repl in _VOLATILE:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def exposition(scenario: Path, openmetrics: bool) -> str:
+    """Three cycles (GPM needs two samples), 2h into the scenario."""
+    with SimCluster([scenario], start=T0) as cluster:
+        body = b""
+        for t in (T0 + 7200 - 20, T0 + 7200 - 10, T0 + 7200):
+            for _, rendering in cluster.step(t):
+                body = rendering.body(openmetrics, False)
+    return normalise(body.decode())
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_golden_exposition(scenario: Path, tmp_path: Path) -> None:
+    assert SCENARIOS, "no example scenarios found"
+    for openmetrics, suffix in ((False, ".prom"), (True, ".om")):
+        got = exposition(scenario, openmetrics)
+        golden = GOLDEN / f"{scenario.stem}{suffix}"
+        if os.environ.get("UPDATE_GOLDEN"):
+            golden.write_text(got)
+        assert golden.exists(), f"missing {golden}: run with UPDATE_GOLDEN=1"
+        assert got == golden.read_text(), f"{golden.name} differs: UPDATE_GOLDEN=1 and review"
+    # promtool lints the text format the way Prometheus users will.
+    proc = subprocess.run(["promtool", "check", "metrics"],
+                          input=(GOLDEN / f"{scenario.stem}.prom").read_bytes(),
+                          capture_output=True, check=False)
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+
+
+def test_goldens_cover_the_contract() -> None:
+    """Across the example scenarios, every declared family appears at least once, except
+    the opt-in per-process families and the error info that only a down source shows
+    (covered by tests/test_exporter_faults.py)."""
+    from exporter.metrics import FAMILIES
+
+    text = "".join((GOLDEN / f"{p.stem}.prom").read_text() for p in SCENARIOS)
+    missing = [f.name for f in FAMILIES
+               if not f.name.startswith("gpu_process_")
+               and f.name != "gpu_exporter_source_error_info" and f"\n{f.name}" not in "\n" + text]
+    assert not missing, f"families never emitted by any example scenario: {missing}"
