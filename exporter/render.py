@@ -93,18 +93,28 @@ def render(samples: dict[str, list[Sample]], openmetrics: bool = False,
 
 
 class Rendering:
-    """The immutable exposition of one cycle, in both formats, with gzip made lazily."""
+    """The immutable exposition of one cycle. Each format (and its gzip) is made once, on
+    first use; `eager` renders the text format up front, on the sampler thread, so a scrape
+    finds it ready."""
 
-    def __init__(self, samples: dict[str, list[Sample]]) -> None:
+    def __init__(self, samples: dict[str, list[Sample]], eager: bool = True) -> None:
         self.samples = samples
-        self._bodies = {False: render(samples, False), True: render(samples, True)}
-        self._gz: dict[bool, bytes] = {}
+        self._cache: dict[tuple[bool, bool], bytes] = {}
         self._lock = threading.Lock()
+        if eager:
+            self.body(False, False)
 
     def body(self, openmetrics: bool, gzipped: bool) -> bytes:
-        if not gzipped:
-            return self._bodies[openmetrics]
+        key = (openmetrics, gzipped)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
         with self._lock:
-            if openmetrics not in self._gz:
-                self._gz[openmetrics] = gzip.compress(self._bodies[openmetrics], compresslevel=5)
-            return self._gz[openmetrics]
+            if key not in self._cache:
+                plain = self._cache.get((openmetrics, False))
+                if plain is None:
+                    plain = render(self.samples, openmetrics)
+                    self._cache[(openmetrics, False)] = plain
+                if gzipped:
+                    self._cache[key] = gzip.compress(plain, compresslevel=5)
+            return self._cache[key]

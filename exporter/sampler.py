@@ -27,8 +27,10 @@ NVML_RETRY_MAX_SECONDS = 60.0
 
 class Sampler:
     def __init__(self, nvml: Any, options: ExporterOptions, specs: Sequence[CollectorSpec],
-                 clock: Callable[[], float] = time.time, threaded: bool = True) -> None:
+                 clock: Callable[[], float] = time.time, threaded: bool = True,
+                 eager_render: bool = True) -> None:
         self.nvml = nvml
+        self.eager_render = eager_render
         self.options = options
         self.clock = clock
         self.threaded = threaded
@@ -108,7 +110,7 @@ class Sampler:
             sink.add("gpu_exporter_collector_duration_seconds", (c.name,),
                      time.perf_counter() - start)
         self._self_metrics(ctx, sink, now)
-        rendering = Rendering(sink.samples)
+        rendering = Rendering(sink.samples, eager=self.eager_render)
         self._rendering = rendering  # one reference swap: scrapes see old or new, never half
         self._last_cycle_end = self.clock()
         return rendering

@@ -102,11 +102,12 @@ class SimNode:
 
 
 class SimCluster:
-    """Nodes from scenario files; `start` is the wall-clock time scenario t=0 maps to."""
+    """Nodes from scenario files; `start` is the wall-clock time scenario t=0 maps to, and
+    `window` the scenario seconds whose pods the API server lists."""
 
     def __init__(self, scenarios: Sequence[str | Path | Scenario], start: float,
                  workdir: str | Path | None = None, live: bool = False,
-                 interval: float = 5.0, horizon: float = 31 * 86400.0,
+                 interval: float = 5.0, window: tuple[float, float] = (0.0, 32 * 86400.0),
                  collectors: Sequence[str] | None = None, pod_labels: Sequence[str] = ("team",),
                  process_metrics: bool = False) -> None:
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="gpu-ledger-sim-")
@@ -116,7 +117,7 @@ class SimCluster:
         loaded = [s if isinstance(s, Scenario) else load_scenario(s) for s in scenarios]
         pods: list[dict[str, Any]] = []
         for sc in loaded:
-            pods.extend(pod_objects(sc, 0.0, horizon))
+            pods.extend(pod_objects(sc, *window))
         self.api = FakeApiServer(pods).start()
         kubeconfig = self.api.kubeconfig(str(self.workdir / "kubeconfig"))
         specs: list[CollectorSpec] = [s for s in REGISTRY
@@ -138,7 +139,8 @@ class SimCluster:
                 pod_resources_socket=sock, proc_root=str(proc_root), kubeconfig=kubeconfig,
                 pod_label_allowlist=tuple(sorted(pod_labels)),
                 sharing_modes=tuple(sorted(sharing_modes(sc).items())))
-            node.sampler = Sampler(nvml, options, specs, clock=clock, threaded=live)
+            node.sampler = Sampler(nvml, options, specs, clock=clock, threaded=live,
+                                   eager_render=live)
             self.nodes.append(node)
         self._wait_for_pod_watch()
 

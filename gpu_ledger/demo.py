@@ -1,0 +1,218 @@
+"""`gpu-ledger demo`: the whole product on one machine, in minutes.
+
+1. Simulate a small cluster (the example scenarios: MIG, time-slicing, MPS, a GPU that falls
+   off the bus, XIDs) for a month, every --step, through the exporter's own code path
+   (simulated NVML -> Sampler with a real PodResources server, cgroup files and pod watch).
+2. Backfill that history into a real Prometheus with promtool, then serve it, with the same
+   nodes' exporters running live and scraped.
+3. Run the metering job against that Prometheus into DuckDB, priced with the default cost model.
+4. Write the month's chargeback report (terminal summary, HTML, CSV, Parquet, Markdown).
+Where Prometheus is not installed it says how to install it and meters the OpenMetrics file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from exporter.cli import parse_seconds
+from exporter.history import OpenMetricsHistory
+from exporter.sim.cluster import SimCluster
+from gpu_ledger import promserver
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "exporter" / "scenarios"
+DEMO_SCENARIOS = ("h100-mig.yaml", "a100-timeslice.yaml", "mixed.yaml")
+# What metering and the dashboards read; the demo history keeps to these to stay small.
+HISTORY_FAMILIES = (
+    "gpu_info", "gpu_up", "gpu_utilization_ratio", "gpu_energy_joules_total",
+    "gpu_power_watts", "gpu_temperature_celsius", "gpu_memory_used_bytes",
+    "gpu_memory_total_bytes", "gpu_mig_info", "gpu_mig_memory_total_bytes",
+    "gpu_xid_errors_total", "gpu_container_allocation", "gpu_container_memory_used_bytes",
+    "gpu_container_sm_utilization_ratio", "gpu_container_processes",
+)
+
+
+def previous_month(now: datetime) -> str:
+    year, month = (now.year, now.month - 1) if now.month > 1 else (now.year - 1, 12)
+    return f"{year:04d}-{month:02d}"
+
+
+def month_bounds(month: str) -> tuple[datetime, datetime]:
+    year, mon = (int(x) for x in month.split("-"))
+    start = datetime(year, mon, 1, tzinfo=UTC)
+    end = datetime(year + (mon == 12), mon % 12 + 1, 1, tzinfo=UTC)
+    return start, end
+
+
+class Say:
+    def __init__(self, total: int) -> None:
+        self.total, self.n, self.t0 = total, 0, time.monotonic()
+
+    def step(self, text: str) -> None:
+        self.n += 1
+        print(f"[{self.n}/{self.total}] {text}", flush=True)
+
+    def note(self, text: str) -> None:
+        print(f"      {text}", flush=True)
+
+
+def scenario_paths(names: list[str] | None) -> list[Path]:
+    if names:
+        return [Path(n) if Path(n).exists() else SCENARIO_DIR / n for n in names]
+    return [SCENARIO_DIR / n for n in DEMO_SCENARIOS]
+
+
+def simulate_history(scenarios: list[Path], start: datetime, end: datetime, step: float,
+                     out_file: Path, workdir: Path, say: Say) -> int:
+    t0, t1 = start.timestamp(), end.timestamp()
+    steps = int((t1 - t0) // step)
+    history = OpenMetricsHistory(out_file, HISTORY_FAMILIES)
+    began = time.monotonic()
+    with SimCluster(scenarios, start=t0, workdir=workdir, window=(0.0, t1 - t0 + step)) as c:
+        say.note("nodes: " + ", ".join(n.name for n in c.nodes))
+        for i in range(1, steps + 1):
+            t = t0 + i * step
+            for _, rendering in c.step(t):
+                history.add(rendering.samples, t)
+            if i % max(1, steps // 10) == 0 or i == steps:
+                done = i / steps
+                eta = (time.monotonic() - began) * (1 - done) / done
+                print(f"      {done:4.0%} simulated ({i}/{steps} steps, "
+                      f"{history.samples_written:,} samples, ETA {eta:.0f}s)", flush=True)
+    history.close()
+    return history.samples_written
+
+
+@contextlib.contextmanager
+def live_exporters(scenarios: list[Path], start: float, workdir: Path,
+                   interval: float) -> Iterator[list[str]]:
+    """The same nodes' exporters, live on the real clock, each on its own loopback port."""
+    from exporter.web import start_server
+
+    now = time.time() - start
+    with SimCluster(scenarios, start=start, workdir=workdir, live=True, interval=interval,
+                    window=(now - 86400, now + 86400)) as cluster:
+        cluster.start_live()
+        servers = [start_server(n.sampler, "127.0.0.1", 0, None) for n in cluster.nodes]
+        try:
+            yield [f"127.0.0.1:{s.port}" for s in servers]
+        finally:
+            for s in servers:
+                s.shutdown()
+
+
+def run_meter(args: list[str]) -> int:
+    from metering.cli_meter import main as meter_main
+
+    return meter_main(args)
+
+
+def run_report(args: list[str]) -> int:
+    from metering.report.cli import main as report_main
+
+    return report_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpu-ledger demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="demo-output", help="output directory (default ./demo-output)")
+    p.add_argument("--month", help="month to simulate and report, YYYY-MM (default: last month)")
+    p.add_argument("--days", type=int, default=None,
+                   help="simulate only the first N days of the month (quicker; the report "
+                        "then names the hours without data)")
+    p.add_argument("--step", type=parse_seconds, default=600.0,
+                   help="simulated sample spacing (default 10m)")
+    p.add_argument("--scenario", action="append",
+                   help="scenario file(s) (default: the three example nodes)")
+    p.add_argument("--live-seconds", type=float, default=15.0,
+                   help="how long Prometheus scrapes the live exporters (default 15)")
+    p.add_argument("--keep-running", action="store_true",
+                   help="leave Prometheus and the exporters running until Ctrl-C")
+    p.add_argument("--no-prometheus", action="store_true",
+                   help="meter the simulated OpenMetrics file instead of a real Prometheus")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    month = args.month or previous_month(datetime.now(UTC))
+    try:
+        start, end = month_bounds(month)
+    except ValueError:
+        print(f"gpu-ledger demo: --month: expected YYYY-MM, got {month!r}", file=sys.stderr)
+        return 2
+    if args.days:
+        end = min(end, start + timedelta(days=args.days))
+    if end.timestamp() > time.time() - 3 * 3600:
+        print("gpu-ledger demo: the month must have ended at least 3 hours ago "
+              "(Prometheus backfill cannot write into its live head)", file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    scenarios = scenario_paths(args.scenario)
+    use_prometheus = not args.no_prometheus
+    if use_prometheus:
+        try:
+            promserver.binaries()
+        except promserver.PrometheusMissing as err:
+            print(f"note: {err}.\n      Falling back to metering the simulated OpenMetrics file.",
+                  flush=True)
+            use_prometheus = False
+    say = Say(4)
+    began = time.monotonic()
+    db = out / "gpu-ledger.duckdb"
+    history_file = out / "history.om"
+    with tempfile.TemporaryDirectory(prefix="gpu-ledger-demo-") as tmp:
+        work = Path(tmp)
+        say.step(f"Simulating {len(scenarios)} GPU nodes for {start:%Y-%m-%d} .. {end:%Y-%m-%d}"
+                 f" every {args.step:g}s through the exporter's code path")
+        n = simulate_history(scenarios, start, end, args.step, history_file, work / "sim", say)
+        say.note(f"{n:,} samples written to {history_file}")
+        meter_args = ["--month", month, "--db", str(db)]
+        if use_prometheus:
+            say.step("Backfilling the history into Prometheus with promtool, then serving it "
+                     "with the nodes' exporters live")
+            data_dir = work / "prometheus-data"
+            promserver.backfill(history_file, data_dir)
+            with live_exporters(scenarios, start.timestamp(), work / "live", 5.0) as targets, \
+                    promserver.running_prometheus(
+                        data_dir, promserver.scrape_config(targets)) as url:
+                say.note(f"Prometheus {url} scraping {', '.join(targets)}")
+                time.sleep(max(0.0, args.live_seconds))
+                say.step(f"Metering {month} from Prometheus into {db}")
+                rc = run_meter(["--prometheus", url, *meter_args])
+                if rc != 0:
+                    return rc
+                rc = _report(say, month, db, out)
+                if rc == 0 and args.keep_running:
+                    print(f"\nPrometheus: {url}   exporters: "
+                          + ", ".join(f"http://{t}/metrics" for t in targets)
+                          + "\nPress Ctrl-C to stop.", flush=True)
+                    with contextlib.suppress(KeyboardInterrupt):
+                        while True:
+                            time.sleep(3600)
+        else:
+            say.step("Skipping Prometheus: metering reads the OpenMetrics file instead")
+            say.step(f"Metering {month} from {history_file} into {db}")
+            rc = run_meter(["--openmetrics", str(history_file), *meter_args])
+            if rc != 0:
+                return rc
+            rc = _report(say, month, db, out)
+    if rc == 0:
+        print(f"\nDone in {time.monotonic() - began:.0f}s. Outputs in {out}:")
+        for path in sorted(out.rglob("*")):
+            if path.is_file():
+                print(f"  {path.relative_to(out.parent)}")
+    return rc
+
+
+def _report(say: Say, month: str, db: Path, out: Path) -> int:
+    say.step(f"Writing the {month} chargeback report")
+    return run_report(["--month", month, "--db", str(db), "--out", str(out / "report")])
+
