@@ -31,10 +31,11 @@ pytest: $(STAMP)
 generate: $(STAMP)
 	$(BIN)/python -m exporter.metricsdoc
 	$(BIN)/python -m exporter.attribution.regenerate
+	$(BIN)/python -m alerts.generate
 	$(BIN)/python -m dashboards.generate
 
 check-generated: generate
-	git diff --exit-code -- docs/metrics.md exporter/attribution dashboards alerts
+	git diff --exit-code -- docs/metrics.md exporter/attribution dashboards alerts deploy
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.exporter_scrape

@@ -102,7 +102,8 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: flo
     raise RuntimeError(f"prometheus not ready after {timeout:.0f}s:\n{log.read_text()[-3000:]}")
 
 
-def scrape_config(targets: list[str], interval: str = "5s", job: str = "gpu-ledger") -> str:
+def scrape_config(targets: list[str], interval: str = "5s",
+                  job: str = "gpu-ledger-exporter") -> str:
     quoted = ", ".join(f"'{t}'" for t in targets)
     return (f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
             f"scrape_configs:\n  - job_name: {job}\n    static_configs:\n"

@@ -56,8 +56,15 @@ CREATE TABLE IF NOT EXISTS coverage (
     ingested_at       TIMESTAMP NOT NULL
 );
 
--- Priced rows: per hour x team x namespace x pod x device. Idle rows have team 'idle'
--- (or, when idle is shared out, carry idle_share > 0 on team rows).
+-- Priced rows: per hour x team x namespace x pod x device, rebuilt per period by pricing
+-- (docs/cost-model.md). Besides team rows, the engine writes rows it owns, told apart by
+-- `sharing`: 'idle' (team 'idle': up but unheld, one per device-hour), 'down' (team 'down': the
+-- part of a device-hour the GPU was not up, never charged to a team), 'adjustment' (team
+-- 'adjustment', per hour x model: list price given away by discounts, tiers, efficiency
+-- factors; may be negative). Under idle policy proportional/even, team rows carry
+-- idle_share > 0 (included in cost); under policy weights, idle-share rows have the paying
+-- team, sharing 'idle', basis 'idle-share' and no pod/device. Per hour x model, sum(cost) over
+-- all rows = the fleet's device-hour cost, exactly.
 CREATE TABLE IF NOT EXISTS charges (
     hour              TIMESTAMP NOT NULL,
     team              VARCHAR   NOT NULL,
@@ -68,11 +75,11 @@ CREATE TABLE IF NOT EXISTS charges (
     uuid              VARCHAR   NOT NULL,
     mig_uuid          VARCHAR   NOT NULL,
     model             VARCHAR   NOT NULL,
-    sharing           VARCHAR   NOT NULL,   -- exclusive | mig | time-slicing | mps | idle
+    sharing           VARCHAR   NOT NULL,   -- exclusive | mig | time-slicing | mps | idle | down | adjustment
     profile           VARCHAR   NOT NULL,   -- MIG profile or ''
-    basis             VARCHAR   NOT NULL,   -- allocation | usage | blend | idle
+    basis             VARCHAR   NOT NULL,   -- allocation | usage | blend | idle | idle-share | down | adjustment | allocation (no SM data on MIG)
     fraction          DOUBLE    NOT NULL,   -- share of the device-hour charged to this row
-    rate              DOUBLE    NOT NULL,   -- device-hour price used (after discounts)
+    rate              DOUBLE    NOT NULL,   -- device-hour price used (after discounts, tiers, factors); cost - idle_share ≈ rate x fraction
     allocated_gpu_hours DOUBLE  NOT NULL,   -- device-equivalent hours allocated
     used_gpu_hours    DOUBLE    NOT NULL,   -- device-equivalent hours of SM activity
     cost              DECIMAL(18, 6) NOT NULL,

@@ -1,0 +1,486 @@
+"""Generate the Prometheus rule files from the tables below.
+
+`python -m alerts.generate` rewrites alerts/gpu-ledger-alerts.yml and
+alerts/gpu-ledger-recording.yml; `--check` exits 1 when the committed files are stale.
+Every threshold, `for` duration, the exporter's job matcher and the example hourly rates are
+set here and nowhere else. Metric names come from the exporter's contract (exporter/metrics.py)
+as strings: alerts/ never imports the exporter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ALERTS_FILE = HERE / "gpu-ledger-alerts.yml"
+RECORDING_FILE = HERE / "gpu-ledger-recording.yml"
+
+# --- the one place to change ------------------------------------------------------------------
+# The exporter's scrape job: the ServiceMonitor's Service name, or job_name in a static config.
+EXPORTER_JOB = "gpu-ledger-exporter"
+JOB = f'job="{EXPORTER_JOB}"'
+RUNBOOK_BASE = "https://github.com/gpu-ledger/gpu-ledger/blob/main/docs/runbooks.md"
+# Pod label that names a team, as the exporter renders it (allow-listed pod label `team`).
+TEAM_LABEL = "label_team"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    gpu_temp_warning_c: float = 85
+    gpu_temp_warning_for: str = "5m"
+    gpu_temp_critical_c: float = 90
+    gpu_temp_critical_for: str = "2m"
+    memory_temp_warning_c: float = 90
+    memory_temp_warning_for: str = "5m"
+    memory_full_ratio: float = 0.95
+    memory_full_for: str = "15m"
+    # A critical XID keeps the alert firing this long after its last event.
+    xid_critical_window_s: int = 600
+    # Non-critical XIDs alert when one code repeats this often within the window.
+    xid_repeat_count: int = 3
+    xid_repeat_window_s: int = 3600
+    ecc_window: str = "10m"
+    row_remap_pending_for: str = "5m"
+    thermal_slowdown_for: str = "5m"
+    power_brake_for: str = "1m"
+    nvlink_window: str = "15m"
+    nvlink_crc_errors: int = 100  # CRC errors per window; replay/recovery alert on the first
+    gpu_lost_for: str = "1m"
+    gpu_gone_lookback: str = "1h"
+    gpu_gone_for: str = "5m"
+    exporter_down_for: str = "5m"
+    exporter_absent_for: str = "15m"
+    collector_failing_for: str = "10m"
+    stale_sample_s: int = 120
+    stale_sample_for: str = "2m"
+    attribution_lost_for: str = "10m"
+    nvml_down_for: str = "5m"
+
+
+T = Thresholds()
+
+CRITICAL_XIDS = (48, 63, 64, 74, 79, 94, 95, 119, 120)
+# Raised by the application's own faults (illegal address, MMU fault, context reset): noise
+# for an operator, so never alerted on.
+APPLICATION_XIDS = (13, 31, 43)
+# Largest time-slicing / MPS replica count the allocation rules understand (the exporter gives
+# replicas as a label and PromQL cannot turn a label into a number, so the rule enumerates it).
+MAX_REPLICAS = 16
+# Compute slices of a MIG profile and of its parent are labels too; enumerated up to this.
+MAX_MIG_SLICES = 8
+
+# Example live-showback rates in USD per GPU-hour, by the model name NVML reports. Monthly
+# chargeback uses cost-model.yaml; these only drive the cost dashboard. Models not listed get
+# DEFAULT_HOURLY_RATE_USD.
+EXAMPLE_HOURLY_RATES_USD: dict[str, float] = {
+    "NVIDIA H100 80GB HBM3": 4.00,
+    "NVIDIA A100-SXM4-80GB": 2.50,
+    "NVIDIA L4": 0.80,
+}
+DEFAULT_HOURLY_RATE_USD = 2.00
+
+
+def xid_regex(codes: tuple[int, ...]) -> str:
+    return "|".join(str(c) for c in codes)
+
+
+def new_events(selector: str, window: str) -> str:
+    """Events a counter gained within `window`, including a series' first sample.
+
+    increase() needs two samples, so it misses the events that make a counter series appear
+    (an XID counter is only created by its first event). Series that already existed a window
+    ago use increase(); younger ones count from zero, i.e. their whole value.
+    """
+    return (f"(increase({selector}[{window}]) and {selector} offset {window})\n"
+            f"or ({selector} unless {selector} offset {window})")
+
+
+# --- alert annotations -----------------------------------------------------------------------
+
+GPU = "GPU {{ $labels.gpu }} ({{ $labels.model }}, {{ $labels.uuid }}) on node {{ $labels.node }}"
+MIG = ("MIG instance {{ $labels.profile }} ({{ $labels.mig_uuid }}) of GPU {{ $labels.gpu }} "
+       "({{ $labels.model }}, {{ $labels.uuid }}) on node {{ $labels.node }}")
+EXPORTER = "The GPU Ledger exporter at {{ $labels.instance }}"
+
+
+def pods_on(label: str) -> str:
+    """Template text naming the pods allocated the alert's device (looked up when it fires),
+    so the alert stays one per device instead of one per pod."""
+    q = (f"printf `count by (namespace, pod) (gpu_container_allocation{{{label}=\"%s\"}})` "
+         f"$labels.{label}")
+    return ("{{ with query (" + q + ") | sortByLabel \"pod\" }}Allocated to "
+            "{{ range $i, $s := . }}{{ if $i }}, {{ end }}{{ $s.Labels.namespace }}/"
+            "{{ $s.Labels.pod }}{{ end }}.{{ else }}No pod is allocated to it.{{ end }}")
+
+
+PODS = pods_on("uuid")
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    severity: str  # critical | warning | info
+    expr: str
+    for_: str
+    summary: str
+    description: str
+
+    @property
+    def anchor(self) -> str:
+        # GitHub's anchor for a "## Name" heading is the lower-cased name.
+        return self.name.lower()
+
+    def rule(self) -> dict[str, Any]:
+        rule: dict[str, Any] = {"alert": self.name, "expr": self.expr}
+        if self.for_ != "0m":
+            rule["for"] = self.for_
+        rule["labels"] = {"severity": self.severity}
+        rule["annotations"] = {
+            "summary": self.summary,
+            "description": self.description,
+            "runbook_url": f"{RUNBOOK_BASE}#{self.anchor}",
+        }
+        return rule
+
+
+CRIT = xid_regex(CRITICAL_XIDS)
+NOT_OPERATOR = xid_regex(CRITICAL_XIDS + APPLICATION_XIDS)
+
+DEVICE_ALERTS = (
+    Alert("GpuTemperatureHigh", "warning",
+          f"gpu_temperature_celsius > {T.gpu_temp_warning_c:g}", T.gpu_temp_warning_for,
+          "GPU temperature is high",
+          f"{GPU} has been above {T.gpu_temp_warning_c:g} °C for {T.gpu_temp_warning_for}: "
+          "{{ $value }} °C. " + PODS),
+    Alert("GpuTemperatureCritical", "critical",
+          f"gpu_temperature_celsius > {T.gpu_temp_critical_c:g}", T.gpu_temp_critical_for,
+          "GPU temperature is critical",
+          f"{GPU} has been above {T.gpu_temp_critical_c:g} °C for {T.gpu_temp_critical_for}: "
+          "{{ $value }} °C; the GPU will slow down or shut off. " + PODS),
+    Alert("GpuMemoryTemperatureHigh", "warning",
+          f"gpu_memory_temperature_celsius > {T.memory_temp_warning_c:g}",
+          T.memory_temp_warning_for,
+          "GPU memory temperature is high",
+          f"The memory of {GPU} has been above {T.memory_temp_warning_c:g} °C for "
+          f"{T.memory_temp_warning_for}: " + "{{ $value }} °C. " + PODS),
+    Alert("GpuMemoryNearlyFull", "info",
+          f"gpu_memory_used_bytes / gpu_memory_total_bytes > {T.memory_full_ratio:g}",
+          T.memory_full_for,
+          "GPU memory is nearly full",
+          f"{GPU} has used more than {T.memory_full_ratio:.0%} of its memory for "
+          f"{T.memory_full_for}: " + "{{ $value | humanizePercentage }}. " + PODS),
+    Alert("GpuMigMemoryNearlyFull", "info",
+          f"gpu_mig_memory_used_bytes / gpu_mig_memory_total_bytes > {T.memory_full_ratio:g}",
+          T.memory_full_for,
+          "MIG instance memory is nearly full",
+          f"{MIG} has used more than {T.memory_full_ratio:.0%} of its memory for "
+          f"{T.memory_full_for}: " + "{{ $value | humanizePercentage }}. " + pods_on("mig_uuid")),
+    Alert("GpuHardwareThermalSlowdown", "warning",
+          'gpu_clock_event_active{reason="hw_thermal"} == 1', T.thermal_slowdown_for,
+          "GPU clocks are cut by hardware thermal slowdown",
+          f"{GPU} has been in hardware thermal slowdown for {T.thermal_slowdown_for}; "
+          "its work runs at reduced clocks. " + PODS),
+    Alert("GpuPowerBrakeSlowdown", "warning",
+          'gpu_clock_event_active{reason="hw_power_brake"} == 1', T.power_brake_for,
+          "GPU clocks are cut by the power brake",
+          f"{GPU} has had its external power brake asserted for {T.power_brake_for}; "
+          "its work runs at reduced clocks. " + PODS),
+    Alert("GpuLost", "critical",
+          "gpu_up == 0", T.gpu_lost_for,
+          "GPU stopped answering",
+          f"{GPU} does not answer NVML (lost or fallen off the bus) for {T.gpu_lost_for}. "
+          + PODS),
+    Alert("GpuDisappeared", "critical",
+          "(\n  max by (cluster, node, gpu, uuid, model, job, instance) "
+          f"(max_over_time(gpu_info[{T.gpu_gone_lookback}]))\n"
+          "  unless on (node, uuid) gpu_info\n)\n"
+          f"and on (instance) (up{{{JOB}}} == 1)",
+          T.gpu_gone_for,
+          "A GPU vanished from its node",
+          f"{GPU} was reported in the last {T.gpu_gone_lookback} but the exporter at "
+          "{{ $labels.instance }}, which is up, no longer lists it. " + PODS),
+)
+
+RELIABILITY_ALERTS = (
+    Alert("GpuCriticalXid", "critical",
+          f'gpu_xid_errors_total{{xid=~"{CRIT}"}}\n'
+          f'and (time() - gpu_xid_last_timestamp_seconds{{xid=~"{CRIT}"}}) '
+          f"< {T.xid_critical_window_s}",
+          "0m",
+          "GPU reported a critical XID",
+          f"{GPU} reported XID " + "{{ $labels.xid }} within the last "
+          f"{T.xid_critical_window_s // 60} minutes "
+          "({{ $value }} since the exporter started). " + PODS),
+    Alert("GpuRepeatedXid", "warning",
+          "(\n" + new_events(f'gpu_xid_errors_total{{xid!~"{NOT_OPERATOR}"}}',
+                             f"{T.xid_repeat_window_s}s")
+          + f"\n) >= {T.xid_repeat_count}\n"
+          f'and (time() - gpu_xid_last_timestamp_seconds{{xid!~"{NOT_OPERATOR}"}}) '
+          f"< {T.xid_repeat_window_s}",
+          "0m",
+          "GPU repeats a non-critical XID",
+          f"{GPU} reported XID " + "{{ $labels.xid }} {{ $value }} times in the last "
+          f"{T.xid_repeat_window_s // 60} minutes. " + PODS),
+    Alert("GpuUncorrectableEccErrors", "critical",
+          "(\n" + new_events('gpu_ecc_errors_total{type="uncorrected"}', T.ecc_window)
+          + "\n) > 0",
+          "0m",
+          "GPU had uncorrectable ECC errors",
+          f"{GPU} counted " + "{{ $value }} uncorrectable ECC errors in the last "
+          f"{T.ecc_window}. " + PODS),
+    Alert("GpuRowRemapFailure", "critical",
+          "gpu_row_remap_failure == 1", "0m",
+          "GPU failed to remap a memory row",
+          f"{GPU} could not remap a failing memory row; the GPU needs service. " + PODS),
+    Alert("GpuRowRemapPending", "warning",
+          "gpu_row_remap_pending == 1", T.row_remap_pending_for,
+          "GPU has a row remap pending",
+          f"{GPU} has had a memory row remap pending for {T.row_remap_pending_for}; "
+          "it takes effect at the next GPU reset. " + PODS),
+    Alert("GpuNvlinkErrors", "warning",
+          "(\n" + new_events('gpu_nvlink_errors_total{type=~"replay|recovery"}',
+                             T.nvlink_window) + "\n) > 0\nor\n(\n"
+          + new_events('gpu_nvlink_errors_total{type=~"crc_flit|crc_data"}', T.nvlink_window)
+          + f"\n) > {T.nvlink_crc_errors}",
+          "0m",
+          "GPU NVLink errors",
+          f"{GPU} counted " + "{{ $value }} NVLink {{ $labels.type }} errors on link "
+          "{{ $labels.link }} in the last " + f"{T.nvlink_window}. " + PODS),
+)
+
+EXPORTER_ALERTS = (
+    Alert("GpuExporterDown", "warning",
+          f"up{{{JOB}}} == 0", T.exporter_down_for,
+          "GPU Ledger exporter is down",
+          "Prometheus has failed to scrape the GPU Ledger exporter at {{ $labels.instance }} for "
+          f"{T.exporter_down_for}; "
+          "the GPUs of its node are unobserved."),
+    Alert("GpuExporterAbsent", "warning",
+          f"absent(up{{{JOB}}})", T.exporter_absent_for,
+          "No GPU Ledger exporter is scraped",
+          "Prometheus has had no target for job {{ $labels.job }} for "
+          f"{T.exporter_absent_for}."),
+    Alert("GpuExporterCollectorFailing", "warning",
+          "gpu_exporter_collector_success == 0", T.collector_failing_for,
+          "GPU Ledger exporter collector is failing",
+          f"{EXPORTER}: collector " + "{{ $labels.collector }} has failed for "
+          f"{T.collector_failing_for}; its metric families are missing."),
+    Alert("GpuExporterSamplesStale", "warning",
+          f"time() - gpu_exporter_last_sample_timestamp_seconds > {T.stale_sample_s}",
+          T.stale_sample_for,
+          "GPU Ledger exporter samples are stale",
+          f"{EXPORTER} last completed a sample " + "{{ $value | humanizeDuration }} ago; "
+          "the sampler is stuck (a hung NVML call?)."),
+    Alert("GpuAttributionLost", "warning",
+          'gpu_exporter_source_up{source=~"podresources|kubernetes"} == 0',
+          T.attribution_lost_for,
+          "GPU usage is no longer attributed to pods",
+          f"{EXPORTER} cannot reach its " + "{{ $labels.source }} source"
+          + "{{ with query (printf `gpu_exporter_source_error_info{instance=\"%s\",source=\"%s\"}` "
+          "$labels.instance $labels.source) }} ({{ (index . 0).Labels.reason }}){{ end }}; "
+          "GPU series are served without pod labels."),
+    Alert("GpuExporterNvmlUnavailable", "warning",
+          'gpu_exporter_source_up{source="nvml"} == 0', T.nvml_down_for,
+          "GPU Ledger exporter cannot reach NVML",
+          f"{EXPORTER} cannot initialise NVML" + "{{ with query (printf "
+          "`gpu_exporter_source_error_info{instance=\"%s\",source=\"nvml\"}` $labels.instance) }}"
+          " ({{ (index . 0).Labels.reason }}){{ end }}; no GPU of its node is observed."),
+)
+
+ALERT_GROUPS = (
+    ("gpu-ledger.device", DEVICE_ALERTS),
+    ("gpu-ledger.reliability", RELIABILITY_ALERTS),
+    ("gpu-ledger.exporter", EXPORTER_ALERTS),
+)
+
+
+# --- recording rules -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Record:
+    name: str
+    expr: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def rule(self) -> dict[str, Any]:
+        rule: dict[str, Any] = {"record": self.name, "expr": self.expr}
+        if self.labels:
+            rule["labels"] = dict(self.labels)
+        return rule
+
+
+def label_enum(metric: str, label: str, by: str, top: int) -> str:
+    """A label holding a small integer, as a sample value (one term per possible value)."""
+    return "\nor ".join(f'max by ({by}) ({metric}{{{label}="{n}"}}) * {n}'
+                        for n in range(1, top + 1))
+
+
+def replica_fraction() -> str:
+    terms = [f'sum without (replicas) (gpu_container_allocation{{replicas="{n}"}}) / {n}'
+             for n in range(1, MAX_REPLICAS + 1)]
+    return "\nor ".join(terms)
+
+
+TEAM = (f'label_replace(label_replace({{src}}, "team", "$1", "{TEAM_LABEL}", "(.+)"), '
+        f'"team", "unlabelled", "{TEAM_LABEL}", "")')
+MIG_KEYS = "cluster, node, gpu, uuid, model, mig_uuid, profile"
+CONTAINER_SHARE_NON_MIG = """(
+  gpu_container_sm_utilization_ratio{mig_uuid=""}
+  / on (uuid) group_left ()
+  (sum by (uuid) (gpu_container_sm_utilization_ratio{mig_uuid=""}) > 0)
+)
+or on (namespace, pod, container, uuid)
+(
+  (
+    sum without (resource, sharing, replicas) (gpu_container_allocation{mig_uuid=""})
+    / on (uuid) group_left ()
+    sum by (uuid) (gpu_container_allocation{mig_uuid=""})
+  )
+  unless on (uuid) (sum by (uuid) (gpu_container_sm_utilization_ratio{mig_uuid=""}) > 0)
+)
+or
+(
+  sum without (resource, sharing, replicas) (gpu_container_allocation{mig_uuid!=""})
+  / on (mig_uuid) group_left ()
+  sum by (mig_uuid) (gpu_container_allocation{mig_uuid!=""})
+)"""
+
+
+def per_level(metric: str, source: str) -> tuple[Record, ...]:
+    """pod / namespace / team aggregates of a container-level series."""
+    return (
+        Record(f"pod:{metric}", f"sum by (cluster, namespace, pod) ({source})"),
+        Record(f"namespace:{metric}", f"sum by (cluster, namespace) ({source})"),
+        Record(f"team:{metric}", "sum by (cluster, team) (" + TEAM.format(src=source) + ")"),
+    )
+
+
+RECORDS: tuple[Record, ...] = (
+    # MIG instance -> its share of the parent GPU, by compute slices.
+    Record("mig:gpu_slices:count",
+           label_enum("gpu_mig_info", "slices", MIG_KEYS, MAX_MIG_SLICES)),
+    Record("mig:gpu_parent_slices:count",
+           label_enum("gpu_mig_info", "parent_slices", MIG_KEYS, MAX_MIG_SLICES)),
+    Record("mig:gpu_instance_share:ratio",
+           "mig:gpu_slices:count / on (mig_uuid) group_left () mig:gpu_parent_slices:count"),
+    Record("mig:gpu_power:watts",
+           "mig:gpu_instance_share:ratio * on (uuid) group_left () gpu_power_watts"),
+    Record("mig:gpu_used:gpus",
+           'gpu_sm_active_ratio{mig_uuid!=""}\n'
+           "* on (mig_uuid) group_left () mig:gpu_instance_share:ratio"),
+    # Container -> its share of its device (a whole GPU, or a MIG instance).
+    Record("container:gpu_device_share:ratio", CONTAINER_SHARE_NON_MIG),
+    # GPU-equivalents a container holds: 1/replicas of a shared device, slices/parent of MIG.
+    Record("container:gpu_allocation_fraction:ratio", replica_fraction()),
+    Record("container:gpu_allocated:gpus",
+           'container:gpu_allocation_fraction:ratio{mig_uuid=""}\n'
+           'or container:gpu_allocation_fraction:ratio{mig_uuid!=""}\n'
+           "  * on (mig_uuid) group_left () mig:gpu_instance_share:ratio"),
+    # GPU-equivalents a container keeps busy, and the power it draws.
+    Record("container:gpu_used:gpus",
+           'container:gpu_device_share:ratio{mig_uuid=""}\n'
+           "  * on (uuid) group_left (gpu, model) gpu_utilization_ratio\n"
+           'or container:gpu_device_share:ratio{mig_uuid!=""}\n'
+           "  * on (mig_uuid) group_left (gpu, model, profile) mig:gpu_used:gpus"),
+    Record("container:gpu_power:watts",
+           'container:gpu_device_share:ratio{mig_uuid=""}\n'
+           "  * on (uuid) group_left (gpu, model) gpu_power_watts\n"
+           'or container:gpu_device_share:ratio{mig_uuid!=""}\n'
+           "  * on (mig_uuid) group_left (gpu, model, profile) mig:gpu_power:watts"),
+    # Example live showback: USD per hour by model, then per device and container.
+    *(Record("model:gpu_hourly_rate:usd", f"vector({rate:g})", (("model", model),))
+      for model, rate in EXAMPLE_HOURLY_RATES_USD.items()),
+    Record("gpu:hourly_rate:usd",
+           "max by (cluster, node, gpu, uuid, model) (gpu_info)\n"
+           "  * on (model) group_left () model:gpu_hourly_rate:usd\n"
+           "or max by (cluster, node, gpu, uuid, model) (gpu_info) "
+           f"* {DEFAULT_HOURLY_RATE_USD:g}"),
+    Record("container:gpu_cost:usd_per_hour",
+           "container:gpu_allocated:gpus * on (uuid) group_left (gpu, model) "
+           "gpu:hourly_rate:usd"),
+    # Aggregates the dashboards read.
+    *per_level("gpu_allocated:gpus", "container:gpu_allocated:gpus"),
+    *per_level("gpu_used:gpus", "container:gpu_used:gpus"),
+    *per_level("gpu_power:watts", "container:gpu_power:watts"),
+    *per_level("gpu_memory_used:bytes", "gpu_container_memory_used_bytes"),
+    *per_level("gpu_cost:usd_per_hour", "container:gpu_cost:usd_per_hour"),
+    Record("cluster:gpu_capacity:gpus", "count by (cluster) (gpu_info)"),
+    Record("cluster:gpu_allocated:gpus", "sum by (cluster) (container:gpu_allocated:gpus)"),
+    Record("cluster:gpu_used:gpus",
+           'sum by (cluster) (gpu_utilization_ratio) + sum by (cluster) (mig:gpu_used:gpus)\n'
+           "or sum by (cluster) (gpu_utilization_ratio)\n"
+           "or sum by (cluster) (mig:gpu_used:gpus)"),
+    Record("cluster:gpu_cost:usd_per_hour", "sum by (cluster) (gpu:hourly_rate:usd)"),
+    Record("cluster:gpu_allocated_cost:usd_per_hour",
+           "sum by (cluster) (container:gpu_cost:usd_per_hour)"),
+)
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+HEADER = "# Generated by `python -m alerts.generate` from alerts/generate.py; do not edit.\n"
+
+
+def _dump(doc: dict[str, Any]) -> str:
+    return HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True,
+                              width=4096)
+
+
+def alerts_yaml() -> str:
+    return _dump({"groups": [{"name": name, "rules": [a.rule() for a in alerts]}
+                             for name, alerts in ALERT_GROUPS]})
+
+
+def recording_yaml() -> str:
+    return _dump({"groups": [{"name": "gpu-ledger.attribution",
+                              "rules": [r.rule() for r in RECORDS]}]})
+
+
+def outputs() -> dict[Path, str]:
+    return {ALERTS_FILE: alerts_yaml(), RECORDING_FILE: recording_yaml()}
+
+
+def all_alerts() -> tuple[Alert, ...]:
+    return tuple(a for _, alerts in ALERT_GROUPS for a in alerts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m alerts.generate", description=__doc__)
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if a committed rule file differs from the tables")
+    args = parser.parse_args(argv)
+    stale = []
+    for path, text in outputs().items():
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == text:
+            continue
+        if args.check:
+            stale.append(path.name)
+        else:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path.relative_to(HERE.parent)}")
+    if stale:
+        print(f"stale: {', '.join(stale)}; run `python -m alerts.generate`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

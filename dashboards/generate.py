@@ -1,0 +1,393 @@
+"""Build the Grafana dashboards with grafana-foundation-sdk and write dashboards/*.json.
+
+`python -m dashboards.generate` rewrites the JSON; `--check` exits 1 when it is stale.
+Panels query the exporter's families (exporter/metrics.py, named here as strings) and the
+recording rules of alerts/gpu-ledger-recording.yml (documented in docs/recording-rules.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders.common import ReduceDataOptions
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.common import BigValueGraphMode, StackingMode
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DataSourceRef,
+    VariableOption,
+    VariableRefresh,
+    VariableSort,
+)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+HERE = Path(__file__).resolve().parent
+DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
+TAGS = ["gpu", "gpu-ledger"]
+
+# Label matchers shared by panels. `cluster` comes from relabelling or external labels in
+# multi-cluster setups; its "All" value is `.*`, which also matches series without the label.
+CL = 'cluster=~"$cluster"'
+DEV = f'{CL}, node=~"$node", gpu=~"$gpu"'
+NODE = f'{CL}, node=~"$node"'
+NS = f'{CL}, namespace=~"$namespace"'
+
+Panel = Any  # an SDK panel builder (timeseries.Panel, stat.Panel, table.Panel)
+
+
+class Board:
+    """A dashboard under construction: numbers panels and their queries."""
+
+    def __init__(self, uid: str, title: str, description: str, variables: tuple[str, ...]):
+        self.builder = (
+            dash.Dashboard(title).uid(uid).description(description).tags(TAGS)
+            .time("now-6h", "now").refresh("1m").timezone("browser")
+            .tooltip(DashboardCursorSync.CROSSHAIR).editable()
+        )
+        for var in variables:
+            self.builder = self.builder.with_variable(VARIABLES[var]())
+        self.next_id = 1
+
+    def row(self, title: str) -> None:
+        self.builder = self.builder.with_row(dash.Row(title).id(self._id()))
+
+    def add(self, panel: Panel, queries: list[tuple[str, str]], width: int = 12,
+            height: int = 8, description: str = "") -> None:
+        panel = panel.id(self._id()).datasource(DS).span(width).height(height)
+        if description:
+            panel = panel.description(description)
+        for i, (expr, legend) in enumerate(queries):
+            q = prometheus.Dataquery().expr(expr).ref_id(chr(ord("A") + i))
+            q = q.legend_format(legend) if legend else q
+            if isinstance(panel, stat.Panel | table.Panel):
+                q = q.instant()
+            if isinstance(panel, table.Panel):
+                q = q.format(PromQueryFormat.TABLE)
+            panel = panel.with_target(q)
+        self.builder = self.builder.with_panel(panel)
+
+    def _id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+    def json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(json.dumps(self.builder.build(), cls=JSONEncoder))
+        return doc
+
+
+# --- variables -----------------------------------------------------------------------------
+
+def _query_var(name: str, label: str, query: str, multi: bool = True) -> Any:
+    return (
+        dash.QueryVariable(name).label(label).datasource(DS).query(query)
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_ASC)
+        .multi(multi).include_all(True).all_value(".*")
+        .current(VariableOption(selected=True, text="All", value="$__all"))
+    )
+
+
+VARIABLES: dict[str, Callable[[], Any]] = {
+    "datasource": lambda: dash.DatasourceVariable("datasource").label("Data source")
+    .type("prometheus"),
+    "cluster": lambda: _query_var("cluster", "Cluster", "label_values(gpu_info, cluster)",
+                                  multi=False),
+    "node": lambda: _query_var("node", "Node", f"label_values(gpu_info{{{CL}}}, node)"),
+    "gpu": lambda: _query_var("gpu", "GPU", f"label_values(gpu_info{{{NODE}}}, gpu)"),
+    "namespace": lambda: _query_var(
+        "namespace", "Namespace", f"label_values(gpu_container_allocation{{{CL}}}, namespace)"),
+}
+
+
+# --- panel shorthands ----------------------------------------------------------------------
+
+def ts(title: str, unit: str, stack: bool = False) -> timeseries.Panel:
+    p = timeseries.Panel().title(title).unit(unit).fill_opacity(10)
+    return p.stacking(_stacking()) if stack else p
+
+
+def _stacking() -> Any:
+    from grafana_foundation_sdk.builders.common import StackingConfig
+
+    return StackingConfig().mode(StackingMode.NORMAL)
+
+
+def st(title: str, unit: str = "none") -> stat.Panel:
+    return (stat.Panel().title(title).unit(unit).graph_mode(BigValueGraphMode.NONE)
+            .reduce_options(ReduceDataOptions().calcs(["lastNotNull"])))
+
+
+def tab(title: str) -> table.Panel:
+    return table.Panel().title(title)
+
+
+# --- the boards ----------------------------------------------------------------------------
+
+def fleet() -> Board:
+    b = Board("gpu-ledger-fleet", "GPU Ledger / Fleet overview",
+              "GPUs by model and health, utilisation, memory, power, XIDs, allocation vs idle.",
+              ("datasource", "cluster", "node"))
+    b.row("Inventory and health")
+    b.add(st("GPUs"), [(f"count(gpu_info{{{NODE}}})", "")], width=4, height=4)
+    b.add(st("GPUs answering"), [(f"sum(gpu_up{{{NODE}}})", "")], width=4, height=4)
+    b.add(st("GPUs lost"), [(f"count(gpu_up{{{NODE}}} == 0) or vector(0)", "")],
+          width=4, height=4)
+    b.add(st("MIG instances"), [(f"count(gpu_mig_info{{{NODE}}}) or vector(0)", "")],
+          width=4, height=4)
+    b.add(st("Allocated GPUs", "none"),
+          [(f"sum(cluster:gpu_allocated:gpus{{{CL}}})", "")], width=4, height=4,
+          description="GPU-equivalents allocated to containers (MIG slices and shares count "
+                      "as fractions).")
+    b.add(st("Exporters up"), [('sum(up{job="gpu-ledger-exporter"})', "")], width=4, height=4)
+    b.add(tab("GPUs by model and health"),
+          [(f"count by (model) (gpu_info{{{NODE}}})", ""),
+           (f"sum by (model) (gpu_up{{{NODE}}})", "")], width=12,
+          description="A: GPUs listed, B: GPUs answering NVML.")
+    b.add(tab("Driver and CUDA versions"),
+          [(f"count by (driver_version, cuda_version, mig_mode) (gpu_info{{{NODE}}})", "")],
+          width=12)
+    b.row("Usage")
+    b.add(ts("Utilisation by node (whole GPUs)", "percentunit"),
+          [(f"avg by (node) (gpu_utilization_ratio{{{NODE}}})", "{{node}}")])
+    b.add(ts("GPUs busy (GPU-equivalents)", "none"),
+          [(f"sum(cluster:gpu_used:gpus{{{CL}}})", "busy"),
+           (f"sum(cluster:gpu_capacity:gpus{{{CL}}})", "capacity")])
+    b.add(ts("Memory used by node", "percentunit"),
+          [(f"sum by (node) (gpu_memory_used_bytes{{{NODE}}}) / "
+            f"sum by (node) (gpu_memory_total_bytes{{{NODE}}})", "{{node}}")])
+    b.add(ts("Power by node", "watt", stack=True),
+          [(f"sum by (node) (gpu_power_watts{{{NODE}}})", "{{node}}")])
+    b.row("Allocation and errors")
+    b.add(ts("Allocated vs idle GPUs", "none", stack=True),
+          [(f"sum(cluster:gpu_allocated:gpus{{{CL}}})", "allocated"),
+           (f"sum(cluster:gpu_capacity:gpus{{{CL}}}) - sum(cluster:gpu_allocated:gpus{{{CL}}})",
+            "idle")])
+    b.add(ts("XID events by code", "none"),
+          [(f"sum by (xid) (increase(gpu_xid_errors_total{{{NODE}}}[$__rate_interval]))",
+            "XID {{xid}}")],
+          description="Application XIDs (13, 31, 43) are included here but never alert.")
+    return b
+
+
+def node_detail() -> Board:
+    b = Board("gpu-ledger-node", "GPU Ledger / Node and GPU detail",
+              "Every device and MIG family of the selected GPUs, throttle reasons, ECC, NVLink, "
+              "XID by code, and the exporter's own health.",
+              ("datasource", "cluster", "node", "gpu"))
+    g = "{{node}} GPU {{gpu}}"
+    b.row("Devices")
+    b.add(tab("GPUs"),
+          [(f"gpu_info{{{DEV}}}", ""), (f"gpu_up{{{DEV}}}", "")], width=24, height=6)
+    b.add(ts("Utilisation", "percentunit"),
+          [(f"gpu_utilization_ratio{{{DEV}}}", g + " kernel"),
+           (f"gpu_memory_utilization_ratio{{{DEV}}}", g + " memory")])
+    b.add(ts("Encoder / decoder", "percentunit"),
+          [(f"gpu_encoder_utilization_ratio{{{DEV}}}", g + " enc"),
+           (f"gpu_decoder_utilization_ratio{{{DEV}}}", g + " dec")])
+    b.add(ts("SM activity (GPM)", "percentunit"),
+          [(f"gpu_sm_active_ratio{{{DEV}}}", g + " {{profile}} active"),
+           (f"gpu_sm_occupancy_ratio{{{DEV}}}", g + " {{profile}} occupancy")])
+    b.add(ts("Tensor and DRAM activity (GPM)", "percentunit"),
+          [(f"gpu_tensor_active_ratio{{{DEV}}}", g + " {{profile}} tensor"),
+           (f"gpu_dram_active_ratio{{{DEV}}}", g + " {{profile}} dram")])
+    b.add(ts("Memory", "bytes"),
+          [(f"gpu_memory_used_bytes{{{DEV}}}", g + " used"),
+           (f"gpu_memory_free_bytes{{{DEV}}}", g + " free"),
+           (f"gpu_memory_reserved_bytes{{{DEV}}}", g + " reserved"),
+           (f"gpu_memory_total_bytes{{{DEV}}}", g + " total")])
+    b.add(ts("Temperature", "celsius"),
+          [(f"gpu_temperature_celsius{{{DEV}}}", g + " core"),
+           (f"gpu_memory_temperature_celsius{{{DEV}}}", g + " memory")])
+    b.add(ts("Power", "watt"),
+          [(f"gpu_power_watts{{{DEV}}}", g), (f"gpu_power_limit_watts{{{DEV}}}", g + " limit"),
+           (f"rate(gpu_energy_joules_total{{{DEV}}}[$__rate_interval])", g + " from energy")])
+    b.add(ts("Clocks", "hertz"),
+          [(f"gpu_sm_clock_hertz{{{DEV}}}", g + " SM"),
+           (f"gpu_memory_clock_hertz{{{DEV}}}", g + " memory")])
+    b.row("Throttling")
+    b.add(ts("Clock event reasons active", "none"),
+          [(f"gpu_clock_event_active{{{DEV}}} > 0", g + " {{reason}}")])
+    b.add(ts("Time held below target clocks", "percentunit"),
+          [(f"rate(gpu_throttle_seconds_total{{{DEV}}}[$__rate_interval])", g + " {{reason}}")])
+    b.row("Reliability")
+    b.add(ts("ECC errors", "none"),
+          [(f"increase(gpu_ecc_errors_total{{{DEV}}}[$__rate_interval])", g + " {{type}}")],
+          width=8)
+    b.add(ts("Row remapping", "none"),
+          [(f"gpu_remapped_rows{{{DEV}}}", g + " {{kind}}"),
+           (f"gpu_row_remap_pending{{{DEV}}}", g + " pending"),
+           (f"gpu_row_remap_failure{{{DEV}}}", g + " failure")], width=8)
+    b.add(ts("PCIe replays", "none"),
+          [(f"increase(gpu_pcie_replay_total{{{DEV}}}[$__rate_interval])", g)], width=8)
+    b.add(ts("NVLink errors", "none"),
+          [(f"increase(gpu_nvlink_errors_total{{{DEV}}}[$__rate_interval])",
+            g + " link {{link}} {{type}}")])
+    b.add(ts("XID events by code", "none"),
+          [(f"increase(gpu_xid_errors_total{{{DEV}}}[$__rate_interval])", g + " XID {{xid}}")])
+    b.add(tab("Last XID per code"),
+          [(f"gpu_xid_last_timestamp_seconds{{{DEV}}} * 1000", "")], width=24, height=6)
+    b.row("MIG")
+    b.add(tab("MIG instances"), [(f"gpu_mig_info{{{DEV}}}", "")], width=24, height=6)
+    b.add(ts("MIG memory", "bytes"),
+          [(f"gpu_mig_memory_used_bytes{{{DEV}}}", g + " {{profile}} used"),
+           (f"gpu_mig_memory_total_bytes{{{DEV}}}", g + " {{profile}} total")])
+    b.add(ts("MIG power share (by slices)", "watt", stack=True),
+          [(f"mig:gpu_power:watts{{{DEV}}}", g + " {{profile}} {{mig_uuid}}")])
+    b.row("Exporter")
+    b.add(ts("Collector success", "none"),
+          [("gpu_exporter_collector_success", "{{instance}} {{collector}}")], width=8)
+    b.add(ts("Collector duration", "s"),
+          [("gpu_exporter_collector_duration_seconds", "{{instance}} {{collector}}")], width=8)
+    b.add(ts("Sample age", "s"),
+          [("time() - gpu_exporter_last_sample_timestamp_seconds", "{{instance}}")], width=8)
+    b.add(tab("Sources"),
+          [("gpu_exporter_source_up", ""), ("gpu_exporter_build_info", "")], width=24, height=6)
+    return b
+
+
+def workloads() -> Board:
+    b = Board("gpu-ledger-workloads", "GPU Ledger / Workloads",
+              "GPU allocation, use, memory and power per namespace, pod and team; efficiency "
+              "(used / allocated), including on shared (time-sliced, MPS, MIG) GPUs.",
+              ("datasource", "cluster", "namespace"))
+    b.row("Namespaces")
+    b.add(ts("GPUs used by namespace", "none", stack=True),
+          [(f"namespace:gpu_used:gpus{{{NS}}}", "{{namespace}}")])
+    b.add(ts("GPUs allocated by namespace", "none", stack=True),
+          [(f"namespace:gpu_allocated:gpus{{{NS}}}", "{{namespace}}")])
+    b.add(ts("Efficiency by namespace (used / allocated)", "percentunit"),
+          [(f"namespace:gpu_used:gpus{{{NS}}} / namespace:gpu_allocated:gpus{{{NS}}}",
+            "{{namespace}}")])
+    b.add(ts("GPU memory by namespace", "bytes", stack=True),
+          [(f"namespace:gpu_memory_used:bytes{{{NS}}}", "{{namespace}}")])
+    b.row("Pods")
+    b.add(tab("Pods"),
+          [(f"pod:gpu_allocated:gpus{{{NS}}}", ""), (f"pod:gpu_used:gpus{{{NS}}}", ""),
+           (f"pod:gpu_memory_used:bytes{{{NS}}}", ""), (f"pod:gpu_power:watts{{{NS}}}", "")],
+          width=24, description="A: GPUs allocated, B: GPUs used, C: memory, D: power.")
+    b.add(ts("GPUs used by pod", "none"),
+          [(f"pod:gpu_used:gpus{{{NS}}}", "{{namespace}}/{{pod}}")])
+    b.add(ts("Power by pod", "watt", stack=True),
+          [(f"pod:gpu_power:watts{{{NS}}}", "{{namespace}}/{{pod}}")])
+    b.add(ts("Efficiency on shared GPUs", "percentunit"),
+          [(f"(pod:gpu_used:gpus{{{NS}}} / pod:gpu_allocated:gpus{{{NS}}})\n"
+            "and on (namespace, pod)\n"
+            f'count by (namespace, pod) (gpu_container_allocation{{{NS}, sharing!="exclusive"}})',
+            "{{namespace}}/{{pod}}")],
+          description="Pods on time-sliced, MPS or MIG devices: their own SM share of the "
+                      "device's use over their share of the device.")
+    b.add(tab("Containers on shared devices"),
+          [(f'gpu_container_allocation{{{NS}, sharing!="exclusive"}}', ""),
+           (f"gpu_container_sm_utilization_ratio{{{NS}}}", ""),
+           (f"gpu_container_processes{{{NS}}}", "")], width=12)
+    b.add(ts("Container memory", "bytes"),
+          [(f"gpu_container_memory_used_bytes{{{NS}}}", "{{namespace}}/{{pod}}/{{container}}")])
+    b.row("Teams")
+    b.add(ts("GPUs used by team", "none", stack=True),
+          [(f"team:gpu_used:gpus{{{CL}}}", "{{team}}")])
+    b.add(ts("Efficiency by team", "percentunit"),
+          [(f"team:gpu_used:gpus{{{CL}}} / team:gpu_allocated:gpus{{{CL}}}", "{{team}}")])
+    b.add(tab("Teams"),
+          [(f"team:gpu_allocated:gpus{{{CL}}}", ""), (f"team:gpu_used:gpus{{{CL}}}", ""),
+           (f"team:gpu_memory_used:bytes{{{CL}}}", ""), (f"team:gpu_power:watts{{{CL}}}", "")],
+          width=24)
+    return b
+
+
+def cost() -> Board:
+    b = Board("gpu-ledger-cost", "GPU Ledger / Cost (live showback)",
+              "Live showback at example hourly rates per GPU model (recording rules "
+              "model:gpu_hourly_rate:usd, set in alerts/generate.py). Monthly chargeback "
+              "comes from the metering reports and cost-model.yaml.",
+              ("datasource", "cluster", "namespace"))
+    b.row("Fleet")
+    b.add(st("Fleet cost per hour", "currencyUSD"),
+          [(f"sum(cluster:gpu_cost:usd_per_hour{{{CL}}})", "")], width=6, height=4)
+    b.add(st("Allocated per hour", "currencyUSD"),
+          [(f"sum(cluster:gpu_allocated_cost:usd_per_hour{{{CL}}})", "")], width=6, height=4)
+    b.add(st("Idle per hour", "currencyUSD"),
+          [(f"sum(cluster:gpu_cost:usd_per_hour{{{CL}}}) - "
+            f"sum(cluster:gpu_allocated_cost:usd_per_hour{{{CL}}})", "")], width=6, height=4)
+    b.add(st("Fleet cost, 30 days at this rate", "currencyUSD"),
+          [(f"sum(cluster:gpu_cost:usd_per_hour{{{CL}}}) * 24 * 30", "")], width=6, height=4)
+    b.add(ts("Cost per hour: allocated vs idle", "currencyUSD", stack=True),
+          [(f"sum(cluster:gpu_allocated_cost:usd_per_hour{{{CL}}})", "allocated"),
+           (f"sum(cluster:gpu_cost:usd_per_hour{{{CL}}}) - "
+            f"sum(cluster:gpu_allocated_cost:usd_per_hour{{{CL}}})", "idle")])
+    b.add(ts("Cost per hour by model", "currencyUSD", stack=True),
+          [(f"sum by (model) (gpu:hourly_rate:usd{{{CL}}})", "{{model}}")])
+    b.row("Showback")
+    b.add(ts("Cost per hour by team", "currencyUSD", stack=True),
+          [(f"team:gpu_cost:usd_per_hour{{{CL}}}", "{{team}}")])
+    b.add(ts("Cost per hour by namespace", "currencyUSD", stack=True),
+          [(f"namespace:gpu_cost:usd_per_hour{{{NS}}}", "{{namespace}}")])
+    b.add(tab("Cost over the selected range by namespace (USD)"),
+          [(f"sum by (namespace) (avg_over_time(namespace:gpu_cost:usd_per_hour{{{NS}}}"
+            "[$__range])) * $__range_s / 3600", "")], width=12)
+    b.add(tab("Unused allocation per hour by team (USD)"),
+          [(f"team:gpu_cost:usd_per_hour{{{CL}}}\n"
+            f"* (1 - team:gpu_used:gpus{{{CL}}} / team:gpu_allocated:gpus{{{CL}}})", "")],
+          width=12, description="Cost of allocated GPU time the team left idle.")
+    b.add(tab("Pods by cost per hour (USD)"),
+          [(f"sort_desc(pod:gpu_cost:usd_per_hour{{{NS}}})", "")], width=12)
+    b.add(tab("Example hourly rates (USD per GPU-hour)"),
+          [("model:gpu_hourly_rate:usd", "")], width=12)
+    return b
+
+
+BOARDS: dict[str, Callable[[], Board]] = {
+    "fleet.json": fleet,
+    "node.json": node_detail,
+    "workloads.json": workloads,
+    "cost.json": cost,
+}
+
+
+def render(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def outputs() -> dict[Path, str]:
+    return {HERE / name: render(make().json()) for name, make in BOARDS.items()}
+
+
+def expressions(doc: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(where, PromQL) for every panel target and query variable of a dashboard document."""
+    for panel in doc.get("panels", []):
+        for inner in [panel, *panel.get("panels", [])]:
+            for target in inner.get("targets") or []:
+                yield f"{doc['uid']}: {inner.get('title')} [{target['refId']}]", target["expr"]
+    for var in doc.get("templating", {}).get("list", []):
+        if var.get("type") == "query":
+            yield f"{doc['uid']}: variable {var['name']}", var["query"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dashboards.generate", description=__doc__)
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if a committed dashboard differs from the generator")
+    args = parser.parse_args(argv)
+    stale = []
+    for path, text in outputs().items():
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == text:
+            continue
+        if args.check:
+            stale.append(path.name)
+        else:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote dashboards/{path.name}")
+    if stale:
+        print(f"stale: {', '.join(stale)}; run `python -m dashboards.generate`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

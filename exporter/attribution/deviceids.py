@@ -1,0 +1,134 @@
+"""Device IDs as device plugins report them, resolved against the node's NVML inventory.
+
+Forms (DESIGN.md §4): `GPU-<uuid>`, `MIG-<uuid>`, either with a `::<n>` replica suffix
+(time-slicing / MPS), the legacy `MIG-GPU-<uuid>/<gi>/<ci>`, and GKE's `nvidia0`,
+`nvidia0/gi1`, `nvidia0/vgpu3`. The same physical device can appear under several IDs
+(replicas), so every ID resolves to a `DeviceRef` keyed by (uuid, mig_uuid).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from exporter.core import GpuRef, MigRef
+
+log = logging.getLogger(__name__)
+
+EXCLUSIVE, MIG, TIME_SLICING, MPS = "exclusive", "mig", "time-slicing", "mps"
+
+_REPLICA = re.compile(r"^(?P<base>.+?)::(?P<n>\d+)$")
+_GKE = re.compile(r"^nvidia(?P<index>\d+)(?:/(?P<kind>gi|vgpu)(?P<n>\d+))?$")
+_LEGACY_MIG = re.compile(r"^MIG-(?P<parent>GPU-[0-9A-Fa-f-]+)/(?P<gi>\d+)/(?P<ci>\d+)$")
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    uuid: str  # the GPU (parent for MIG)
+    mig_uuid: str  # '' for a whole GPU
+    replica: bool  # the ID names one share of the device (time-slicing / MPS)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.uuid, self.mig_uuid)
+
+
+def _bare(uuid: str) -> str:
+    """Lower-case UUID without its GPU-/MIG- prefix: NVML and plugins differ in both."""
+    u = uuid.strip().lower()
+    return u[4:] if u.startswith(("gpu-", "mig-")) else u
+
+
+class DeviceIndex:
+    """Resolves device IDs for one inventory. Rebuilt only when the inventory changes; each
+    distinct ID is parsed once and memoised, since List repeats the same IDs every cycle."""
+
+    def __init__(self, gpus: Iterable[GpuRef], migs: Iterable[MigRef]) -> None:
+        self._gpu_by_uuid: dict[str, GpuRef] = {}
+        self._gpu_by_index: dict[int, GpuRef] = {}
+        self._mig_by_uuid: dict[str, MigRef] = {}
+        self._mig_by_gi: dict[tuple[str, int], MigRef] = {}
+        for g in gpus:
+            self._gpu_by_uuid[_bare(g.uuid)] = g
+            self._gpu_by_index[g.index] = g
+        for m in migs:
+            self._mig_by_uuid[_bare(m.uuid)] = m
+            self._mig_by_gi[(m.parent.uuid, m.gpu_instance_id)] = m
+        self._memo: dict[str, DeviceRef | None] = {}
+
+    def resolve(self, device_id: str) -> DeviceRef | None:
+        """The device an ID names, or None when no GPU or MIG instance on this node matches."""
+        try:
+            return self._memo[device_id]
+        except KeyError:
+            ref = self._memo[device_id] = self._parse(device_id)
+            return ref
+
+    def _parse(self, device_id: str) -> DeviceRef | None:
+        replica = False
+        base = device_id.strip()
+        m = _REPLICA.match(base)
+        if m:
+            base, replica = m["base"], True
+        g = _GKE.match(base)
+        if g:
+            return self._gke(int(g["index"]), g["kind"], int(g["n"] or 0), replica)
+        legacy = _LEGACY_MIG.match(base)
+        if legacy:
+            parent = self._gpu_by_uuid.get(_bare(legacy["parent"]))
+            mig = self._mig_by_gi.get((parent.uuid, int(legacy["gi"]))) if parent else None
+            return DeviceRef(mig.parent.uuid, mig.uuid, replica) if mig else None
+        bare = _bare(base)
+        if not base.lower().startswith("mig-"):
+            gpu = self._gpu_by_uuid.get(bare)
+            if gpu is not None:
+                return DeviceRef(gpu.uuid, "", replica)
+        mig_ref = self._mig_by_uuid.get(bare)
+        if mig_ref is not None:
+            return DeviceRef(mig_ref.parent.uuid, mig_ref.uuid, replica)
+        return None
+
+    def _gke(self, index: int, kind: str | None, n: int, replica: bool) -> DeviceRef | None:
+        gpu = self._gpu_by_index.get(index)
+        if gpu is None:
+            return None
+        if kind == "gi":
+            mig = self._mig_by_gi.get((gpu.uuid, n))
+            return None if mig is None else DeviceRef(gpu.uuid, mig.uuid, replica)
+        # nvidiaN/vgpuM is GKE time-sharing: one of several shares of GPU N
+        return DeviceRef(gpu.uuid, "", replica or kind == "vgpu")
+
+
+def is_gpu_resource(resource: str, overrides: dict[str, str]) -> bool:
+    """Resources whose IDs we try to resolve; anything else (NICs, FPGAs) is ignored quietly."""
+    return resource.startswith("nvidia.com/") or resource in overrides
+
+
+def sharing_mode(resource: str, ref: DeviceRef, overrides: dict[str, str]) -> str:
+    """Sharing mode for a unit of `resource`. IDs cannot tell MPS from time-slicing, so a
+    configured override for the resource name wins over everything inferred here."""
+    mode = overrides.get(resource)
+    if mode:
+        return mode
+    if ref.replica or resource == "nvidia.com/gpu.shared":
+        return TIME_SLICING
+    if resource.startswith("nvidia.com/mig-") or ref.mig_uuid:
+        return MIG
+    return EXCLUSIVE
+
+
+class UnknownIds:
+    """Device IDs that resolve to nothing on this node: logged once each, and counted."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[str, str]] = set()
+        self.total = 0
+
+    def report(self, resource: str, device_id: str) -> None:
+        self.total += 1
+        if (resource, device_id) not in self.seen:
+            self.seen.add((resource, device_id))
+            log.warning("podresources: %s device ID %r matches no GPU or MIG instance on this "
+                        "node; its allocation is not attributed", resource, device_id)

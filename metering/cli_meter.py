@@ -1,0 +1,208 @@
+"""`gpu-ledger meter`: pull hourly GPU facts into DuckDB, then price the period.
+
+Exit codes: 0 ok, 1 a named failure (Prometheus, the database, the data, pricing), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from metering.period import PeriodError, resolve
+
+DEFAULT_DB = "gpu-ledger.duckdb"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # usage errors: exit 2 with one line, no traceback
+        self.print_usage(sys.stderr)
+        self.exit(2, f"gpu-ledger meter: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="gpu-ledger meter",
+                description="Pull hourly GPU facts (device, MIG, allocation) for a period from "
+                            "Prometheus or an OpenMetrics file into DuckDB, then price them.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL")
+    src.add_argument("--openmetrics", metavar="FILE",
+                     help="OpenMetrics file of timestamped samples (promtool backfill format)")
+    p.add_argument("--month", metavar="YYYY-MM", help="calendar month (UTC)")
+    p.add_argument("--from", dest="start", metavar="TIME", help="start, ISO date/time, UTC")
+    p.add_argument("--to", dest="end", metavar="TIME", help="end (exclusive), ISO date/time, UTC")
+    p.add_argument("--db", default=DEFAULT_DB, metavar="PATH",
+                   help=f"DuckDB file (default ./{DEFAULT_DB})")
+    p.add_argument("--cost-model", metavar="PATH", help="cost model (default: packaged one)")
+    auth = p.add_mutually_exclusive_group()
+    auth.add_argument("--bearer-token-file", metavar="FILE")
+    auth.add_argument("--basic-auth", metavar="USER:PASS")
+    auth.add_argument("--basic-auth-file", metavar="FILE", help="file holding USER:PASS")
+    p.add_argument("--ca-file", metavar="FILE", help="CA bundle for an https:// Prometheus")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="per request (default 30)")
+    p.add_argument("--retries", type=int, default=4,
+                   help="retries on timeouts, 5xx and refused connections (default 4)")
+    p.add_argument("--retry-delay", type=float, default=0.5, metavar="SECONDS",
+                   help="first backoff, doubled on each retry (default 0.5)")
+    p.add_argument("--chunk", type=int, default=None, metavar="HOURS",
+                   help="hours per range query and transaction (default 72)")
+    p.add_argument("--sample-interval", type=float, default=None, metavar="SECONDS",
+                   help="seconds between exporter samples (default: detected per node)")
+    p.add_argument("--no-price", action="store_true", help="ingest only")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="per-chunk query counts and detected sample interval")
+    return p
+
+
+def _read_secret(path: str, what: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise _Fail(f"{path}: cannot read the {what}: {exc.strerror}") from None
+    if not text:
+        raise _Fail(f"{path}: expected a {what}, found an empty file")
+    return text
+
+
+def _basic_auth(args: argparse.Namespace) -> tuple[str, str] | None:
+    raw, origin = args.basic_auth, "--basic-auth"
+    if args.basic_auth_file:
+        raw, origin = _read_secret(args.basic_auth_file, "USER:PASS line"), args.basic_auth_file
+    if raw is None:
+        return None
+    user, sep, password = raw.partition(":")
+    if not sep or not user:
+        raise _Usage(f"{origin}: expected USER:PASS")
+    return user, password
+
+
+class _Fail(Exception):
+    """Exit 1 with this message."""
+
+
+class _Usage(Exception):
+    """Exit 2 with this message."""
+
+
+def _fmt(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%MZ")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from metering.db import DatabaseError, connect
+    from metering.ingest import (
+        DEFAULT_CHUNK_HOURS,
+        IngestError,
+        PrometheusSource,
+        Source,
+        hour_ranges,
+        ingest,
+    )
+    from metering.openmetrics_source import OpenMetricsError, OpenMetricsSource
+    from metering.progress import Progress
+    from metering.promclient import PromClient, PromError
+
+    try:
+        period = resolve(args.month, args.start, args.end)
+    except PeriodError as exc:
+        raise _Usage(str(exc)) from None
+    if args.chunk is not None and args.chunk < 1:
+        raise _Usage(f"--chunk: expected a whole number of hours >= 1, got {args.chunk}")
+    if args.sample_interval is not None and not 0 < args.sample_interval <= 3600:
+        raise _Usage(f"--sample-interval: expected seconds in (0, 3600], got "
+                     f"{args.sample_interval:g}")
+    if args.timeout <= 0 or args.retries < 0 or args.retry_delay < 0:
+        raise _Usage("--timeout must be > 0, --retries and --retry-delay >= 0")
+    def say(msg: str) -> None:
+        if not args.quiet:
+            print(msg, file=sys.stderr)
+
+    if period.clipped:
+        say(f"meter: period ends in the future; metering complete hours up to {_fmt(period.end)}")
+
+    source: Source
+    if args.prometheus:
+        token = (_read_secret(args.bearer_token_file, "bearer token")
+                 if args.bearer_token_file else None)
+        try:
+            client = PromClient(args.prometheus, bearer_token=token, basic_auth=_basic_auth(args),
+                                ca_file=args.ca_file, timeout=args.timeout,
+                                retries=args.retries, backoff=args.retry_delay)
+        except PromError as exc:
+            raise _Fail(str(exc)) from None
+        source = PrometheusSource(client)
+    else:
+        try:
+            source = OpenMetricsSource(args.openmetrics, period)
+        except OpenMetricsError as exc:
+            raise _Fail(str(exc)) from None
+
+    # Price before touching the database: a bad cost model should not cost an ingest run.
+    model = None
+    pricing: Any = None
+    if not args.no_price:
+        try:
+            pricing = importlib.import_module("metering.pricing")
+        except ImportError:
+            say("meter: pricing is not available in this build; facts ingested only")
+        else:
+            from metering.costmodel import CostModelError, load_cost_model
+            try:
+                model = load_cost_model(args.cost_model)
+            except CostModelError as exc:
+                raise _Fail(str(exc)) from None
+
+    try:
+        con = connect(args.db)
+    except DatabaseError as exc:
+        raise _Fail(str(exc)) from None
+    try:
+        chunk = args.chunk or DEFAULT_CHUNK_HOURS
+        progress = Progress(-(-period.hours // chunk), quiet=args.quiet)
+        say(f"meter: {period.label()} ({period.hours} h) from {source.name} into {args.db}")
+        try:
+            result = ingest(con, source, period, chunk, args.sample_interval, progress,
+                            verbose=args.verbose)
+        except IngestError as exc:
+            raise _Fail(str(exc)) from None
+        rows = ", ".join(f"{n} {t}" for t, n in result.rows.items())
+        say(f"meter: {result.chunks} chunks, {result.queries} queries, {rows}")
+        if result.empty_hours:
+            gaps = ", ".join(f"{_fmt(a)} .. {_fmt(b)}" for a, b in hour_ranges(result.empty_hours))
+            say(f"meter: no device data for {len(result.empty_hours)} hour(s): {gaps}")
+        if pricing is not None and model is not None:
+            try:
+                pricing.price_period(con, model, period.start, period.end)
+            except Exception as exc:  # any pricing failure: report it, no traceback
+                raise _Fail(f"pricing {period.label()} failed: {type(exc).__name__}: {exc}"
+                            ) from None
+            say(f"meter: priced {period.label()}")
+    finally:
+        con.close()
+        if isinstance(source, OpenMetricsSource):
+            source.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2)
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    try:
+        return _run(args)
+    except _Usage as exc:
+        print(f"gpu-ledger meter: {exc}", file=sys.stderr)
+        return 2
+    except _Fail as exc:
+        print(f"gpu-ledger meter: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("gpu-ledger meter: interrupted; committed chunks are kept", file=sys.stderr)
+        return 130

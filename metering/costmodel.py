@@ -1,0 +1,570 @@
+"""The cost model: `cost-model.yaml` parsed, validated and resolved into prices and rules.
+
+Every bad value raises CostModelError naming the file, the key path, what was expected and what
+was found; nothing here ever lets a KeyError or TypeError reach the user. Money is Decimal,
+rounded to millionths of the currency (the precision of `charges.cost`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+MICRO: Final = Decimal("0.000001")
+# Names the pricing engine gives its own rows; a team may not be called any of these.
+RESERVED_TEAMS: Final = frozenset({"idle", "down", "adjustment"})
+SHARING_MODES: Final = ("exclusive", "mig", "time-slicing", "mps")
+MIG_FRACTIONS: Final = ("slices", "memory", "table")
+SHARING_SPLITS: Final = ("replicas", "memory", "sm")
+BASES: Final = ("allocation", "usage", "blend")
+IDLE_POLICIES: Final = ("separate", "proportional", "even", "weights")
+_MISSING: Final = object()
+_CURRENCY = re.compile(r"^[A-Z]{3}$")
+_TEAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_LABEL = re.compile(r"^([A-Za-z0-9.-]+/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+_PROFILE = re.compile(r"^\d+g\.\d+gb(\+[a-z]+)?$")
+
+
+class _Raw(str):
+    """A found value that is already a description, shown without quotes."""
+
+
+def _show(value: object) -> str:
+    """Render a found value the way YAML users wrote it: strings in double quotes."""
+    if isinstance(value, _Raw):
+        return str(value)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float | Decimal):
+        return json.dumps(value) if isinstance(value, str) else str(value)
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class CostModelError(Exception):
+    """A cost model file is malformed.
+
+    str() reads like `cost-model.yaml: pricing.gpus[2].hourly: expected a number >= 0, got "abc"`.
+    """
+
+    def __init__(self, file: str, key: str, expected: str, found: object = _MISSING,
+                 hint: str = "") -> None:
+        self.file, self.key, self.expected, self.found = file, key, expected, found
+        where = f"{file}: {key}" if key else file
+        msg = f"{where}: expected {expected}"
+        if found is not _MISSING:
+            msg += f", got {_show(found)}"
+        if hint:
+            msg += f" ({hint})"
+        super().__init__(msg)
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """A device-hour price built from what the GPU costs to own and run."""
+
+    purchase_price: Decimal
+    depreciation_months: Decimal
+    hours_per_month: Decimal
+    power_watts: Decimal
+    electricity_per_kwh: Decimal
+    pue: Decimal
+    overhead_hourly: Decimal
+
+    @property
+    def capital_hourly(self) -> Decimal:
+        return self.purchase_price / (self.depreciation_months * self.hours_per_month)
+
+    @property
+    def energy_hourly(self) -> Decimal:
+        return self.power_watts / 1000 * self.pue * self.electricity_per_kwh
+
+    @property
+    def hourly(self) -> Decimal:
+        total = self.capital_hourly + self.energy_hourly + self.overhead_hourly
+        return total.quantize(MICRO, rounding=ROUND_HALF_UP)
+
+
+@dataclass(frozen=True)
+class PriceRule:
+    """One `pricing.gpus[]` entry (or `pricing.default`, which has neither model nor pattern)."""
+
+    key: str  # key path in the file, for messages: pricing.gpus[1]
+    model: str | None
+    pattern: str | None
+    hourly: Decimal
+    derived: Derivation | None
+    memory_gb: Decimal | None
+
+    def matches(self, model: str) -> bool:
+        if self.model is not None:
+            return model == self.model
+        return self.pattern is not None and fnmatch.fnmatchcase(model, self.pattern)
+
+
+@dataclass(frozen=True)
+class ResolvedPrice:
+    model: str
+    hourly: Decimal  # list price per device-hour, before discounts
+    discount: Decimal  # model discount, 0-1
+    memory_gb: Decimal | None
+    rule: str  # which entry matched: pricing.gpus[1] or pricing.default
+
+
+@dataclass(frozen=True)
+class NamespaceRule:
+    key: str
+    namespace: str  # exact name or glob
+    team: str
+
+    @property
+    def is_glob(self) -> bool:
+        return any(c in self.namespace for c in "*?[")
+
+    def matches(self, namespace: str) -> bool:
+        if self.is_glob:
+            return fnmatch.fnmatchcase(namespace, self.namespace)
+        return namespace == self.namespace
+
+
+@dataclass(frozen=True)
+class Tier:
+    up_to: Decimal  # utilisation upper bound, inclusive
+    multiplier: Decimal
+
+
+@dataclass(frozen=True)
+class CostModel:
+    path: Path
+    hash: str  # sha256 hex of the file bytes
+    currency: str
+    default_price: PriceRule
+    gpus: tuple[PriceRule, ...]
+    mig_fraction: str
+    mig_table: Mapping[str, Decimal]
+    sharing_split: str
+    sharing_efficiency: Mapping[str, Decimal]
+    basis: str
+    usage_weight: Decimal
+    tiers: tuple[Tier, ...]
+    team_label: str
+    namespace_rules: tuple[NamespaceRule, ...]
+    default_team: str
+    team_discounts: Mapping[str, Decimal]
+    model_discounts: Mapping[str, Decimal]  # exact model or glob -> fraction off
+    idle_policy: str
+    idle_weights: Mapping[str, Decimal] = field(default_factory=dict)
+
+    def price_for(self, model: str) -> ResolvedPrice:
+        """Exact model entries win over patterns; patterns are tried in file order."""
+        rule = next((r for r in self.gpus if r.model == model), None)
+        if rule is None:
+            rule = next((r for r in self.gpus if r.pattern and r.matches(model)), None)
+        rule = rule or self.default_price
+        return ResolvedPrice(model, rule.hourly, self.model_discount(model), rule.memory_gb,
+                             rule.key)
+
+    def model_discount(self, model: str) -> Decimal:
+        if model in self.model_discounts:
+            return self.model_discounts[model]
+        for key, value in self.model_discounts.items():
+            if fnmatch.fnmatchcase(model, key):
+                return value
+        return Decimal(0)
+
+    def team_for_namespace(self, namespace: str) -> str:
+        """Exact namespace rules win over globs; globs are tried in file order."""
+        for rule in self.namespace_rules:
+            if not rule.is_glob and rule.matches(namespace):
+                return rule.team
+        for rule in self.namespace_rules:
+            if rule.is_glob and rule.matches(namespace):
+                return rule.team
+        return self.default_team
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys: PyYAML would silently keep the last one."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)  # type: ignore[no-untyped-call]
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def default_path() -> Path:
+    """The packaged default cost model (identical to cost-model.yaml at the repo root)."""
+    return Path(str(resources.files("metering") / "data" / "cost-model.yaml"))
+
+
+def load_cost_model(path: str | Path | None) -> CostModel:
+    """Read and validate a cost model; None reads the packaged default."""
+    p = default_path() if path is None else Path(path)
+    name = str(path) if path is not None else "cost-model.yaml (packaged default)"
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise CostModelError(name, "", "an existing file") from None
+    except IsADirectoryError:
+        raise CostModelError(name, "", "a file, not a directory") from None
+    except OSError as e:
+        raise CostModelError(name, "", f"a readable file ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CostModelError(name, "", "UTF-8 text") from None
+    try:
+        doc = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise CostModelError(name, where, "valid YAML",
+                             hint=str(e.problem or e.context)) from None
+    except yaml.YAMLError as e:
+        raise CostModelError(name, "", "valid YAML", hint=str(e)) from None
+    return _Parser(name).model(doc, p, hashlib.sha256(raw).hexdigest())
+
+
+class _Parser:
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, key: str, expected: str, found: object = _MISSING,
+             hint: str = "") -> CostModelError:
+        return CostModelError(self.file, key, expected, found, hint)
+
+    # -- primitives
+
+    def mapping(self, value: object, key: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(key, "a mapping", value)
+        for k in value:
+            if not isinstance(k, str):
+                raise self.fail(key, "string keys", k)
+            if k not in allowed:
+                sub = f"{key}.{k}" if key else k
+                close = difflib.get_close_matches(k, allowed, n=1, cutoff=0.6)
+                hint = f'did you mean "{close[0]}"?' if close else ""
+                raise self.fail(sub, "a known key: " + ", ".join(allowed),
+                                _Raw(f"unknown key {_show(k)}"), hint)
+        return value
+
+    def number(self, value: object, key: str, *, lo: Decimal = Decimal(0),
+               lo_open: bool = False, hi: Decimal | None = None) -> Decimal:
+        bound = f"> {lo}" if lo_open else f">= {lo}"
+        expected = f"a number {bound}" + (f" and <= {hi}" if hi is not None else "")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(key, expected, value)
+        d = Decimal(str(value))
+        if not d.is_finite() or d < lo or (lo_open and d == lo) or (hi is not None and d > hi):
+            raise self.fail(key, expected, value)
+        return d
+
+    def text(self, value: object, key: str, expected: str = "a non-empty string") -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, expected, value)
+        return value
+
+    def choice(self, value: object, key: str, options: tuple[str, ...]) -> str:
+        expected = "one of " + " | ".join(options)
+        if not isinstance(value, str):
+            raise self.fail(key, expected, value)
+        if value not in options:
+            close = difflib.get_close_matches(value, options, n=1, cutoff=0.6)
+            if close:
+                expected += f' (did you mean "{close[0]}"?)'
+            raise self.fail(key, expected, value)
+        return value
+
+    def glob(self, value: object, key: str, what: str) -> str:
+        """An exact name or a glob (* ? [...]); brackets must be closed and non-empty."""
+        expected = f"{what} or a glob pattern like \"ml-*\""
+        s = self.text(value, key, expected)
+        i = 0
+        while i < len(s):
+            if s[i] == "[":
+                j = i + 1
+                j += s[j:j + 1] == "!"
+                j += s[j:j + 1] == "]"  # a ']' first in the set is a literal
+                i = s.find("]", j)
+                if i < 0:
+                    raise self.fail(key, expected + " (unclosed '[')", value)
+            elif s[i] == "]":
+                raise self.fail(key, expected + " (']' without '[')", value)
+            i += 1
+        return s
+
+    def team(self, value: object, key: str) -> str:
+        expected = "a team name (letters, digits, . _ -) that is not idle, down or adjustment"
+        if not isinstance(value, str) or not _TEAM.match(value) or value in RESERVED_TEAMS:
+            raise self.fail(key, expected, value)
+        return value
+
+    # -- sections
+
+    def model(self, doc: object, path: Path, digest: str) -> CostModel:
+        if doc is None:
+            raise self.fail("", "a cost model mapping (the file is empty)")
+        if not isinstance(doc, dict):
+            raise self.fail("", "a mapping of cost model sections at the top level", doc)
+        top = self.mapping(doc, "", ("version", "currency", "pricing", "mig", "sharing",
+                                     "basis", "utilization_tiers", "teams", "discounts", "idle"))
+        if top.get("version", 1) != 1 or isinstance(top.get("version", 1), bool):
+            raise self.fail("version", "1", top.get("version"))
+        currency = top.get("currency", "USD")
+        if not isinstance(currency, str) or not _CURRENCY.match(currency):
+            raise self.fail("currency", "a three-letter ISO 4217 code like USD", currency)
+        if "pricing" not in top:
+            raise self.fail("pricing", "a pricing section with default and gpus")
+        default, gpus = self.pricing(top["pricing"])
+        mig_fraction, mig_table = self.mig(top.get("mig"))
+        if mig_fraction == "memory":
+            for rule in (default, *gpus):
+                if rule.memory_gb is None:
+                    raise self.fail(f"{rule.key}.memory_gb",
+                                    "the GPU's memory in GB, needed by mig.fraction: memory")
+        split, efficiency = self.sharing(top.get("sharing"))
+        basis, usage_weight = self.basis(top.get("basis"))
+        tiers = self.tiers(top.get("utilization_tiers"))
+        label, rules, default_team = self.teams(top.get("teams"))
+        team_disc, model_disc = self.discounts(top.get("discounts"))
+        policy, weights = self.idle(top.get("idle"))
+        return CostModel(path=path, hash=digest, currency=currency, default_price=default,
+                         gpus=gpus, mig_fraction=mig_fraction, mig_table=mig_table,
+                         sharing_split=split, sharing_efficiency=efficiency, basis=basis,
+                         usage_weight=usage_weight, tiers=tiers, team_label=label,
+                         namespace_rules=rules, default_team=default_team,
+                         team_discounts=team_disc, model_discounts=model_disc,
+                         idle_policy=policy, idle_weights=weights)
+
+    def pricing(self, value: object) -> tuple[PriceRule, tuple[PriceRule, ...]]:
+        sec = self.mapping(value, "pricing", ("default", "gpus"))
+        if "default" not in sec:
+            raise self.fail("pricing.default",
+                            "the price for GPU models no entry matches (hourly or derived)")
+        default = self.price(sec["default"], "pricing.default", named=False)
+        gpus_raw = sec.get("gpus") or []
+        if not isinstance(gpus_raw, list):
+            raise self.fail("pricing.gpus", "a list of GPU price entries", gpus_raw)
+        gpus = tuple(self.price(g, f"pricing.gpus[{i}]", named=True)
+                     for i, g in enumerate(gpus_raw))
+        seen: dict[str, str] = {}
+        for rule in gpus:
+            name = rule.model if rule.model is not None else f"pattern {rule.pattern}"
+            if name in seen:
+                raise self.fail(rule.key, f"a model not already priced at {seen[name]}", name)
+            seen[name] = rule.key
+        return default, gpus
+
+    def price(self, value: object, key: str, *, named: bool) -> PriceRule:
+        names = ("model", "pattern") if named else ()
+        sec = self.mapping(value, key, (*names, "hourly", "derived", "memory_gb"))
+        if not isinstance(value, dict):
+            raise self.fail(key, "a mapping with hourly or derived", value)
+        model = pattern = None
+        if named:
+            if ("model" in sec) == ("pattern" in sec):
+                raise self.fail(key, "exactly one of model (exact name) or pattern (glob)",
+                                sorted(sec))
+            if "model" in sec:
+                model = self.text(sec["model"], f"{key}.model", "a GPU model name as NVML "
+                                  "reports it, like \"NVIDIA H100 80GB HBM3\"")
+            else:
+                pattern = self.glob(sec["pattern"], f"{key}.pattern", "a GPU model name")
+        if ("hourly" in sec) == ("derived" in sec):
+            raise self.fail(key, "exactly one of hourly (a price) or derived (from costs)",
+                            sorted(sec))
+        derived = None
+        if "hourly" in sec:
+            hourly = self.number(sec["hourly"], f"{key}.hourly")
+            if hourly != hourly.quantize(MICRO):
+                raise self.fail(f"{key}.hourly", "a price with at most 6 decimal places",
+                                sec["hourly"])
+        else:
+            derived = self.derivation(sec["derived"], f"{key}.derived")
+            hourly = derived.hourly
+        memory = sec.get("memory_gb")
+        memory_gb = None if memory is None else \
+            self.number(memory, f"{key}.memory_gb", lo_open=True)
+        return PriceRule(key, model, pattern, hourly, derived, memory_gb)
+
+    def derivation(self, value: object, key: str) -> Derivation:
+        fields = ("purchase_price", "depreciation_months", "hours_per_month", "power_watts",
+                  "electricity_per_kwh", "pue", "overhead_hourly")
+        if not isinstance(value, dict):
+            raise self.fail(key, "a mapping of " + ", ".join(fields), value)
+        sec = self.mapping(value, key, fields)
+        required = ("purchase_price", "depreciation_months", "power_watts",
+                    "electricity_per_kwh")
+        for name in required:
+            if name not in sec:
+                raise self.fail(f"{key}.{name}", "a number >= 0 (required for a derived price)")
+        return Derivation(
+            purchase_price=self.number(sec["purchase_price"], f"{key}.purchase_price"),
+            depreciation_months=self.number(sec["depreciation_months"],
+                                            f"{key}.depreciation_months", lo_open=True),
+            hours_per_month=self.number(sec.get("hours_per_month", 730),
+                                        f"{key}.hours_per_month", lo_open=True,
+                                        hi=Decimal(744)),
+            power_watts=self.number(sec["power_watts"], f"{key}.power_watts"),
+            electricity_per_kwh=self.number(sec["electricity_per_kwh"],
+                                            f"{key}.electricity_per_kwh"),
+            pue=self.number(sec.get("pue", 1), f"{key}.pue", lo=Decimal(1)),
+            overhead_hourly=self.number(sec.get("overhead_hourly", 0), f"{key}.overhead_hourly"),
+        )
+
+    def mig(self, value: object) -> tuple[str, dict[str, Decimal]]:
+        sec = self.mapping(value, "mig", ("fraction", "table"))
+        fraction = self.choice(sec.get("fraction", "slices"), "mig.fraction", MIG_FRACTIONS)
+        table_raw = sec.get("table") or {}
+        if not isinstance(table_raw, dict):
+            raise self.fail("mig.table", "a mapping of MIG profile to fraction of the parent",
+                            table_raw)
+        table: dict[str, Decimal] = {}
+        for profile, frac in table_raw.items():
+            k = f"mig.table.{profile}"
+            if not isinstance(profile, str) or not _PROFILE.match(profile):
+                raise self.fail(k, "a MIG profile name like 3g.40gb", profile)
+            table[profile] = self.number(frac, k, lo_open=True, hi=Decimal(1))
+        if fraction == "table" and not table:
+            raise self.fail("mig.table", "at least one profile when mig.fraction is table")
+        return fraction, table
+
+    def sharing(self, value: object) -> tuple[str, dict[str, Decimal]]:
+        sec = self.mapping(value, "sharing", ("split", "efficiency"))
+        split = self.choice(sec.get("split", "replicas"), "sharing.split", SHARING_SPLITS)
+        eff_raw = sec.get("efficiency")
+        if not isinstance(eff_raw, dict | None):
+            raise self.fail("sharing.efficiency", "a mapping of sharing mode to factor", eff_raw)
+        eff = self.mapping(eff_raw, "sharing.efficiency", SHARING_MODES)
+        efficiency = {mode: self.number(v, f"sharing.efficiency.{mode}", lo_open=True,
+                                        hi=Decimal(1)) for mode, v in eff.items()}
+        return split, efficiency
+
+    def basis(self, value: object) -> tuple[str, Decimal]:
+        sec = self.mapping(value, "basis", ("mode", "usage_weight"))
+        mode = self.choice(sec.get("mode", "allocation"), "basis.mode", BASES)
+        weight = self.number(sec.get("usage_weight", 0.5), "basis.usage_weight", hi=Decimal(1))
+        return mode, weight
+
+    def tiers(self, value: object) -> tuple[Tier, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise self.fail("utilization_tiers", "a list of {up_to, multiplier}", value)
+        tiers: list[Tier] = []
+        for i, raw in enumerate(value):
+            k = f"utilization_tiers[{i}]"
+            if not isinstance(raw, dict):
+                raise self.fail(k, "a mapping with up_to and multiplier", raw)
+            sec = self.mapping(raw, k, ("up_to", "multiplier"))
+            for name in ("up_to", "multiplier"):
+                if name not in sec:
+                    raise self.fail(f"{k}.{name}", "a number")
+            up_to = self.number(sec["up_to"], f"{k}.up_to", hi=Decimal(1))
+            if tiers and up_to <= tiers[-1].up_to:
+                raise self.fail(f"{k}.up_to", f"a bound above the previous tier's "
+                                f"{tiers[-1].up_to} (tiers go up in order)", sec["up_to"])
+            mult = self.number(sec["multiplier"], f"{k}.multiplier", lo_open=True,
+                               hi=Decimal(10))
+            tiers.append(Tier(up_to, mult))
+        if tiers and tiers[-1].up_to != 1:
+            raise self.fail(f"utilization_tiers[{len(tiers) - 1}].up_to",
+                            "1 on the last tier, so every utilisation has a tier",
+                            value[-1].get("up_to"))
+        return tuple(tiers)
+
+    def teams(self, value: object) -> tuple[str, tuple[NamespaceRule, ...], str]:
+        sec = self.mapping(value, "teams", ("label", "namespaces", "default"))
+        label = sec.get("label", "team")
+        if not isinstance(label, str) or not _LABEL.match(label):
+            raise self.fail("teams.label", "a Kubernetes label name like team", label)
+        default = self.team(sec.get("default", "unallocated"), "teams.default")
+        raw = sec.get("namespaces") or []
+        if not isinstance(raw, list):
+            raise self.fail("teams.namespaces", "a list of {namespace, team} rules", raw)
+        rules: list[NamespaceRule] = []
+        seen: set[str] = set()
+        for i, item in enumerate(raw):
+            k = f"teams.namespaces[{i}]"
+            if not isinstance(item, dict):
+                raise self.fail(k, "a mapping with namespace and team", item)
+            rule = self.mapping(item, k, ("namespace", "team"))
+            for name in ("namespace", "team"):
+                if name not in rule:
+                    raise self.fail(f"{k}.{name}", "a string")
+            ns = self.glob(rule["namespace"], f"{k}.namespace", "a namespace name")
+            if ns in seen:
+                raise self.fail(f"{k}.namespace", "a namespace not already listed", ns)
+            seen.add(ns)
+            rules.append(NamespaceRule(k, ns, self.team(rule["team"], f"{k}.team")))
+        return label, tuple(rules), default
+
+    def discounts(self, value: object) -> tuple[dict[str, Decimal], dict[str, Decimal]]:
+        sec = self.mapping(value, "discounts", ("teams", "models"))
+        out: list[dict[str, Decimal]] = []
+        for part in ("teams", "models"):
+            raw = sec.get(part) or {}
+            if not isinstance(raw, dict):
+                raise self.fail(f"discounts.{part}", "a mapping of name to fraction off (0-1)",
+                                raw)
+            table: dict[str, Decimal] = {}
+            for name, frac in raw.items():
+                k = f"discounts.{part}.{name}"
+                if part == "teams":
+                    self.team(name, k)
+                else:
+                    self.glob(name, k, "a GPU model name")
+                table[name] = self.number(frac, k, hi=Decimal(1))
+            out.append(table)
+        return out[0], out[1]
+
+    def idle(self, value: object) -> tuple[str, dict[str, Decimal]]:
+        sec = self.mapping(value, "idle", ("policy", "weights"))
+        policy = self.choice(sec.get("policy", "separate"), "idle.policy", IDLE_POLICIES)
+        raw = sec.get("weights") or {}
+        if not isinstance(raw, dict):
+            raise self.fail("idle.weights", "a mapping of team to weight", raw)
+        weights: dict[str, Decimal] = {}
+        for team, w in raw.items():
+            k = f"idle.weights.{team}"
+            weights[self.team(team, k)] = self.number(w, k, lo_open=True, hi=Decimal(1))
+        if policy == "weights":
+            if not weights:
+                raise self.fail("idle.weights", "at least one team when idle.policy is weights")
+            total = sum(weights.values(), Decimal(0))
+            if abs(total - 1) > Decimal("0.000001"):
+                raise self.fail("idle.weights", "weights that sum to 1",
+                                _Raw(f"a sum of {total}"))
+        elif weights:
+            raise self.fail("idle.weights", "no weights unless idle.policy is weights",
+                            policy)
+        return policy, weights

@@ -1,0 +1,344 @@
+"""Hourly facts from per-series hourly aggregates ("signals"), computed and written in DuckDB.
+
+Both sources (Prometheus range queries, OpenMetrics files) reduce raw samples to the same
+signals: for one metric family and one function (count, sum, max, min, last), one row per
+series per hour with that series' labels. Hour H holds the samples in (H, H+1h], which is
+what a PromQL `<fn>_over_time(x[1h])` evaluated at H+1h sees. Everything after that is SQL
+over Arrow tables, so the cost per fact row is DuckDB's, not Python's.
+
+Metric names are the exporter's contract, spelled here as strings: metering never imports
+the exporter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+HOUR_S = 3600
+DEVICE_COLS = ("node", "gpu", "uuid", "model")
+CONTAINER_COLS = ("node", "namespace", "pod", "container", "uuid", "mig_uuid")
+ALLOC_COLS = (*CONTAINER_COLS, "resource", "sharing", "replicas")
+POD_LABEL_PREFIX = "label_"
+
+
+class FactError(Exception):
+    """The data cannot be turned into facts (bad label values, no sample spacing)."""
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    name: str  # the DuckDB view name the fact SQL reads
+    family: str  # sample name as Prometheus stores it
+    func: str  # count | sum | max | min | last
+    cols: tuple[str, ...]  # labels kept as columns ('' where a series lacks one)
+    pod_labels: bool = False  # keep label_* as a MAP
+
+    def promql(self, window: str) -> str:
+        return f"{self.func}_over_time({self.family}[{window}])"
+
+
+SIGNALS: tuple[SignalSpec, ...] = (
+    SignalSpec("up_count", "gpu_up", "count", DEVICE_COLS),
+    SignalSpec("up_sum", "gpu_up", "sum", DEVICE_COLS),
+    SignalSpec("info_count", "gpu_info", "count", ("node", "uuid", "mig_mode")),
+    SignalSpec("util_sum", "gpu_utilization_ratio", "sum", ("node", "uuid")),
+    SignalSpec("energy_last", "gpu_energy_joules_total", "last", ("node", "uuid")),
+    SignalSpec("energy_min", "gpu_energy_joules_total", "min", ("node", "uuid")),
+    SignalSpec("mig_count", "gpu_mig_info", "count",
+               ("node", "uuid", "mig_uuid", "profile", "slices", "parent_slices")),
+    SignalSpec("migmem_max", "gpu_mig_memory_total_bytes", "max", ("node", "mig_uuid")),
+    SignalSpec("alloc_count", "gpu_container_allocation", "count", ALLOC_COLS, True),
+    SignalSpec("alloc_sum", "gpu_container_allocation", "sum", ALLOC_COLS, True),
+    SignalSpec("cmem_sum", "gpu_container_memory_used_bytes", "sum", CONTAINER_COLS),
+    SignalSpec("csm_sum", "gpu_container_sm_utilization_ratio", "sum", CONTAINER_COLS),
+)
+FAMILIES: frozenset[str] = frozenset(s.family for s in SIGNALS)
+
+
+def series_key(labels: Mapping[str, str]) -> str:
+    """Canonical identity of a series (all labels but __name__), shared by both sources."""
+    return "\x1f".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "__name__")
+
+
+def series_hash(key: str) -> int:
+    """Stable 64-bit id of a series key: joins and tie-breaks on an integer, not a string."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little",
+                          signed=True)
+
+
+def build_signal(spec: SignalSpec, series: Sequence[Mapping[str, str]], sid: np.ndarray,
+                 hour_s: np.ndarray, value: np.ndarray) -> pa.Table:
+    """Arrow table for one signal: point i belongs to series[sid[i]], hour start hour_s[i]."""
+    idx = pa.array(sid.astype(np.int64, copy=False))
+    skeys = [series_key(m) for m in series]
+    hashes = np.fromiter((series_hash(k) for k in skeys), np.int64, len(skeys))
+    cols: dict[str, Any] = {
+        "series": pa.array(skeys, pa.string()).take(idx),
+        "sh": pa.array(hashes).take(idx),
+        # Low 32 bits of the id: a tie-break packed under the sample count in one BIGINT.
+        "rank": pa.array(hashes & 0xFFFFFFFF).take(idx),
+        "hour": pa.array(hour_s.astype(np.int64, copy=False) * 1_000_000, pa.timestamp("us")),
+        "value": pa.array(value.astype(np.float64, copy=False), pa.float64()),
+    }
+    for col in spec.cols:
+        cols[col] = pa.array([m.get(col, "") for m in series], pa.string()).take(idx)
+    if spec.pod_labels:
+        keys, vals = [], []
+        for m in series:
+            pairs = sorted((k[len(POD_LABEL_PREFIX):], v) for k, v in m.items()
+                           if k.startswith(POD_LABEL_PREFIX))
+            keys.append([k for k, _ in pairs])
+            vals.append([v for _, v in pairs])
+        cols["label_keys"] = pa.array(keys, pa.list_(pa.string())).take(idx)
+        cols["label_vals"] = pa.array(vals, pa.list_(pa.string())).take(idx)
+    return pa.table(cols)
+
+
+def empty_signal(spec: SignalSpec) -> pa.Table:
+    return build_signal(spec, [], np.zeros(0, np.int64), np.zeros(0, np.int64),
+                        np.zeros(0, np.float64))
+
+
+@dataclass
+class FactCounts:
+    device_hours: int = 0
+    mig_hours: int = 0
+    allocation_hours: int = 0
+    spacing: dict[str, float] = field(default_factory=dict)  # node -> seconds per sample
+
+    @property
+    def total(self) -> int:
+        return self.device_hours + self.mig_hours + self.allocation_hours
+
+
+# Seconds per sample for each series: its node's detected spacing, else the chunk's.
+_DT = "coalesce(sp.seconds, $dflt)"
+def _in(alias: str = "") -> str:
+    col = f"{alias}.hour" if alias else "hour"
+    return f"{col} >= $start AND {col} < $end"
+
+
+_IN_CHUNK = _in()
+# A key with several series in an hour (exporter restart, relabelling, replicas change) sums
+# them; if they overlap so that the sum passes the hour (duplicate scrapes), seconds are capped
+# at 3600 and integrals scaled by the same factor, i.e. overlapping duplicates are averaged.
+_SCALE = "least(1.0, 3600.0 / {sec})"
+
+DEVICE_SQL = f"""
+INSERT INTO device_hours (hour, node, gpu, uuid, model, mig_enabled, observed_seconds,
+                          up_seconds, sm_active_seconds, energy_joules)
+WITH up AS (
+    SELECT c.hour, c.node, c.gpu, c.uuid, c.model, c.value AS n,
+           CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w,
+           coalesce(s.value, 0) AS ones, {_DT} AS dt
+    FROM up_count c
+    LEFT JOIN up_sum s ON s.sh = c.sh AND s.hour = c.hour
+    LEFT JOIN spacing sp ON sp.node = c.node
+    WHERE {_in("c")}),
+dev AS (
+    -- The series with the most samples names the device; the id breaks ties.
+    SELECT hour, uuid, arg_max({{'node': node, 'gpu': gpu, 'model': model}}, w) AS a,
+           sum(n * dt) AS obs, sum(ones * dt) AS up
+    FROM up GROUP BY hour, uuid),
+info AS (
+    SELECT hour, uuid, bool_or(lower(mig_mode) IN ('enabled', 'true', '1', 'on')) AS mig
+    FROM info_count WHERE {_IN_CHUNK} GROUP BY hour, uuid),
+util AS (
+    SELECT u.hour, u.uuid, sum(u.value * {_DT}) AS sm
+    FROM util_sum u LEFT JOIN spacing sp ON sp.node = u.node
+    WHERE {_in("u")} GROUP BY u.hour, u.uuid),
+inc AS (
+    -- Per series: last value of the hour minus last value of the hour before (a drop is a
+    -- counter reset: count from zero); with no hour before, last minus first of the hour.
+    SELECT l.hour, l.uuid,
+           CASE WHEN p.value IS NULL THEN l.value - m.value
+                WHEN l.value >= p.value THEN l.value - p.value
+                ELSE l.value END AS j
+    FROM energy_last l
+    LEFT JOIN energy_last p ON p.sh = l.sh AND p.hour = l.hour - INTERVAL 1 HOUR
+    LEFT JOIN energy_min m ON m.sh = l.sh AND m.hour = l.hour
+    WHERE {_in("l")}),
+energy AS (SELECT hour, uuid, sum(j) AS j FROM inc GROUP BY hour, uuid)
+SELECT d.hour, d.a.node, d.a.gpu, d.uuid, d.a.model, coalesce(i.mig, false),
+       least(d.obs, 3600.0), d.up * {_SCALE.format(sec="d.obs")},
+       CASE WHEN coalesce(i.mig, false) THEN NULL
+            ELSE u.sm * {_SCALE.format(sec="d.obs")} END,
+       e.j * {_SCALE.format(sec="d.obs")}
+FROM dev d
+LEFT JOIN info i ON i.hour = d.hour AND i.uuid = d.uuid
+LEFT JOIN util u ON u.hour = d.hour AND u.uuid = d.uuid
+LEFT JOIN energy e ON e.hour = d.hour AND e.uuid = d.uuid
+"""
+
+MIG_SQL = f"""
+INSERT INTO mig_hours (hour, node, uuid, mig_uuid, profile, slices, parent_slices,
+                       memory_total_bytes, observed_seconds)
+WITH m AS (
+    SELECT c.*, c.value * {_DT} AS sec, CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w
+    FROM mig_count c
+    LEFT JOIN spacing sp ON sp.node = c.node WHERE {_in("c")}),
+k AS (
+    SELECT hour, mig_uuid,
+           arg_max({{'node': node, 'uuid': uuid, 'profile': profile, 'slices': slices,
+                     'parent_slices': parent_slices}}, w) AS a, sum(sec) AS sec
+    FROM m GROUP BY hour, mig_uuid),
+mem AS (SELECT hour, mig_uuid, max(value) AS v FROM migmem_max WHERE {_IN_CHUNK}
+        GROUP BY hour, mig_uuid)
+SELECT k.hour, k.a.node, k.a.uuid, k.mig_uuid, k.a.profile, CAST(k.a.slices AS INTEGER),
+       CAST(k.a.parent_slices AS INTEGER), mem.v,
+       least(k.sec, 3600.0)
+FROM k LEFT JOIN mem ON mem.hour = k.hour AND mem.mig_uuid = k.mig_uuid
+"""
+
+_CKEY = "hour, namespace, pod, container, uuid, mig_uuid"
+_CJOIN = " AND ".join(f"{{t}}.{c} = k.{c}" for c in _CKEY.split(", "))
+
+
+def _usage(view: str) -> str:
+    return (f"SELECT x.hour, x.namespace, x.pod, x.container, x.uuid, x.mig_uuid, "
+            f"sum(x.value * {_DT}) AS v FROM {view} x "
+            f"LEFT JOIN spacing sp ON sp.node = x.node WHERE {_in('x')} "
+            f"GROUP BY x.hour, x.namespace, x.pod, x.container, x.uuid, x.mig_uuid")
+
+
+ALLOC_SQL = f"""
+INSERT INTO allocation_hours (hour, node, namespace, pod, container, uuid, mig_uuid, resource,
+                              sharing, replicas, units, allocated_seconds,
+                              memory_byte_seconds, sm_seconds, labels)
+WITH a AS (
+    SELECT c.hour, c.node, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid,
+           c.resource, c.sharing, c.replicas, c.label_keys, c.label_vals, c.value AS n,
+           CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w,
+           coalesce(s.value, 0) AS u, c.value * {_DT} AS sec
+    FROM alloc_count c
+    LEFT JOIN alloc_sum s ON s.sh = c.sh AND s.hour = c.hour
+    LEFT JOIN spacing sp ON sp.node = c.node
+    WHERE {_in("c")}),
+k AS (
+    SELECT {_CKEY},
+           arg_max({{'node': node, 'resource': resource, 'sharing': sharing,
+                     'replicas': replicas, 'keys': label_keys, 'vals': label_vals}}, w) AS a,
+           sum(u) / sum(n) AS units, sum(sec) AS sec
+    FROM a GROUP BY {_CKEY}),
+mem AS ({_usage("cmem_sum")}),
+sm AS ({_usage("csm_sum")})
+SELECT k.hour, k.a.node, k.namespace, k.pod, k.container, k.uuid, k.mig_uuid, k.a.resource,
+       k.a.sharing, CAST(k.a.replicas AS INTEGER), k.units, least(k.sec, 3600.0),
+       coalesce(mem.v, 0) * {_SCALE.format(sec="k.sec")},
+       coalesce(sm.v, 0) * {_SCALE.format(sec="k.sec")}, MAP(k.a.keys, k.a.vals)
+FROM k
+LEFT JOIN mem ON {_CJOIN.format(t="mem")}
+LEFT JOIN sm ON {_CJOIN.format(t="sm")}
+"""
+
+# Integer labels that pricing divides by: a bad value is an error, never a silent 0.
+_INT_LABELS = (("mig_count", "gpu_mig_info", ("slices", "parent_slices")),
+               ("alloc_count", "gpu_container_allocation", ("replicas",)))
+
+
+def _check_int_labels(con: Any, params: dict[str, Any]) -> None:
+    for view, family, labels in _INT_LABELS:
+        for label in labels:
+            rows = con.execute(
+                f"SELECT series, {label} FROM {view} WHERE {_IN_CHUNK} AND "
+                f"coalesce(try_cast({label} AS INTEGER), 0) < 1 LIMIT 1",
+                {"start": params["start"], "end": params["end"]}).fetchall()
+            for row in rows:
+                series = "{" + row[0].replace("\x1f", ", ") + "}"
+                raise FactError(f"{family}{series}: label {label}: expected a whole number "
+                                f">= 1, got {row[1]!r}")
+
+
+def detect_spacing(con: Any, start: datetime, end: datetime
+                   ) -> tuple[dict[str, float], float | None]:
+    """Seconds between the exporter's samples, per node: 3600 / the most common number of
+    gpu_up samples a series holds in an hour of the chunk (full hours dominate; partial hours
+    and jitter of one sample do not move the mode). Also the mode over all nodes, for series
+    on nodes without gpu_up."""
+    rows = con.execute(
+        f"SELECT node, value AS n, count(*) AS k FROM up_count "
+        f"WHERE {_IN_CHUNK} AND value > 0 GROUP BY node, value",
+        {"start": start, "end": end}).fetchall()
+    per_node: dict[str, tuple[int, float]] = {}
+    overall: dict[float, int] = {}
+    for node, n, k in rows:
+        if (k, n) > per_node.get(node, (0, 0.0)):
+            per_node[node] = (k, n)
+        overall[n] = overall.get(n, 0) + k
+    spacing = {node: HOUR_S / n for node, (_, n) in per_node.items()}
+    default = HOUR_S / max(overall, key=lambda n: (overall[n], n)) if overall else None
+    return spacing, default
+
+
+def write_facts(con: Any, signals: Mapping[str, pa.Table], start: datetime, end: datetime,
+                sample_interval: float | None = None) -> FactCounts:
+    """Insert the facts for hours [start, end) (naive UTC) from `signals` (one table per
+    SignalSpec name; missing ones count as empty). The caller owns the transaction and has
+    already deleted those hours."""
+    names = [s.name for s in SIGNALS]
+    for spec in SIGNALS:
+        con.register(spec.name, signals.get(spec.name, empty_signal(spec)))
+    try:
+        params: dict[str, Any] = {"start": start, "end": end}
+        _check_int_labels(con, params)
+        spacing: dict[str, float] = {}
+        default = sample_interval
+        if default is None:
+            spacing, detected = detect_spacing(con, start, end)
+            default = detected
+            if default is None:
+                pending = con.execute(
+                    f"SELECT (SELECT count(*) FROM alloc_count WHERE {_IN_CHUNK}) + "
+                    f"(SELECT count(*) FROM mig_count WHERE {_IN_CHUNK})", params).fetchall()
+                if pending[0][0]:
+                    raise FactError(
+                        f"cannot detect the sample interval for {start:%Y-%m-%dT%H:%M}Z .. "
+                        f"{end:%Y-%m-%dT%H:%M}Z: there are allocation or MIG samples but no "
+                        "gpu_up samples; pass --sample-interval SECONDS")
+                default = float(HOUR_S)  # nothing will use it
+        con.register("spacing", pa.table({
+            "node": pa.array(list(spacing), pa.string()),
+            "seconds": pa.array(list(spacing.values()), pa.float64())}))
+        names.append("spacing")
+        params["dflt"] = default
+        counts = FactCounts(spacing=spacing or {"*": default})
+        for sql, attr in ((DEVICE_SQL, "device_hours"), (MIG_SQL, "mig_hours"),
+                          (ALLOC_SQL, "allocation_hours")):
+            rows = con.execute(sql, params).fetchall()
+            setattr(counts, attr, int(rows[0][0]) if rows else 0)
+        return counts
+    finally:
+        for name in names:
+            con.unregister(name)
+
+
+FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "coverage")
+
+
+def delete_hours(con: Any, start: datetime, end: datetime) -> None:
+    for table in FACT_TABLES:
+        con.execute(f"DELETE FROM {table} WHERE hour >= $start AND hour < $end",
+                    {"start": start, "end": end})
+
+
+def write_coverage(con: Any, start: datetime, end: datetime, source: str,
+                   ingested_at: datetime) -> list[datetime]:
+    """One coverage row per hour of [start, end); returns the hours without device data."""
+    con.execute(
+        """INSERT INTO coverage (hour, source, devices, ingested_at)
+           SELECT h.hour, $source, coalesce(d.n, 0), $now
+           FROM (SELECT unnest(generate_series($start, $end - INTERVAL 1 HOUR,
+                                               INTERVAL 1 HOUR)) AS hour) h
+           LEFT JOIN (SELECT hour, count(*) AS n FROM device_hours
+                      WHERE hour >= $start AND hour < $end GROUP BY hour) d ON d.hour = h.hour""",
+        {"start": start, "end": end, "source": source, "now": ingested_at})
+    rows = con.execute("SELECT hour FROM coverage WHERE hour >= $start AND hour < $end "
+                       "AND devices = 0 ORDER BY hour", {"start": start, "end": end}).fetchall()
+    return [r[0] for r in rows]

@@ -1,0 +1,162 @@
+"""The pricing engine: hourly facts in DuckDB -> `charges`, priced with a cost model.
+
+All row work is set-based SQL in metering/sql/pricing.sql. Python only resolves the cost model
+against the few distinct GPU models and namespaces of the period (glob rules are easier to get
+right once, in one place, than twice), loads those small tables, and runs the statements in one
+transaction: re-pricing a period replaces its rows and nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from functools import cache
+from importlib import resources
+from typing import Final
+
+import duckdb
+
+from metering.costmodel import MICRO, CostModel
+
+# Temp tables that carry the resolved cost model into SQL; see the header of pricing.sql.
+_CONFIG_TABLES: Final = {
+    "_p_models": "model VARCHAR, rate_micros BIGINT, model_discount DOUBLE, memory_gb DOUBLE",
+    "_p_ns": "namespace VARCHAR, team VARCHAR",
+    "_p_team_disc": "team VARCHAR, discount DOUBLE",
+    "_p_mig_table": "profile VARCHAR, fraction DOUBLE",
+    "_p_eff": "sharing VARCHAR, factor DOUBLE",
+    "_p_tiers": "lo DOUBLE, hi DOUBLE, multiplier DOUBLE",
+    "_p_idle_weights": "team VARCHAR, weight DOUBLE",
+}
+_WORK_TABLES: Final = ("_dev", "_alloc", "_rows", "_idle", "_pool", "_share")
+# Integer micros -> DECIMAL(18, 6) without passing through a float.
+_MONEY_MACRO: Final = ("CREATE OR REPLACE TEMP MACRO gl_money(m) AS "
+                       "(CAST(m AS DECIMAL(18, 0)) * CAST(0.000001 AS DECIMAL(18, 6)))"
+                       "::DECIMAL(18, 6)")
+# Statements of pricing.sql run in this order; `totals` and `orphans` are read after them.
+_STEPS: Final = ("devices", "alloc", "rows", "idle", "pools", "shares", "delete",
+                 "insert_team_rows", "insert_idle_rows", "insert_weighted_idle_rows",
+                 "insert_down_rows", "insert_adjustment_rows")
+
+
+@dataclass(frozen=True)
+class PricingResult:
+    """Totals of one pricing run. fleet_cost == charged + idle_shared + idle + down + adjustment."""
+
+    start: datetime
+    end: datetime
+    currency: str
+    cost_model_hash: str
+    hours: int  # hours of the period with device facts
+    device_hours: int
+    rows: int  # rows written to charges
+    fleet_cost: Decimal  # what the fleet's device-hours cost at list price
+    charged: Decimal  # charged to teams for their own use (after discounts)
+    idle_shared: Decimal  # idle cost shared out to teams
+    idle: Decimal  # idle cost left on `idle` rows
+    down: Decimal  # cost of hours GPUs were down
+    adjustment: Decimal  # list price given away (or added) by discounts, tiers, efficiency
+    unpriced_allocations: int  # allocation facts with no device fact in that hour
+    default_priced_models: tuple[str, ...]  # models that matched no pricing.gpus entry
+
+    @property
+    def total(self) -> Decimal:
+        return self.charged + self.idle_shared + self.idle + self.down + self.adjustment
+
+
+@cache
+def statements() -> dict[str, str]:
+    """The named statements of pricing.sql."""
+    text = (resources.files("metering") / "sql" / "pricing.sql").read_text(encoding="utf-8")
+    parts = re.split(r"^-- name: (\w+)\s*$", text, flags=re.MULTILINE)
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def _utc_naive(t: datetime) -> datetime:
+    """Facts store naive UTC timestamps; accept aware datetimes too."""
+    return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo is not None else t
+
+
+def _load_config(con: duckdb.DuckDBPyConnection, model: CostModel,
+                 start: datetime, end: datetime) -> tuple[str, ...]:
+    for table, columns in _CONFIG_TABLES.items():
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {table} ({columns})")
+    period = [start, end]
+    models = [r[0] for r in con.execute(
+        "SELECT DISTINCT model FROM device_hours WHERE hour >= ? AND hour < ?", period
+    ).fetchall()]
+    defaults: list[str] = []
+    rows: list[tuple[object, ...]] = []
+    for name in models:
+        price = model.price_for(name)
+        if price.rule == model.default_price.key:
+            defaults.append(name)
+        memory = None if price.memory_gb is None else float(price.memory_gb)
+        rows.append((name, int(price.hourly / MICRO), float(price.discount), memory))
+    _insert(con, "_p_models", rows)
+    namespaces = [r[0] for r in con.execute(
+        "SELECT DISTINCT namespace FROM allocation_hours WHERE hour >= ? AND hour < ?", period
+    ).fetchall()]
+    _insert(con, "_p_ns", [(ns, model.team_for_namespace(ns)) for ns in namespaces])
+    _insert(con, "_p_team_disc", [(t, float(d)) for t, d in model.team_discounts.items()])
+    _insert(con, "_p_mig_table", [(p, float(f)) for p, f in model.mig_table.items()])
+    _insert(con, "_p_eff", [(m, float(f)) for m, f in model.sharing_efficiency.items()])
+    # Tier i covers utilisation in (previous up_to, up_to]; the first starts below 0.
+    lows = [-1.0, *(float(t.up_to) for t in model.tiers)][:len(model.tiers)]
+    _insert(con, "_p_tiers", [(lo, float(t.up_to), float(t.multiplier))
+                              for lo, t in zip(lows, model.tiers, strict=True)])
+    _insert(con, "_p_idle_weights", [(t, float(w)) for t, w in model.idle_weights.items()])
+    variables: dict[str, object] = {
+        "gl_start": start, "gl_end": end, "gl_label": model.team_label,
+        "gl_default_team": model.default_team, "gl_mig_fraction": model.mig_fraction,
+        "gl_split": model.sharing_split, "gl_basis": model.basis,
+        "gl_usage_weight": float(model.usage_weight), "gl_idle_policy": model.idle_policy,
+        "gl_hash": model.hash,
+    }
+    for name, value in variables.items():
+        con.execute(f"SET VARIABLE {name} = ?", [value])
+    con.execute(_MONEY_MACRO)
+    return tuple(sorted(defaults))
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str,
+            rows: Sequence[tuple[object, ...]]) -> None:
+    if rows:
+        marks = ", ".join("?" * len(rows[0]))
+        con.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+
+
+def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
+                 start: datetime, end: datetime) -> PricingResult:
+    """Rebuild `charges` for hours in [start, end) from the facts, in one transaction."""
+    start, end = _utc_naive(start), _utc_naive(end)
+    if end <= start:
+        raise ValueError(f"pricing period: expected start before end, got {start} .. {end}")
+    sql = statements()
+    con.execute("BEGIN TRANSACTION")
+    try:
+        defaults = _load_config(con, model, start, end)
+        for step in _STEPS:
+            con.execute(sql[step])
+        totals = con.execute(sql["totals"]).fetchone()
+        orphans = con.execute(sql["orphans"]).fetchone()
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        for table in (*_WORK_TABLES, *_CONFIG_TABLES):
+            con.execute(f"DROP TABLE IF EXISTS {table}")
+    assert totals is not None and orphans is not None
+    hours, device_hours, fleet_micros, charged, shared, idle, down, adjustment, _, rows = totals
+    return PricingResult(
+        start=start, end=end, currency=model.currency, cost_model_hash=model.hash,
+        hours=int(hours), device_hours=int(device_hours), rows=int(rows),
+        fleet_cost=Decimal(int(fleet_micros)) * MICRO,
+        charged=Decimal(charged), idle_shared=Decimal(shared), idle=Decimal(idle),
+        down=Decimal(down), adjustment=Decimal(adjustment),
+        unpriced_allocations=int(orphans[0]), default_priced_models=defaults,
+    )

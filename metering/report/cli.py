@@ -1,0 +1,223 @@
+"""`gpu-ledger report`: write the monthly chargeback report from priced charges.
+
+Exit status: 0 report written, 1 the report could not be made or written (nothing changed),
+2 bad options or input files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import metering
+from metering.report import model
+from metering.report.csvout import render_csv
+from metering.report.html import render_html
+from metering.report.markdown import render_markdown
+from metering.report.model import CostModelInfo, Month, Report
+from metering.report.parquetout import render_parquet
+from metering.report.terminal import render_summary
+from metering.report.writer import write_files
+
+DEFAULT_DB = "gpu-ledger.duckdb"
+DEFAULT_OUT = "reports"
+PACKAGED_MODEL = "cost-model.yaml (packaged default)"
+
+# format -> (file extension, renderer)
+FORMATS: dict[str, tuple[str, Callable[[Report], bytes]]] = {
+    "csv": ("csv", render_csv),
+    "parquet": ("parquet", render_parquet),
+    "md": ("md", lambda r: render_markdown(r).encode("utf-8")),
+    "html": ("html", lambda r: render_html(r).encode("utf-8")),
+}
+
+
+class ReportError(Exception):
+    """The report cannot be made; str() says why and what to do. `code` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def file_name(month: Month, fmt: str) -> str:
+    return f"chargeback-{month}.{FORMATS[fmt][0]}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpu-ledger report",
+        description="Write the monthly GPU chargeback report (CSV, Parquet, Markdown, HTML) "
+        "from the charges in the metering database.",
+    )
+    p.add_argument("--month", required=True, help="month to report, YYYY-MM (UTC)")
+    p.add_argument("--db", default=DEFAULT_DB, help=f"metering database (default {DEFAULT_DB})")
+    p.add_argument(
+        "--cost-model",
+        help="cost model file the month was (or is to be) priced with; "
+        "default: the one recorded with the charges",
+    )
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    p.add_argument(
+        "--format",
+        action="append",
+        help="comma-separated formats among csv,parquet,md,html (default: all); repeatable",
+    )
+    p.add_argument(
+        "--top", type=int, default=model.DEFAULT_TOP_PODS, help="pods listed by cost (default 20)"
+    )
+    return p
+
+
+def _formats(values: list[str] | None) -> list[str]:
+    if not values:
+        return list(FORMATS)
+    chosen: list[str] = []
+    for value in values:
+        for name in (v.strip().lower() for v in value.split(",")):
+            if name not in FORMATS:
+                raise ReportError(
+                    f"--format: expected some of {','.join(FORMATS)}, got {name!r}", 2
+                )
+            if name not in chosen:
+                chosen.append(name)
+    return chosen
+
+
+def _optional(module: str) -> Any:
+    """A sibling module written by another part of metering, or None while it is absent."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name == module:
+            return None
+        raise
+
+
+def _load_cost_model(path: str | None) -> Any:
+    costmodel = _optional("metering.costmodel")
+    if costmodel is None:
+        if path is not None:
+            raise ReportError("--cost-model: metering.costmodel is not installed", 2)
+        return None
+    try:
+        return costmodel.load_cost_model(path)
+    except costmodel.CostModelError as e:
+        raise ReportError(str(e), 2) from None
+
+
+def _connect(path: str, read_only: bool) -> Any:
+    db = importlib.import_module("metering.db")
+    try:
+        return db.connect(path, read_only=read_only)
+    except db.DatabaseError as e:
+        raise ReportError(str(e), 2) from None
+
+
+def _price(con: Any, month: Month, cost_model: Any) -> bool:
+    """Price a month that has facts but no charges; False when pricing is not available."""
+    pricing = _optional("metering.pricing")
+    if pricing is None or not hasattr(pricing, "price_period") or cost_model is None:
+        return False
+    pricing.price_period(con, cost_model, month.start, month.end)
+    return True
+
+
+def meter_command(month: Month, db_path: str, cost_model: str | None = None) -> str:
+    """The command that (re-)prices a month; meter reads its facts from Prometheus again."""
+    cmd = f"gpu-ledger meter --prometheus URL --month {month} --db {db_path}"
+    return cmd + (f" --cost-model {cost_model}" if cost_model else "")
+
+
+def _cost_model_info(
+    month: Month, hashes: list[str], given: str | None, cm: Any, db_path: str
+) -> CostModelInfo:
+    """Which cost model the report states: the one the charges were priced with."""
+    if len(hashes) > 1:
+        raise ReportError(
+            f"charges for {month} were priced with {len(hashes)} different cost models "
+            f"({', '.join(h[:12] for h in hashes)}): re-price the month with one cost model "
+            f"({meter_command(month, db_path)}) before reporting it"
+        )
+    if cm is None:
+        return CostModelInfo("", hashes[0] if hashes else "", "")
+    name = given if given is not None else PACKAGED_MODEL
+    if not hashes or hashes[0] == cm.hash:
+        return CostModelInfo(name, str(cm.hash), str(cm.currency))
+    if given is not None:
+        raise ReportError(
+            f"{given}: charges for {month} were priced with cost model {hashes[0]}, but this "
+            f"file has hash {cm.hash}; re-price the month with it "
+            f"({meter_command(month, db_path, given)}) or leave out --cost-model",
+            2,
+        )
+    # Priced with a file we cannot name: state the hash the charges carry, and no file.
+    return CostModelInfo("", hashes[0], "")
+
+
+def make_report(db_path: str, month: Month, cost_model_path: str | None, top: int) -> Report:
+    cm = _load_cost_model(cost_model_path)
+    con = _connect(db_path, read_only=True)
+    notes: list[str] = []
+    try:
+        try:
+            hashes = model.priced_hashes(con, month)
+            facts = model.has_facts(con, month)
+        except Exception as e:  # a DuckDB file that is not a metering database
+            if type(e).__name__ != "CatalogException":
+                raise
+            raise ReportError(
+                f"{db_path}: expected a GPU Ledger metering database (tables device_hours, "
+                f"charges, coverage), got one without them",
+                2,
+            ) from None
+        if not hashes and facts:
+            con.close()
+            con = _connect(db_path, read_only=False)
+            if not _price(con, month, cm):
+                raise ReportError(
+                    f"{db_path}: {month} has GPU usage but no charges (it was ingested, not "
+                    f"priced); price it first: {meter_command(month, db_path, cost_model_path)}"
+                )
+            hashes = model.priced_hashes(con, month)
+            notes.append(f"Charges for {month} were priced by this run.")
+        info = _cost_model_info(month, hashes, cost_model_path, cm, db_path)
+        report = model.build_report(con, month, info, metering.__version__, top)
+    finally:
+        con.close()
+    return dataclasses.replace(report, notes=report.notes + notes)
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed usage and the problem
+        return int(e.code or 0)
+    try:
+        try:
+            month = Month.parse(args.month)
+        except ValueError as e:
+            raise ReportError(f"--month: {e}", 2) from None
+        if args.top < 1:
+            raise ReportError(f"--top: expected a whole number >= 1, got {args.top}", 2)
+        formats = _formats(args.format)
+        report = make_report(args.db, month, args.cost_model, args.top)
+        files = {file_name(month, f): FORMATS[f][1](report) for f in formats}
+        try:
+            written = write_files(Path(args.out), files)
+        except OSError as e:
+            raise ReportError(
+                f"{args.out}: cannot write the report ({e.strerror or e}); "
+                "previous report files are unchanged"
+            ) from None
+    except ReportError as e:
+        print(f"gpu-ledger report: {e}", file=sys.stderr)
+        return e.code
+    sys.stdout.write(render_summary(report, [str(p) for p in written]))
+    return 0

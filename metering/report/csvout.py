@@ -1,0 +1,34 @@
+"""CSV output: the tidy table as RFC 4180 text (UTF-8, `\\n` line ends, minimal quoting).
+
+Values are written exactly as they are, so a label with commas, quotes or newlines reads back
+unchanged with any CSV reader. Numbers have a fixed number of decimals so two runs over the
+same data give the same bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from decimal import Decimal
+
+from metering.report import tidy
+from metering.report.model import Report
+
+
+def _text(value: tidy.Value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Decimal):
+        return f"{value:.6f}"
+    return str(value)
+
+
+def render_csv(report: Report) -> bytes:
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+    writer.writerow(tidy.COLUMN_NAMES)
+    for row in tidy.rows(report):
+        writer.writerow(_text(row[name]) for name in tidy.COLUMN_NAMES)
+    return buf.getvalue().encode("utf-8")

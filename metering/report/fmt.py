@@ -1,0 +1,228 @@
+"""Number and label formatting shared by the outputs meant for people (Markdown, HTML,
+terminal). CSV and Parquet keep the exact figures; these round for reading."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_FLOOR, ROUND_HALF_UP, Decimal
+
+from metering.report.model import Line, Report
+
+CENT = Decimal("0.01")
+DASH = "—"
+
+
+def cents(value: Decimal) -> Decimal:
+    return value.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def apportion_cents(values: Sequence[Decimal], total: Decimal) -> list[Decimal]:
+    """Round each value to cents so the rounded values add up to the rounded total.
+
+    Largest remainder: every value is floored to the cent, then the cents still missing go
+    to the values that lost the most, first row first on ties. No value moves by more than a
+    cent, and a table of teams adds up to the fleet total that is printed under it.
+    """
+    floors = [v.quantize(CENT, rounding=ROUND_FLOOR) for v in values]
+    missing = int((cents(total) - sum(floors, Decimal(0))) / CENT)
+    order = sorted(range(len(values)), key=lambda i: (-(values[i] - floors[i]), i))
+    out = list(floors)
+    for i in order[: max(0, min(missing, len(values)))]:
+        out[i] += CENT
+    return out
+
+
+def money(value: Decimal) -> str:
+    return f"{cents(value):,.2f}"
+
+
+def hours(value: Decimal) -> str:
+    return f"{value:,.2f}"
+
+
+def percent(value: Decimal | None) -> str:
+    return DASH if value is None else f"{value * 100:.1f}%"
+
+
+def change(line: Line, has_previous: bool) -> str:
+    """Cost change against the previous month: `+12.30 (+4.1%)`, `new`, or a dash."""
+    prev, diff = line.previous_cost, line.cost_change
+    if not has_previous or prev is None or diff is None:
+        return DASH
+    if prev == 0:
+        return "new" if line.cost else DASH
+    sign = "+" if diff >= 0 else "−"
+    return f"{sign}{money(abs(diff))} ({sign}{abs(diff) / prev * 100:.1f}%)"
+
+
+KIND_LABELS = {
+    "idle": "idle (unallocated)",
+    "down": "down (GPU unavailable)",
+    "adjustment": "adjustment (discounts, tiers)",
+}
+
+
+def label(value: str, kind: str = "") -> str:
+    """A key as people read it: fleet rows are named for what they are, empty keys get a word."""
+    if kind:
+        return KIND_LABELS.get(kind, kind)
+    return value if value != "" else "(none)"
+
+
+def sharing(line: Line) -> str:
+    if line.overhead:
+        return line.kind
+    if line.sharing == "idle":  # a team's share of weighted idle
+        return "idle (shared out)"
+    if line.sharing == "mig" and line.profile:
+        return f"MIG {line.profile}"
+    return {"mps": "MPS", "mig": "MIG"}.get(line.sharing, line.sharing)
+
+
+def currency(report: Report) -> str:
+    return report.cost_model.currency or "cost units"
+
+
+def coverage_text(report: Report) -> str:
+    got, of = report.hours_with_data, report.hours_in_period
+    if got == of:
+        return f"all {of} hours have data"
+    return f"{got} of {of} hours have data; no data in {len(report.missing)} range(s)"
+
+
+def period_text(report: Report) -> str:
+    m = report.month
+    return f"{m.start:%Y-%m-%d %H:%M} – {m.end:%Y-%m-%d %H:%M} UTC ({report.hours_in_period} h)"
+
+
+def cost_model_text(report: Report) -> str:
+    cm = report.cost_model
+    file = cm.file or "not given"
+    return f"{file} (hash {cm.hash or 'unknown'})"
+
+
+def previous_text(report: Report) -> str:
+    prev = report.month.previous()
+    if report.has_previous:
+        return f"changes are against {prev}"
+    return f"no charges for {prev} in the database, so no change column"
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A report table as text cells; `kinds` marks rows as '', a fleet row kind, or 'total'."""
+
+    heads: list[str]
+    numeric_from: int  # columns from here on are figures (right-aligned)
+    rows: list[list[str]]
+    kinds: list[str]
+
+
+def grid(
+    report: Report,
+    key_heads: Sequence[str],
+    keys: Callable[[Line], Sequence[str]],
+    lines: Sequence[Line],
+    total: Line | None,
+) -> Grid:
+    """Rows of a breakdown, with a fleet total row when the rows partition the fleet.
+
+    With a total, costs are apportioned to the cent so the printed rows add up to it.
+    """
+    show_idle_share = report.fleet.idle_share != 0
+    heads = [
+        *key_heads,
+        "Allocated GPU-h",
+        "Used GPU-h",
+        "Efficiency",
+        f"Cost ({currency(report)})",
+    ]
+    if show_idle_share:
+        heads.append("of which shared idle")
+    heads.append("Share")
+    if report.has_previous:
+        heads.append(f"Change vs {report.month.previous()}")
+    if total is not None:
+        costs = apportion_cents([ln.cost for ln in lines], total.cost)
+    else:
+        costs = [cents(ln.cost) for ln in lines]
+    entries: list[tuple[str, Line, Decimal, Sequence[str]]] = [
+        (ln.kind, ln, c, keys(ln)) for ln, c in zip(lines, costs, strict=True)
+    ]
+    if total is not None:
+        entries.append(
+            ("total", total, cents(total.cost), ["Fleet total"] + [""] * (len(key_heads) - 1))
+        )
+    rows, kinds = [], []
+    for kind, ln, cost, key_values in entries:
+        cells = [
+            *key_values,
+            hours(ln.allocated_gpu_hours),
+            hours(ln.used_gpu_hours),
+            percent(ln.efficiency),
+            f"{cost:,.2f}",
+        ]
+        if show_idle_share:
+            cells.append(money(ln.idle_share))
+        cells.append(percent(ln.share_of_total))
+        if report.has_previous:
+            cells.append(change(ln, report.has_previous))
+        rows.append(cells)
+        kinds.append(kind)
+    return Grid(heads, len(key_heads), rows, kinds)
+
+
+def sections(report: Report) -> list[tuple[str, Grid]]:
+    """The breakdown tables every human-readable output shows, in order."""
+    return [
+        (
+            "Cost by team",
+            grid(
+                report, ["Team"], lambda ln: [label(ln.team, ln.kind)], report.teams, report.fleet
+            ),
+        ),
+        (
+            "By namespace",
+            grid(
+                report,
+                ["Namespace"],
+                lambda ln: [label(ln.namespace, ln.kind)],
+                report.namespaces,
+                report.fleet,
+            ),
+        ),
+        (
+            "By GPU model and sharing mode",
+            grid(
+                report,
+                ["GPU model", "Sharing"],
+                lambda ln: [label(ln.model), sharing(ln)],
+                report.models,
+                report.fleet,
+            ),
+        ),
+        (
+            f"Top {len(report.pods)} pods by cost",
+            grid(
+                report,
+                ["Team", "Namespace", "Pod"],
+                lambda ln: [label(ln.team), label(ln.namespace), label(ln.pod)],
+                report.pods,
+                None,
+            ),
+        ),
+    ]
+
+
+def facts(report: Report) -> list[tuple[str, str]]:
+    """What every report states about itself, as (name, text)."""
+    return [
+        ("Period", period_text(report)),
+        ("Data coverage", coverage_text(report)),
+        ("Cost model", cost_model_text(report)),
+        ("Currency", currency(report)),
+        ("Idle", report.idle_policy),
+        ("Previous month", previous_text(report)),
+        ("Tool", f"gpu-ledger {report.tool_version}"),
+    ]

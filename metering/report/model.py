@@ -1,0 +1,365 @@
+"""Monthly report tables, computed from priced `charges` and the `coverage` table.
+
+Every sum is taken in DuckDB as an exact DECIMAL (hours are cast before summing), so the
+figures do not depend on the order DuckDB's parallel aggregation adds rows in: the same
+database gives the same report, byte for byte, on every run.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+# Rows the pricing engine writes for the fleet rather than a team: team and sharing both carry
+# the kind (a team's share of weighted idle has its own team name, so it stays the team's).
+KINDS = ("idle", "down", "adjustment")
+DEFAULT_TOP_PODS = 20
+
+_MONTH_RE = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
+_HOUR = timedelta(hours=1)
+_Q6 = Decimal("0.000001")
+_ZERO = Decimal(0)
+
+
+@dataclass(frozen=True, order=True)
+class Month:
+    year: int
+    month: int
+
+    @classmethod
+    def parse(cls, text: str) -> Month:
+        """Parse `YYYY-MM`; ValueError says what was expected."""
+        m = _MONTH_RE.match(text)
+        if m is None:
+            raise ValueError(f"expected a month like 2026-10, got {text!r}")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+    def __str__(self) -> str:
+        return f"{self.year:04d}-{self.month:02d}"
+
+    @property
+    def start(self) -> datetime:
+        return datetime(self.year, self.month, 1)
+
+    @property
+    def end(self) -> datetime:
+        """First hour after the month (exclusive bound)."""
+        return self.next().start
+
+    @property
+    def hours(self) -> int:
+        return calendar.monthrange(self.year, self.month)[1] * 24
+
+    def previous(self) -> Month:
+        return Month(self.year - 1, 12) if self.month == 1 else Month(self.year, self.month - 1)
+
+    def next(self) -> Month:
+        return Month(self.year + 1, 1) if self.month == 12 else Month(self.year, self.month + 1)
+
+
+@dataclass(frozen=True)
+class HourRange:
+    """Hours with no data, [start, end) in UTC."""
+
+    start: datetime
+    end: datetime
+
+    @property
+    def hours(self) -> int:
+        return int((self.end - self.start) / _HOUR)
+
+    def describe(self) -> str:
+        """`2026-10-03 04:00–07:00 UTC (3 h)`; the end is exclusive."""
+        first = self.start.strftime("%Y-%m-%d %H:%M")
+        last_hour = self.end - _HOUR
+        if last_hour.date() == self.start.date():  # ends within the day, or at its midnight
+            last = "24:00" if self.end.hour == 0 else self.end.strftime("%H:%M")
+            return f"{first}–{last} UTC ({self.hours} h)"
+        return f"{first} – {self.end.strftime('%Y-%m-%d %H:%M')} UTC ({self.hours} h)"
+
+
+def hour_ranges(hours: Iterable[datetime]) -> list[HourRange]:
+    """Compress hours into runs of consecutive hours."""
+    ranges: list[HourRange] = []
+    for hour in sorted(set(hours)):
+        if ranges and ranges[-1].end == hour:
+            ranges[-1] = HourRange(ranges[-1].start, hour + _HOUR)
+        else:
+            ranges.append(HourRange(hour, hour + _HOUR))
+    return ranges
+
+
+@dataclass(frozen=True, kw_only=True)
+class Line:
+    """One report row. Key fields that do not apply to the section are ''."""
+
+    team: str = ""
+    namespace: str = ""
+    pod: str = ""
+    model: str = ""
+    sharing: str = ""
+    profile: str = ""
+    day: str = ""
+    kind: str = ""  # '' for teams' charges, else one of KINDS
+    allocated_gpu_hours: Decimal = _ZERO
+    used_gpu_hours: Decimal = _ZERO
+    cost: Decimal = _ZERO
+    idle_share: Decimal = _ZERO
+    share_of_total: Decimal | None = None
+    previous_cost: Decimal | None = None  # None: no previous month to compare with
+
+    @property
+    def efficiency(self) -> Decimal | None:
+        """used / allocated; None where nothing was allocated (idle, or no data)."""
+        if self.allocated_gpu_hours == 0:
+            return None
+        return (self.used_gpu_hours / self.allocated_gpu_hours).quantize(_Q6)
+
+    @property
+    def idle(self) -> bool:
+        return self.kind == "idle"
+
+    @property
+    def overhead(self) -> bool:
+        """A fleet row (idle, down, adjustment), not a team's own charges."""
+        return self.kind != ""
+
+    @property
+    def cost_change(self) -> Decimal | None:
+        return None if self.previous_cost is None else self.cost - self.previous_cost
+
+
+@dataclass(frozen=True)
+class CostModelInfo:
+    """What the report states about the cost model the charges were priced with."""
+
+    file: str  # path as given, or '' when unknown
+    hash: str
+    currency: str
+
+
+@dataclass(frozen=True)
+class Report:
+    month: Month
+    cost_model: CostModelInfo
+    tool_version: str
+    hours_with_data: int
+    missing: list[HourRange]
+    fleet: Line
+    teams: list[Line]
+    namespaces: list[Line]
+    models: list[Line]
+    pods: list[Line]
+    team_days: list[Line]
+    has_previous: bool
+    has_data: bool  # the month has charges
+    top_pods: int = DEFAULT_TOP_PODS
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def hours_in_period(self) -> int:
+        return self.month.hours
+
+    @property
+    def idle_policy(self) -> str:
+        """How idle cost appears in this report, read from the charges themselves."""
+        idle_row = next((t for t in self.teams if t.idle and t.cost), None)
+        shared = self.fleet.idle_share
+        if idle_row is not None and shared:
+            return "idle cost is partly its own row (team 'idle'), partly shared out to teams"
+        if idle_row is not None:
+            return "idle cost is its own row (team 'idle')"
+        if shared:
+            return "idle cost is shared out to teams (column idle_share)"
+        return "no idle cost in this period"
+
+
+# --- queries ---------------------------------------------------------------------------------
+
+_SUMS = (
+    "SUM(CAST(allocated_gpu_hours AS DECIMAL(38, 9))), "
+    "SUM(CAST(used_gpu_hours AS DECIMAL(38, 9))), SUM(cost), SUM(idle_share)"
+)
+# Key expressions are fixed here, never taken from input.
+_KEYS = {
+    "team": "team",
+    "namespace": "namespace",
+    "pod": "pod",
+    "model": "model",
+    "sharing": "sharing",
+    "profile": "profile",
+    "day": "CAST(CAST(hour AS DATE) AS VARCHAR)",
+}
+# Every grouping also splits fleet rows from charged rows, so an idle row is never merged with
+# a namespace or model row that happens to share its key.
+_KIND_KEY = (
+    "CASE WHEN team = sharing AND team IN ("
+    + ", ".join(f"'{k}'" for k in KINDS)
+    + ") THEN team ELSE '' END"
+)
+
+Sums = tuple[Decimal, Decimal, Decimal, Decimal]
+Key = tuple[tuple[str, ...], str]  # (key values, kind)
+
+
+def _grouped(con: Any, month: Month, keys: Sequence[str], where: str = "") -> dict[Key, Sums]:
+    exprs = [_KEYS[k] for k in keys] + [_KIND_KEY]
+    select = ", ".join([*exprs, _SUMS])
+    sql = f"SELECT {select} FROM charges WHERE hour >= ? AND hour < ? {where}"
+    sql += " GROUP BY " + ", ".join(str(i + 1) for i in range(len(exprs)))
+    rows = con.execute(sql, [month.start, month.end]).fetchall()
+    out: dict[Key, Sums] = {}
+    for row in rows:
+        n = len(keys)
+        sums = row[n + 1 :]
+        out[(tuple(str(v) for v in row[:n]), str(row[n]))] = (
+            Decimal(sums[0]).quantize(_Q6),
+            Decimal(sums[1]).quantize(_Q6),
+            Decimal(sums[2]),
+            Decimal(sums[3]),
+        )
+    return out
+
+
+def _lines(
+    keys: Sequence[str],
+    current: dict[Key, Sums],
+    previous: dict[Key, Sums] | None,
+    total: Decimal,
+    vanished: bool = True,
+) -> list[Line]:
+    lines = []
+    entries = dict(current)
+    if previous is not None and vanished:
+        # Groups charged last month but not this one: a zero row keeps their drop visible
+        # (and the change column adding up to the fleet's change).
+        for key in previous.keys() - current.keys():
+            entries[key] = (_ZERO, _ZERO, _ZERO, _ZERO)
+    for key, (alloc, used, cost, idle) in entries.items():
+        prev: Decimal | None = None
+        if previous is not None:
+            prev = previous[key][2] if key in previous else _ZERO
+        values: dict[str, Any] = dict(zip(keys, key[0], strict=True))
+        lines.append(
+            Line(
+                **values,
+                kind=key[1],
+                allocated_gpu_hours=alloc,
+                used_gpu_hours=used,
+                cost=cost,
+                idle_share=idle,
+                share_of_total=(cost / total).quantize(_Q6) if total else None,
+                previous_cost=prev,
+            )
+        )
+    # Largest cost first, fleet rows last, ties broken by the keys so the order is stable.
+    lines.sort(
+        key=lambda ln: (
+            ln.overhead,
+            KINDS.index(ln.kind) if ln.overhead else 0,
+            -ln.cost,
+            tuple(getattr(ln, k) for k in keys),
+        )
+    )
+    return lines
+
+
+def _fleet(con: Any, month: Month) -> Sums | None:
+    """Whole-fleet sums, or None when the month has no charges at all."""
+    row = con.execute(
+        f"SELECT count(*), {_SUMS} FROM charges WHERE hour >= ? AND hour < ?",
+        [month.start, month.end],
+    ).fetchone()
+    if row is None or not row[0]:
+        return None
+    return (
+        Decimal(row[1]).quantize(_Q6),
+        Decimal(row[2]).quantize(_Q6),
+        Decimal(row[3]),
+        Decimal(row[4]),
+    )
+
+
+def priced_hashes(con: Any, month: Month) -> list[str]:
+    rows = con.execute(
+        "SELECT DISTINCT cost_model_hash FROM charges WHERE hour >= ? AND hour < ? ORDER BY 1",
+        [month.start, month.end],
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def has_facts(con: Any, month: Month) -> bool:
+    """Whether ingest wrote usage for the month (whatever pricing has done with it)."""
+    for table in ("device_hours", "allocation_hours"):
+        row = con.execute(
+            f"SELECT count(*) FROM {table} WHERE hour >= ? AND hour < ?", [month.start, month.end]
+        ).fetchone()
+        if row and row[0]:
+            return True
+    return False
+
+
+def covered_hours(con: Any, month: Month) -> set[datetime]:
+    rows = con.execute(
+        "SELECT hour FROM coverage WHERE hour >= ? AND hour < ? AND devices > 0",
+        [month.start, month.end],
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def build_report(
+    con: Any,
+    month: Month,
+    cost_model: CostModelInfo,
+    tool_version: str,
+    top_pods: int = DEFAULT_TOP_PODS,
+) -> Report:
+    """Read the month's charges (and the previous month's, for the change) into report tables."""
+    covered = covered_hours(con, month)
+    every_hour = (month.start + i * _HOUR for i in range(month.hours))
+    missing = hour_ranges(h for h in every_hour if h not in covered)
+
+    prev_month = month.previous()
+    fleet_now = _fleet(con, month)
+    fleet_prev = _fleet(con, prev_month)
+    has_previous = fleet_prev is not None
+    total = fleet_now[2] if fleet_now else _ZERO
+
+    def section(keys: Sequence[str], where: str = "", vanished: bool = True) -> list[Line]:
+        prev = _grouped(con, prev_month, keys, where) if has_previous else None
+        return _lines(keys, _grouped(con, month, keys, where), prev, total, vanished)
+
+    alloc, used, cost, idle = fleet_now or (_ZERO, _ZERO, _ZERO, _ZERO)
+    fleet_line = Line(
+        allocated_gpu_hours=alloc,
+        used_gpu_hours=used,
+        cost=cost,
+        idle_share=idle,
+        share_of_total=Decimal(1).quantize(_Q6) if total else None,
+        previous_cost=fleet_prev[2] if fleet_prev else None,
+    )
+
+    team_days = _lines(["day", "team"], _grouped(con, month, ["day", "team"]), None, total)
+    team_days.sort(key=lambda ln: (ln.day, ln.overhead, ln.kind, ln.team))
+    pods = section(["team", "namespace", "pod"], "AND pod <> ''", False)
+    return Report(
+        month=month,
+        cost_model=cost_model,
+        tool_version=tool_version,
+        hours_with_data=len(covered),
+        missing=missing,
+        fleet=fleet_line,
+        teams=section(["team"]),
+        namespaces=section(["namespace"]),
+        models=section(["model", "sharing", "profile"]),
+        pods=pods[:top_pods],
+        team_days=team_days,
+        has_previous=has_previous,
+        has_data=fleet_now is not None,
+        top_pods=top_pods,
+    )

@@ -1,0 +1,120 @@
+"""The one tidy table behind the CSV and Parquet outputs.
+
+One row per figure group: a `section` column says which breakdown the row belongs to, key
+columns that do not apply to it are empty. Every row repeats the report's context (period,
+cost model, coverage, tool version), so a row read on its own still says where it came from.
+Column names and order are a contract, documented in docs/reports.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+
+from metering.report.model import HourRange, Line, Report
+
+# (name, kind); kind drives the CSV text form and the Parquet type.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("period", "str"),
+    ("section", "str"),
+    ("rank", "int"),
+    ("team", "str"),
+    ("namespace", "str"),
+    ("pod", "str"),
+    ("model", "str"),
+    ("sharing", "str"),
+    ("profile", "str"),
+    ("day", "str"),
+    ("kind", "str"),
+    ("hour_from", "str"),
+    ("hour_to", "str"),
+    ("hours", "int"),
+    ("allocated_gpu_hours", "float"),
+    ("used_gpu_hours", "float"),
+    ("efficiency", "float"),
+    ("cost", "money"),
+    ("idle_share", "money"),
+    ("share_of_total", "float"),
+    ("previous_cost", "money"),
+    ("cost_change", "money"),
+    ("currency", "str"),
+    ("cost_model_file", "str"),
+    ("cost_model_hash", "str"),
+    ("hours_in_period", "int"),
+    ("hours_with_data", "int"),
+    ("tool_version", "str"),
+)
+COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
+
+# Section names, in the order rows appear.
+SECTIONS = ("fleet", "team", "namespace", "model_sharing", "pod", "team_day", "missing_hours")
+
+Value = str | int | bool | Decimal | None
+Row = dict[str, Value]
+
+
+def _iso(hour_range: HourRange) -> tuple[str, str]:
+    fmt = "%Y-%m-%dT%H:%M:%SZ"
+    return hour_range.start.strftime(fmt), hour_range.end.strftime(fmt)
+
+
+def _figures(line: Line) -> Row:
+    return {
+        "team": line.team,
+        "namespace": line.namespace,
+        "pod": line.pod,
+        "model": line.model,
+        "sharing": line.sharing,
+        "profile": line.profile,
+        "day": line.day,
+        "kind": line.kind,
+        "allocated_gpu_hours": line.allocated_gpu_hours,
+        "used_gpu_hours": line.used_gpu_hours,
+        "efficiency": line.efficiency,
+        "cost": line.cost,
+        "idle_share": line.idle_share,
+        "share_of_total": line.share_of_total,
+        "previous_cost": line.previous_cost,
+        "cost_change": line.cost_change,
+    }
+
+
+def rows(report: Report) -> Iterator[Row]:
+    """The report as tidy rows; every row has every column of COLUMNS, in order."""
+    context: Row = {
+        "period": str(report.month),
+        "currency": report.cost_model.currency,
+        "cost_model_file": report.cost_model.file,
+        "cost_model_hash": report.cost_model.hash,
+        "hours_in_period": report.hours_in_period,
+        "hours_with_data": report.hours_with_data,
+        "tool_version": report.tool_version,
+    }
+    sections: list[tuple[str, list[Line]]] = [
+        ("fleet", [report.fleet]),
+        ("team", report.teams),
+        ("namespace", report.namespaces),
+        ("model_sharing", report.models),
+        ("pod", report.pods),
+        ("team_day", report.team_days),
+    ]
+    for section, lines in sections:
+        for rank, line in enumerate(lines, start=1):
+            yield _complete({**context, "section": section, "rank": rank, **_figures(line)})
+    for rank, gap in enumerate(report.missing, start=1):
+        start, end = _iso(gap)
+        yield _complete(
+            {
+                **context,
+                "section": "missing_hours",
+                "rank": rank,
+                "hour_from": start,
+                "hour_to": end,
+                "hours": gap.hours,
+            }
+        )
+
+
+def _complete(row: Row) -> Row:
+    """Text columns that do not apply are '', other columns null."""
+    return {name: row.get(name, "" if kind == "str" else None) for name, kind in COLUMNS}

@@ -1,0 +1,55 @@
+"""Write a report's files all-or-nothing: every file goes to a temporary name in the output
+directory first and is renamed over the old one only when all of them were written, so a
+failed run (a renderer error, a full disk) leaves the previous report as it was."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    # O_EXCL: never write through a file (or link) someone else put at the temporary name.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_files(out_dir: Path, files: Mapping[str, bytes]) -> list[Path]:
+    """Write name -> bytes under out_dir; returns the final paths. Raises OSError on failure,
+    after removing any temporary file it made."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for name, data in files.items():
+            tmp = out_dir / f".{name}.{secrets.token_hex(6)}.tmp"
+            staged.append((tmp, out_dir / name))
+            _write_new(tmp, data)
+        for tmp, final in staged:
+            os.replace(tmp, final)
+    except BaseException:
+        for tmp, _ in staged:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        raise
+    _sync_dir(out_dir)
+    return [final for _, final in staged]
+
+
+def _sync_dir(path: Path) -> None:
+    """Make the renames durable; some filesystems cannot open a directory, which is fine."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,287 @@
+-- GPU Ledger pricing: facts for [gl_start, gl_end) -> `charges`. Run by metering/pricing.py, one
+-- statement per `-- name:` section, in order, inside one transaction.
+--
+-- The cost model arrives as session variables (getvariable('gl_*')) and small temp tables that
+-- pricing.py fills from the resolved cost model: _p_models (price per GPU model), _p_ns (team
+-- per namespace), _p_team_disc, _p_mig_table, _p_eff, _p_tiers, _p_idle_weights.
+--
+-- Money is integer millionths of the currency ("micros") until the final INSERT, so that
+--   fleet cost = down + charged list amounts + idle      (per device-hour, exactly)
+-- and every later step (discounts, sharing idle out) moves micros around without losing any.
+
+-- name: devices
+-- One row per device-hour with its list price. Fleet cost of a device-hour = rate_micros:
+-- the fleet owns the GPU for the whole hour, up or not. Only up time can be charged.
+CREATE OR REPLACE TEMP TABLE _dev AS
+SELECT d.hour, d.node, d.uuid, d.model,
+       m.rate_micros,
+       m.model_discount,
+       m.memory_gb,
+       least(greatest(d.up_seconds, 0), 3600) / 3600.0 AS up_frac,
+       floor(m.rate_micros * least(greatest(d.up_seconds, 0), 3600) / 3600.0)::BIGINT
+           AS avail_micros
+FROM device_hours d
+JOIN _p_models m ON m.model = d.model
+WHERE d.hour >= getvariable('gl_start') AND d.hour < getvariable('gl_end');
+
+-- name: alloc
+-- One row per allocation fact (hour x container x device or MIG instance) with everything that
+-- does not depend on the other holders of the device: team, share, usage, multiplier.
+CREATE OR REPLACE TEMP TABLE _alloc AS
+WITH a AS (
+    SELECT a.hour, a.namespace, a.pod, a.container, a.uuid, a.mig_uuid, a.sharing,
+           d.node, d.model, d.rate_micros, d.model_discount, d.up_frac,
+           coalesce(nullif(a.labels[getvariable('gl_label')], ''), ns.team,
+                    getvariable('gl_default_team')) AS team,
+           -- device time held while the GPU was up: a GPU that is down cannot be used.
+           least(greatest(a.allocated_seconds, 0), 3600 * d.up_frac) / 3600.0 AS held_hours,
+           -- the share of the device (or MIG instance) held: 2 of 4 replicas = 2/4.
+           least(greatest(a.units, 0) / greatest(a.replicas, 1), 1.0) AS share,
+           greatest(a.replicas, 1) > 1 AS shared,
+           a.mig_uuid <> '' AS is_mig,
+           CASE getvariable('gl_split') WHEN 'memory' THEN greatest(a.memory_byte_seconds, 0)
+                WHEN 'sm' THEN greatest(a.sm_seconds, 0) ELSE 0 END AS split_w,
+           greatest(a.sm_seconds, 0) AS sm_seconds,
+           -- MIG profile and slices from the MIG facts, else from a mixed-strategy resource
+           -- name (nvidia.com/mig-3g.40gb) with 7 parent slices (A100, H100, H200).
+           CASE WHEN a.mig_uuid = '' THEN ''
+                ELSE coalesce(mh.profile,
+                              nullif(regexp_extract(a.resource, 'mig-(\d+g\.\d+gb)', 1), ''),
+                              '') END AS profile,
+           coalesce(mh.slices,
+                    TRY_CAST(nullif(regexp_extract(a.resource, 'mig-(\d+)g\.', 1), '')
+                             AS INTEGER)) AS slices,
+           coalesce(mh.parent_slices, 7) AS parent_slices,
+           d.memory_gb
+    FROM allocation_hours a
+    JOIN _dev d ON d.hour = a.hour AND d.uuid = a.uuid
+    LEFT JOIN _p_ns ns ON ns.namespace = a.namespace
+    LEFT JOIN mig_hours mh
+           ON a.mig_uuid <> '' AND mh.hour = a.hour AND mh.mig_uuid = a.mig_uuid
+    WHERE a.hour >= getvariable('gl_start') AND a.hour < getvariable('gl_end')
+), f AS (
+    SELECT a.*,
+           CASE WHEN NOT a.is_mig THEN 1.0
+                WHEN getvariable('gl_mig_fraction') = 'table' AND t.fraction IS NOT NULL
+                    THEN t.fraction
+                WHEN getvariable('gl_mig_fraction') = 'memory' AND a.memory_gb > 0
+                     AND regexp_matches(a.profile, '^\d+g\.\d+gb')
+                    THEN least(TRY_CAST(regexp_extract(a.profile, '^\d+g\.(\d+)gb', 1)
+                                        AS DOUBLE) / a.memory_gb, 1.0)
+                -- unknown profile: one slice, the least an instance can be
+                ELSE least(coalesce(a.slices, 1) / greatest(a.parent_slices, 1), 1.0)
+           END AS mig_frac
+    FROM a
+    LEFT JOIN _p_mig_table t ON a.is_mig AND t.profile = a.profile
+), al AS (
+    SELECT f.*,
+           mig_frac * share * held_hours AS alloc_hours,
+           -- device-equivalent hours of SM activity; unknown on MIG (NULL).
+           CASE WHEN is_mig THEN NULL ELSE least(sm_seconds / 3600.0, held_hours) END
+               AS used_hours
+    FROM f
+), u AS (
+    SELECT al.*,
+           CASE WHEN used_hours IS NULL OR alloc_hours <= 0 THEN NULL
+                ELSE least(used_hours / alloc_hours, 1.0) END AS util
+    FROM al
+)
+SELECT u.hour, u.team, u.namespace, u.pod, u.container, u.node, u.uuid, u.mig_uuid, u.model,
+       u.sharing, u.profile, u.shared, u.up_frac, u.rate_micros, u.split_w, u.alloc_hours,
+       u.used_hours,
+       coalesce(t.multiplier, 1.0) * coalesce(e.factor, 1.0)
+           * (1 - coalesce(td.discount, 0)) * (1 - u.model_discount) AS mult
+FROM u
+LEFT JOIN _p_tiers t ON u.util > t.lo AND u.util <= t.hi
+LEFT JOIN _p_eff e ON e.sharing = u.sharing
+LEFT JOIN _p_team_disc td ON td.team = u.team;
+
+-- name: rows
+-- Charge per allocation row: the basis applied, shared devices split, over-claims scaled.
+CREATE OR REPLACE TEMP TABLE _rows AS
+WITH inst AS (
+    -- Usage-weighted split of a shared device's held shares: the holders together pay for
+    -- what they held, divided by memory or SM use. Unheld shares stay idle.
+    SELECT hour, uuid, mig_uuid, sum(alloc_hours) AS held, sum(split_w) AS w
+    FROM _alloc
+    WHERE shared AND getvariable('gl_split') <> 'replicas'
+    GROUP BY hour, uuid, mig_uuid
+), sp AS (
+    SELECT a.*,
+           CASE WHEN i.w > 0 THEN i.held * a.split_w / i.w ELSE a.alloc_hours END AS split_hours
+    FROM _alloc a
+    LEFT JOIN inst i ON a.shared AND i.hour = a.hour AND i.uuid = a.uuid
+                     AND i.mig_uuid = a.mig_uuid
+), b AS (
+    SELECT sp.*,
+           CASE getvariable('gl_basis')
+                WHEN 'allocation' THEN split_hours
+                WHEN 'usage' THEN coalesce(used_hours, split_hours)
+                ELSE coalesce((1 - getvariable('gl_usage_weight')) * split_hours
+                              + getvariable('gl_usage_weight') * used_hours, split_hours)
+           END AS charge_hours,
+           CASE WHEN getvariable('gl_basis') = 'allocation' THEN 'allocation'
+                WHEN used_hours IS NULL THEN 'allocation (no SM data on MIG)'
+                ELSE getvariable('gl_basis') END AS basis
+    FROM sp
+), dev AS (
+    -- Never charge more of a device than it was up: scale a device's rows down when the facts
+    -- claim more (overlapping pods in one hour, more shares than replicas).
+    SELECT hour, uuid, any_value(up_frac) / sum(charge_hours) AS scale
+    FROM b GROUP BY hour, uuid
+    HAVING sum(charge_hours) > any_value(up_frac)
+), sc AS (
+    SELECT b.*, charge_hours * coalesce(dev.scale, 1.0) AS fraction
+    FROM b LEFT JOIN dev USING (hour, uuid)
+)
+SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing, profile,
+       basis, fraction,
+       rate_micros * mult / 1e6 AS rate,
+       alloc_hours AS allocated_gpu_hours,
+       coalesce(used_hours, 0) AS used_gpu_hours,
+       floor(rate_micros * fraction)::BIGINT AS list_micros,
+       floor(rate_micros * fraction * mult)::BIGINT AS final_micros,
+       hash(namespace, pod, container, uuid, mig_uuid) AS row_key
+FROM sc;
+
+-- name: idle
+-- Per device-hour: down time (never charged to a team) and idle (up, but nobody held it).
+CREATE OR REPLACE TEMP TABLE _idle AS
+SELECT d.hour, d.node, d.uuid, d.model, d.rate_micros, d.up_frac,
+       d.rate_micros - d.avail_micros AS down_micros,
+       d.avail_micros - coalesce(s.list_micros, 0) AS idle_micros
+FROM _dev d
+LEFT JOIN (SELECT hour, uuid, sum(list_micros)::BIGINT AS list_micros
+           FROM _rows GROUP BY hour, uuid) s USING (hour, uuid);
+
+-- name: pools
+-- Idle cost per hour x GPU model, and what the team rows there can absorb.
+CREATE OR REPLACE TEMP TABLE _pool AS
+SELECT i.hour, i.model, sum(i.idle_micros)::BIGINT AS pool,
+       coalesce(any_value(r.n_rows), 0) AS n_rows
+FROM _idle i
+LEFT JOIN (SELECT hour, model, count(*) AS n_rows FROM _rows GROUP BY hour, model) r
+       USING (hour, model)
+GROUP BY i.hour, i.model;
+
+-- name: shares
+-- Idle shared out to team rows (policy proportional or even). Each row gets floor(pool x w);
+-- the few micros left over go to the row with the largest weight, so shares sum to the pool.
+CREATE OR REPLACE TEMP TABLE _share AS
+WITH tt AS (
+    SELECT hour, model, team, sum(final_micros) AS team_final, count(*) AS team_rows
+    FROM _rows GROUP BY hour, model, team
+), pt AS (
+    SELECT hour, model, sum(team_final) AS total_final, count(*) AS n_teams,
+           sum(team_rows) AS total_rows
+    FROM tt GROUP BY hour, model
+), w AS (
+    SELECT r.rowid AS rid, r.hour, r.model, r.row_key, p.pool,
+           CASE getvariable('gl_idle_policy')
+               WHEN 'proportional' THEN
+                   CASE WHEN pt.total_final > 0 THEN r.final_micros / pt.total_final
+                        ELSE 1.0 / pt.total_rows END
+               ELSE (1.0 / pt.n_teams)
+                   * CASE WHEN tt.team_final > 0 THEN r.final_micros / tt.team_final
+                          ELSE 1.0 / tt.team_rows END
+           END AS w
+    FROM _rows r
+    JOIN _pool p USING (hour, model)
+    JOIN pt USING (hour, model)
+    JOIN tt USING (hour, model, team)
+    WHERE getvariable('gl_idle_policy') IN ('proportional', 'even') AND p.pool <> 0
+), s AS (
+    SELECT *, floor(pool * w)::BIGINT AS share FROM w
+), top AS (
+    SELECT hour, model, any_value(pool) - sum(share) AS resid,
+           arg_max(rid, {'w': w, 'k': row_key}) AS top_rid
+    FROM s GROUP BY hour, model
+)
+SELECT s.rid, s.share + CASE WHEN s.rid = top.top_rid THEN top.resid ELSE 0 END AS share
+FROM s JOIN top USING (hour, model);
+
+-- name: delete
+DELETE FROM charges WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end');
+
+-- name: insert_team_rows
+INSERT INTO charges
+SELECT r.hour, r.team, r.namespace, r.pod, r.container, r.node, r.uuid, r.mig_uuid, r.model,
+       r.sharing, r.profile, r.basis, r.fraction, r.rate, r.allocated_gpu_hours,
+       r.used_gpu_hours,
+       gl_money(r.final_micros + coalesce(s.share, 0)),
+       gl_money(coalesce(s.share, 0)),
+       getvariable('gl_hash')
+FROM _rows r
+LEFT JOIN _share s ON s.rid = r.rowid;
+
+-- name: insert_idle_rows
+-- Idle stays with the platform under policy separate, and wherever no team used that model in
+-- that hour (nobody to share it with).
+INSERT INTO charges
+SELECT i.hour, 'idle', '', '', '', i.node, i.uuid, '', i.model, 'idle', '', 'idle',
+       i.idle_micros / i.rate_micros, i.rate_micros / 1e6, 0, 0,
+       gl_money(i.idle_micros), gl_money(0), getvariable('gl_hash')
+FROM _idle i
+JOIN _pool p USING (hour, model)
+WHERE i.idle_micros <> 0
+  AND (getvariable('gl_idle_policy') = 'separate'
+       OR (getvariable('gl_idle_policy') IN ('proportional', 'even') AND p.n_rows = 0));
+
+-- name: insert_weighted_idle_rows
+-- Policy weights: each listed team pays its fixed share of every hour x model's idle pool.
+INSERT INTO charges
+WITH s AS (
+    SELECT p.hour, p.model, w.team, w.weight, p.pool,
+           floor(p.pool * w.weight)::BIGINT AS share,
+           row_number() OVER (PARTITION BY p.hour, p.model
+                              ORDER BY w.weight DESC, w.team) AS rn
+    FROM _pool p CROSS JOIN _p_idle_weights w
+    WHERE getvariable('gl_idle_policy') = 'weights' AND p.pool <> 0
+), t AS (
+    SELECT *, share + CASE WHEN rn = 1 THEN pool - sum(share) OVER (PARTITION BY hour, model)
+                           ELSE 0 END AS amount
+    FROM s
+)
+SELECT hour, team, '', '', '', '', '', '', model, 'idle', '', 'idle-share', weight, 0, 0, 0,
+       gl_money(amount), gl_money(amount), getvariable('gl_hash')
+FROM t WHERE amount <> 0;
+
+-- name: insert_down_rows
+-- A GPU that was down (gpu_up 0, or not seen) is the fleet's cost, never a team's.
+INSERT INTO charges
+SELECT hour, 'down', '', '', '', node, uuid, '', model, 'down', '', 'down', 1 - up_frac,
+       rate_micros / 1e6, 0, 0, gl_money(down_micros), gl_money(0), getvariable('gl_hash')
+FROM _idle WHERE down_micros <> 0;
+
+-- name: insert_adjustment_rows
+-- What discounts, utilisation tiers and sharing-efficiency factors took off (or added to) the
+-- list price, per hour x model, so charges still add up to the fleet cost.
+INSERT INTO charges
+SELECT hour, 'adjustment', '', '', '', '', '', '', model, 'adjustment', '', 'adjustment', 0, 0,
+       0, 0, gl_money(sum(list_micros - final_micros)), gl_money(0), getvariable('gl_hash')
+FROM _rows GROUP BY hour, model
+HAVING sum(list_micros - final_micros) <> 0;
+
+-- name: totals
+SELECT
+    (SELECT count(DISTINCT hour) FROM _dev),
+    (SELECT count(*) FROM _dev),
+    (SELECT coalesce(sum(rate_micros), 0)::BIGINT FROM _dev),
+    coalesce(sum(CASE WHEN sharing NOT IN ('idle', 'down', 'adjustment')
+                      THEN cost - idle_share END), 0),
+    coalesce(sum(idle_share), 0),
+    coalesce(sum(CASE WHEN team = 'idle' AND sharing = 'idle' THEN cost END), 0),
+    coalesce(sum(CASE WHEN sharing = 'down' THEN cost END), 0),
+    coalesce(sum(CASE WHEN sharing = 'adjustment' THEN cost END), 0),
+    coalesce(sum(cost), 0),
+    count(*)
+FROM charges
+WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end');
+
+-- name: orphans
+-- Allocation facts with no device fact in the same hour cannot be priced (no model, no fleet
+-- cost); they are counted and reported, not guessed at. _alloc holds one row per fact that
+-- joined a device (every other join there is on a unique key).
+SELECT (SELECT count(*) FROM allocation_hours
+        WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end'))
+       - (SELECT count(*) FROM _alloc);

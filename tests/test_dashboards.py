@@ -1,0 +1,98 @@
+"""Dashboards: the committed JSON is what the generator builds; UIDs, variables, datasources
+and panel ids are stable and sane; queries name only contract metrics and recording rules."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dashboards.generate import BOARDS, expressions, outputs
+from exporter.metrics import FAMILIES
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDING = ROOT / "alerts" / "gpu-ledger-recording.yml"
+EXPECTED_UIDS = {"fleet.json": "gpu-ledger-fleet", "node.json": "gpu-ledger-node",
+                 "workloads.json": "gpu-ledger-workloads", "cost.json": "gpu-ledger-cost"}
+
+
+def _docs() -> dict[str, dict[str, Any]]:
+    return {name: json.loads((ROOT / "dashboards" / name).read_text(encoding="utf-8"))
+            for name in BOARDS}
+
+
+def test_committed_json_is_current() -> None:
+    stale = [p.name for p, text in outputs().items()
+             if not p.exists() or p.read_text(encoding="utf-8") != text]
+    assert stale == [], f"run `python -m dashboards.generate`: {stale} differ"
+
+
+def test_generation_is_deterministic() -> None:
+    assert outputs() == outputs()
+
+
+def test_stable_uids() -> None:
+    assert {name: doc["uid"] for name, doc in _docs().items()} == EXPECTED_UIDS
+
+
+@pytest.mark.parametrize("name", sorted(BOARDS))
+def test_variables(name: str) -> None:
+    doc = _docs()[name]
+    variables = {v["name"]: v for v in doc["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert "cluster" in variables
+    for var in variables.values():
+        if var["type"] == "query":
+            assert var["datasource"]["uid"] == "${datasource}"
+            assert var["allValue"] == ".*"  # "All" must also match series without the label
+    all_vars = {v for d in _docs().values() for v in
+                (x["name"] for x in d["templating"]["list"])}
+    assert {"datasource", "cluster", "node", "gpu", "namespace"} <= all_vars
+
+
+@pytest.mark.parametrize("name", sorted(BOARDS))
+def test_panels(name: str) -> None:
+    doc = _docs()[name]
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids))
+    declared = {v["name"] for v in doc["templating"]["list"]}
+    for panel in doc["panels"]:
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert panel["targets"], panel["title"]
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs))
+        assert panel["gridPos"]["w"] > 0 and panel["gridPos"]["h"] > 0
+        for target in panel["targets"]:
+            used = set(re.findall(r"\$(\w+)", target["expr"])) - {
+                "__rate_interval", "__range", "__range_s", "__interval"}
+            assert used <= declared, f"{panel['title']}: undeclared variables {used - declared}"
+
+
+def test_queries_use_only_contract_metrics_and_recording_rules() -> None:
+    known = {f.name for f in FAMILIES} | {"up"}
+    labels = {label for f in FAMILIES for label in f.labels}
+    records = {r["record"] for g in yaml.safe_load(RECORDING.read_text())["groups"]
+               for r in g["rules"]}
+    for doc in _docs().values():
+        for where, expr in expressions(doc):
+            for name in re.findall(r"(?<![:\w])gpu_\w+(?![:\w])", expr):
+                assert name in known or name in labels, f"{where}: {name} not in the contract"
+            for name in re.findall(r"\b\w+:\w+:\w+\b", expr):
+                assert name in records, f"{where}: {name} is not a recording rule"
+
+
+def test_boards_cover_every_device_and_mig_family() -> None:
+    """The node / GPU detail board shows every device, MIG and exporter family (process
+    series are opt-in and churn, so they are left to ad-hoc queries)."""
+    text = " ".join(expr for _, expr in expressions(_docs()["node.json"]))
+    wanted = [f.name for f in FAMILIES
+              if f.collector not in ("attribution",) and f.name != "gpu_exporter_source_error_info"]
+    missing = [n for n in wanted if not re.search(rf"(?<![:\w]){n}(?![:\w])", text)]
+    assert missing == []

@@ -1,0 +1,109 @@
+"""`gpu-ledger meter` end to end on OpenMetrics input: exit codes, messages, progress."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+
+import conftest_prom
+import pytest
+
+from gpu_ledger.cli import main as gpu_ledger
+from metering.cli_meter import main
+from metering.db import connect
+from metering.progress import Progress
+
+fleet_om_file = conftest_prom.fleet_om_file  # session fixture
+DAY = ["--from", "2026-10-05", "--to", "2026-10-06"]
+
+
+def test_meter_openmetrics_and_price(fleet_om_file: Path, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "m.duckdb"
+    rc = gpu_ledger(["meter", "--openmetrics", str(fleet_om_file), *DAY, "--db", str(db),
+                     "--chunk", "6"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "4 chunks, 0 queries, 120 device_hours, 24 mig_hours, 97 allocation_hours" in err
+    assert "meter: chunk 4/4" in err and "priced" in err  # not a TTY: plain lines
+    con = connect(db, read_only=True)
+    assert con.execute("SELECT count(*) FROM coverage WHERE devices = 5").fetchone() == (24,)
+    assert con.execute("SELECT count(*) > 0 FROM charges").fetchone() == (True,)
+    con.close()
+
+
+def test_quiet_prints_nothing(fleet_om_file: Path, tmp_path: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(tmp_path / "m.duckdb"),
+               "--no-price", "--quiet"])
+    assert rc == 0
+    assert capsys.readouterr() == ("", "")
+
+
+def test_corrupt_database_is_refused_and_untouched(fleet_om_file: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "ledger.duckdb"
+    db.write_bytes(b"this is not a database\n" * 100)
+    digest = hashlib.sha256(db.read_bytes()).hexdigest()
+    rc = main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db), "--no-price"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert f"{db}: expected a DuckDB database file" in err and "Traceback" not in err
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.duckdb"]
+
+
+def test_bad_cost_model_fails_before_ingest(fleet_om_file: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "cost.yaml"
+    model.write_text("prices: [\n")
+    rc = main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(tmp_path / "m.duckdb"),
+               "--cost-model", str(model)])
+    err = capsys.readouterr().err
+    assert rc == 1 and str(model) in err and "Traceback" not in err
+    assert not (tmp_path / "m.duckdb").exists()
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["--basic-auth", "no-colon"], 2, "--basic-auth: expected USER:PASS"),
+    (["--bearer-token-file", "/nonexistent/token"], 1, "/nonexistent/token: cannot read"),
+    (["--chunk", "0"], 2, "--chunk: expected a whole number"),
+    (["--sample-interval", "-5"], 2, "--sample-interval: expected seconds"),
+    (["--timeout", "abc"], 2, "invalid float value"),
+])
+def test_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                     code: int, message: str) -> None:
+    rc = main(["--prometheus", "http://127.0.0.1:9", *DAY, "--db", str(tmp_path / "m.duckdb"),
+               "--no-price", *args])
+    err = capsys.readouterr().err
+    assert rc == code and message in err and "Traceback" not in err
+
+
+def test_bad_openmetrics_file_is_an_error(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    om = tmp_path / "bad.om"
+    om.write_text('gpu_up{uuid="GPU-1"} 1\n')
+    rc = main(["--openmetrics", str(om), *DAY, "--db", str(tmp_path / "m.duckdb")])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"{om}:1: expected" in err
+
+
+def test_progress_bar_on_a_terminal_and_lines_elsewhere() -> None:
+    clock = iter([0.0, 10.0, 20.0, 30.0]).__next__
+    tty = io.StringIO()
+    p = Progress(3, stream=tty, tty=True, clock=clock)
+    p.chunk_done("a")
+    assert "1/3 chunks" in tty.getvalue() and "ETA 0:20" in tty.getvalue()
+    assert "\r" in tty.getvalue() and "\n" not in tty.getvalue()
+    p.chunk_done("b")
+    p.chunk_done("c")
+    assert tty.getvalue().endswith("3/3 chunks  done\n")
+    log = io.StringIO()
+    p = Progress(2, stream=log, tty=False, clock=iter([0.0, 5.0, 6.0]).__next__)
+    p.chunk_done("2026-10-05T00:00Z .. 2026-10-05T06:00Z", "12 fact rows")
+    assert log.getvalue() == ("meter: chunk 1/2 2026-10-05T00:00Z .. 2026-10-05T06:00Z "
+                              "(12 fact rows), ETA 0:05\n")
+    quiet = io.StringIO()
+    Progress(2, stream=quiet, quiet=True).chunk_done("x")
+    assert quiet.getvalue() == ""

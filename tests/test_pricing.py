@@ -1,0 +1,509 @@
+"""Pricing engine: hand-computed charges for the cases a platform team asks about, and the
+invariant (charges + idle + down + adjustments = fleet cost, to the cent, per hour and model)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from metering.costmodel import CostModel, load_cost_model
+from metering.db import connect
+from metering.pricing import PricingResult, price_period
+
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-40GB"
+T0 = datetime(2026, 10, 1, 0, 0)
+T1 = T0 + timedelta(hours=1)
+
+BASE = """
+currency: EUR
+pricing:
+  default: {hourly: 1.00, memory_gb: 16}
+  gpus:
+    - {model: "NVIDIA H100 80GB HBM3", hourly: 4.00, memory_gb: 80}
+    - {pattern: "NVIDIA A100*", hourly: 2.00, memory_gb: 40}
+teams:
+  label: team
+  namespaces:
+    - {namespace: research, team: science}
+    - {namespace: "ml-*", team: ml}
+"""
+
+
+def model(tmp_path: Path, extra: str = "") -> CostModel:
+    path = tmp_path / "cost-model.yaml"
+    path.write_text(BASE + extra)
+    return load_cost_model(path)
+
+
+@pytest.fixture
+def con() -> Any:
+    c = connect(":memory:")
+    yield c
+    c.close()
+
+
+def device(con: Any, uuid: str, model_name: str = H100, hour: datetime = T0,
+           up: float = 3600, mig: bool = False, node: str = "n1") -> None:
+    con.execute("INSERT INTO device_hours VALUES (?, ?, '0', ?, ?, ?, 3600, ?, NULL, NULL)",
+                [hour, node, uuid, model_name, mig, up])
+
+
+def mig(con: Any, uuid: str, mig_uuid: str, profile: str, slices: int,
+        hour: datetime = T0) -> None:
+    con.execute("INSERT INTO mig_hours VALUES (?, 'n1', ?, ?, ?, ?, 7, NULL, 3600)",
+                [hour, uuid, mig_uuid, profile, slices])
+
+
+def alloc(con: Any, pod: str, uuid: str, *, ns: str = "research", mig_uuid: str = "",
+          sharing: str = "exclusive", replicas: int = 1, units: float = 1,
+          seconds: float = 3600, sm: float = 0, mem: float = 0,
+          labels: dict[str, str] | None = None, hour: datetime = T0,
+          container: str = "main") -> None:
+    con.execute(
+        "INSERT INTO allocation_hours VALUES (?, 'n1', ?, ?, ?, ?, ?, 'nvidia.com/gpu', ?, ?, ?,"
+        " ?, ?, ?, ?)",
+        [hour, ns, pod, container, uuid, mig_uuid, sharing, replicas, units, seconds, mem, sm,
+         labels or {}])
+
+
+def charges(con: Any) -> dict[tuple[str, str], Decimal]:
+    """(team, pod or uuid) -> cost; idle/down rows are keyed by device uuid."""
+    out: dict[tuple[str, str], Decimal] = {}
+    for team, pod, uuid, cost in con.execute(
+            "SELECT team, pod, uuid, cost FROM charges").fetchall():
+        key = (team, pod or uuid)
+        out[key] = out.get(key, Decimal(0)) + cost
+    return out
+
+
+def d(text: str) -> Decimal:
+    return Decimal(text)
+
+
+def assert_balanced(con: Any, result: PricingResult) -> None:
+    """Per hour and GPU model, every row together equals the fleet's device-hour cost."""
+    bad = con.execute("""
+        WITH fleet AS (
+            SELECT hour, model, sum(CAST(rate_micros AS DECIMAL(18, 0))) * 0.000001 AS fleet
+            FROM (SELECT hour, model, rate_micros FROM _fleet_rates) GROUP BY ALL),
+        charged AS (SELECT hour, model, sum(cost) AS total FROM charges GROUP BY ALL)
+        SELECT * FROM fleet FULL JOIN charged USING (hour, model)
+        WHERE fleet IS DISTINCT FROM total""").fetchall()
+    assert bad == []
+    assert result.total == result.fleet_cost
+
+
+def price(con: Any, cm: CostModel, start: datetime = T0, end: datetime = T1) -> PricingResult:
+    # Keep each device-hour's list price where assert_balanced can see it.
+    con.execute("CREATE OR REPLACE TEMP TABLE _fleet_rates (hour TIMESTAMP, model VARCHAR, "
+                "rate_micros BIGINT)")
+    for hour, model_name in con.execute(
+            "SELECT hour, model FROM device_hours WHERE hour >= ? AND hour < ?",
+            [start, end]).fetchall():
+        rate = cm.price_for(model_name).hourly
+        con.execute("INSERT INTO _fleet_rates VALUES (?, ?, ?)",
+                    [hour, model_name, int(rate * 1_000_000)])
+    result = price_period(con, cm, start, end)
+    assert_balanced(con, result)
+    return result
+
+
+# --- the cases from the issue, by hand --------------------------------------------------------
+
+
+def test_exclusive_gpus_charge_the_full_device_hour(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-0")
+    device(con, "GPU-1")
+    alloc(con, "trainer", "GPU-0")
+    alloc(con, "server", "GPU-1", ns="ml-serving")
+    result = price(con, model(tmp_path))
+    assert charges(con) == {("science", "trainer"): d("4"), ("ml", "server"): d("4")}
+    assert (result.fleet_cost, result.charged, result.idle) == (d("8"), d("8"), d("0"))
+    row = con.execute("SELECT sharing, basis, fraction, rate, allocated_gpu_hours, "
+                      "cost_model_hash FROM charges WHERE pod = 'trainer'").fetchone()
+    assert row[:5] == ("exclusive", "allocation", 1.0, 4.0, 1.0)
+    assert row[5] == model(tmp_path).hash
+
+
+def _mig_h100(con: Any) -> None:
+    # 3g.40gb held all hour, one 2g.20gb held 30 minutes, the other 2g.20gb held by nobody.
+    device(con, "GPU-m", mig=True)
+    mig(con, "GPU-m", "MIG-a", "3g.40gb", 3)
+    mig(con, "GPU-m", "MIG-b", "2g.20gb", 2)
+    mig(con, "GPU-m", "MIG-c", "2g.20gb", 2)
+    alloc(con, "big", "GPU-m", mig_uuid="MIG-a", sharing="mig")
+    alloc(con, "small", "GPU-m", mig_uuid="MIG-b", sharing="mig", seconds=1800)
+
+
+def test_mig_instances_pay_their_slices_and_unheld_ones_are_idle(con: Any,
+                                                                  tmp_path: Path) -> None:
+    _mig_h100(con)
+    price(con, model(tmp_path))
+    # 4.00 x 3/7 = 1.7142857 -> 1.714285; 4.00 x 2/7 x 1/2 = 0.5714285 -> 0.571428.
+    assert charges(con) == {("science", "big"): d("1.714285"),
+                            ("science", "small"): d("0.571428"),
+                            ("idle", "GPU-m"): d("1.714287")}
+    assert con.execute("SELECT profile FROM charges WHERE pod = 'big'").fetchone() == \
+        ("3g.40gb",)
+
+
+def test_mig_fraction_by_memory_and_by_table(con: Any, tmp_path: Path) -> None:
+    _mig_h100(con)
+    price(con, model(tmp_path, "mig: {fraction: memory}\n"))
+    # 40/80 x 4.00 = 2.00; 20/80 x 4.00 x 1/2 = 0.50; idle 1.50.
+    assert charges(con) == {("science", "big"): d("2"), ("science", "small"): d("0.5"),
+                            ("idle", "GPU-m"): d("1.5")}
+    price(con, model(tmp_path, "mig: {fraction: table, table: {3g.40gb: 0.6}}\n"))
+    # 0.6 x 4.00 = 2.40; 2g.20gb is not in the table: 2/7 x 4.00 x 1/2 = 0.571428.
+    assert charges(con) == {("science", "big"): d("2.4"), ("science", "small"): d("0.571428"),
+                            ("idle", "GPU-m"): d("1.028572")}
+
+
+def test_usage_basis_falls_back_to_allocation_on_mig_and_says_so(con: Any,
+                                                                  tmp_path: Path) -> None:
+    _mig_h100(con)
+    price(con, model(tmp_path, "basis: {mode: usage}\n"))
+    assert con.execute("SELECT DISTINCT basis FROM charges WHERE pod <> ''").fetchall() == \
+        [("allocation (no SM data on MIG)",)]
+    assert charges(con)[("science", "big")] == d("1.714285")
+
+
+def test_time_sliced_four_ways_with_three_replicas_in_use(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-ts")
+    for pod in ("a", "b", "c"):
+        alloc(con, pod, "GPU-ts", sharing="time-slicing", replicas=4)
+    price(con, model(tmp_path))
+    # Each replica is 1/4 of 4.00; the fourth, unheld, is idle.
+    assert charges(con) == {("science", "a"): d("1"), ("science", "b"): d("1"),
+                            ("science", "c"): d("1"), ("idle", "GPU-ts"): d("1")}
+
+
+def test_a_container_holding_two_of_four_replicas_pays_half(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-ts")
+    alloc(con, "pair", "GPU-ts", sharing="mps", replicas=4, units=2)
+    alloc(con, "one", "GPU-ts", sharing="mps", replicas=4, units=1)
+    price(con, model(tmp_path))
+    assert charges(con) == {("science", "pair"): d("2"), ("science", "one"): d("1"),
+                            ("idle", "GPU-ts"): d("1")}
+
+
+def test_usage_weighted_split_of_a_shared_gpu(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-ts")
+    alloc(con, "busy", "GPU-ts", sharing="time-slicing", replicas=4, sm=1800, mem=3e12)
+    alloc(con, "light", "GPU-ts", sharing="time-slicing", replicas=4, sm=900, mem=1e12)
+    alloc(con, "quiet", "GPU-ts", sharing="time-slicing", replicas=4, sm=0, mem=0)
+    price(con, model(tmp_path, "sharing: {split: sm}\n"))
+    # Three shares held = 3.00, split 1800:900:0 -> 2.00, 1.00, 0; the unheld share idle.
+    assert charges(con) == {("science", "busy"): d("2"), ("science", "light"): d("1"),
+                            ("science", "quiet"): d("0"), ("idle", "GPU-ts"): d("1")}
+    price(con, model(tmp_path, "sharing: {split: memory}\n"))
+    # By memory 3:1:0 -> 2.25, 0.75, 0.
+    assert charges(con)[("science", "busy")] == d("2.25")
+    assert charges(con)[("science", "light")] == d("0.75")
+
+
+def test_a_pod_running_20_minutes_pays_20_minutes(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-0")
+    alloc(con, "short", "GPU-0", seconds=1200)
+    price(con, model(tmp_path))
+    # 4.00 x 1200/3600 = 1.333333 (rounded down); the other 40 minutes are idle.
+    assert charges(con) == {("science", "short"): d("1.333333"), ("idle", "GPU-0"): d("2.666667")}
+
+
+def test_a_gpu_down_for_two_hours_costs_the_fleet_not_the_team(con: Any, tmp_path: Path) -> None:
+    for h in range(4):
+        hour = T0 + timedelta(hours=h)
+        # Up in hour 0, fell off the bus for hours 1 and 2, back for half of hour 3.
+        device(con, "GPU-0", hour=hour, up=[3600, 0, 0, 1800][h])
+        alloc(con, "job", "GPU-0", hour=hour)  # the pod kept its allocation throughout
+    result = price(con, model(tmp_path), T0, T0 + timedelta(hours=4))
+    per_hour = con.execute("SELECT hour, team, cost FROM charges ORDER BY hour, team").fetchall()
+    assert [(h.hour, t, c) for h, t, c in per_hour] == [
+        (0, "science", d("4")),
+        (1, "down", d("4")), (1, "science", d("0")),
+        (2, "down", d("4")), (2, "science", d("0")),
+        (3, "down", d("2")), (3, "science", d("2")),
+    ]
+    assert (result.fleet_cost, result.charged, result.down) == (d("16"), d("6"), d("10"))
+    assert result.hours == 4 and result.device_hours == 4
+
+
+def test_team_from_label_then_namespace_rule_then_default(con: Any, tmp_path: Path) -> None:
+    for i in range(6):
+        device(con, f"GPU-{i}")
+    alloc(con, "labelled", "GPU-0", ns="research", labels={"team": "vision"})
+    alloc(con, "exact-rule", "GPU-1", ns="research")
+    alloc(con, "glob-rule", "GPU-2", ns="ml-train")
+    alloc(con, "nothing", "GPU-3", ns="default")
+    alloc(con, "empty-label", "GPU-4", ns="ml-x", labels={"team": ""})
+    alloc(con, "other-label", "GPU-5", ns="default", labels={"owner": "vision"})
+    price(con, model(tmp_path))
+    teams = dict(con.execute("SELECT pod, team FROM charges").fetchall())
+    assert teams == {"labelled": "vision", "exact-rule": "science", "glob-rule": "ml",
+                     "nothing": "unallocated", "empty-label": "ml", "other-label": "unallocated"}
+    price(con, load_cost_model_with(tmp_path, "owner"))
+    teams = dict(con.execute("SELECT pod, team FROM charges").fetchall())
+    assert teams["other-label"] == "vision" and teams["labelled"] == "science"
+
+
+def load_cost_model_with(tmp_path: Path, label: str) -> CostModel:
+    path = tmp_path / "label.yaml"
+    path.write_text(BASE.replace("label: team", f"label: {label}"))
+    return load_cost_model(path)
+
+
+# --- idle policies ------------------------------------------------------------------------------
+
+
+def _two_teams(con: Any) -> None:
+    # GPU-0: science all hour (4.00). GPU-1: vision for 30 minutes (2.00), idle 2.00.
+    # An A100 nobody used (2.00 idle, no A100 users to share it with).
+    device(con, "GPU-0")
+    device(con, "GPU-1")
+    device(con, "GPU-a", model_name=A100)
+    alloc(con, "s", "GPU-0")
+    alloc(con, "v", "GPU-1", labels={"team": "vision"}, seconds=1800)
+
+
+def test_idle_separate_is_its_own_row(con: Any, tmp_path: Path) -> None:
+    _two_teams(con)
+    result = price(con, model(tmp_path))
+    assert charges(con) == {("science", "s"): d("4"), ("vision", "v"): d("2"),
+                            ("idle", "GPU-1"): d("2"), ("idle", "GPU-a"): d("2")}
+    assert (result.idle, result.idle_shared) == (d("4"), d("0"))
+
+
+def test_idle_shared_proportionally(con: Any, tmp_path: Path) -> None:
+    _two_teams(con)
+    result = price(con, model(tmp_path, "idle: {policy: proportional}\n"))
+    # 2.00 of H100 idle split 4:2 -> 1.333333 + the leftover micro, 0.666666.
+    assert charges(con) == {("science", "s"): d("5.333334"), ("vision", "v"): d("2.666666"),
+                            ("idle", "GPU-a"): d("2")}
+    assert con.execute("SELECT idle_share FROM charges WHERE pod = 'v'").fetchone() == \
+        (d("0.666666"),)
+    assert (result.idle_shared, result.idle) == (d("2"), d("2"))
+
+
+def test_idle_shared_evenly(con: Any, tmp_path: Path) -> None:
+    _two_teams(con)
+    price(con, model(tmp_path, "idle: {policy: even}\n"))
+    assert charges(con) == {("science", "s"): d("5"), ("vision", "v"): d("3"),
+                            ("idle", "GPU-a"): d("2")}
+
+
+def test_idle_shared_by_fixed_weights(con: Any, tmp_path: Path) -> None:
+    _two_teams(con)
+    price(con, model(tmp_path, "idle: {policy: weights, weights: {science: 0.75, ops: 0.25}}\n"))
+    # Each model's idle pool is split 3:1 whether or not the team used that model.
+    rows = con.execute("SELECT team, model, cost, idle_share FROM charges "
+                       "WHERE basis = 'idle-share' ORDER BY model, team").fetchall()
+    assert rows == [("ops", A100, d("0.5"), d("0.5")), ("science", A100, d("1.5"), d("1.5")),
+                    ("ops", H100, d("0.5"), d("0.5")), ("science", H100, d("1.5"), d("1.5"))]
+    assert con.execute("SELECT count(*) FROM charges WHERE team = 'idle'").fetchone() == (0,)
+
+
+def test_down_time_is_never_shared_out(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-0")
+    device(con, "GPU-1", up=0)
+    alloc(con, "s", "GPU-0")
+    price(con, model(tmp_path, "idle: {policy: proportional}\n"))
+    assert charges(con) == {("science", "s"): d("4"), ("down", "GPU-1"): d("4")}
+
+
+# --- basis, tiers, discounts, efficiency --------------------------------------------------------
+
+
+def test_usage_and_blend_basis(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-0")
+    alloc(con, "p", "GPU-0", sm=900)  # 25% SM activity for the hour
+    price(con, model(tmp_path, "basis: {mode: usage}\n"))
+    assert charges(con) == {("science", "p"): d("1"), ("idle", "GPU-0"): d("3")}
+    row = con.execute("SELECT basis, allocated_gpu_hours, used_gpu_hours FROM charges "
+                      "WHERE pod = 'p'").fetchone()
+    assert row == ("usage", 1.0, 0.25)
+    price(con, model(tmp_path, "basis: {mode: blend, usage_weight: 0.5}\n"))
+    # (0.5 x 1 + 0.5 x 0.25) x 4.00 = 2.50
+    assert charges(con) == {("science", "p"): d("2.5"), ("idle", "GPU-0"): d("1.5")}
+
+
+def test_discounts_and_factors_become_an_adjustment_row(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-0")
+    device(con, "GPU-ts")
+    alloc(con, "p", "GPU-0")
+    alloc(con, "q", "GPU-ts", ns="ml-a", sharing="time-slicing", replicas=4)
+    result = price(con, model(tmp_path, (
+        "discounts: {teams: {science: 0.1}, models: {'NVIDIA H100*': 0.5}}\n"
+        "sharing: {efficiency: {time-slicing: 0.8}}\n")))
+    # p: 4.00 x 0.9 x 0.5 = 1.80; q: 1.00 x 0.8 x 0.5 = 0.40; given away 2.20 + 0.60.
+    assert charges(con) == {("science", "p"): d("1.8"), ("ml", "q"): d("0.4"),
+                            ("idle", "GPU-ts"): d("3"), ("adjustment", ""): d("2.8")}
+    assert con.execute("SELECT rate FROM charges WHERE pod = 'p'").fetchone() == (1.8,)
+    assert result.adjustment == d("2.8")
+
+
+def test_utilization_tiers_can_surcharge(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-0")
+    device(con, "GPU-1")
+    alloc(con, "lazy", "GPU-0", sm=180)  # 5% utilisation
+    alloc(con, "busy", "GPU-1", sm=3240)  # 90%
+    price(con, model(tmp_path, "utilization_tiers:\n  - {up_to: 0.1, multiplier: 1.5}\n"
+                               "  - {up_to: 1, multiplier: 1}\n"))
+    # lazy pays 4.00 x 1.5 = 6.00; the extra 2.00 is a negative adjustment.
+    assert charges(con) == {("science", "lazy"): d("6"), ("science", "busy"): d("4"),
+                            ("adjustment", ""): d("-2")}
+
+
+# --- engine behaviour ---------------------------------------------------------------------------
+
+
+def test_repricing_is_idempotent_and_only_touches_the_period(con: Any, tmp_path: Path) -> None:
+    for h in range(2):
+        device(con, "GPU-0", hour=T0 + timedelta(hours=h))
+        alloc(con, "p", "GPU-0", hour=T0 + timedelta(hours=h), seconds=1800)
+    cm = model(tmp_path)
+    price(con, cm, T0, T0 + timedelta(hours=2))
+    before = con.execute("SELECT * FROM charges ORDER BY ALL").fetchall()
+    price(con, cm, T0, T0 + timedelta(hours=2))
+    assert con.execute("SELECT * FROM charges ORDER BY ALL").fetchall() == before
+    # Re-price only the second hour with another model: the first hour keeps its rows.
+    other = model(tmp_path, "discounts: {teams: {science: 0.5}}\n")
+    price_period(con, other, T1, T1 + timedelta(hours=1))
+    hashes = con.execute("SELECT hour, any_value(cost_model_hash) FROM charges GROUP BY hour "
+                         "ORDER BY hour").fetchall()
+    assert hashes == [(T0, cm.hash), (T1, other.hash)]
+    assert len(con.execute("SELECT * FROM charges").fetchall()) == len(before) + 1
+
+
+def test_aware_datetimes_and_orphan_allocations(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-0")
+    alloc(con, "p", "GPU-0")
+    alloc(con, "ghost", "GPU-gone")  # no device fact in that hour: cannot be priced
+    result = price_period(con, model(tmp_path), T0.replace(tzinfo=UTC), T1.replace(tzinfo=UTC))
+    assert result.unpriced_allocations == 1
+    assert charges(con) == {("science", "p"): d("4")}
+    assert result.default_priced_models == ()
+    with pytest.raises(ValueError, match="start before end"):
+        price_period(con, model(tmp_path), T1, T0)
+
+
+def test_models_without_an_entry_use_the_default_price(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-t4", model_name="Tesla T4")
+    alloc(con, "p", "GPU-t4", seconds=1800)
+    result = price(con, model(tmp_path))
+    assert result.default_priced_models == ("Tesla T4",)
+    assert charges(con) == {("science", "p"): d("0.5"), ("idle", "GPU-t4"): d("0.5")}
+
+
+def test_overclaimed_device_is_scaled_to_what_it_was_up(con: Any, tmp_path: Path) -> None:
+    # Two pods both claim the whole exclusive GPU for the hour (a pod replaced mid-hour that
+    # the facts cannot tell apart): together they pay one device-hour, half each.
+    device(con, "GPU-0")
+    alloc(con, "old", "GPU-0")
+    alloc(con, "new", "GPU-0")
+    price(con, model(tmp_path))
+    assert charges(con) == {("science", "old"): d("2"), ("science", "new"): d("2")}
+
+
+def test_a_failed_run_leaves_the_previous_charges(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-0")
+    alloc(con, "p", "GPU-0")
+    price(con, model(tmp_path))
+    before = con.execute("SELECT * FROM charges").fetchall()
+    con.execute("ALTER TABLE allocation_hours RENAME COLUMN sm_seconds TO sm_s")
+    with pytest.raises(duckdb.Error):
+        price_period(con, model(tmp_path), T0, T1)
+    assert con.execute("SELECT * FROM charges").fetchall() == before
+
+
+# --- the invariant, over random fleets ----------------------------------------------------------
+
+_policies = st.sampled_from(["separate", "proportional", "even", "weights"])
+_splits = st.sampled_from(["replicas", "memory", "sm"])
+_bases = st.sampled_from(["allocation", "usage", "blend"])
+_fractions = st.sampled_from(["slices", "memory", "table"])
+
+
+@st.composite
+def _fleets(draw: st.DrawFn) -> list[tuple[str, Any]]:
+    """A few hours of a few GPUs, each exclusive, time-sliced or MIG, randomly held."""
+    facts: list[tuple[str, Any]] = []
+    for g in range(draw(st.integers(1, 5))):
+        uuid = f"GPU-{g}"
+        name = draw(st.sampled_from([H100, A100, "Tesla T4"]))
+        kind = draw(st.sampled_from(["exclusive", "time-slicing", "mps", "mig"]))
+        replicas = 1 if kind in ("exclusive", "mig") else draw(st.integers(2, 8))
+        for h in range(draw(st.integers(1, 3))):
+            hour = T0 + timedelta(hours=h)
+            up = draw(st.sampled_from([3600, 3600, 0, 1234.5, 3599]))
+            facts.append(("device", (uuid, name, hour, up, kind == "mig")))
+            holders = draw(st.integers(0, 4))
+            for p in range(holders):
+                seconds = draw(st.sampled_from([3600, 1200, 1, 0, 3333.3]))
+                sm = draw(st.floats(0, 4000, allow_nan=False))
+                mem = draw(st.floats(0, 1e13, allow_nan=False))
+                labels = draw(st.sampled_from([{}, {"team": "vision"}, {"team": "x.y"}]))
+                ns = draw(st.sampled_from(["research", "ml-a", "default"]))
+                mig_uuid = ""
+                if kind == "mig":
+                    mig_uuid = f"MIG-{g}-{p}"
+                    profile, slices = draw(st.sampled_from([("3g.40gb", 3), ("2g.20gb", 2),
+                                                            ("1g.10gb", 1), ("7g.80gb", 7)]))
+                    facts.append(("mig", (uuid, mig_uuid, profile, slices, hour)))
+                units = 1 if kind in ("exclusive", "mig") else draw(st.integers(1, replicas))
+                facts.append(("alloc", dict(pod=f"p{p}", uuid=uuid, ns=ns, mig_uuid=mig_uuid,
+                                            sharing=kind, replicas=replicas, units=units,
+                                            seconds=seconds, sm=sm, mem=mem, labels=labels,
+                                            hour=hour)))
+    return facts
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(facts=_fleets(), policy=_policies, split=_splits, basis=_bases, fraction=_fractions,
+       discount=st.sampled_from([0, 0.15, 1]), tier=st.booleans())
+def test_charges_plus_idle_equal_fleet_cost_for_any_fleet(
+        tmp_path: Path, facts: list[tuple[str, Any]], policy: str, split: str, basis: str,
+        fraction: str, discount: float, tier: bool) -> None:
+    extra = (f"idle: {{policy: {policy}"
+             + (", weights: {science: 0.3, ops: 0.7}" if policy == "weights" else "") + "}\n"
+             f"sharing: {{split: {split}, efficiency: {{mps: 0.7}}}}\n"
+             f"basis: {{mode: {basis}, usage_weight: 0.3}}\n"
+             f"mig: {{fraction: {fraction}, table: {{2g.20gb: 0.3}}}}\n"
+             f"discounts: {{teams: {{vision: {discount}}}}}\n")
+    if tier:
+        extra += "utilization_tiers: [{up_to: 0.5, multiplier: 1.3}, {up_to: 1, multiplier: 0.9}]\n"
+    cm = model(tmp_path, extra)
+    c = connect(":memory:")
+    try:
+        seen_mig: set[tuple[str, datetime]] = set()
+        for kind, f in facts:
+            if kind == "device":
+                uuid, name, hour, up, is_mig = f
+                device(c, uuid, name, hour, up, is_mig)
+            elif kind == "mig":
+                uuid, mig_uuid, profile, slices, hour = f
+                if (mig_uuid, hour) not in seen_mig:
+                    seen_mig.add((mig_uuid, hour))
+                    mig(c, uuid, mig_uuid, profile, slices, hour)
+            else:
+                alloc(c, f.pop("pod"), f.pop("uuid"), **f)
+        result = price(c, cm, T0, T0 + timedelta(hours=3))
+        assert result.fleet_cost >= 0
+        # No team is charged for more than the device-time it held while the GPU was up,
+        # before multipliers (list cost = rate x fraction, fractions <= up time per device).
+        over = c.execute("""
+            SELECT c.hour, c.uuid FROM charges c JOIN device_hours d USING (hour, uuid)
+            WHERE c.sharing NOT IN ('idle', 'down', 'adjustment')
+            GROUP BY c.hour, c.uuid, d.up_seconds
+            HAVING sum(c.fraction) > d.up_seconds / 3600 + 1e-9""").fetchall()
+        assert over == []
+    finally:
+        c.close()

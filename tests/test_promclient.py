@@ -1,0 +1,118 @@
+"""The Prometheus HTTP client against loopback servers that misbehave on purpose."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+from promtools import http_server
+
+from metering.promclient import PromClient, PromError
+
+OK = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+    {"metric": {"uuid": "GPU-1"}, "values": [[1791162000, "60"]]}]}}).encode()
+JSON = "application/json"
+
+
+def client(url: str, **kw: object) -> PromClient:
+    waits: list[float] = []
+    c = PromClient(url, sleep=waits.append, **kw)  # type: ignore[arg-type]
+    c.waits = waits  # type: ignore[attr-defined]
+    return c
+
+
+def test_retries_5xx_with_exponential_backoff_then_succeeds() -> None:
+    calls: list[str] = []
+
+    def respond(path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+        calls.append(path)
+        return (503, "text/plain", b"busy") if len(calls) <= 3 else (200, JSON, OK)
+
+    with http_server(respond) as url:
+        c = client(url, retries=4, backoff=0.5)
+        result = c.query_range("count_over_time(gpu_up[1h])", 1791158400, 1791162000, 3600)
+    assert result[0]["metric"] == {"uuid": "GPU-1"}
+    assert len(calls) == 4 and c.waits == [0.5, 1.0, 2.0]  # type: ignore[attr-defined]
+    assert calls[0].startswith("/api/v1/query_range?") and "step=3600" in calls[0]
+    assert c.queries == 1
+
+
+def test_always_5xx_gives_a_clear_error_after_the_retries() -> None:
+    with http_server(lambda p, h: (503, "text/plain", b"down")) as url:
+        c = client(url, retries=2)
+        with pytest.raises(PromError, match=r"HTTP 503 .*gave up after 3 attempts") as exc:
+            c.query("up")
+    assert url in str(exc.value) and c.queries == 0
+
+
+def test_html_is_not_prometheus() -> None:
+    page = b"<!doctype html><html><body>Grafana</body></html>"
+    with http_server(lambda p, h: (200, "text/html; charset=utf-8", page)) as url, \
+            pytest.raises(PromError, match=r"does not look like the Prometheus HTTP API.*HTML"):
+        client(url).query("up")
+
+
+def test_json_without_status_is_not_prometheus() -> None:
+    with http_server(lambda p, h: (200, JSON, b'{"hello": "world"}')) as url, \
+            pytest.raises(PromError, match="JSON without a Prometheus status"):
+        client(url).query("up")
+
+
+def test_prometheus_error_is_reported_with_its_message() -> None:
+    body = json.dumps({"status": "error", "errorType": "bad_data",
+                       "error": "parse error at char 5"}).encode()
+    with http_server(lambda p, h: (400, JSON, body)) as url:
+        c = client(url)
+        with pytest.raises(PromError, match=r"\(bad_data\): parse error at char 5"):
+            c.query("up{")
+    assert c.waits == []  # type: ignore[attr-defined]  # a 400 is not retried
+
+
+def test_timeout_is_retried_then_reported() -> None:
+    def slow(path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+        time.sleep(1.0)
+        return 200, JSON, OK
+
+    with http_server(slow) as url:
+        c = client(url, timeout=0.2, retries=1)
+        with pytest.raises(PromError, match=r"no answer within 0.2s .*2 attempts"):
+            c.query("up")
+    assert c.waits == [0.5]  # type: ignore[attr-defined]
+
+
+def test_connection_refused_is_an_error_naming_the_url() -> None:
+    with http_server(lambda p, h: (200, JSON, OK)) as url:
+        pass  # closed: nothing listens on that port now
+    with pytest.raises(PromError, match="cannot connect"):
+        client(url, retries=1).query("up")
+
+
+def test_bearer_token_and_basic_auth_headers() -> None:
+    seen: list[str] = []
+
+    def respond(path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+        seen.append(headers.get("Authorization", ""))
+        return 200, JSON, OK
+
+    with http_server(respond) as url:
+        client(url, bearer_token="s3cret").query("up")
+        client(url, basic_auth=("meter", "pa:ss")).query("up")
+    assert seen[0] == "Bearer s3cret"
+    assert base64.b64decode(seen[1].removeprefix("Basic ")) == b"meter:pa:ss"
+
+
+def test_unauthorised_is_not_retried() -> None:
+    with http_server(lambda p, h: (401, "text/plain", b"Unauthorized")) as url:
+        c = client(url)
+        with pytest.raises(PromError, match="HTTP 401: not authorised"):
+            c.query("up")
+    assert c.waits == []  # type: ignore[attr-defined]
+
+
+def test_bad_url_and_ca_file(tmp_path: object) -> None:
+    with pytest.raises(PromError, match="expected an http:// or https:// URL"):
+        PromClient("prometheus:9090")
+    with pytest.raises(PromError, match="cannot load CA certificates"):
+        PromClient("https://127.0.0.1:1", ca_file="/nonexistent/ca.pem")
