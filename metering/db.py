@@ -6,6 +6,7 @@ its header before DuckDB does, so nothing can "repair" it by writing over someon
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -42,13 +43,24 @@ def _check_header(path: Path) -> None:
                             "not one (left untouched)")
 
 
+# DuckDB takes 80% of the machine's memory by default; a metering pod should stay inside
+# its limit instead. A month of a 1,000-node fleet prices within 2 GB (docs/performance.md).
+MEMORY_LIMIT_ENV = "GPU_LEDGER_MEMORY_LIMIT"
+DEFAULT_MEMORY_LIMIT = "2GB"
+
+
+def _config() -> dict[str, str | bool | int | float | list[str]]:
+    return {"memory_limit": os.environ.get(MEMORY_LIMIT_ENV) or DEFAULT_MEMORY_LIMIT}
+
+
 def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open the database at `path`, creating it (and its tables) if it does not exist.
 
     read_only opens an existing file without creating or changing anything (for reports).
+    Memory is capped at $GPU_LEDGER_MEMORY_LIMIT (default 2GB); DuckDB spills beyond it.
     """
     if str(path) == ":memory:":  # tests and throwaway runs
-        con = duckdb.connect(":memory:")
+        con = duckdb.connect(":memory:", config=_config())
         con.execute(schema_sql())
         return con
     p = Path(path)
@@ -62,7 +74,7 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
     elif not p.parent.is_dir():
         raise DatabaseError(str(p), f"directory {p.parent} does not exist")
     try:
-        con = duckdb.connect(str(p), read_only=read_only)
+        con = duckdb.connect(str(p), read_only=read_only, config=_config())
     except duckdb.Error as e:
         raise DatabaseError(str(p), f"cannot open as a DuckDB database: {_first_line(e)}") \
             from None

@@ -131,11 +131,20 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str,
 
 def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                  start: datetime, end: datetime) -> PricingResult:
-    """Rebuild `charges` for hours in [start, end) from the facts, in one transaction."""
+    """Rebuild `charges` for hours in [start, end) from the facts, in one transaction.
+
+    Opens its own transaction, so `con` must not be inside one. On any error the transaction is
+    rolled back and the period's previous charges stay as they were.
+    """
     start, end = _utc_naive(start), _utc_naive(end)
     if end <= start:
         raise ValueError(f"pricing period: expected start before end, got {start} .. {end}")
     sql = statements()
+    # Row order in `charges` carries no meaning; not keeping it makes the big inserts faster.
+    # The caller's setting is restored afterwards.
+    row = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
+    keep_order = bool(row[0]) if row is not None else True
+    con.execute("SET preserve_insertion_order = false")
     con.execute("BEGIN TRANSACTION")
     try:
         defaults = _load_config(con, model, start, end)
@@ -150,6 +159,7 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
     finally:
         for table in (*_WORK_TABLES, *_CONFIG_TABLES):
             con.execute(f"DROP TABLE IF EXISTS {table}")
+        con.execute(f"SET preserve_insertion_order = {str(keep_order).lower()}")
     assert totals is not None and orphans is not None
     hours, device_hours, fleet_micros, charged, shared, idle, down, adjustment, _, rows = totals
     return PricingResult(

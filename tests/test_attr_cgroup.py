@@ -12,11 +12,11 @@ from exporter.attribution.cgroup import CgroupRef, CgroupResolver, parse_cgroup
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup" / "proc"
 
 
-def uid(n):
+def uid(n: int) -> str:
     return f"{n:08x}-1111-2222-3333-{n:012x}"
 
 
-def cid(n):
+def cid(n: int) -> str:
     return f"{n:02x}" * 32
 
 
@@ -41,30 +41,30 @@ EXPECTED = {
 }
 
 
-def test_fixture_tree_covers_every_case():
+def test_fixture_tree_covers_every_case() -> None:
     assert sorted(int(p.name) for p in FIXTURES.iterdir()) == sorted(EXPECTED)
 
 
 @pytest.mark.parametrize("pid", sorted(EXPECTED))
-def test_fixture(pid):
+def test_fixture(pid: int) -> None:
     assert parse_cgroup((FIXTURES / str(pid) / "cgroup").read_text()) == EXPECTED[pid]
 
 
-def test_resolver_reads_a_proc_root():
+def test_resolver_reads_a_proc_root() -> None:
     assert CgroupResolver(str(FIXTURES)).resolve(sorted(EXPECTED)) == EXPECTED
 
 
-def test_docker_outside_kubernetes_gives_only_the_container():
+def test_docker_outside_kubernetes_gives_only_the_container() -> None:
     text = f"0::/system.slice/docker-{cid(3)}.scope\n"
     assert parse_cgroup(text) == CgroupRef("", cid(3))
 
 
-def test_upper_case_and_garbage_lines():
+def test_upper_case_and_garbage_lines() -> None:
     text = f"garbage\n\n0::/kubepods/burstable/pod{uid(5).upper()}/{cid(5).upper()}\n"
     assert parse_cgroup(text) == CgroupRef(uid(5), cid(5))
 
 
-def test_cache_lives_while_the_pid_is_listed(tmp_path):
+def test_cache_lives_while_the_pid_is_listed(tmp_path: Path) -> None:
     root = tmp_path / "proc"
     shutil.copytree(FIXTURES, root)
     resolver = CgroupResolver(str(root))
@@ -77,7 +77,7 @@ def test_cache_lives_while_the_pid_is_listed(tmp_path):
     assert resolver.resolve([1001])[1001] == CgroupRef(uid(99), cid(99))
 
 
-def test_unreadable_pid_is_retried(tmp_path):
+def test_unreadable_pid_is_retried(tmp_path: Path) -> None:
     resolver = CgroupResolver(str(tmp_path))
     assert resolver.resolve([77]) == {77: None}
     (tmp_path / "77").mkdir()
@@ -95,12 +95,12 @@ _segments = st.sampled_from([
 
 @given(st.lists(st.tuples(st.text(max_size=8), st.text(max_size=12),
                           st.lists(_segments, max_size=8)), max_size=6))
-def test_no_text_makes_the_parser_raise(lines):
+def test_no_text_makes_the_parser_raise(lines: list[tuple[str, str, list[str]]]) -> None:
     text = "\n".join(f"{h}:{c}:" + "/".join(segs) for h, c, segs in lines)
     ref = parse_cgroup(text)
     assert ref is None or isinstance(ref, CgroupRef)
 
 
 @given(st.text())
-def test_no_arbitrary_text_makes_the_parser_raise(text):
+def test_no_arbitrary_text_makes_the_parser_raise(text: str) -> None:
     parse_cgroup(text)

@@ -7,7 +7,9 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +19,9 @@ from exporter.core import (
     CycleContext,
     ExporterOptions,
     GpuRef,
+    Labels,
     MigRef,
+    PodLabels,
     ProcessSample,
     SampleSink,
     SourceStatus,
@@ -25,6 +29,7 @@ from exporter.core import (
 from exporter.sim.apiserver import FakeApiServer
 from exporter.sim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
 
+Attached = tuple[AttributionCollector, ExporterOptions]
 NODE = "node-a"
 GiB = 1024**3
 GPU0 = "GPU-00000000-0000-4000-8000-000000000000"  # exclusive
@@ -48,7 +53,8 @@ ALLOCATABLE += [("nvidia.com/gpu", f"{GPU2}::{n}") for n in range(4)]
 ALLOCATABLE += [("nvidia.com/gpu.shared", f"{GPU3}::{n}") for n in range(2)]
 
 
-def _alloc(ns, name, container, *devices):
+def _alloc(ns: str, name: str, container: str,
+           *devices: tuple[str, list[str]]) -> PodAllocation:
     return PodAllocation(ns, name, [ContainerAllocation(container, list(devices))])
 
 
@@ -65,7 +71,7 @@ ALLOCATIONS = [
     _alloc("ml", "stray", "x", ("nvidia.com/gpu", [UNKNOWN]), ("example.com/nic", ["eth1"])),
 ]
 
-# (namespace, pod, container, team label, pod uid, container id, cgroup style)
+# (namespace, pod, container, team label, pod uid, container id tag)
 PODS = [
     ("ml", "trainer", "main", "ml-platform", "10000000-0000-4000-8000-000000000001", "a1"),
     ("ml", "mig-mixed", "worker", "ml-platform", "10000000-0000-4000-8000-000000000002", "a2"),
@@ -79,7 +85,7 @@ UID = {(ns, pod): uid for ns, pod, _, _, uid, _ in PODS}
 CID = {(ns, pod): tag * 32 for ns, pod, _, _, _, tag in PODS}
 
 # pid -> (pod it runs in or None, uuid, mig_uuid, memory, sm)
-PROCESSES = {
+PROCESSES: dict[int, tuple[tuple[str, str] | None, str, str, int, float | None]] = {
     101: (("ml", "trainer"), GPU0, "", 10 * GiB, 0.5),
     102: (("ml", "trainer"), GPU0, "", 1 * GiB, 0.25),
     201: (("ml", "mig-mixed"), GPU1, MIG_A, 5 * GiB, None),
@@ -92,7 +98,7 @@ PROCESSES = {
     401: (("ml", "mps"), GPU3, "", 7 * GiB, 0.4),
 }
 
-CGROUP_STYLES = [
+CGROUP_STYLES: list[Callable[[str, str], str]] = [
     lambda uid, cid: ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
                       f"{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"),
     lambda uid, cid: f"0::/kubepods/burstable/pod{uid}/{cid}\n",
@@ -101,7 +107,8 @@ CGROUP_STYLES = [
 ]
 
 
-def api_pod(ns, name, container, team, uid, cid, node=NODE):
+def api_pod(ns: str, name: str, container: str, team: str, uid: str, cid: str,
+            node: str = NODE) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "namespace": ns, "uid": uid,
                      "labels": {"team": team, "pod-template-hash": "abc"}},
@@ -112,7 +119,7 @@ def api_pod(ns, name, container, team, uid, cid, node=NODE):
     }
 
 
-def wait_until(cond, what, limit=20.0):
+def wait_until(cond: Callable[[], bool], what: str, limit: float = 20.0) -> None:
     end = time.monotonic() + limit
     while time.monotonic() < end:
         if cond():
@@ -122,7 +129,7 @@ def wait_until(cond, what, limit=20.0):
 
 
 @pytest.fixture
-def sockdir():
+def sockdir() -> Iterator[Path]:
     # unix socket paths are limited to ~107 bytes: pytest's tmp_path can be longer
     path = tempfile.mkdtemp(prefix="gl-attr-", dir="/tmp")
     yield Path(path)
@@ -130,7 +137,7 @@ def sockdir():
 
 
 @pytest.fixture
-def proc_root(tmp_path):
+def proc_root(tmp_path: Path) -> Path:
     root = tmp_path / "proc"
     for i, (pid, (pod, *_)) in enumerate(PROCESSES.items()):
         if pod is None:
@@ -142,7 +149,7 @@ def proc_root(tmp_path):
 
 
 @pytest.fixture
-def kubelet(sockdir):
+def kubelet(sockdir: Path) -> Iterator[FakeKubelet]:
     k = FakeKubelet(str(sockdir / "kubelet.sock"), lambda: ALLOCATIONS, lambda: ALLOCATABLE)
     k.start()
     yield k
@@ -150,7 +157,7 @@ def kubelet(sockdir):
 
 
 @pytest.fixture
-def apiserver(tmp_path):
+def apiserver() -> Iterator[FakeApiServer]:
     server = FakeApiServer([api_pod(*p) for p in PODS]
                            + [api_pod("ml", "elsewhere", "c", "x", "20000000-0000-4000-8000-"
                                       "000000000001", "b1" * 32, node="node-b")])
@@ -159,8 +166,9 @@ def apiserver(tmp_path):
     server.stop()
 
 
-def options(sockdir, proc_root, kubeconfig=None, **kw):
-    base = dict(node=NODE, pod_resources_socket=str(sockdir / "kubelet.sock"),
+def options(sockdir: Path, proc_root: Path, kubeconfig: str | None = None,
+            **kw: Any) -> ExporterOptions:
+    base: dict[str, Any] = dict(node=NODE, pod_resources_socket=str(sockdir / "kubelet.sock"),
                 proc_root=str(proc_root), kubeconfig=kubeconfig, kubernetes=kubeconfig is not None,
                 pod_label_allowlist=("team",), sharing_modes=(("nvidia.com/gpu.shared", "mps"),),
                 rpc_timeout=2.0)
@@ -168,42 +176,49 @@ def options(sockdir, proc_root, kubeconfig=None, **kw):
     return ExporterOptions(**base)
 
 
-def context(opts, processes=PROCESSES):
+def context(opts: ExporterOptions) -> CycleContext:
     return CycleContext(
         nvml=None, options=opts, now=time.time(), gpus=[G0, G1, G2, G3], migs=list(MIGS),
         processes=[ProcessSample(pid, uuid, mig, mem, sm)
-                   for pid, (_, uuid, mig, mem, sm) in processes.items()])
+                   for pid, (_, uuid, mig, mem, sm) in PROCESSES.items()])
 
 
-def collect(collector, opts):
+def collect(collector: AttributionCollector,
+            opts: ExporterOptions) -> tuple[CycleContext, SampleSink]:
     ctx, sink = context(opts), SampleSink()
     collector.collect(ctx, sink)
     return ctx, sink
 
 
-def family(sink, name):
-    out = {}
+def family(sink: SampleSink, name: str) -> dict[Labels, tuple[float, PodLabels]]:
+    out: dict[Labels, tuple[float, PodLabels]] = {}
     for labels, value, pod_labels in sink.samples.get(name, []):
         assert labels not in out, f"duplicate series {name}{labels}"
         out[labels] = (value, pod_labels)
     return out
 
 
-def team(t):
+def watch_of(collector: AttributionCollector) -> PodWatch:
+    assert collector._watch is not None
+    return collector._watch
+
+
+def team(t: str) -> PodLabels:
     return (("team", t),)
 
 
 @pytest.fixture
-def attached(sockdir, proc_root, kubelet, apiserver, tmp_path):
+def attached(sockdir: Path, proc_root: Path, kubelet: FakeKubelet, apiserver: FakeApiServer,
+             tmp_path: Path) -> Iterator[Attached]:
     kubeconfig = apiserver.kubeconfig(str(tmp_path / "kubeconfig"))
     opts = options(sockdir, proc_root, kubeconfig)
     collector = AttributionCollector(opts, None)
-    wait_until(lambda: len(collector._watch.pods) == len(PODS), "the pod watch's first list")
+    wait_until(lambda: len(watch_of(collector).pods) == len(PODS), "the pod watch's first list")
     yield collector, opts
     collector.close()
 
 
-def test_allocations_for_every_sharing_mode(attached):
+def test_allocations_for_every_sharing_mode(attached: Attached) -> None:
     collector, opts = attached
     ctx, sink = collect(collector, opts)
     assert ctx.sources["podresources"].up and ctx.sources["kubernetes"].up
@@ -227,7 +242,7 @@ def test_allocations_for_every_sharing_mode(attached):
     assert ("nvidia.com/gpu", UNKNOWN) in collector.unknown_ids.seen
 
 
-def test_usage_per_container(attached):
+def test_usage_per_container(attached: Attached) -> None:
     collector, opts = attached
     _, sink = collect(collector, opts)
     mem = family(sink, "gpu_container_memory_used_bytes")
@@ -259,7 +274,7 @@ def test_usage_per_container(attached):
     assert "gpu_process_memory_used_bytes" not in sink.samples  # opt-in only
 
 
-def test_shared_gpu_pods_sum_to_device_total(attached):
+def test_shared_gpu_pods_sum_to_device_total(attached: Attached) -> None:
     collector, opts = attached
     _, sink = collect(collector, opts)
     on_gpu2 = [(k, v) for k, (v, _) in family(sink, "gpu_container_memory_used_bytes").items()
@@ -278,12 +293,13 @@ def test_shared_gpu_pods_sum_to_device_total(attached):
         assert dict(on_gpu2)[(NODE, ns, pod, "app", GPU2, "")] == own
 
 
-def test_process_metrics_opt_in(sockdir, proc_root, kubelet, apiserver, tmp_path):
+def test_process_metrics_opt_in(sockdir: Path, proc_root: Path, kubelet: FakeKubelet,
+                                apiserver: FakeApiServer, tmp_path: Path) -> None:
     kubeconfig = apiserver.kubeconfig(str(tmp_path / "kubeconfig"))
     opts = options(sockdir, proc_root, kubeconfig, process_metrics=True)
     collector = AttributionCollector(opts, None)
     try:
-        wait_until(lambda: len(collector._watch.pods) == len(PODS), "the pod watch")
+        wait_until(lambda: len(watch_of(collector).pods) == len(PODS), "the pod watch")
         _, sink = collect(collector, opts)
     finally:
         collector.close()
@@ -296,17 +312,20 @@ def test_process_metrics_opt_in(sockdir, proc_root, kubelet, apiserver, tmp_path
     assert sm[(NODE, "101", GPU0, "", "ml", "trainer", "main")] == (0.5, ())
 
 
-def test_pod_label_changes_follow_the_watch(attached, apiserver):
+def test_pod_label_changes_follow_the_watch(
+        attached: Attached,
+        apiserver: FakeApiServer) -> None:
     collector, opts = attached
     ns, name, ctr, _, uid, tag = PODS[0]
     apiserver.modify_pod(api_pod(ns, name, ctr, "research", uid, tag * 32))
-    wait_until(lambda: collector._watch.pods[uid].labels == team("research"), "the MODIFIED")
+    wait_until(lambda: watch_of(collector).pods[uid].labels == team("research"), "the MODIFIED")
     _, sink = collect(collector, opts)
     key = (NODE, "ml", "trainer", "main", GPU0, "")
     assert family(sink, "gpu_container_memory_used_bytes")[key] == (11 * GiB, team("research"))
 
 
-def test_without_the_api_devices_still_attribute(sockdir, proc_root, kubelet):
+def test_without_the_api_devices_still_attribute(sockdir: Path, proc_root: Path,
+                                                 kubelet: FakeKubelet) -> None:
     # PodResources alone: exclusive and MIG devices have one holder, shared ones do not
     opts = options(sockdir, proc_root, kubeconfig=None)
     collector = AttributionCollector(opts, None)
@@ -328,11 +347,11 @@ def test_without_the_api_devices_still_attribute(sockdir, proc_root, kubelet):
     assert all(pl == () for _, _, pl in sink.samples["gpu_container_allocation"])
 
 
-def test_no_socket_no_api(sockdir, proc_root, tmp_path):
+def test_no_socket_no_api(sockdir: Path, proc_root: Path, tmp_path: Path) -> None:
     opts = options(sockdir, proc_root, kubeconfig=str(tmp_path / "missing-kubeconfig"))
     collector = AttributionCollector(opts, None)
     try:
-        wait_until(lambda: collector._watch.status.reason != "starting", "the watch to fail")
+        wait_until(lambda: watch_of(collector).status.reason != "starting", "the watch to fail")
         ctx, sink = collect(collector, opts)
     finally:
         collector.close()
@@ -346,7 +365,7 @@ def test_no_socket_no_api(sockdir, proc_root, tmp_path):
                      (NODE, "", "", "", GPU3, ""): 1}
 
 
-def test_kubelet_restart_recovers(sockdir, proc_root):
+def test_kubelet_restart_recovers(sockdir: Path, proc_root: Path) -> None:
     path = str(sockdir / "kubelet.sock")
     opts = options(sockdir, proc_root)
     first = FakeKubelet(path, lambda: ALLOCATIONS, lambda: ALLOCATABLE).start()
@@ -380,14 +399,15 @@ def test_kubelet_restart_recovers(sockdir, proc_root):
         collector.close()
 
 
-def test_kubelet_that_never_answers(sockdir, proc_root, kubelet):
+def test_kubelet_that_never_answers(sockdir: Path, proc_root: Path,
+                                    kubelet: FakeKubelet) -> None:
     opts = options(sockdir, proc_root, rpc_timeout=0.3)
     collector = AttributionCollector(opts, None)
     try:
         ctx, _ = collect(collector, opts)
         assert ctx.sources["podresources"].up
         kubelet.hang = True
-        done: dict = {}
+        done: dict[str, tuple[CycleContext, SampleSink]] = {}
         worker = threading.Thread(target=lambda: done.update(out=collect(collector, opts)))
         worker.start()
         worker.join(timeout=30)  # a liveness guard: the deadline must end the call
@@ -403,7 +423,8 @@ def test_kubelet_that_never_answers(sockdir, proc_root, kubelet):
         collector.close()
 
 
-def test_pod_watch_is_injectable_and_closed(sockdir, proc_root, kubelet, apiserver, tmp_path):
+def test_pod_watch_is_injectable_and_closed(sockdir: Path, proc_root: Path, kubelet: FakeKubelet,
+                                            apiserver: FakeApiServer, tmp_path: Path) -> None:
     kubeconfig = apiserver.kubeconfig(str(tmp_path / "kubeconfig"))
     opts = options(sockdir, proc_root, kubeconfig)
     watch = PodWatch(opts, watch_timeout=5)

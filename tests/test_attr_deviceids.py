@@ -24,7 +24,7 @@ MIGS = [MigRef(G1, MIG1, 1, 0, "3g.20gb", 3, 7, None),
 
 
 @pytest.fixture
-def index():
+def index() -> DeviceIndex:
     return DeviceIndex([G0, G1], MIGS)
 
 
@@ -42,7 +42,7 @@ def index():
     ("nvidia1/gi5", DeviceRef(GPU1, MIG2, False)),
     ("nvidia0/vgpu3", DeviceRef(GPU0, "", True)),
 ])
-def test_known_forms(index, device_id, expected):
+def test_known_forms(index: DeviceIndex, device_id: str, expected: DeviceRef) -> None:
     assert index.resolve(device_id) == expected
 
 
@@ -51,11 +51,11 @@ def test_known_forms(index, device_id, expected):
     f"MIG-{GPU0[4:]}",  # a GPU UUID dressed as MIG
     "nvidia7", "nvidia1/gi9", "nvidia0/xyz1", "", "::", "GPU-::1", "🙂",
 ])
-def test_unknown_forms_resolve_to_none(index, device_id):
+def test_unknown_forms_resolve_to_none(index: DeviceIndex, device_id: str) -> None:
     assert index.resolve(device_id) is None
 
 
-def test_sharing_modes():
+def test_sharing_modes() -> None:
     whole, mig, share = DeviceRef(GPU0, "", False), DeviceRef(GPU1, MIG1, False), \
         DeviceRef(GPU0, "", True)
     assert sharing_mode("nvidia.com/gpu", whole, {}) == "exclusive"
@@ -68,14 +68,14 @@ def test_sharing_modes():
         "time-slicing"
 
 
-def test_gpu_resources():
+def test_gpu_resources() -> None:
     assert is_gpu_resource("nvidia.com/gpu", {})
     assert is_gpu_resource("nvidia.com/mig-1g.5gb", {})
     assert not is_gpu_resource("example.com/nic", {})
     assert is_gpu_resource("example.com/gpu", {"example.com/gpu": "exclusive"})
 
 
-def test_unknown_ids_log_once(caplog):
+def test_unknown_ids_log_once(caplog: pytest.LogCaptureFixture) -> None:
     unknown = UnknownIds()
     with caplog.at_level(logging.WARNING, logger="exporter.attribution.deviceids"):
         for _ in range(3):

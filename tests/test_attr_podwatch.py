@@ -1,6 +1,9 @@
 """The pod watch with the real `kubernetes` client against FakeApiServer."""
 
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,7 +14,8 @@ from exporter.sim.apiserver import FakeApiServer
 NODE = "gpu-node-1"
 
 
-def pod(name, uid, node=NODE, team="ml", ns="default", cid=None):
+def pod(name: str, uid: str, node: str = NODE, team: str = "ml", ns: str = "default",
+        cid: str | None = None) -> dict[str, Any]:
     statuses = [{"name": "main", "containerID": f"containerd://{cid}"}] if cid else []
     return {"metadata": {"name": name, "namespace": ns, "uid": uid,
                          "labels": {"team": team, "secret-ish": "no"}},
@@ -19,7 +23,7 @@ def pod(name, uid, node=NODE, team="ml", ns="default", cid=None):
             "status": {"containerStatuses": statuses}}
 
 
-def wait_until(cond, what, limit=20.0):
+def wait_until(cond: Callable[[], bool], what: str, limit: float = 20.0) -> None:
     end = time.monotonic() + limit
     while time.monotonic() < end:
         if cond():
@@ -29,7 +33,7 @@ def wait_until(cond, what, limit=20.0):
 
 
 @pytest.fixture
-def server():
+def server() -> Iterator[FakeApiServer]:
     s = FakeApiServer([pod("a", "uid-a", cid="aa" * 32), pod("b", "uid-b", team="infra"),
                        pod("other", "uid-o", node="gpu-node-2")])
     s.start()
@@ -38,7 +42,7 @@ def server():
 
 
 @pytest.fixture
-def watch(server, tmp_path):
+def watch(server: FakeApiServer, tmp_path: Path) -> Iterator[PodWatch]:
     opts = ExporterOptions(node=NODE, kubeconfig=server.kubeconfig(str(tmp_path / "kc")),
                            pod_label_allowlist=("team",))
     w = PodWatch(opts, watch_timeout=30).start()
@@ -47,7 +51,7 @@ def watch(server, tmp_path):
     w.close()
 
 
-def test_lists_only_this_nodes_pods(watch, server):
+def test_lists_only_this_nodes_pods(watch: PodWatch, server: FakeApiServer) -> None:
     assert set(watch.pods) == {"uid-a", "uid-b"}
     a = watch.pods["uid-a"]
     assert (a.namespace, a.name, a.labels) == ("default", "a", (("team", "ml"),))
@@ -57,7 +61,7 @@ def test_lists_only_this_nodes_pods(watch, server):
     assert server.requests[0] == "/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-1"
 
 
-def test_watch_events(watch, server):
+def test_watch_events(watch: PodWatch, server: FakeApiServer) -> None:
     server.add_pod(pod("c", "uid-c", cid="cc" * 32))
     server.add_pod(pod("elsewhere", "uid-e", node="gpu-node-2"))
     wait_until(lambda: "uid-c" in watch.pods, "ADDED")
@@ -73,7 +77,7 @@ def test_watch_events(watch, server):
     assert watches and all("resourceVersion=" in r for r in watches)
 
 
-def test_expired_watch_relists(watch, server):
+def test_expired_watch_relists(watch: PodWatch, server: FakeApiServer) -> None:
     server.expire()  # ends the open watch; the next one gets 410 Gone
     # changes while the watch is gone must show up after the relist
     server.delete_pod("default", "b")
@@ -87,7 +91,8 @@ def test_expired_watch_relists(watch, server):
     wait_until(lambda: "uid-e" in watch.pods, "events after the relist")
 
 
-def test_watch_that_times_out_resumes_without_relisting(server, tmp_path):
+def test_watch_that_times_out_resumes_without_relisting(server: FakeApiServer,
+                                                        tmp_path: Path) -> None:
     opts = ExporterOptions(node=NODE, kubeconfig=server.kubeconfig(str(tmp_path / "kc")))
     w = PodWatch(opts, watch_timeout=1).start()
     try:
@@ -100,7 +105,7 @@ def test_watch_that_times_out_resumes_without_relisting(server, tmp_path):
         w.close()
 
 
-def test_bad_credentials_are_reported_and_retried(server, tmp_path):
+def test_bad_credentials_are_reported_and_retried(server: FakeApiServer, tmp_path: Path) -> None:
     path = server.kubeconfig(str(tmp_path / "kc"))
     with open(path) as f:
         text = f.read()
@@ -117,7 +122,7 @@ def test_bad_credentials_are_reported_and_retried(server, tmp_path):
         w.close()
 
 
-def test_unreachable_server(tmp_path):
+def test_unreachable_server(tmp_path: Path) -> None:
     dead = FakeApiServer([])
     path = dead.kubeconfig(str(tmp_path / "kc"))
     dead.stop()  # never started; the port is now closed
@@ -129,14 +134,14 @@ def test_unreachable_server(tmp_path):
         w.close()
 
 
-def test_no_node_name_means_no_watch():
+def test_no_node_name_means_no_watch() -> None:
     w = PodWatch(ExporterOptions(node="", kubeconfig="/nonexistent")).start()
     assert w.status == SourceStatus(False, "no-node-name")
     assert not w.started
     w.close()
 
 
-def test_pod_info_tolerates_partial_objects():
+def test_pod_info_tolerates_partial_objects() -> None:
     assert pod_info({}, frozenset()) is None
     assert pod_info({"metadata": {"name": "x", "namespace": "y"}}, frozenset()) is None
     info = pod_info({"metadata": {"name": "x", "namespace": "y", "uid": "U", "labels": None},

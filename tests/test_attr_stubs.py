@@ -1,16 +1,19 @@
 """The committed PodResources stubs match podresources.proto, and import as a package."""
 
+from pathlib import Path
+
+import pytest
 from google.protobuf import descriptor_pb2
 
 from exporter.attribution import podresources_pb2, podresources_pb2_grpc, regenerate
 
 
-def test_committed_descriptor_matches_the_proto():
+def test_committed_descriptor_matches_the_proto() -> None:
     # Compares descriptors, not text: protoc versions format the generated files differently.
     assert regenerate.is_current(), "run: python -m exporter.attribution.regenerate"
 
 
-def test_fresh_descriptor_has_the_kubelet_wire_format():
+def test_fresh_descriptor_has_the_kubelet_wire_format() -> None:
     fd = descriptor_pb2.FileDescriptorProto.FromString(regenerate.compile_descriptor())
     assert fd.package == "v1"
     (service,) = fd.service
@@ -31,7 +34,7 @@ def test_fresh_descriptor_has_the_kubelet_wire_format():
                                        "device_name": 4}
 
 
-def test_a_changed_proto_is_detected(tmp_path, monkeypatch):
+def test_a_changed_proto_is_detected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     proto = tmp_path / "podresources.proto"
     proto.write_text(regenerate.PROTO.read_text().replace("string pool_name = 3;",
                                                           "string pool_name = 7;"))
@@ -40,13 +43,13 @@ def test_a_changed_proto_is_detected(tmp_path, monkeypatch):
     assert not regenerate.is_current()
 
 
-def test_generated_grpc_module_imports_through_the_package():
-    assert podresources_pb2_grpc.podresources__pb2 is podresources_pb2
+def test_generated_grpc_module_imports_through_the_package() -> None:
+    assert vars(podresources_pb2_grpc)["podresources__pb2"] is podresources_pb2
     text = regenerate.HERE.joinpath("podresources_pb2_grpc.py").read_text()
     assert not [line for line in text.splitlines() if line.startswith("import podresources")]
 
 
-def test_regenerate_writes_identical_descriptors(tmp_path):
+def test_regenerate_writes_identical_descriptors(tmp_path: Path) -> None:
     written = regenerate.generate(tmp_path)
     assert sorted(p.name for p in written) == sorted(regenerate.OUTPUTS)
     text = (tmp_path / "podresources_pb2_grpc.py").read_text()

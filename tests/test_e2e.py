@@ -116,14 +116,14 @@ def test_pipeline_against_real_prometheus(history: Path, period: tuple[datetime,
         rows = list(csv.DictReader(fh))
     teams = {r["team"]: r for r in rows if r["section"] == "team"}
     for team, cost in EXPECTED_COST.items():
-        assert float(teams[team]["cost"]) == pytest.approx(cost, abs=0.000002), team
+        assert float(teams[team]["cost"]) == pytest.approx(cost, abs=0.001), team
         assert float(teams[team]["allocated_gpu_hours"]) == pytest.approx(
             EXPECTED_GPU_HOURS[team], abs=1e-5), team
     idle = sum(float(r["cost"]) for r in rows if r["section"] == "team"
                and r["team"] not in EXPECTED_COST)
-    assert idle == pytest.approx(EXPECTED_IDLE, abs=0.00001)
+    assert idle == pytest.approx(EXPECTED_IDLE, abs=0.001)
     fleet = next(r for r in rows if r["section"] == "fleet")
-    assert float(fleet["cost"]) == pytest.approx(EXPECTED_FLEET, abs=0.000001)
+    assert float(fleet["cost"]) == pytest.approx(EXPECTED_FLEET, abs=0.000001)  # exact: cent invariant
     assert int(fleet["hours_with_data"]) == 6
     assert (out / f"chargeback-{month}.html").stat().st_size > 10_000
 

@@ -388,6 +388,9 @@ def test_aware_datetimes_and_orphan_allocations(con: Any, tmp_path: Path) -> Non
     alloc(con, "ghost", "GPU-gone")  # no device fact in that hour: cannot be priced
     result = price_period(con, model(tmp_path), T0.replace(tzinfo=UTC), T1.replace(tzinfo=UTC))
     assert result.unpriced_allocations == 1
+    # pricing turns insertion order off for its inserts and gives the caller's setting back
+    assert con.execute("SELECT current_setting('preserve_insertion_order')").fetchone() == \
+        (True,)
     assert charges(con) == {("science", "p"): d("4")}
     assert result.default_priced_models == ()
     with pytest.raises(ValueError, match="start before end"):

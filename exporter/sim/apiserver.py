@@ -136,10 +136,10 @@ class FakeApiServer:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
+        if self._thread is not None:  # shutdown() waits for serve_forever: only if it ran
+            self._server.shutdown()
             self._thread.join(timeout=5)
+        self._server.server_close()
 
     def __enter__(self) -> FakeApiServer:
         return self.start()
