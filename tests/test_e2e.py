@@ -123,7 +123,8 @@ def test_pipeline_against_real_prometheus(history: Path, period: tuple[datetime,
                and r["team"] not in EXPECTED_COST)
     assert idle == pytest.approx(EXPECTED_IDLE, abs=0.001)
     fleet = next(r for r in rows if r["section"] == "fleet")
-    assert float(fleet["cost"]) == pytest.approx(EXPECTED_FLEET, abs=0.000001)  # exact: cent invariant
+    # Exact: team charges + idle = fleet cost to the cent.
+    assert float(fleet["cost"]) == pytest.approx(EXPECTED_FLEET, abs=0.000001)
     assert int(fleet["hours_with_data"]) == 6
     assert (out / f"chargeback-{month}.html").stat().st_size > 10_000
 

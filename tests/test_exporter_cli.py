@@ -62,7 +62,7 @@ def test_serves_metrics_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         assert 'gpu_exporter_source_error_info{source="kubernetes",reason="disabled"} 1' in text
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
+        _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
 
 

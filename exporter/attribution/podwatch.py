@@ -18,7 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
 from exporter.core import ExporterOptions, PodLabels, SourceStatus
+from exporter.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +140,13 @@ class PodWatch:
         from kubernetes import config as k8s_config
 
         config: Any = k8s_config  # untyped functions
-        if self.options.kubeconfig:
-            api_client = config.new_client_from_config(config_file=self.options.kubeconfig)
+        path = self.options.kubeconfig
+        if path:
+            try:
+                api_client = config.new_client_from_config(config_file=path)
+            except (config.ConfigException, OSError, ValueError, yaml.YAMLError) as err:
+                raise ConfigError(path, "", f"a kubeconfig with a usable current context "
+                                            f"({err})") from err
         else:
             try:
                 cfg = client.Configuration()
@@ -253,7 +261,7 @@ def _reason(err: Exception) -> str:
         return {401: "unauthorized", 403: "forbidden", 404: "not-found"}.get(
             status, f"http-{status}")
     name = type(err).__name__
-    if name == "ConfigException":
+    if isinstance(err, ConfigError) or name == "ConfigException":
         return "no-config"
     if isinstance(err, (OSError, ConnectionError)) or "MaxRetryError" in name \
             or "ProtocolError" in name or "Timeout" in name:

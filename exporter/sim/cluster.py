@@ -75,6 +75,13 @@ def pod_objects(scenario: Scenario, t0: float, t1: float) -> list[dict[str, Any]
     return out
 
 
+def mode_overrides(scenario: Scenario) -> tuple[tuple[str, str], ...]:
+    """The exporter's --sharing-mode flags for this node. Exclusive, MIG and time-slicing are
+    told apart by the device IDs themselves (a ::N replica suffix means a share), so only MPS,
+    which looks like time-slicing in IDs, needs configuring, as on a real cluster."""
+    return tuple(sorted((r, m) for r, m in sharing_modes(scenario).items() if m == "mps"))
+
+
 @dataclass
 class SimNode:
     scenario: Scenario
@@ -138,7 +145,7 @@ class SimCluster:
                 node=sc.node, interval=interval, process_metrics=process_metrics,
                 pod_resources_socket=sock, proc_root=str(proc_root), kubeconfig=kubeconfig,
                 pod_label_allowlist=tuple(sorted(pod_labels)),
-                sharing_modes=tuple(sorted(sharing_modes(sc).items())))
+                sharing_modes=mode_overrides(sc))
             node.sampler = Sampler(nvml, options, specs, clock=clock, threaded=live,
                                    eager_render=live)
             self.nodes.append(node)

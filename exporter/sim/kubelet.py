@@ -50,7 +50,7 @@ class _Servicer(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc]
     def __init__(self, kubelet: FakeKubelet) -> None:
         self._k = kubelet
 
-    def List(self, request: Any, context: Any) -> Any:  # gRPC method names
+    def List(self, request: Any, context: Any) -> Any:
         self._k._wait_if_hung()
         self._k.calls["List"] += 1
         return pb.ListPodResourcesResponse(
