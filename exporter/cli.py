@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kubelet PodResources API socket")
     p.add_argument("--proc-root", default="/proc", help="where /proc/<pid>/cgroup is read")
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
-                   help="kubeconfig for the pod watch (default: in-cluster config)")
+                   help="kubeconfig for the pod watch (default: $KUBECONFIG, else the in-cluster "
+                        "service account, else ~/.kube/config)")
     p.add_argument("--no-kubernetes", action="store_true",
                    help="do not watch pods through the Kubernetes API")
     p.add_argument("--pod-labels", default="team",
