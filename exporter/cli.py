@@ -144,7 +144,7 @@ def main(argv: list[str]) -> int:
         print(f"gpu-ledger exporter: {err}", file=sys.stderr)
         sampler.close()
         return 1
-    log.info("serving metrics on %s/metrics (node %s, interval %.1fs)", server.url,
+    log.info("serving metrics on %s/metrics (node %s, interval %.1fs)", server.url.rstrip("/"),
              options.node, options.interval)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -63,8 +63,8 @@ class Sampler:
         except Exception as err:  # NVMLError, OSError (library missing), anything: retry later
             self._nvml_reason = f"NVML init failed: {err}"
             self._next_init = now + self._init_backoff
-            self._init_backoff = min(self._init_backoff * 2, NVML_RETRY_MAX_SECONDS)
             log.warning("%s; retrying in %.0fs", self._nvml_reason, self._init_backoff)
+            self._init_backoff = min(self._init_backoff * 2, NVML_RETRY_MAX_SECONDS)
             return
         self._nvml_ok, self._nvml_reason, self._init_backoff = True, "", 1.0
         self._inventory = None
