@@ -33,6 +33,7 @@ generate: $(STAMP)
 	$(BIN)/python -m exporter.attribution.regenerate
 	$(BIN)/python -m alerts.generate
 	$(BIN)/python -m dashboards.generate
+	$(BIN)/python deploy/generate.py
 
 check-generated: generate
 	git diff --exit-code -- docs/metrics.md exporter/attribution dashboards alerts deploy

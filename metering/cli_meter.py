@@ -1,4 +1,5 @@
-"""`gpu-ledger meter`: pull hourly GPU facts into DuckDB, then price the period.
+"""`gpu-ledger meter`: pull hourly GPU facts into DuckDB, then price the period; or, with
+`--price-only`, (re-)price facts already in the database without any source.
 
 Exit codes: 0 ok, 1 a named failure (Prometheus, the database, the data, pricing), 2 usage.
 """
@@ -8,11 +9,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from datetime import datetime
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from metering.period import PeriodError, resolve
+from metering.period import Period, PeriodError, resolve
 
 DEFAULT_DB = "gpu-ledger.duckdb"
 
@@ -31,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL")
     src.add_argument("--openmetrics", metavar="FILE",
                      help="OpenMetrics file of timestamped samples (promtool backfill format)")
+    src.add_argument("--price-only", action="store_true",
+                     help="price the facts already in --db for the period (no source needed), "
+                          "e.g. after changing the cost model")
     p.add_argument("--month", metavar="YYYY-MM", help="calendar month (UTC)")
     p.add_argument("--from", dest="start", metavar="TIME", help="start, ISO date/time, UTC")
     p.add_argument("--to", dest="end", metavar="TIME", help="end (exclusive), ISO date/time, UTC")
@@ -124,6 +129,10 @@ def _run(args: argparse.Namespace) -> int:
 
     if period.clipped:
         say(f"meter: period ends in the future; metering complete hours up to {_fmt(period.end)}")
+    if args.price_only:
+        if args.no_price:
+            raise _Usage("--price-only and --no-price: expected one of them, not both")
+        return _price_only(args, period, say)
 
     source: Source
     if args.prometheus:
@@ -187,6 +196,55 @@ def _run(args: argparse.Namespace) -> int:
         if isinstance(source, OpenMetricsSource):
             source.close()
     return 0
+
+
+def _price_only(args: argparse.Namespace, period: Period, say: Callable[[str], None]) -> int:
+    """Price the period from the facts in --db: no Prometheus, no file, no ingest."""
+    from metering.costmodel import CostModelError, load_cost_model
+    from metering.db import DatabaseError, connect
+    from metering.pricing import price_period
+
+    try:
+        model = load_cost_model(args.cost_model)
+    except CostModelError as exc:
+        raise _Fail(str(exc)) from None
+    db = Path(args.db)
+    if not db.exists():  # connect() would create an empty database with nothing to price
+        raise _Fail(f"{db}: expected a metering database written by `gpu-ledger meter`, "
+                    "found no file")
+    try:
+        con = connect(db)
+    except DatabaseError as exc:
+        raise _Fail(str(exc)) from None
+    try:
+        naive = [t.astimezone(UTC).replace(tzinfo=None) for t in (period.start, period.end)]
+        row = con.execute("SELECT count(DISTINCT hour) FROM device_hours "
+                          "WHERE hour >= ? AND hour < ?", naive).fetchone()
+        hours = int(row[0]) if row else 0
+        if hours == 0:
+            raise _Fail(f"{db}: expected facts for {period.label()}, found none; ingest them "
+                        f"first: gpu-ledger meter --prometheus URL {_period_args(args)} "
+                        f"--db {db}")
+        try:
+            result = price_period(con, model, period.start, period.end)
+        except Exception as exc:  # any pricing failure: report it, no traceback
+            raise _Fail(f"pricing {period.label()} failed: {type(exc).__name__}: {exc}"
+                        ) from None
+    finally:
+        con.close()
+    say(f"meter: priced {period.label()} from the facts in {db} with cost model "
+        f"{model.hash[:12]}: {result.rows} charge rows, fleet cost {result.fleet_cost:.2f} "
+        f"{result.currency}")
+    if hours < period.hours:
+        say(f"meter: {period.hours - hours} of {period.hours} hour(s) have no device facts "
+            "(not ingested, or no data); they are not priced")
+    return 0
+
+
+def _period_args(args: argparse.Namespace) -> str:
+    if args.month:
+        return f"--month {args.month}"
+    return f"--from {args.start} --to {args.end}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,49 @@ def schema_sql() -> str:
     return (resources.files("metering") / "sql" / "schema.sql").read_text(encoding="utf-8")
 
 
+# Databases created by earlier versions get the schema's later changes here; each step checks
+# the catalog first, so on a current database nothing is written. A step's statements run in
+# one transaction: a database is migrated by a step entirely or not at all.
+_MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # GPM SM activity per MIG instance.
+    ("SELECT count(*) = 0 FROM information_schema.columns WHERE table_catalog = "
+     "current_database() AND table_name = 'mig_hours' AND column_name = 'sm_active_seconds'",
+     ("ALTER TABLE mig_hours ADD COLUMN IF NOT EXISTS sm_active_seconds DOUBLE",)),
+    # "No SM samples" became NULL instead of 0. Earlier ingests wrote 0 for MIG allocations,
+    # where the exporter never reports container SM activity, so a MIG 0 there meant unknown;
+    # earlier pricing likewise wrote used 0 for every MIG row.
+    ("SELECT count(*) > 0 FROM information_schema.columns WHERE table_catalog = "
+     "current_database() AND table_name = 'allocation_hours' AND column_name = 'sm_seconds' "
+     "AND is_nullable = 'NO'",
+     ("ALTER TABLE allocation_hours ALTER COLUMN sm_seconds DROP NOT NULL",
+      "UPDATE allocation_hours SET sm_seconds = NULL WHERE mig_uuid <> '' AND sm_seconds = 0")),
+    ("SELECT count(*) > 0 FROM information_schema.columns WHERE table_catalog = "
+     "current_database() AND table_name = 'charges' AND column_name = 'used_gpu_hours' "
+     "AND is_nullable = 'NO'",
+     ("ALTER TABLE charges ALTER COLUMN used_gpu_hours DROP NOT NULL",
+      "UPDATE charges SET used_gpu_hours = NULL WHERE mig_uuid <> '' AND used_gpu_hours = 0")),
+)
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Bring an existing database's tables up to schema.sql; returns the statements run."""
+    done: list[str] = []
+    for check, statements in _MIGRATIONS:
+        row = con.execute(check).fetchone()
+        if not (row and row[0]):
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for sql in statements:
+                con.execute(sql)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        done += statements
+    return done
+
+
 def _check_header(path: Path) -> None:
     try:
         with path.open("rb") as f:
@@ -56,12 +99,14 @@ def _config() -> dict[str, str | bool | int | float | list[str]]:
 def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open the database at `path`, creating it (and its tables) if it does not exist.
 
-    read_only opens an existing file without creating or changing anything (for reports).
+    read_only opens an existing file without creating or changing anything (for reports);
+    otherwise tables from an earlier version are migrated (see _MIGRATIONS).
     Memory is capped at $GPU_LEDGER_MEMORY_LIMIT (default 2GB); DuckDB spills beyond it.
     """
     if str(path) == ":memory:":  # tests and throwaway runs
         con = duckdb.connect(":memory:", config=_config())
         con.execute(schema_sql())
+        migrate(con)
         return con
     p = Path(path)
     if p.exists() or p.is_symlink():
@@ -85,6 +130,12 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
             con.close()
             raise DatabaseError(str(p), f"cannot create the metering tables: {_first_line(e)}") \
                 from None
+        try:
+            migrate(con)
+        except duckdb.Error as e:
+            con.close()
+            raise DatabaseError(str(p), f"cannot update the metering tables to this version: "
+                                f"{_first_line(e)}") from None
     return con
 
 

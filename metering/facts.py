@@ -39,9 +39,20 @@ class SignalSpec:
     func: str  # count | sum | max | min | last
     cols: tuple[str, ...]  # labels kept as columns ('' where a series lacks one)
     pod_labels: bool = False  # keep label_* as a MAP
+    # Labels a series must have non-empty to count (a family that mixes device and MIG
+    # series keeps only the MIG ones); both sources apply it, so their rows stay equal.
+    nonempty: tuple[str, ...] = ()
+
+    def selector(self) -> str:
+        if not self.nonempty:
+            return self.family
+        return self.family + "{" + ",".join(f'{label}!=""' for label in self.nonempty) + "}"
 
     def promql(self, window: str) -> str:
-        return f"{self.func}_over_time({self.family}[{window}])"
+        return f"{self.func}_over_time({self.selector()}[{window}])"
+
+    def keeps(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(label) for label in self.nonempty)
 
 
 SIGNALS: tuple[SignalSpec, ...] = (
@@ -54,6 +65,10 @@ SIGNALS: tuple[SignalSpec, ...] = (
     SignalSpec("mig_count", "gpu_mig_info", "count",
                ("node", "uuid", "mig_uuid", "profile", "slices", "parent_slices")),
     SignalSpec("migmem_max", "gpu_mig_memory_total_bytes", "max", ("node", "mig_uuid")),
+    # GPM SM activity per MIG instance (Hopper+): the only SM figure MIG has. The family also
+    # has per-GPU series (mig_uuid ''), which device facts do not use.
+    SignalSpec("gpm_sum", "gpu_sm_active_ratio", "sum", ("node", "mig_uuid"),
+               nonempty=("mig_uuid",)),
     SignalSpec("alloc_count", "gpu_container_allocation", "count", ALLOC_COLS, True),
     SignalSpec("alloc_sum", "gpu_container_allocation", "sum", ALLOC_COLS, True),
     SignalSpec("cmem_sum", "gpu_container_memory_used_bytes", "sum", CONTAINER_COLS),
@@ -179,7 +194,7 @@ LEFT JOIN energy e ON e.hour = d.hour AND e.uuid = d.uuid
 
 MIG_SQL = f"""
 INSERT INTO mig_hours (hour, node, uuid, mig_uuid, profile, slices, parent_slices,
-                       memory_total_bytes, observed_seconds)
+                       memory_total_bytes, observed_seconds, sm_active_seconds)
 WITH m AS (
     SELECT c.*, c.value * {_DT} AS sec, CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w
     FROM mig_count c
@@ -190,11 +205,18 @@ k AS (
                      'parent_slices': parent_slices}}, w) AS a, sum(sec) AS sec
     FROM m GROUP BY hour, mig_uuid),
 mem AS (SELECT hour, mig_uuid, max(value) AS v FROM migmem_max WHERE {_IN_CHUNK}
-        GROUP BY hour, mig_uuid)
+        GROUP BY hour, mig_uuid),
+gpm AS (
+    -- NULL (no row) when the hour has no GPM sample for the instance: unknown, not idle.
+    SELECT g.hour, g.mig_uuid, sum(g.value * {_DT}) AS v
+    FROM gpm_sum g LEFT JOIN spacing sp ON sp.node = g.node
+    WHERE {_in("g")} AND g.mig_uuid <> '' GROUP BY g.hour, g.mig_uuid)
 SELECT k.hour, k.a.node, k.a.uuid, k.mig_uuid, k.a.profile, CAST(k.a.slices AS INTEGER),
        CAST(k.a.parent_slices AS INTEGER), mem.v,
-       least(k.sec, 3600.0)
-FROM k LEFT JOIN mem ON mem.hour = k.hour AND mem.mig_uuid = k.mig_uuid
+       least(k.sec, 3600.0), gpm.v * {_SCALE.format(sec="k.sec")}
+FROM k
+LEFT JOIN mem ON mem.hour = k.hour AND mem.mig_uuid = k.mig_uuid
+LEFT JOIN gpm ON gpm.hour = k.hour AND gpm.mig_uuid = k.mig_uuid
 """
 
 _CKEY = "hour, namespace, pod, container, uuid, mig_uuid"
@@ -232,7 +254,8 @@ sm AS ({_usage("csm_sum")})
 SELECT k.hour, k.a.node, k.namespace, k.pod, k.container, k.uuid, k.mig_uuid, k.a.resource,
        k.a.sharing, CAST(k.a.replicas AS INTEGER), k.units, least(k.sec, 3600.0),
        coalesce(mem.v, 0) * {_SCALE.format(sec="k.sec")},
-       coalesce(sm.v, 0) * {_SCALE.format(sec="k.sec")}, MAP(k.a.keys, k.a.vals)
+       -- NULL without samples (MIG: NVML has no per-process SM there): unknown, not idle.
+       sm.v * {_SCALE.format(sec="k.sec")}, MAP(k.a.keys, k.a.vals)
 FROM k
 LEFT JOIN mem ON {_CJOIN.format(t="mem")}
 LEFT JOIN sm ON {_CJOIN.format(t="sm")}

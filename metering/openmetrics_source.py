@@ -163,8 +163,12 @@ class OpenMetricsSource:
             agg = by_family.get(spec.family)
             if agg is None or len(agg["sid"]) == 0:
                 continue
-            out[spec.name] = build_signal(spec, self.families[spec.family].series, agg["sid"],
-                                          agg["hour_s"], agg[spec.func])
+            series = self.families[spec.family].series
+            sid, hour_s, value = agg["sid"], agg["hour_s"], agg[spec.func]
+            if spec.nonempty:  # what the PromQL selector leaves out (e.g. mig_uuid!="")
+                keep = np.fromiter((spec.keeps(m) for m in series), np.bool_, len(series))[sid]
+                sid, hour_s, value = sid[keep], hour_s[keep], value[keep]
+            out[spec.name] = build_signal(spec, series, sid, hour_s, value)
         return out
 
     def close(self) -> None:

@@ -6,8 +6,12 @@ Fleet (history from 2026-10-04T22:00Z to 2026-10-06T01:00Z; metered day 2026-10-
     GPU-a0  H100, exclusive pod train/trainer-0 all day, label_team=ml
     GPU-a1  H100, pod batch/short-1 ran 20 minutes in hour 05:00
     GPU-a2  H100, lost (gpu_up 0) for hours 10:00 and 11:00, no other samples then
+    GPU-a3  H100, MIG enabled, instance MIG-a3-1 (3g.40gb) to infer/server-1; GPM
+            gpu_sm_active_ratio 0.5 for the instance from 02:00 (none before: unknown), and
+            0.25 for the whole GPU (a per-GPU series, which MIG facts must not take)
   node-b (a sample every 30 s)
-    GPU-b0  A100, MIG enabled, instance MIG-b0-1 (3g.40gb, 3 of 7 slices) to infer/server-0
+    GPU-b0  A100, MIG enabled, instance MIG-b0-1 (3g.40gb, 3 of 7 slices) to infer/server-0;
+            no GPM (A100), so its SM activity is unknown
     GPU-b1  A100, time-sliced into 4 replicas: dev/nb-a holds 2 (label_team=research),
             dev/nb-b holds 1, one replica unallocated
 Values are binary fractions so that sums are exact whatever order they are added in.
@@ -89,6 +93,7 @@ def build_fleet() -> Fleet:
     gpus = [("node-a", "0", "GPU-a0", H100, "disabled"),
             ("node-a", "1", "GPU-a1", H100, "disabled"),
             ("node-a", "2", "GPU-a2", H100, "disabled"),
+            ("node-a", "3", "GPU-a3", H100, "enabled"),
             ("node-b", "0", "GPU-b0", A100, "enabled"),
             ("node-b", "1", "GPU-b1", A100, "disabled")]
     util = {"GPU-a0": 0.5, "GPU-a1": 0.25, "GPU-a2": 0.125, "GPU-b1": 0.75}
@@ -109,6 +114,12 @@ def build_fleet() -> Fleet:
             "gpu_instance_id": "1", "compute_instance_id": "0", "profile": "3g.40gb"}
     f.add("gpu_mig_info", "node-b", {**inst, "slices": "3", "parent_slices": "7"}, lambda t: 1)
     f.add("gpu_mig_memory_total_bytes", "node-b", inst, lambda t: 40 * GIB)
+    hopper = {**inst, "gpu": "3", "uuid": "GPU-a3", "model": H100, "mig_uuid": "MIG-a3-1"}
+    f.add("gpu_mig_info", "node-a", {**hopper, "slices": "3", "parent_slices": "7"},
+          lambda t: 1)
+    f.add("gpu_mig_memory_total_bytes", "node-a", hopper, lambda t: 40 * GIB)
+    f.add("gpu_sm_active_ratio", "node-a", hopper, lambda t: 0.5 if _hour(t) >= 2 else None)
+    f.add("gpu_sm_active_ratio", "node-a", dev("node-a", "3", "GPU-a3", H100), lambda t: 0.25)
 
     def pod(node: str, ns: str, name: str, ctr: str, uuid: str, mig_uuid: str, resource: str,
             sharing: str, replicas: int, units: int, mem: int, sm: float | None,
@@ -132,6 +143,8 @@ def build_fleet() -> Fleet:
     pod("node-a", "batch", "short-1", "job", "GPU-a1", "", "nvidia.com/gpu", "exclusive", 1, 1,
         GIB // 2, 0.25, when=lambda t: short[0] < t <= short[1])
     pod("node-b", "infer", "server-0", "srv", "GPU-b0", "MIG-b0-1", "nvidia.com/mig-3g.40gb",
+        "mig", 1, 1, 8 * GIB, None)
+    pod("node-a", "infer", "server-1", "srv", "GPU-a3", "MIG-a3-1", "nvidia.com/mig-3g.40gb",
         "mig", 1, 1, 8 * GIB, None)
     pod("node-b", "dev", "nb-a", "nb", "GPU-b1", "", "nvidia.com/gpu.shared", "time-slicing",
         4, 2, GIB, 0.5, team="research")
@@ -158,15 +171,23 @@ def expected_facts() -> dict[str, list[tuple[Any, ...]]]:
             (hour, "node-a", "1", "GPU-a1", H100, False, 3600.0, 3600.0, 900.0, 6000.0),
             (hour, "node-a", "2", "GPU-a2", H100, False, 3600.0, 0.0 if a2_down else 3600.0,
              None if a2_down else 450.0, a2_energy),
+            (hour, "node-a", "3", "GPU-a3", H100, True, 3600.0, 3600.0, None, 6000.0),
             (hour, "node-b", "0", "GPU-b0", A100, True, 3600.0, 3600.0, None, 6000.0),
             (hour, "node-b", "1", "GPU-b1", A100, False, 3600.0, 3600.0, 2700.0, 6000.0),
         ]
-        mig.append((hour, "node-b", "GPU-b0", "MIG-b0-1", "3g.40gb", 3, 7, 40.0 * GIB, 3600.0))
+        mig.append((hour, "node-b", "GPU-b0", "MIG-b0-1", "3g.40gb", 3, 7, 40.0 * GIB, 3600.0,
+                    None))
+        # GPM: 60 samples of 0.5, 60 s apart = 1800 s; none before 02:00 (NULL, unknown).
+        mig.append((hour, "node-a", "GPU-a3", "MIG-a3-1", "3g.40gb", 3, 7, 40.0 * GIB, 3600.0,
+                    1800.0 if h >= 2 else None))
         alloc += [
             (hour, "node-a", "train", "trainer-0", "main", "GPU-a0", "", "nvidia.com/gpu",
              "exclusive", 1, 1.0, 3600.0, GIB * 3600.0, 1800.0, (("team", "ml"),)),
+            # MIG: no container SM samples, so sm_seconds is NULL (unknown), not 0.
             (hour, "node-b", "infer", "server-0", "srv", "GPU-b0", "MIG-b0-1",
-             "nvidia.com/mig-3g.40gb", "mig", 1, 1.0, 3600.0, 8 * GIB * 3600.0, 0.0, ()),
+             "nvidia.com/mig-3g.40gb", "mig", 1, 1.0, 3600.0, 8 * GIB * 3600.0, None, ()),
+            (hour, "node-a", "infer", "server-1", "srv", "GPU-a3", "MIG-a3-1",
+             "nvidia.com/mig-3g.40gb", "mig", 1, 1.0, 3600.0, 8 * GIB * 3600.0, None, ()),
             (hour, "node-b", "dev", "nb-a", "nb", "GPU-b1", "", "nvidia.com/gpu.shared",
              "time-slicing", 4, 2.0, 3600.0, GIB * 3600.0, 1800.0, (("team", "research"),)),
             (hour, "node-b", "dev", "nb-b", "nb", "GPU-b1", "", "nvidia.com/gpu.shared",

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import duckdb
 import pytest
 
-from metering.db import DatabaseError, connect
+from metering.db import DatabaseError, connect, migrate
 
 TABLES = {"allocation_hours", "charges", "coverage", "device_hours", "mig_hours"}
 
@@ -84,3 +85,69 @@ def test_in_memory_database_for_throwaway_runs() -> None:
     con = connect(":memory:")
     assert tables(con) == TABLES
     con.close()
+
+
+# The three tables as the first release created them: no GPM column, SM figures NOT NULL.
+_V1_TABLES = """
+CREATE TABLE mig_hours (hour TIMESTAMP NOT NULL, node VARCHAR NOT NULL, uuid VARCHAR NOT NULL,
+    mig_uuid VARCHAR NOT NULL, profile VARCHAR NOT NULL, slices INTEGER NOT NULL,
+    parent_slices INTEGER NOT NULL, memory_total_bytes DOUBLE,
+    observed_seconds DOUBLE NOT NULL, PRIMARY KEY (hour, mig_uuid));
+CREATE TABLE allocation_hours (hour TIMESTAMP NOT NULL, node VARCHAR NOT NULL,
+    namespace VARCHAR NOT NULL, pod VARCHAR NOT NULL, container VARCHAR NOT NULL,
+    uuid VARCHAR NOT NULL, mig_uuid VARCHAR NOT NULL, resource VARCHAR NOT NULL,
+    sharing VARCHAR NOT NULL, replicas INTEGER NOT NULL, units DOUBLE NOT NULL,
+    allocated_seconds DOUBLE NOT NULL, memory_byte_seconds DOUBLE NOT NULL,
+    sm_seconds DOUBLE NOT NULL, labels MAP(VARCHAR, VARCHAR) NOT NULL,
+    PRIMARY KEY (hour, namespace, pod, container, uuid, mig_uuid));
+CREATE TABLE charges (hour TIMESTAMP NOT NULL, team VARCHAR NOT NULL,
+    namespace VARCHAR NOT NULL, pod VARCHAR NOT NULL, container VARCHAR NOT NULL,
+    node VARCHAR NOT NULL, uuid VARCHAR NOT NULL, mig_uuid VARCHAR NOT NULL,
+    model VARCHAR NOT NULL, sharing VARCHAR NOT NULL, profile VARCHAR NOT NULL,
+    basis VARCHAR NOT NULL, fraction DOUBLE NOT NULL, rate DOUBLE NOT NULL,
+    allocated_gpu_hours DOUBLE NOT NULL, used_gpu_hours DOUBLE NOT NULL,
+    cost DECIMAL(18, 6) NOT NULL, idle_share DECIMAL(18, 6) NOT NULL,
+    cost_model_hash VARCHAR NOT NULL);
+INSERT INTO mig_hours VALUES ('2026-10-01 00:00', 'n', 'GPU-m', 'MIG-1', '3g.40gb', 3, 7,
+    NULL, 3600);
+INSERT INTO allocation_hours VALUES
+    ('2026-10-01 00:00', 'n', 'ns', 'mig-pod', 'c', 'GPU-m', 'MIG-1', 'r', 'mig', 1, 1, 3600,
+     0, 0, MAP {}),
+    ('2026-10-01 00:00', 'n', 'ns', 'idle-pod', 'c', 'GPU-x', '', 'r', 'exclusive', 1, 1,
+     3600, 0, 0, MAP {});
+INSERT INTO charges VALUES
+    ('2026-10-01 00:00', 't', 'ns', 'mig-pod', 'c', 'n', 'GPU-m', 'MIG-1', 'H100', 'mig',
+     '3g.40gb', 'allocation', 0.43, 4, 0.43, 0, 1.7, 0, 'h'),
+    ('2026-10-01 00:00', 't', 'ns', 'idle-pod', 'c', 'n', 'GPU-x', '', 'H100', 'exclusive',
+     '', 'allocation', 1, 4, 1, 0, 4, 0, 'h');
+"""
+
+
+def _columns(con: object, table: str) -> list[tuple[str, str]]:
+    return con.execute(  # type: ignore[attr-defined, no-any-return]
+        "SELECT column_name, is_nullable FROM information_schema.columns "
+        "WHERE table_name = ? ORDER BY ordinal_position", [table]).fetchall()
+
+
+def test_a_database_from_the_first_release_is_migrated(tmp_path: Path) -> None:
+    old = tmp_path / "old.duckdb"
+    raw = duckdb.connect(str(old))
+    raw.execute(_V1_TABLES)
+    raw.close()
+    con = connect(old)
+    fresh = connect(":memory:")
+    for table in ("mig_hours", "allocation_hours", "charges"):
+        assert _columns(con, table) == _columns(fresh, table), table  # same shape as new
+    # Old ingests wrote 0 for "no SM samples" on MIG, old pricing used 0 on every MIG row:
+    # both become unknown. A whole GPU's 0 is a measured idle and stays.
+    assert con.execute("SELECT pod, sm_seconds FROM allocation_hours ORDER BY pod").fetchall() \
+        == [("idle-pod", 0.0), ("mig-pod", None)]
+    assert con.execute("SELECT pod, used_gpu_hours FROM charges ORDER BY pod").fetchall() \
+        == [("idle-pod", 0.0), ("mig-pod", None)]
+    assert con.execute("SELECT sm_active_seconds FROM mig_hours").fetchall() == [(None,)]
+    assert migrate(con) == []  # applied once; later opens change nothing
+    con.close()
+    fresh.close()
+    ro = connect(old, read_only=True)
+    assert ro.execute("SELECT count(*) FROM charges").fetchone() == (2,)
+    ro.close()

@@ -10,6 +10,11 @@ Hand computation (cost model: H100 4.00/h, A100 2.00/h, MIG by slices/7, replica
   batch-jobs (namespace rule): shared-2, 1/4 x 6 h x 2 = 3.00
   idle   : MIG GPU 24 - 12.571429 = 11.428571; time-sliced GPU 12 - 9 = 3.00
   fleet  : 3 GPUs x 6 h = 24 + 24 + 12 = 60.00
+Used GPU-hours (SM activity in device-equivalents; the H100 has GPM, so its MIG instances
+report gpu_sm_active_ratio = the sum of their processes' sm_util, capped at 1):
+  vision : trainer 0.8 x 6 h = 4.8; mig-a 0.5 x 3/7 x 6 h = 1.285714      -> 6.085714
+  search : mig-b 0.5 x 2/7 x 2 h = 0.285714; shared-0/1 2 x 0.2 x 6 h = 2.4 -> 2.685714
+  batch-jobs: shared-2 0.2 x 6 h = 1.2
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ COST_MODEL = FIXTURES / "cost-model.yaml"
 LIVE_SECONDS = float(os.environ.get("E2E_LIVE_SECONDS", "60"))
 EXPECTED_COST = {"vision": 34.285714, "search": 8.285714, "batch-jobs": 3.0}
 EXPECTED_GPU_HOURS = {"vision": 6 + 18 / 7, "search": 4 / 7 + 3.0, "batch-jobs": 1.5}
+EXPECTED_USED = {"vision": 4.8 + 0.5 * 3 / 7 * 6, "search": 0.5 * 2 / 7 * 2 + 2.4,
+                 "batch-jobs": 1.2}
 EXPECTED_IDLE = 14.428571
 EXPECTED_FLEET = 60.0
 
@@ -119,6 +126,9 @@ def test_pipeline_against_real_prometheus(history: Path, period: tuple[datetime,
         assert float(teams[team]["cost"]) == pytest.approx(cost, abs=0.001), team
         assert float(teams[team]["allocated_gpu_hours"]) == pytest.approx(
             EXPECTED_GPU_HOURS[team], abs=1e-5), team
+        assert float(teams[team]["used_gpu_hours"]) == pytest.approx(
+            EXPECTED_USED[team], abs=1e-5), team
+        assert float(teams[team]["sm_unknown_gpu_hours"]) == 0, team
     idle = sum(float(r["cost"]) for r in rows if r["section"] == "team"
                and r["team"] not in EXPECTED_COST)
     assert idle == pytest.approx(EXPECTED_IDLE, abs=0.001)

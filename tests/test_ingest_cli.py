@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from decimal import Decimal
 from pathlib import Path
 
 import conftest_prom
@@ -25,12 +26,74 @@ def test_meter_openmetrics_and_price(fleet_om_file: Path, tmp_path: Path,
                      "--chunk", "6"])
     err = capsys.readouterr().err
     assert rc == 0, err
-    assert "4 chunks, 0 queries, 120 device_hours, 24 mig_hours, 97 allocation_hours" in err
+    assert "4 chunks, 0 queries, 144 device_hours, 48 mig_hours, 121 allocation_hours" in err
     assert "meter: chunk 4/4" in err and "priced" in err  # not a TTY: plain lines
     con = connect(db, read_only=True)
-    assert con.execute("SELECT count(*) FROM coverage WHERE devices = 5").fetchone() == (24,)
+    assert con.execute("SELECT count(*) FROM coverage WHERE devices = 6").fetchone() == (24,)
     assert con.execute("SELECT count(*) > 0 FROM charges").fetchone() == (True,)
     con.close()
+
+
+def test_price_only_prices_the_facts_in_the_database(fleet_om_file: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Ingest without pricing, then price with no source at all; the charges equal those of
+    an ingest that priced, and re-pricing with another cost model replaces them."""
+    db, both = tmp_path / "m.duckdb", tmp_path / "both.duckdb"
+    assert main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db), "--no-price",
+                 "-q"]) == 0
+    assert main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(both), "-q"]) == 0
+    capsys.readouterr()
+    rc = gpu_ledger(["meter", "--price-only", *DAY, "--db", str(db)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "meter: priced 2026-10-05T00:00Z .. 2026-10-06T00:00Z from the facts in" in err
+    charges = "SELECT * EXCLUDE (cost_model_hash) FROM charges ORDER BY ALL"
+    with connect(db, read_only=True) as con, connect(both, read_only=True) as ref:
+        assert con.execute(charges).fetchall() == ref.execute(charges).fetchall()
+        assert con.execute("SELECT count(*) FROM charges").fetchone()[0] > 0  # type: ignore[index]
+    model = tmp_path / "flat.yaml"
+    model.write_text("pricing:\n  default: {hourly: 1.5}\n")
+    assert main(["--price-only", *DAY, "--db", str(db), "--cost-model", str(model), "-q"]) == 0
+    with connect(db, read_only=True) as con:
+        # 6 GPUs x 24 h at 1.50 each, whatever the model
+        assert con.execute("SELECT sum(cost), count(DISTINCT cost_model_hash) FROM charges"
+                           ).fetchone() == (Decimal("216"), 1)
+    # The month around the day: 720 of its hours have no facts, and the message says so.
+    assert main(["--price-only", "--month", "2026-10", "--db", str(db)]) == 0
+    assert "720 of 744 hour(s) have no device facts" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["--no-price"], 2, "--price-only and --no-price: expected one of them"),
+    (["--prometheus", "http://127.0.0.1:9"], 2, "not allowed with argument"),
+    (["--month", "2026-13"], 2, "--month: expected YYYY-MM"),
+])
+def test_price_only_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 args: list[str], code: int, message: str) -> None:
+    period = [] if "--month" in args else DAY
+    rc = main(["--price-only", *period, "--db", str(tmp_path / "m.duckdb"), *args])
+    err = capsys.readouterr().err
+    assert rc == code and message in err and "Traceback" not in err
+    assert not (tmp_path / "m.duckdb").exists()
+
+
+def test_price_only_needs_a_database_with_facts(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "m.duckdb"
+    assert main(["--price-only", *DAY, "--db", str(db)]) == 1
+    err = capsys.readouterr().err
+    assert f"{db}: expected a metering database written by `gpu-ledger meter`" in err
+    assert not db.exists()  # not created empty
+    connect(db).close()
+    assert main(["--price-only", *DAY, "--db", str(db)]) == 1
+    err = capsys.readouterr().err
+    assert "expected facts for 2026-10-05T00:00Z .. 2026-10-06T00:00Z, found none" in err
+    assert "gpu-ledger meter --prometheus URL --from 2026-10-05 --to 2026-10-06" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pricing: [\n")
+    assert main(["--price-only", *DAY, "--db", str(db), "--cost-model", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert str(bad) in err and "Traceback" not in err
 
 
 def test_quiet_prints_nothing(fleet_om_file: Path, tmp_path: Path,

@@ -46,7 +46,7 @@ def test_facts_match_the_hand_computed_fleet(fleet_prom_url: str, tmp_path: Path
         assert fact_rows(con, table) == expected[table], table
     cov = con.execute("SELECT count(*), min(devices), max(devices), any_value(source) "
                       "FROM coverage").fetchone()
-    assert cov == (24, 5, 5, fleet_prom_url)
+    assert cov == (24, 6, 6, fleet_prom_url)
     con.close()
 
 
@@ -94,7 +94,7 @@ def test_hours_without_data_are_named(fleet_prom_url: str, tmp_path: Path,
     assert "no device data for 2 hour(s): 2026-10-06T01:00Z .. 2026-10-06T03:00Z" in err
     con = connect(tmp_path / "m.duckdb", read_only=True)
     assert con.execute("SELECT hour::VARCHAR, devices FROM coverage ORDER BY hour").fetchall() \
-        == [("2026-10-06 00:00:00", 5), ("2026-10-06 01:00:00", 0), ("2026-10-06 02:00:00", 0)]
+        == [("2026-10-06 00:00:00", 6), ("2026-10-06 01:00:00", 0), ("2026-10-06 02:00:00", 0)]
     con.close()
 
 
@@ -105,10 +105,10 @@ def test_cli_ingests_prices_and_reports_queries(fleet_prom_url: str, tmp_path: P
                "--verbose"])
     err = capsys.readouterr().err
     assert rc == 0, err
-    assert "2 chunks, 24 queries" in err and "node-a=60s" in err
+    assert "2 chunks, 26 queries" in err and "node-a=60s" in err
     assert "chunk 2/2" in err and "Traceback" not in err
     con = connect(db, read_only=True)
-    assert con.execute("SELECT count(*) FROM device_hours").fetchone() == (120,)
+    assert con.execute("SELECT count(*) FROM device_hours").fetchone() == (144,)
     assert con.execute("SELECT count(*) > 0 FROM charges").fetchone() == (True,)
     con.close()
 

@@ -57,14 +57,15 @@ def device(con: Any, uuid: str, model_name: str = H100, hour: datetime = T0,
 
 
 def mig(con: Any, uuid: str, mig_uuid: str, profile: str, slices: int,
-        hour: datetime = T0) -> None:
-    con.execute("INSERT INTO mig_hours VALUES (?, 'n1', ?, ?, ?, ?, 7, NULL, 3600)",
-                [hour, uuid, mig_uuid, profile, slices])
+        hour: datetime = T0, gpm: float | None = None) -> None:
+    """gpm: the instance's SM-active seconds (GPM); None: no GPM (A100)."""
+    con.execute("INSERT INTO mig_hours VALUES (?, 'n1', ?, ?, ?, ?, 7, NULL, 3600, ?)",
+                [hour, uuid, mig_uuid, profile, slices, gpm])
 
 
 def alloc(con: Any, pod: str, uuid: str, *, ns: str = "research", mig_uuid: str = "",
           sharing: str = "exclusive", replicas: int = 1, units: float = 1,
-          seconds: float = 3600, sm: float = 0, mem: float = 0,
+          seconds: float = 3600, sm: float | None = 0, mem: float = 0,
           labels: dict[str, str] | None = None, hour: datetime = T0,
           container: str = "main") -> None:
     con.execute(
@@ -139,8 +140,9 @@ def _mig_h100(con: Any) -> None:
     mig(con, "GPU-m", "MIG-a", "3g.40gb", 3)
     mig(con, "GPU-m", "MIG-b", "2g.20gb", 2)
     mig(con, "GPU-m", "MIG-c", "2g.20gb", 2)
-    alloc(con, "big", "GPU-m", mig_uuid="MIG-a", sharing="mig")
-    alloc(con, "small", "GPU-m", mig_uuid="MIG-b", sharing="mig", seconds=1800)
+    # NVML has no per-process SM on MIG: the facts hold no container SM figure (NULL).
+    alloc(con, "big", "GPU-m", mig_uuid="MIG-a", sharing="mig", sm=None)
+    alloc(con, "small", "GPU-m", mig_uuid="MIG-b", sharing="mig", seconds=1800, sm=None)
 
 
 def test_mig_instances_pay_their_slices_and_unheld_ones_are_idle(con: Any,
@@ -174,6 +176,75 @@ def test_usage_basis_falls_back_to_allocation_on_mig_and_says_so(con: Any,
     assert con.execute("SELECT DISTINCT basis FROM charges WHERE pod <> ''").fetchall() == \
         [("allocation (no SM data on MIG)",)]
     assert charges(con)[("science", "big")] == d("1.714285")
+
+
+def used(con: Any) -> dict[str, tuple[float, float | None, str]]:
+    """pod -> (allocated GPU-h, used GPU-h or None when unknown, basis), over all hours."""
+    rows = con.execute("SELECT pod, sum(allocated_gpu_hours), sum(used_gpu_hours), "
+                       "string_agg(DISTINCT basis, ',') FROM charges WHERE pod <> '' "
+                       "GROUP BY pod").fetchall()
+    return {pod: (a, u, b) for pod, a, u, b in rows}
+
+
+def test_mig_usage_comes_from_gpm_where_the_gpu_has_it(con: Any, tmp_path: Path) -> None:
+    # H100 with GPM: 3g.40gb at 50% SM active for 2 h (1800 s of each hour).
+    # A100 without GPM: 3g.40gb held the same 2 h, SM activity unknown.
+    for h in range(2):
+        hour = T0 + timedelta(hours=h)
+        device(con, "GPU-h", hour=hour, mig=True)
+        device(con, "GPU-a", A100, hour=hour, mig=True)
+        mig(con, "GPU-h", "MIG-h", "3g.40gb", 3, hour, gpm=1800)
+        mig(con, "GPU-a", "MIG-a", "3g.40gb", 3, hour)
+        alloc(con, "hopper", "GPU-h", mig_uuid="MIG-h", sharing="mig", sm=None, hour=hour)
+        alloc(con, "ampere", "GPU-a", mig_uuid="MIG-a", sharing="mig", sm=None, hour=hour)
+    end = T0 + timedelta(hours=2)
+    price(con, model(tmp_path), T0, end)
+    got = used(con)
+    # used = 0.5 x 3/7 x 2 h = 0.428571 GPU-h of 3/7 x 2 = 0.857143 allocated: 50%.
+    assert got["hopper"][0] == pytest.approx(6 / 7)
+    assert got["hopper"][1] == pytest.approx(0.428571, abs=1e-6)
+    assert got["ampere"][0] == pytest.approx(6 / 7) and got["ampere"][1] is None
+    # Usage basis: GPM prices the H100 instance; the A100 one falls back to allocation.
+    price(con, model(tmp_path, "basis: {mode: usage}\n"), T0, end)
+    got = used(con)
+    assert (got["hopper"][2], got["ampere"][2]) == ("usage", "allocation (no SM data on MIG)")
+    # 4.00 x 0.5 x 3/7 = 0.857142 per hour; 2.00 x 3/7 = 0.857142 per hour.
+    assert charges(con)[("science", "hopper")] == d("1.714284")
+    assert charges(con)[("science", "ampere")] == d("1.714284")
+
+
+def test_containers_sharing_a_mig_instance_split_its_gpm_activity(con: Any,
+                                                                   tmp_path: Path) -> None:
+    device(con, "GPU-m", mig=True)
+    # MIG-s: 2g.20gb time-sliced 2 ways, both replicas held all hour, 75% SM active.
+    mig(con, "GPU-m", "MIG-s", "2g.20gb", 2, gpm=2700)
+    for pod in ("r0", "r1"):
+        alloc(con, pod, "GPU-m", mig_uuid="MIG-s", sharing="time-slicing", replicas=2, sm=None)
+    # MIG-q: 3g.40gb held by "first" for 20 min, then by "second" for 40, 50% SM active.
+    mig(con, "GPU-m", "MIG-q", "3g.40gb", 3, gpm=1800)
+    alloc(con, "first", "GPU-m", mig_uuid="MIG-q", sharing="mig", seconds=1200, sm=None)
+    alloc(con, "second", "GPU-m", mig_uuid="MIG-q", sharing="mig", seconds=2400, sm=None)
+    price(con, model(tmp_path))
+    got = used(con)
+    # r0, r1: 0.75 x 2/7 x 1/2 = 0.107143 each; allocated 2/7 x 1/2 = 0.142857.
+    for pod in ("r0", "r1"):
+        assert got[pod][:2] == pytest.approx((1 / 7, 0.75 * 2 / 7 / 2))
+    # first: 0.5 x 3/7 x 1200/3600 = 0.071429; second: 0.5 x 3/7 x 2400/3600 = 0.142857.
+    assert got["first"][1] == pytest.approx(0.5 * 3 / 7 / 3)
+    assert got["second"][1] == pytest.approx(0.5 * 3 / 7 * 2 / 3)
+
+
+def test_a_container_without_sm_samples_is_unknown_not_idle(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-0")
+    device(con, "GPU-1")
+    alloc(con, "silent", "GPU-0", sm=None)  # no gpu_container_sm_utilization_ratio samples
+    alloc(con, "idle-pod", "GPU-1", sm=0)  # samples, all 0
+    price(con, model(tmp_path, "basis: {mode: usage}\n"))
+    got = used(con)
+    assert got["silent"] == (1.0, None, "allocation (no SM data)")
+    assert got["idle-pod"] == (1.0, 0.0, "usage")
+    assert charges(con)[("science", "silent")] == d("4")
+    assert charges(con)[("science", "idle-pod")] == d("0")
 
 
 def test_time_sliced_four_ways_with_three_replicas_in_use(con: Any, tmp_path: Path) -> None:
@@ -450,7 +521,7 @@ def _fleets(draw: st.DrawFn) -> list[tuple[str, Any]]:
             holders = draw(st.integers(0, 4))
             for p in range(holders):
                 seconds = draw(st.sampled_from([3600, 1200, 1, 0, 3333.3]))
-                sm = draw(st.floats(0, 4000, allow_nan=False))
+                sm = draw(st.one_of(st.none(), st.floats(0, 4000, allow_nan=False)))
                 mem = draw(st.floats(0, 1e13, allow_nan=False))
                 labels = draw(st.sampled_from([{}, {"team": "vision"}, {"team": "x.y"}]))
                 ns = draw(st.sampled_from(["research", "ml-a", "default"]))
@@ -459,7 +530,8 @@ def _fleets(draw: st.DrawFn) -> list[tuple[str, Any]]:
                     mig_uuid = f"MIG-{g}-{p}"
                     profile, slices = draw(st.sampled_from([("3g.40gb", 3), ("2g.20gb", 2),
                                                             ("1g.10gb", 1), ("7g.80gb", 7)]))
-                    facts.append(("mig", (uuid, mig_uuid, profile, slices, hour)))
+                    gpm = draw(st.one_of(st.none(), st.floats(0, 4000, allow_nan=False)))
+                    facts.append(("mig", (uuid, mig_uuid, profile, slices, hour, gpm)))
                 units = 1 if kind in ("exclusive", "mig") else draw(st.integers(1, replicas))
                 facts.append(("alloc", dict(pod=f"p{p}", uuid=uuid, ns=ns, mig_uuid=mig_uuid,
                                             sharing=kind, replicas=replicas, units=units,
@@ -492,10 +564,10 @@ def test_charges_plus_idle_equal_fleet_cost_for_any_fleet(
                 uuid, name, hour, up, is_mig = f
                 device(c, uuid, name, hour, up, is_mig)
             elif kind == "mig":
-                uuid, mig_uuid, profile, slices, hour = f
+                uuid, mig_uuid, profile, slices, hour, gpm = f
                 if (mig_uuid, hour) not in seen_mig:
                     seen_mig.add((mig_uuid, hour))
-                    mig(c, uuid, mig_uuid, profile, slices, hour)
+                    mig(c, uuid, mig_uuid, profile, slices, hour, gpm)
             else:
                 alloc(c, f.pop("pod"), f.pop("uuid"), **f)
         result = price(c, cm, T0, T0 + timedelta(hours=3))

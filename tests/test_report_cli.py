@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import shlex
 import shutil
 from datetime import datetime
 from pathlib import Path
@@ -206,4 +208,24 @@ def test_ingested_month_without_pricing_says_what_to_run(
     assert run("--db", str(db), "--out", str(tmp_path / "out")) == 1
     err = capsys.readouterr().err
     assert "2026-10 has GPU usage but no charges" in err
-    assert f"gpu-ledger meter --prometheus URL --month 2026-10 --db {db}" in err
+    assert f"gpu-ledger meter --price-only --month 2026-10 --db {db}" in err
+
+
+def test_re_pricing_advice_is_a_command_that_works(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db, out = tmp_path / "m.duckdb", tmp_path / "out"
+    _ingested_not_priced(db)
+    assert run("--db", str(db), "--out", str(out), "--format", "csv") == 0  # default model
+    changed = tmp_path / "changed.yaml"
+    changed.write_bytes(default_path().read_bytes() + b"\n# edited\n")
+    assert run("--db", str(db), "--out", str(out), "--cost-model", str(changed)) == 2
+    advice = re.search(r"\((gpu-ledger meter [^)]*)\)", capsys.readouterr().err)
+    assert advice is not None
+    command = shlex.split(advice.group(1))
+    assert command == ["gpu-ledger", "meter", "--price-only", "--month", "2026-10", "--db",
+                       str(db), "--cost-model", str(changed)]
+    # No Prometheus anywhere: the facts in the database are priced again.
+    assert gpu_ledger(command[1:]) == 0
+    assert run("--db", str(db), "--out", str(out), "--cost-model", str(changed)) == 0
+    assert f"{changed} (hash " in capsys.readouterr().out

@@ -14,6 +14,7 @@ from typing import Any
 
 from metering.costmodel import load_cost_model
 from metering.db import connect
+from metering.pricing import price_period
 
 MONTH = "2026-10"
 HASH = load_cost_model(None).hash
@@ -33,12 +34,13 @@ def charge(
     fraction: float,
     rate: float,
     alloc: float,
-    used: float,
+    used: float | None,
     cost: str,
     *,
     profile: str = "",
     idle_share: str = "0",
     cost_model_hash: str = HASH,
+    mig_uuid: str = "",
 ) -> tuple[Any, ...]:
     idle = sharing == "idle"
     return (
@@ -49,7 +51,7 @@ def charge(
         "" if idle else "main",
         "node-1",
         uuid,
-        "",
+        mig_uuid,
         model,
         sharing,
         profile,
@@ -152,3 +154,48 @@ def test_fixture_charges_balance_per_device_hour(tmp_path: Path) -> None:
     for _, _, fraction, cost, rate in rows:
         assert abs(fraction - 1) < 1e-9
         assert cost == Decimal(str(rate)).quantize(Decimal("0.000001"))
+
+
+MIG_COST_MODEL = """
+currency: EUR
+pricing:
+  default: {hourly: 1.00}
+  gpus:
+    - {model: "NVIDIA H100 80GB HBM3", hourly: 4.00}
+    - {pattern: "NVIDIA A100*", hourly: 2.00}
+"""
+
+
+def make_mig_db(path: Path, cost_model: Path) -> Path:
+    """Facts for 2026-10-01 00:00-02:00, priced by the engine (not hand-made charges):
+      vision: hopper, 3g.40gb of an H100 with GPM at 50% SM active (1800 s an hour), 2 h;
+              trainer, a whole H100 at 25% SM (900 s an hour), 2 h
+      search: ampere, 3g.40gb of an A100 (no GPM: SM activity unknown), 2 h
+    """
+    cost_model.write_text(MIG_COST_MODEL)
+    con = connect(path)
+    try:
+        for h in (0, 1):
+            hour = datetime(2026, 10, 1, h)
+            for uuid, model, mig in (("GPU-h", "NVIDIA H100 80GB HBM3", True),
+                                     ("GPU-a", "NVIDIA A100-SXM4-80GB", True),
+                                     ("GPU-x", "NVIDIA H100 80GB HBM3", False)):
+                con.execute("INSERT INTO device_hours VALUES (?, 'node-1', '0', ?, ?, ?, 3600, "
+                            "3600, NULL, NULL)", [hour, uuid, model, mig])
+            con.execute("INSERT INTO mig_hours VALUES (?, 'node-1', 'GPU-h', 'MIG-h', "
+                        "'3g.40gb', 3, 7, NULL, 3600, 1800)", [hour])
+            con.execute("INSERT INTO mig_hours VALUES (?, 'node-1', 'GPU-a', 'MIG-a', "
+                        "'3g.40gb', 3, 7, NULL, 3600, NULL)", [hour])
+            for pod, team, uuid, mig_uuid, sharing, sm in (
+                    ("hopper", "vision", "GPU-h", "MIG-h", "mig", None),
+                    ("ampere", "search", "GPU-a", "MIG-a", "mig", None),
+                    ("trainer", "vision", "GPU-x", "", "exclusive", 900.0)):
+                con.execute("INSERT INTO allocation_hours VALUES (?, 'node-1', 'ml', ?, 'main', "
+                            "?, ?, 'nvidia.com/gpu', ?, 1, 1, 3600, 0, ?, MAP {'team': ?})",
+                            [hour, pod, uuid, mig_uuid, sharing, sm, team])
+        insert_coverage(con, datetime(2026, 10, 1), datetime(2026, 10, 1, 2), [])
+        price_period(con, load_cost_model(cost_model), datetime(2026, 10, 1),
+                     datetime(2026, 11, 1))
+    finally:
+        con.close()
+    return path

@@ -7,7 +7,15 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from test_report_fixtures import HASH, MONTH, charge, insert_charges, insert_coverage, make_db
+from test_report_fixtures import (
+    HASH,
+    MONTH,
+    charge,
+    insert_charges,
+    insert_coverage,
+    make_db,
+    make_mig_db,
+)
 
 from metering.db import connect
 from metering.report import fmt
@@ -203,3 +211,62 @@ def test_month_bounds() -> None:
     assert (m.start, m.end, m.hours) == (datetime(2024, 12, 1), datetime(2025, 1, 1), 744)
     assert str(m.previous()) == "2024-11" and str(Month.parse("2025-01").previous()) == "2024-12"
     assert Month.parse("2024-02").hours == 29 * 24
+
+
+def test_mig_with_gpm_is_used_and_mig_without_gpm_is_unknown(tmp_path: Path) -> None:
+    report = report_for(make_mig_db(tmp_path / "m.duckdb", tmp_path / "cm.yaml"))
+    teams = {t.team: t for t in report.teams if not t.overhead}
+    # hopper: 3/7 x 2 h = 0.857143 allocated, 0.5 x 3/7 x 2 = 0.428571 used;
+    # trainer: 2 h allocated, 0.25 x 2 = 0.5 used. 0.928571 / 2.857143 = 0.325.
+    vision = teams["vision"]
+    assert (vision.allocated_gpu_hours, vision.used_gpu_hours, vision.sm_unknown_gpu_hours) == (
+        D("2.857143"), D("0.928571"), D("0"))  # fmt: skip
+    assert vision.efficiency == D("0.325")
+    # ampere: A100 without GPM: allocated 0.857143, used unknown (not 0, not 0%).
+    search = teams["search"]
+    assert (search.allocated_gpu_hours, search.used_gpu_hours, search.efficiency) == (
+        D("0.857143"), None, None)  # fmt: skip
+    assert search.sm_unknown_gpu_hours == D("0.857143")
+    models = {(m.model, m.profile): m for m in report.models if not m.overhead}
+    assert models[("NVIDIA H100 80GB HBM3", "3g.40gb")].used_gpu_hours == D("0.428571")
+    # 0.428571 / 0.857143 (both rounded to 6 places) = 0.499999: 50.0% as people read it.
+    assert fmt.percent(models[("NVIDIA H100 80GB HBM3", "3g.40gb")].efficiency) == "50.0%"
+    assert models[("NVIDIA A100-SXM4-80GB", "3g.40gb")].used_gpu_hours is None
+    # The fleet sums the known parts and says how much is unknown: 0.857143 of 3.714286.
+    fleet = report.fleet
+    assert (fleet.allocated_gpu_hours, fleet.used_gpu_hours, fleet.sm_unknown_gpu_hours) == (
+        D("3.714286"), D("0.928571"), D("0.857143"))  # fmt: skip
+    assert fleet.efficiency == D("0.325")
+    assert report.sm_unknown_share == D("0.230769")
+    assert report.sm_unknown_mig_gpu_hours == D("0.857143")
+    assert dict(fmt.facts(report))["SM activity"] == (
+        "SM activity unknown for 23.1% of allocated GPU-hours (MIG without GPM); used "
+        "GPU-hours and efficiency cover the rest")
+
+
+def test_a_group_partly_without_sm_data_sums_the_known_part(tmp_path: Path) -> None:
+    con = connect(tmp_path / "m.duckdb")
+    insert_charges(con, [
+        # one team: 1 GPU-h at 50% used, 1 GPU-h of MIG without GPM, 1 GPU-h without samples
+        charge("2026-10-01 00:00", "t", "ns", "a", "GPU-1", "H100", "exclusive", 1, 4, 1, 0.5,
+               "4"),
+        charge("2026-10-01 00:00", "t", "ns", "b", "GPU-2", "H100", "mig", 1, 4, 1, None, "4",
+               mig_uuid="MIG-2"),
+        charge("2026-10-01 00:00", "t", "ns", "c", "GPU-3", "H100", "exclusive", 1, 4, 1, None,
+               "4"),
+    ])  # fmt: skip
+    insert_coverage(con, datetime(2026, 10, 1), datetime(2026, 11, 1), [])
+    con.close()
+    report = report_for(tmp_path / "m.duckdb")
+    team = report.teams[0]
+    assert (team.allocated_gpu_hours, team.used_gpu_hours, team.sm_unknown_gpu_hours) == (
+        D("3"), D("0.5"), D("2"))  # fmt: skip
+    assert team.efficiency == D("0.5")  # over the one GPU-hour with SM data, not 0.5 / 3
+    assert fmt.sm_text(report) == (
+        "SM activity unknown for 66.7% of allocated GPU-hours (MIG without GPM, no SM "
+        "samples); used GPU-hours and efficiency cover the rest")
+
+
+def test_sm_activity_statement_when_everything_is_known(report: Report) -> None:
+    assert dict(fmt.facts(report))["SM activity"] == "known for all allocated GPU-hours"
+    assert report.sm_unknown_share == D("0")

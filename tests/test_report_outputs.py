@@ -22,6 +22,7 @@ from test_report_fixtures import (
     insert_charges,
     insert_coverage,
     make_db,
+    make_mig_db,
 )
 
 from metering.db import connect
@@ -204,3 +205,45 @@ def test_empty_month_reports_say_so(tmp_path: Path) -> None:
     assert [r["section"] for r in rows] == ["fleet", "missing_hours"]
     assert rows[0]["cost"] == "0.000000" and rows[0]["hours_with_data"] == "0"
     assert (rows[1]["hour_from"], rows[1]["hours"]) == ("2026-10-01T00:00:00Z", "744")
+
+
+UNKNOWN = ("SM activity unknown for 23.1% of allocated GPU-hours (MIG without GPM); used "
+           "GPU-hours and efficiency cover the rest")
+
+
+def test_unknown_sm_activity_in_every_format(tmp_path: Path) -> None:
+    """search holds only a MIG instance without GPM: its used GPU-hours and efficiency are
+    unknown, shown as a dash (people) or empty / null (machines), never as 0."""
+    report = report_for(make_mig_db(tmp_path / "m.duckdb", tmp_path / "cm.yaml"))
+    rows = {(r["section"], r["team"]): r for r in csv_rows(render_csv(report))}
+    search, vision = rows[("team", "search")], rows[("team", "vision")]
+    assert (search["allocated_gpu_hours"], search["used_gpu_hours"], search["efficiency"],
+            search["sm_unknown_gpu_hours"]) == ("0.857143", "", "", "0.857143")  # fmt: skip
+    assert (vision["used_gpu_hours"], vision["efficiency"], vision["sm_unknown_gpu_hours"]) == (
+        "0.928571", "0.325000", "0.000000")  # fmt: skip
+    fleet = rows[("fleet", "")]
+    assert (fleet["used_gpu_hours"], fleet["sm_unknown_gpu_hours"]) == ("0.928571", "0.857143")
+
+    path = tmp_path / "r.parquet"
+    path.write_bytes(render_parquet(report))
+    table = pq.read_table(path)
+    team = {r["team"]: r for r in table.to_pylist() if r["section"] == "team"}
+    assert (team["search"]["used_gpu_hours"], team["search"]["efficiency"]) == (None, None)
+    assert team["search"]["sm_unknown_gpu_hours"] == pytest.approx(0.857143)
+    assert table.schema.metadata[b"gpu_ledger.sm_unknown_share"] == b"0.230769"
+
+    md = render_markdown(report)
+    assert f"- **SM activity:** {UNKNOWN}" in md
+    search_md = next(ln for ln in md.splitlines() if ln.startswith("| search |"))
+    # Team | Allocated | Used | Efficiency | Cost | Share
+    assert [c.strip() for c in search_md.split("|")[1:5]] == ["search", "0.86", "—", "—"]
+    vision_md = next(ln for ln in md.splitlines() if ln.startswith("| vision |"))
+    assert [c.strip() for c in vision_md.split("|")[1:5]] == ["vision", "2.86", "0.93", "32.5%"]
+
+    page = render_html(report)
+    assert UNKNOWN in page
+    assert "<td>search</td><td class=\"n\">0.86</td><td class=\"n\">—</td>" in page
+    assert "— (SM activity unknown)" in page  # in the efficiency chart, not left out
+    summary = render_summary(report)
+    assert UNKNOWN in summary
+    assert re.search(r"^search\s+0\.86\s+—\s+—", summary, re.MULTILINE)

@@ -129,8 +129,8 @@ def _price(con: Any, month: Month, cost_model: Any) -> bool:
 
 
 def meter_command(month: Month, db_path: str, cost_model: str | None = None) -> str:
-    """The command that (re-)prices a month; meter reads its facts from Prometheus again."""
-    cmd = f"gpu-ledger meter --prometheus URL --month {month} --db {db_path}"
+    """The command that (re-)prices a month from the facts already in the database."""
+    cmd = f"gpu-ledger meter --price-only --month {month} --db {db_path}"
     return cmd + (f" --cost-model {cost_model}" if cost_model else "")
 
 

@@ -37,8 +37,9 @@ def money(value: Decimal) -> str:
     return f"{cents(value):,.2f}"
 
 
-def hours(value: Decimal) -> str:
-    return f"{value:,.2f}"
+def hours(value: Decimal | None) -> str:
+    """GPU-hours; a dash where they are unknown (SM activity of MIG without GPM)."""
+    return DASH if value is None else f"{value:,.2f}"
 
 
 def percent(value: Decimal | None) -> str:
@@ -89,6 +90,25 @@ def coverage_text(report: Report) -> str:
     if got == of:
         return f"all {of} hours have data"
     return f"{got} of {of} hours have data; no data in {len(report.missing)} range(s)"
+
+
+def sm_text(report: Report) -> str:
+    """Which share of allocated GPU-hours has no SM data, and why: used GPU-hours and
+    efficiency are over the rest, so a reader must know how much that leaves out."""
+    share = report.sm_unknown_share
+    if share is None:
+        return "no allocated GPU-hours"
+    unknown = report.fleet.sm_unknown_gpu_hours
+    if unknown <= 0:
+        return "known for all allocated GPU-hours"
+    causes = []
+    if report.sm_unknown_mig_gpu_hours > 0:
+        causes.append("MIG without GPM")
+    if unknown > report.sm_unknown_mig_gpu_hours:
+        causes.append("no SM samples")
+    pct = f"{share * 100:.1f}%" if share >= Decimal("0.0005") else "<0.1%"
+    return (f"SM activity unknown for {pct} of allocated GPU-hours ({', '.join(causes)}); "
+            "used GPU-hours and efficiency cover the rest")
 
 
 def period_text(report: Report) -> str:
@@ -220,6 +240,7 @@ def facts(report: Report) -> list[tuple[str, str]]:
     return [
         ("Period", period_text(report)),
         ("Data coverage", coverage_text(report)),
+        ("SM activity", sm_text(report)),
         ("Cost model", cost_model_text(report)),
         ("Currency", currency(report)),
         ("Idle", report.idle_policy),

@@ -146,14 +146,21 @@ def _charts(report: Report) -> list[str]:
         ],
     )
 
-    eff_rows = [ln for ln in report.teams if ln.efficiency is not None]
+    # A team whose SM activity is unknown (MIG without GPM) gets a row with a dash and no
+    # bar: left out, it would look like a team that allocated nothing.
+    eff_rows = [
+        ln
+        for ln in report.teams
+        if ln.efficiency is not None or (not ln.overhead and ln.allocated_gpu_hours > 0)
+    ]
     efficiency = charts.hbars(
         "Efficiency by team (used / allocated GPU-hours)",
         [
             BarRow(
                 team_name(ln),
                 [Segment("efficiency", float(ln.efficiency or 0), color(ln))],
-                fmt.percent(ln.efficiency),
+                fmt.percent(ln.efficiency)
+                + ("" if ln.efficiency is not None else " (SM activity unknown)"),
             )
             for ln in eff_rows
         ],

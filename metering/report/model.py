@@ -107,18 +107,27 @@ class Line:
     day: str = ""
     kind: str = ""  # '' for teams' charges, else one of KINDS
     allocated_gpu_hours: Decimal = _ZERO
-    used_gpu_hours: Decimal = _ZERO
+    # SM activity of the allocated hours whose SM activity is known; None when it is known
+    # for none of them (MIG without GPM): unknown, never shown as 0.
+    used_gpu_hours: Decimal | None = _ZERO
+    sm_unknown_gpu_hours: Decimal = _ZERO  # allocated GPU-hours with no SM data
     cost: Decimal = _ZERO
     idle_share: Decimal = _ZERO
     share_of_total: Decimal | None = None
     previous_cost: Decimal | None = None  # None: no previous month to compare with
 
     @property
+    def sm_known_gpu_hours(self) -> Decimal:
+        return self.allocated_gpu_hours - self.sm_unknown_gpu_hours
+
+    @property
     def efficiency(self) -> Decimal | None:
-        """used / allocated; None where nothing was allocated (idle, or no data)."""
-        if self.allocated_gpu_hours == 0:
+        """used / allocated, over the allocated hours with SM data only; None where nothing
+        was allocated (idle, no data) or SM activity is unknown for all of it."""
+        known = self.sm_known_gpu_hours
+        if self.used_gpu_hours is None or known <= 0:
             return None
-        return (self.used_gpu_hours / self.allocated_gpu_hours).quantize(_Q6)
+        return (self.used_gpu_hours / known).quantize(_Q6)
 
     @property
     def idle(self) -> bool:
@@ -160,6 +169,16 @@ class Report:
     has_data: bool  # the month has charges
     top_pods: int = DEFAULT_TOP_PODS
     notes: list[str] = field(default_factory=list)
+    # Of fleet.sm_unknown_gpu_hours, the part on MIG instances (no GPM); the rest had no SM
+    # samples at all.
+    sm_unknown_mig_gpu_hours: Decimal = _ZERO
+
+    @property
+    def sm_unknown_share(self) -> Decimal | None:
+        """Share of allocated GPU-hours without SM data; None when nothing was allocated."""
+        if self.fleet.allocated_gpu_hours <= 0:
+            return None
+        return (self.fleet.sm_unknown_gpu_hours / self.fleet.allocated_gpu_hours).quantize(_Q6)
 
     @property
     def hours_in_period(self) -> int:
@@ -181,9 +200,13 @@ class Report:
 
 # --- queries ---------------------------------------------------------------------------------
 
+# used_gpu_hours is NULL where SM activity is unknown: SUM() adds the known rows only, and the
+# allocated hours of the unknown ones are summed apart, so efficiency compares like with like.
 _SUMS = (
     "SUM(CAST(allocated_gpu_hours AS DECIMAL(38, 9))), "
-    "SUM(CAST(used_gpu_hours AS DECIMAL(38, 9))), SUM(cost), SUM(idle_share)"
+    "SUM(CAST(used_gpu_hours AS DECIMAL(38, 9))), SUM(cost), SUM(idle_share), "
+    "SUM(CASE WHEN used_gpu_hours IS NULL THEN CAST(allocated_gpu_hours AS DECIMAL(38, 9)) "
+    "ELSE 0 END)"
 )
 # Key expressions are fixed here, never taken from input.
 _KEYS = {
@@ -203,8 +226,22 @@ _KIND_KEY = (
     + ") THEN team ELSE '' END"
 )
 
-Sums = tuple[Decimal, Decimal, Decimal, Decimal]
+# allocated, used (None: unknown for all of it), cost, idle share, allocated without SM data
+Sums = tuple[Decimal, Decimal | None, Decimal, Decimal, Decimal]
 Key = tuple[tuple[str, ...], str]  # (key values, kind)
+_NO_SUMS: Sums = (_ZERO, _ZERO, _ZERO, _ZERO, _ZERO)
+
+
+def _sums(values: Sequence[Any]) -> Sums:
+    """Sums from one row of _SUMS."""
+    alloc, used, cost, idle, unknown = values
+    return (
+        Decimal(alloc).quantize(_Q6),
+        None if used is None else Decimal(used).quantize(_Q6),
+        Decimal(cost),
+        Decimal(idle),
+        Decimal(unknown).quantize(_Q6),
+    )
 
 
 def _grouped(con: Any, month: Month, keys: Sequence[str], where: str = "") -> dict[Key, Sums]:
@@ -216,13 +253,7 @@ def _grouped(con: Any, month: Month, keys: Sequence[str], where: str = "") -> di
     out: dict[Key, Sums] = {}
     for row in rows:
         n = len(keys)
-        sums = row[n + 1 :]
-        out[(tuple(str(v) for v in row[:n]), str(row[n]))] = (
-            Decimal(sums[0]).quantize(_Q6),
-            Decimal(sums[1]).quantize(_Q6),
-            Decimal(sums[2]),
-            Decimal(sums[3]),
-        )
+        out[(tuple(str(v) for v in row[:n]), str(row[n]))] = _sums(row[n + 1 :])
     return out
 
 
@@ -239,8 +270,8 @@ def _lines(
         # Groups charged last month but not this one: a zero row keeps their drop visible
         # (and the change column adding up to the fleet's change).
         for key in previous.keys() - current.keys():
-            entries[key] = (_ZERO, _ZERO, _ZERO, _ZERO)
-    for key, (alloc, used, cost, idle) in entries.items():
+            entries[key] = _NO_SUMS
+    for key, (alloc, used, cost, idle, unknown) in entries.items():
         prev: Decimal | None = None
         if previous is not None:
             prev = previous[key][2] if key in previous else _ZERO
@@ -251,6 +282,7 @@ def _lines(
                 kind=key[1],
                 allocated_gpu_hours=alloc,
                 used_gpu_hours=used,
+                sm_unknown_gpu_hours=unknown,
                 cost=cost,
                 idle_share=idle,
                 share_of_total=(cost / total).quantize(_Q6) if total else None,
@@ -277,12 +309,17 @@ def _fleet(con: Any, month: Month) -> Sums | None:
     ).fetchone()
     if row is None or not row[0]:
         return None
-    return (
-        Decimal(row[1]).quantize(_Q6),
-        Decimal(row[2]).quantize(_Q6),
-        Decimal(row[3]),
-        Decimal(row[4]),
-    )
+    return _sums(row[1:])
+
+
+def _sm_unknown_on_mig(con: Any, month: Month) -> Decimal:
+    """Allocated GPU-hours on MIG instances without SM data (no GPM on their GPU)."""
+    row = con.execute(
+        "SELECT SUM(CAST(allocated_gpu_hours AS DECIMAL(38, 9))) FROM charges "
+        "WHERE hour >= ? AND hour < ? AND used_gpu_hours IS NULL AND mig_uuid <> ''",
+        [month.start, month.end],
+    ).fetchone()
+    return _ZERO if row is None or row[0] is None else Decimal(row[0]).quantize(_Q6)
 
 
 def priced_hashes(con: Any, month: Month) -> list[str]:
@@ -334,10 +371,11 @@ def build_report(
         prev = _grouped(con, prev_month, keys, where) if has_previous else None
         return _lines(keys, _grouped(con, month, keys, where), prev, total, vanished)
 
-    alloc, used, cost, idle = fleet_now or (_ZERO, _ZERO, _ZERO, _ZERO)
+    alloc, used, cost, idle, unknown = fleet_now or _NO_SUMS
     fleet_line = Line(
         allocated_gpu_hours=alloc,
         used_gpu_hours=used,
+        sm_unknown_gpu_hours=unknown,
         cost=cost,
         idle_share=idle,
         share_of_total=Decimal(1).quantize(_Q6) if total else None,
@@ -362,4 +400,5 @@ def build_report(
         has_previous=has_previous,
         has_data=fleet_now is not None,
         top_pods=top_pods,
+        sm_unknown_mig_gpu_hours=_sm_unknown_on_mig(con, month),
     )

@@ -33,6 +33,9 @@ def schema(report: Report) -> Any:
         "gpu_ledger.hours_with_data": str(report.hours_with_data),
         "gpu_ledger.missing_hours": ";".join(r.describe() for r in report.missing),
         "gpu_ledger.tool_version": report.tool_version,
+        # share of allocated GPU-hours without SM data ('' when nothing was allocated)
+        "gpu_ledger.sm_unknown_share": "" if report.sm_unknown_share is None
+        else f"{report.sm_unknown_share:.6f}",
     }
     fields = [pa.field(name, _TYPES[kind]) for name, kind in tidy.COLUMNS]
     return pa.schema(fields, metadata=metadata)

@@ -43,6 +43,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("hours_in_period", "int"),
     ("hours_with_data", "int"),
     ("tool_version", "str"),
+    ("sm_unknown_gpu_hours", "float"),
 )
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 
@@ -69,7 +70,8 @@ def _figures(line: Line) -> Row:
         "day": line.day,
         "kind": line.kind,
         "allocated_gpu_hours": line.allocated_gpu_hours,
-        "used_gpu_hours": line.used_gpu_hours,
+        "used_gpu_hours": line.used_gpu_hours,  # None (empty / null): unknown
+        "sm_unknown_gpu_hours": line.sm_unknown_gpu_hours,
         "efficiency": line.efficiency,
         "cost": line.cost,
         "idle_share": line.idle_share,

@@ -40,8 +40,11 @@ WITH a AS (
            greatest(a.replicas, 1) > 1 AS shared,
            a.mig_uuid <> '' AS is_mig,
            CASE getvariable('gl_split') WHEN 'memory' THEN greatest(a.memory_byte_seconds, 0)
-                WHEN 'sm' THEN greatest(a.sm_seconds, 0) ELSE 0 END AS split_w,
-           greatest(a.sm_seconds, 0) AS sm_seconds,
+                WHEN 'sm' THEN greatest(coalesce(a.sm_seconds, 0), 0) ELSE 0 END AS split_w,
+           -- NULL stays NULL (greatest() would skip it and give 0): unknown is not idle.
+           CASE WHEN a.sm_seconds IS NOT NULL THEN greatest(a.sm_seconds, 0) END AS sm_seconds,
+           CASE WHEN mh.sm_active_seconds IS NOT NULL THEN greatest(mh.sm_active_seconds, 0)
+           END AS gpm_seconds,
            -- MIG profile and slices from the MIG facts, else from a mixed-strategy resource
            -- name (nvidia.com/mig-3g.40gb) with 7 parent slices (A100, H100, H200).
            CASE WHEN a.mig_uuid = '' THEN ''
@@ -73,13 +76,29 @@ WITH a AS (
            END AS mig_frac
     FROM a
     LEFT JOIN _p_mig_table t ON a.is_mig AND t.profile = a.profile
-), al AS (
+), g AS (
     SELECT f.*,
-           mig_frac * share * held_hours AS alloc_hours,
-           -- device-equivalent hours of SM activity; unknown on MIG (NULL).
-           CASE WHEN is_mig THEN NULL ELSE least(sm_seconds / 3600.0, held_hours) END
-               AS used_hours
+           -- the instance's SM capacity in device-equivalents: physical slices, whatever
+           -- mig.fraction prices it at (used GPU-hours measure activity, not money).
+           CASE WHEN is_mig THEN least(coalesce(slices, 1) / greatest(parent_slices, 1), 1.0)
+                ELSE 1.0 END AS slice_frac,
+           -- this container's part of the instance's holding in the hour (several containers
+           -- may share an instance, in turn or as replicas): GPM measures the instance.
+           share * held_hours / nullif(sum(share * held_hours)
+               OVER (PARTITION BY hour, uuid, mig_uuid), 0) AS inst_part
     FROM f
+), al AS (
+    SELECT g.*,
+           mig_frac * share * held_hours AS alloc_hours,
+           -- device-equivalent hours of SM activity: the container's own figure, else on MIG
+           -- its part of the instance's GPM activity; NULL (unknown) when neither exists.
+           CASE WHEN sm_seconds IS NOT NULL
+                    THEN least(sm_seconds / 3600.0, slice_frac * held_hours)
+                WHEN is_mig AND gpm_seconds IS NOT NULL
+                    THEN least(gpm_seconds / 3600.0 * slice_frac * coalesce(inst_part, 0),
+                               slice_frac * held_hours)
+           END AS used_hours
+    FROM g
 ), u AS (
     SELECT al.*,
            CASE WHEN used_hours IS NULL OR alloc_hours <= 0 THEN NULL
@@ -121,7 +140,8 @@ WITH inst AS (
                               + getvariable('gl_usage_weight') * used_hours, split_hours)
            END AS charge_hours,
            CASE WHEN getvariable('gl_basis') = 'allocation' THEN 'allocation'
-                WHEN used_hours IS NULL THEN 'allocation (no SM data on MIG)'
+                WHEN used_hours IS NULL AND mig_uuid <> '' THEN 'allocation (no SM data on MIG)'
+                WHEN used_hours IS NULL THEN 'allocation (no SM data)'
                 ELSE getvariable('gl_basis') END AS basis
     FROM sp
 ), dev AS (
@@ -138,7 +158,7 @@ SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, shari
        basis, fraction,
        rate_micros * mult / 1e6 AS rate,
        alloc_hours AS allocated_gpu_hours,
-       coalesce(used_hours, 0) AS used_gpu_hours,
+       used_hours AS used_gpu_hours,  -- NULL: unknown, reports say so instead of 0%
        floor(rate_micros * fraction)::BIGINT AS list_micros,
        floor(rate_micros * fraction * mult)::BIGINT AS final_micros,
        hash(namespace, pod, container, uuid, mig_uuid) AS row_key

@@ -26,6 +26,9 @@ CREATE TABLE IF NOT EXISTS mig_hours (
     parent_slices     INTEGER   NOT NULL,
     memory_total_bytes DOUBLE,
     observed_seconds  DOUBLE    NOT NULL,
+    -- integral of gpu_sm_active_ratio (GPM, Hopper+) of the instance; NULL without samples
+    -- (no GPM, e.g. A100): unknown, not idle. Added later: last, as migrations append it.
+    sm_active_seconds DOUBLE,
     PRIMARY KEY (hour, mig_uuid)
 );
 
@@ -43,7 +46,8 @@ CREATE TABLE IF NOT EXISTS allocation_hours (
     units             DOUBLE    NOT NULL,   -- shares of the device this container holds (avg)
     allocated_seconds DOUBLE    NOT NULL,   -- samples of gpu_container_allocation x spacing
     memory_byte_seconds DOUBLE  NOT NULL,   -- integral of gpu_container_memory_used_bytes
-    sm_seconds        DOUBLE    NOT NULL,   -- integral of gpu_container_sm_utilization_ratio
+    sm_seconds        DOUBLE,               -- integral of gpu_container_sm_utilization_ratio;
+                                            -- NULL without samples (MIG): unknown, not idle
     labels            MAP(VARCHAR, VARCHAR) NOT NULL,  -- label_<name> pod labels, name without prefix
     PRIMARY KEY (hour, namespace, pod, container, uuid, mig_uuid)
 );
@@ -77,11 +81,12 @@ CREATE TABLE IF NOT EXISTS charges (
     model             VARCHAR   NOT NULL,
     sharing           VARCHAR   NOT NULL,   -- exclusive | mig | time-slicing | mps | idle | down | adjustment
     profile           VARCHAR   NOT NULL,   -- MIG profile or ''
-    basis             VARCHAR   NOT NULL,   -- allocation | usage | blend | idle | idle-share | down | adjustment | allocation (no SM data on MIG)
+    basis             VARCHAR   NOT NULL,   -- allocation | usage | blend | idle | idle-share | down | adjustment | allocation (no SM data on MIG) | allocation (no SM data)
     fraction          DOUBLE    NOT NULL,   -- share of the device-hour charged to this row
     rate              DOUBLE    NOT NULL,   -- device-hour price used (after discounts, tiers, factors); cost - idle_share ≈ rate x fraction
     allocated_gpu_hours DOUBLE  NOT NULL,   -- device-equivalent hours allocated
-    used_gpu_hours    DOUBLE    NOT NULL,   -- device-equivalent hours of SM activity
+    used_gpu_hours    DOUBLE,               -- device-equivalent hours of SM activity; NULL: unknown
+                                            -- (MIG without GPM, no SM samples)
     cost              DECIMAL(18, 6) NOT NULL,
     idle_share        DECIMAL(18, 6) NOT NULL, -- part of cost that is shared-out idle
     cost_model_hash   VARCHAR   NOT NULL
