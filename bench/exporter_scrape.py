@@ -172,7 +172,9 @@ def scrape_comparison(node: SimNode, plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for gz in (False, True):
         key = "gzip" if gz else "plain"
-        out[f"ours_{key}"] = serve_and_scrape(node.sampler, plan.scrapes, gz)
+        # As shipped, a gzip scrape waits ~40 ms on a delayed ACK: fewer of them do.
+        n = min(plan.scrapes, 1_000) if gz else plan.scrapes
+        out[f"ours_{key}"] = serve_and_scrape(node.sampler, n, gz)
         with tcp_nodelay():
             out[f"ours_{key}_nodelay"] = serve_and_scrape(node.sampler, plan.scrapes, gz)
             out[f"naive_{key}"] = serve_and_scrape(naive, plan.naive_scrapes, gz)
@@ -231,7 +233,7 @@ def exporter_process(yaml_text: str, plan: Plan, shim: bool) -> dict[str, Any]:
                 rss_before = rss_mib(proc.pid)
                 cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
                 plain, size = scrape_loop(port, plan.proc_scrapes, False)
-                gz, gz_size = scrape_loop(port, plan.proc_scrapes // 4, True)
+                gz, gz_size = scrape_loop(port, min(plan.proc_scrapes // 4, 500), True)
                 scrape_wall = time.monotonic() - t0
                 scrape_cpu = cpu_seconds(proc.pid) - cpu0
                 rss_after = rss_mib(proc.pid)
@@ -315,6 +317,10 @@ def growth(plan: Plan) -> dict[str, list[dict[str, Any]]]:
 # --- report --------------------------------------------------------------------------------------
 
 
+def _p50_p99(r: dict[str, float]) -> str:
+    return f"{r['p50_ms']:.3f} / {r['p99_ms']:.3f}"
+
+
 def report(res: dict[str, Any]) -> str:
     big, raw, cmp_ = res["cycle"], res["cycle_unshimmed"], res["scrapes"]
     proc, proc_raw = res["process"], res["process_unshimmed"]
@@ -331,8 +337,7 @@ def report(res: dict[str, Any]) -> str:
         ["scrape p50 / p99, gzip (ms, in-process)", "p99 <= 5",
          f"{cmp_['ours_gzip']['p50_ms']:.3f} / {cmp_['ours_gzip']['p99_ms']:.3f}"],
         ["same with TCP_NODELAY, plain | gzip p50 / p99 (ms)", "p99 <= 5",
-         f"{cmp_['ours_plain_nodelay']['p50_ms']:.3f} / {cmp_['ours_plain_nodelay']['p99_ms']:.3f}"
-         f" | {cmp_['ours_gzip_nodelay']['p50_ms']:.3f} / {cmp_['ours_gzip_nodelay']['p99_ms']:.3f}"],
+         f"{_p50_p99(cmp_['ours_plain_nodelay'])} | {_p50_p99(cmp_['ours_gzip_nodelay'])}"],
         ["naive generate_latest p50 / p99, plain (ms)", "",
          f"{cmp_['naive_plain']['p50_ms']:.2f} / {cmp_['naive_plain']['p99_ms']:.2f}"],
         ["naive generate_latest p50 / p99, gzip (ms)", "",

@@ -52,7 +52,7 @@ SELECT $start + h * INTERVAL 1 HOUR, 'node-' || n, g::VARCHAR, 'GPU-' || n || '-
        END,
        CASE WHEN n % 10 = 0 THEN NULL ELSE 3600 * u(n * 31 + g * 7 + h) END,
        3600 * 400 * (0.3 + 0.6 * u(n + g + h * 13))
-FROM range($nodes) t(n), range({GPUS_PER_NODE}) gg(g), range($hours) hh(h)
+FROM range($nodes) t(n), range({GPUS_PER_NODE}) gg(g), range($h0, $h0 + $hours) hh(h)
 """
 
 MIG_SQL = f"""
@@ -61,7 +61,7 @@ INSERT INTO mig_hours (hour, node, uuid, mig_uuid, profile, slices, parent_slice
 SELECT $start + h * INTERVAL 1 HOUR, 'node-' || n, 'GPU-' || n || '-' || g,
        'MIG-' || n || '-' || g || '-' || m, '1g.10gb', 1, 7, 10737418240, 3600
 FROM range(0, $nodes, 10) t(n), range({GPUS_PER_NODE}) gg(g), range({MIG_PER_GPU}) mm(m),
-     range($hours) hh(h)
+     range($h0, $h0 + $hours) hh(h)
 """
 
 # One row per (unit, device, hour) while a pod runs; a unit is the thing a pod holds.
@@ -91,7 +91,7 @@ WITH units AS (
 ), timeline AS (
     SELECT s.*, h, floor((h + phase) / period)::INTEGER AS k,
            (h + phase) - floor((h + phase) / period) * period AS pos
-    FROM shaped s, range($hours) hh(h)
+    FROM shaped s, range($h0, $h0 + $hours) hh(h)
 ), running AS (
     SELECT *, u(unit || '-' || k) AS rk FROM timeline
     WHERE pos < busy_base * period / CASE kind WHEN 'exclusive' THEN {PODS["exclusive"][0]}
@@ -120,11 +120,18 @@ FROM running
 
 
 def generate(con: Any, fleet: Fleet) -> dict[str, int]:
-    """Fill device_hours, mig_hours and allocation_hours; returns rows per table and pods."""
+    """Fill device_hours, mig_hours and allocation_hours; returns rows per table and pods.
+    Generation is not what is measured: it may use more memory than metering's 2 GB cap
+    (the primary-key indexes of a month of a large fleet do not fit in it while loading), so
+    it raises the cap for its own connection and inserts a week at a time."""
     con.execute(_U)
-    params = fleet.params()
-    for sql in (DEVICE_SQL, MIG_SQL, ALLOC_SQL):
-        con.execute(sql, params)
+    con.execute("SET memory_limit = '8GB'")
+    con.execute("SET preserve_insertion_order = false")
+    week = 168
+    for first in range(0, fleet.hours, week):
+        params = {**fleet.params(), "h0": first, "hours": min(week, fleet.hours - first)}
+        for sql in (DEVICE_SQL, MIG_SQL, ALLOC_SQL):
+            con.execute(sql, params)
     counts = {t: int(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0])
               for t in ("device_hours", "mig_hours", "allocation_hours")}
     counts["pods"] = int(con.execute(

@@ -34,7 +34,7 @@ HISTORY_FAMILIES = (
     "gpu_power_watts", "gpu_temperature_celsius", "gpu_memory_used_bytes",
     "gpu_memory_total_bytes", "gpu_mig_info", "gpu_mig_memory_total_bytes",
     "gpu_xid_errors_total", "gpu_container_allocation", "gpu_container_memory_used_bytes",
-    "gpu_container_sm_utilization_ratio", "gpu_container_processes",
+    "gpu_container_sm_utilization_ratio", "gpu_container_processes", "gpu_sm_active_ratio",
 )
 
 

@@ -28,7 +28,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gpu-ledger meter",
                 description="Pull hourly GPU facts (device, MIG, allocation) for a period from "
-                            "Prometheus or an OpenMetrics file into DuckDB, then price them.")
+                            "Prometheus or an OpenMetrics file into DuckDB, then price them; "
+                            "or, with --price-only, price the facts already in the database.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL")
     src.add_argument("--openmetrics", metavar="FILE",
