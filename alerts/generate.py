@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from gpu_ledger.generated import sync
+
 HERE = Path(__file__).resolve().parent
 ALERTS_FILE = HERE / "gpu-ledger-alerts.yml"
 RECORDING_FILE = HERE / "gpu-ledger-recording.yml"
@@ -466,21 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="exit 1 if a committed rule file differs from the tables")
     args = parser.parse_args(argv)
-    stale = []
-    for path, text in outputs().items():
-        current = path.read_text(encoding="utf-8") if path.exists() else None
-        if current == text:
-            continue
-        if args.check:
-            stale.append(path.name)
-        else:
-            path.write_text(text, encoding="utf-8")
-            print(f"wrote {path.relative_to(HERE.parent)}")
-    if stale:
-        print(f"stale: {', '.join(stale)}; run `python -m alerts.generate`", file=sys.stderr)
-        return 1
-    return 0
-
+    return sync(outputs(), args.check, "python -m alerts.generate")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,6 +28,8 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from gpu_ledger.generated import sync
+
 HERE = Path(__file__).resolve().parent
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAGS = ["gpu", "gpu-ledger"]
@@ -373,21 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="exit 1 if a committed dashboard differs from the generator")
     args = parser.parse_args(argv)
-    stale = []
-    for path, text in outputs().items():
-        current = path.read_text(encoding="utf-8") if path.exists() else None
-        if current == text:
-            continue
-        if args.check:
-            stale.append(path.name)
-        else:
-            path.write_text(text, encoding="utf-8")
-            print(f"wrote dashboards/{path.name}")
-    if stale:
-        print(f"stale: {', '.join(stale)}; run `python -m dashboards.generate`", file=sys.stderr)
-        return 1
-    return 0
-
+    return sync(outputs(), args.check, "python -m dashboards.generate")
 
 if __name__ == "__main__":
     sys.exit(main())
