@@ -284,7 +284,7 @@ def test_daemonset_security_context() -> None:
     assert "add" not in sc["capabilities"]
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert DS_POD["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert DS_CONTAINER["resources"] == {"requests": {"cpu": "50m", "memory": "64Mi"},
+    assert DS_CONTAINER["resources"] == {"requests": {"cpu": "50m", "memory": "128Mi"},
                                          "limits": {"cpu": "200m", "memory": "192Mi"}}
 
 

@@ -129,6 +129,7 @@ class Timeline:
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
+        self._last: tuple[float, tuple[SimProcess, ...]] | None = None
         slots: list[_Slot] = []
         for pod in scenario.pods:
             window = Window(pod.start, pod.end, pod.repeat)
@@ -157,11 +158,17 @@ class Timeline:
         return AUTO_PID_BASE + (run * n + s.slot) % _PID_SPAN
 
     def processes_at(self, t: float) -> list[SimProcess]:
+        # SimNVML asks once per device per call at the same t within a cycle of a manual
+        # clock; rebuilding every process each time dominated a big node's cycle.
+        last = self._last
+        if last is not None and last[0] == t:
+            return list(last[1])
         out: list[SimProcess] = []
         for s in self.slots:
             run = s.window.run_at(t)
             if run is not None:
                 out.append(self._process(s, run[0], t - run[1]))
+        self._last = (t, tuple(out))  # one assignment: safe for concurrent readers
         return out
 
     def _process(self, s: _Slot, run: int, since: float) -> SimProcess:
