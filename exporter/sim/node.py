@@ -129,7 +129,7 @@ class Timeline:
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
-        self._last: tuple[float, tuple[SimProcess, ...]] | None = None
+        self._identities: dict[tuple[int, int], tuple[str, str, str, str]] = {}
         slots: list[_Slot] = []
         for pod in scenario.pods:
             window = Window(pod.start, pod.end, pod.repeat)
@@ -158,33 +158,38 @@ class Timeline:
         return AUTO_PID_BASE + (run * n + s.slot) % _PID_SPAN
 
     def processes_at(self, t: float) -> list[SimProcess]:
-        # SimNVML asks once per device per call at the same t within a cycle of a manual
-        # clock; rebuilding every process each time dominated a big node's cycle.
-        last = self._last
-        if last is not None and last[0] == t:
-            return list(last[1])
         out: list[SimProcess] = []
         for s in self.slots:
             run = s.window.run_at(t)
             if run is not None:
                 out.append(self._process(s, run[0], t - run[1]))
-        self._last = (t, tuple(out))  # one assignment: safe for concurrent readers
         return out
 
-    def _process(self, s: _Slot, run: int, since: float) -> SimProcess:
-        sc = self.scenario
-        gpu = sc.gpus[s.gpu]
-        sm = s.sm_util.at(since)
+    def _identity(self, s: _Slot, run: int) -> tuple[str, str, str, str]:
+        """(namespace, pod, container, cgroup line) of one run of a slot. Deriving UUIDs and
+        container IDs is the costly part of a process and never changes within a run, while
+        SimNVML asks for the process list at many instants per cycle (GPM samples)."""
+        key = (s.slot, run)
+        hit = self._identities.get(key)
+        if hit is not None:
+            return hit
         if s.pod is not None:
             uid, name = pod_identity(s.pod, run)
             cname = s.pod.containers[s.container].name
-            cid = container_id(uid, cname)
-            cgroup = cgroup_line(sc, s.pod.qos, uid, cid)
-            ns = s.pod.namespace
+            ident = (s.pod.namespace, name, cname,
+                     cgroup_line(self.scenario, s.pod.qos, uid, container_id(uid, cname)))
         else:
             assert s.host is not None
-            ns, name, cname = "", "", ""
-            cgroup = f"0::/system.slice/{s.host.name}.service"
+            ident = ("", "", "", f"0::/system.slice/{s.host.name}.service")
+        if len(self._identities) > 100_000:  # a long churny simulation: forget old runs
+            self._identities.clear()
+        self._identities[key] = ident
+        return ident
+
+    def _process(self, s: _Slot, run: int, since: float) -> SimProcess:
+        gpu = self.scenario.gpus[s.gpu]
+        sm = s.sm_util.at(since)
+        ns, name, cname, cgroup = self._identity(s, run)
         return SimProcess(
             pid=self.pid(s, run), name=s.name, gpu=s.gpu, mig=s.mig, uuid=gpu.uuid,
             mig_uuid=gpu.mig[s.mig].uuid if gpu.mig is not None and s.mig is not None else "",
