@@ -146,6 +146,11 @@ class AttributionCollector:
             if proc.sm_util is not None:
                 sink.add("gpu_process_sm_utilization_ratio", labels, proc.sm_util)
 
+    @property
+    def pod_watch(self) -> PodWatch | None:
+        """The pod watch (None with --no-kubernetes), for callers that wait on its first list."""
+        return self._watch
+
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()

@@ -158,7 +158,7 @@ class SimCluster:
             node.refresh_proc_tree()
             node.sampler.cycle()  # starts the collectors' background threads
         watches = [w for n in self.nodes for c in n.sampler.collectors
-                   if (w := getattr(c, "_watch", None)) is not None]
+                   if (w := getattr(c, "pod_watch", None)) is not None]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(w.lists < 1 for w in watches):
             time.sleep(0.02)
