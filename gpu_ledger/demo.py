@@ -139,9 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def default_month(now: datetime) -> str:
+    """Last month, or the one before while last month ended under 3 h ago (backfill limit)."""
+    month = previous_month(now)
+    if month_bounds(month)[1] > now - timedelta(hours=3):
+        month = previous_month(month_bounds(month)[0])
+    return month
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    month = args.month or previous_month(datetime.now(UTC))
+    month = args.month or default_month(datetime.now(UTC))
     try:
         start, end = month_bounds(month)
     except ValueError:
