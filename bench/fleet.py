@@ -121,9 +121,8 @@ FROM running
 
 def generate(con: Any, fleet: Fleet) -> dict[str, int]:
     """Fill device_hours, mig_hours and allocation_hours; returns rows per table and pods.
-    Generation is not what is measured: it may use more memory than metering's 2 GB cap
-    (the primary-key indexes of a month of a large fleet do not fit in it while loading), so
-    it raises the cap for its own connection and inserts a week at a time."""
+    Generation is not what is measured: it raises DuckDB's cap for its own connection
+    (metering's is 1.5GB) and inserts a week at a time, which keeps it fast."""
     con.execute(_U)
     con.execute("SET memory_limit = '8GB'")
     con.execute("SET preserve_insertion_order = false")

@@ -29,8 +29,8 @@ from bench.common import machine, say, table, write_json
 from bench.fleet import Fleet, generate
 
 MONTH = "2026-10"
-MEMORY_ENV = "GPU_LEDGER_MEMORY_LIMIT"  # metering.db's DuckDB memory cap (default 2GB)
-CAPPED = "1.5GB"
+MEMORY_ENV = "GPU_LEDGER_MEMORY_LIMIT"  # metering.db's DuckDB memory cap (default 1.5GB)
+CAPPED = "1GB"
 START = datetime(2026, 10, 1)
 END = datetime(2026, 11, 1)
 

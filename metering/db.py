@@ -7,6 +7,7 @@ its header before DuckDB does, so nothing can "repair" it by writing over someon
 from __future__ import annotations
 
 import os
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -53,12 +54,36 @@ _MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+def _table_ddl(table: str) -> str:
+    """The CREATE TABLE statement of `table` in schema.sql."""
+    m = re.search(rf"CREATE TABLE IF NOT EXISTS {table} \(.*?\n\);", schema_sql(), re.S)
+    assert m is not None, table
+    return m.group(0)
+
+
+def _drop_primary_key(table: str) -> tuple[str, tuple[str, ...]]:
+    """Fact tables lost their PRIMARY KEY (its index cost most of an ingest's write time).
+    DuckDB cannot drop a constraint, so the table is rebuilt from schema.sql and its rows
+    copied by column name. Runs after the steps above, whose columns the copy needs."""
+    return (
+        "SELECT count(*) > 0 FROM duckdb_constraints() WHERE database_name = "
+        f"current_database() AND table_name = '{table}' AND constraint_type = 'PRIMARY KEY'",
+        (f"ALTER TABLE {table} RENAME TO {table}__with_key",
+         _table_ddl(table),
+         f"INSERT INTO {table} BY NAME SELECT * FROM {table}__with_key",
+         f"DROP TABLE {table}__with_key"))
+
+
+_MIGRATIONS += tuple(_drop_primary_key(t)
+                     for t in ("device_hours", "mig_hours", "allocation_hours"))
+
+
 def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Bring an existing database's tables up to schema.sql; returns the statements run."""
     done: list[str] = []
     for check, statements in _MIGRATIONS:
-        row = con.execute(check).fetchone()
-        if not (row and row[0]):
+        rows = con.execute(check).fetchall()  # all: a pending result blocks register()
+        if not (rows and rows[0][0]):
             continue
         con.execute("BEGIN TRANSACTION")
         try:
@@ -87,9 +112,11 @@ def _check_header(path: Path) -> None:
 
 
 # DuckDB takes 80% of the machine's memory by default; a metering pod should stay inside
-# its limit instead. A month of a 1,000-node fleet prices within 2 GB (docs/performance.md).
+# its limit instead. The cap bounds DuckDB's buffers (cached blocks included), not the
+# process, which peaks ~0.1 GB above it: 1.5GB keeps a 1,000-node month's pricing (which
+# needs ~1 GB since it prices a week at a time) under 2 GB (docs/performance.md).
 MEMORY_LIMIT_ENV = "GPU_LEDGER_MEMORY_LIMIT"
-DEFAULT_MEMORY_LIMIT = "2GB"
+DEFAULT_MEMORY_LIMIT = "1.5GB"
 
 
 def _config() -> dict[str, str | bool | int | float | list[str]]:
@@ -101,7 +128,7 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
 
     read_only opens an existing file without creating or changing anything (for reports);
     otherwise tables from an earlier version are migrated (see _MIGRATIONS).
-    Memory is capped at $GPU_LEDGER_MEMORY_LIMIT (default 2GB); DuckDB spills beyond it.
+    Memory is capped at $GPU_LEDGER_MEMORY_LIMIT (default 1.5GB); DuckDB spills beyond it.
     """
     if str(path) == ":memory:":  # tests and throwaway runs
         con = duckdb.connect(":memory:", config=_config())

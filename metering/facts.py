@@ -24,6 +24,10 @@ import pyarrow as pa
 HOUR_S = 3600
 DEVICE_COLS = ("node", "gpu", "uuid", "model")
 CONTAINER_COLS = ("node", "namespace", "pod", "container", "uuid", "mig_uuid")
+# What identifies a fact row (besides the hour) in each fact table.
+DEVICE_KEY = ("uuid",)
+MIG_KEY = ("mig_uuid",)
+CONTAINER_KEY = ("namespace", "pod", "container", "uuid", "mig_uuid")
 ALLOC_COLS = (*CONTAINER_COLS, "resource", "sharing", "replicas")
 POD_LABEL_PREFIX = "label_"
 
@@ -38,7 +42,10 @@ class SignalSpec:
     family: str  # sample name as Prometheus stores it
     func: str  # count | sum | max | min | last
     cols: tuple[str, ...]  # labels kept as columns ('' where a series lacks one)
-    pod_labels: bool = False  # keep label_* as a MAP
+    # Labels of the fact row the series feeds; their 64-bit hash (column `key`) is what the
+    # fact SQL groups and joins on, so no statement hashes strings per sample.
+    key: tuple[str, ...]
+    pod_labels: bool = False  # keep label_* (prefix dropped) as a MAP column `labels`
     # Labels a series must have non-empty to count (a family that mixes device and MIG
     # series keeps only the MIG ones); both sources apply it, so their rows stay equal.
     nonempty: tuple[str, ...] = ()
@@ -56,23 +63,29 @@ class SignalSpec:
 
 
 SIGNALS: tuple[SignalSpec, ...] = (
-    SignalSpec("up_count", "gpu_up", "count", DEVICE_COLS),
-    SignalSpec("up_sum", "gpu_up", "sum", DEVICE_COLS),
-    SignalSpec("info_count", "gpu_info", "count", ("node", "uuid", "mig_mode")),
-    SignalSpec("util_sum", "gpu_utilization_ratio", "sum", ("node", "uuid")),
-    SignalSpec("energy_last", "gpu_energy_joules_total", "last", ("node", "uuid")),
-    SignalSpec("energy_min", "gpu_energy_joules_total", "min", ("node", "uuid")),
+    SignalSpec("up_count", "gpu_up", "count", DEVICE_COLS, DEVICE_KEY),
+    SignalSpec("up_sum", "gpu_up", "sum", DEVICE_COLS, DEVICE_KEY),
+    SignalSpec("info_count", "gpu_info", "count", ("node", "uuid", "mig_mode"), DEVICE_KEY),
+    SignalSpec("util_sum", "gpu_utilization_ratio", "sum", ("node", "uuid"), DEVICE_KEY),
+    SignalSpec("energy_last", "gpu_energy_joules_total", "last", ("node", "uuid"),
+               DEVICE_KEY),
+    SignalSpec("energy_min", "gpu_energy_joules_total", "min", ("node", "uuid"), DEVICE_KEY),
     SignalSpec("mig_count", "gpu_mig_info", "count",
-               ("node", "uuid", "mig_uuid", "profile", "slices", "parent_slices")),
-    SignalSpec("migmem_max", "gpu_mig_memory_total_bytes", "max", ("node", "mig_uuid")),
+               ("node", "uuid", "mig_uuid", "profile", "slices", "parent_slices"), MIG_KEY),
+    SignalSpec("migmem_max", "gpu_mig_memory_total_bytes", "max", ("node", "mig_uuid"),
+               MIG_KEY),
     # GPM SM activity per MIG instance (Hopper+): the only SM figure MIG has. The family also
     # has per-GPU series (mig_uuid ''), which device facts do not use.
-    SignalSpec("gpm_sum", "gpu_sm_active_ratio", "sum", ("node", "mig_uuid"),
+    SignalSpec("gpm_sum", "gpu_sm_active_ratio", "sum", ("node", "mig_uuid"), MIG_KEY,
                nonempty=("mig_uuid",)),
-    SignalSpec("alloc_count", "gpu_container_allocation", "count", ALLOC_COLS, True),
-    SignalSpec("alloc_sum", "gpu_container_allocation", "sum", ALLOC_COLS, True),
-    SignalSpec("cmem_sum", "gpu_container_memory_used_bytes", "sum", CONTAINER_COLS),
-    SignalSpec("csm_sum", "gpu_container_sm_utilization_ratio", "sum", CONTAINER_COLS),
+    SignalSpec("alloc_count", "gpu_container_allocation", "count", ALLOC_COLS, CONTAINER_KEY,
+               True),
+    SignalSpec("alloc_sum", "gpu_container_allocation", "sum", ALLOC_COLS, CONTAINER_KEY,
+               True),
+    SignalSpec("cmem_sum", "gpu_container_memory_used_bytes", "sum", CONTAINER_COLS,
+               CONTAINER_KEY),
+    SignalSpec("csm_sum", "gpu_container_sm_utilization_ratio", "sum", CONTAINER_COLS,
+               CONTAINER_KEY),
 )
 FAMILIES: frozenset[str] = frozenset(s.family for s in SIGNALS)
 
@@ -90,29 +103,36 @@ def series_hash(key: str) -> int:
 
 def build_signal(spec: SignalSpec, series: Sequence[Mapping[str, str]], sid: np.ndarray,
                  hour_s: np.ndarray, value: np.ndarray) -> pa.Table:
-    """Arrow table for one signal: point i belongs to series[sid[i]], hour start hour_s[i]."""
-    idx = pa.array(sid.astype(np.int64, copy=False))
+    """Arrow table for one signal: point i belongs to series[sid[i]], hour start hour_s[i].
+
+    Per-series columns are dictionary-encoded with one dictionary entry per series (Arrow
+    allows repeats) and `sid` as the indices: nothing is copied per point, and DuckDB reads
+    such a column as a dictionary vector, converting each label (and each MAP) once per
+    series instead of once per sample."""
+    idx = pa.array(sid.astype(np.int32, copy=False), pa.int32())
     skeys = [series_key(m) for m in series]
     hashes = np.fromiter((series_hash(k) for k in skeys), np.int64, len(skeys))
+    keys = np.fromiter((series_hash("\x1f".join(m.get(c, "") for c in spec.key))
+                        for m in series), np.int64, len(series))
+
+    def per_series(values: pa.Array) -> pa.DictionaryArray:
+        return pa.DictionaryArray.from_arrays(idx, values)
+
     cols: dict[str, Any] = {
-        "series": pa.array(skeys, pa.string()).take(idx),
+        "series": per_series(pa.array(skeys, pa.string())),
         "sh": pa.array(hashes).take(idx),
         # Low 32 bits of the id: a tie-break packed under the sample count in one BIGINT.
         "rank": pa.array(hashes & 0xFFFFFFFF).take(idx),
+        "key": pa.array(keys).take(idx),
         "hour": pa.array(hour_s.astype(np.int64, copy=False) * 1_000_000, pa.timestamp("us")),
         "value": pa.array(value.astype(np.float64, copy=False), pa.float64()),
     }
     for col in spec.cols:
-        cols[col] = pa.array([m.get(col, "") for m in series], pa.string()).take(idx)
+        cols[col] = per_series(pa.array([m.get(col, "") for m in series], pa.string()))
     if spec.pod_labels:
-        keys, vals = [], []
-        for m in series:
-            pairs = sorted((k[len(POD_LABEL_PREFIX):], v) for k, v in m.items()
-                           if k.startswith(POD_LABEL_PREFIX))
-            keys.append([k for k, _ in pairs])
-            vals.append([v for _, v in pairs])
-        cols["label_keys"] = pa.array(keys, pa.list_(pa.string())).take(idx)
-        cols["label_vals"] = pa.array(vals, pa.list_(pa.string())).take(idx)
+        labels = [sorted((k[len(POD_LABEL_PREFIX):], v) for k, v in m.items()
+                         if k.startswith(POD_LABEL_PREFIX)) for m in series]
+        cols["labels"] = per_series(pa.array(labels, pa.map_(pa.string(), pa.string())))
     return pa.table(cols)
 
 
@@ -146,11 +166,15 @@ _IN_CHUNK = _in()
 # at 3600 and integrals scaled by the same factor, i.e. overlapping duplicates are averaged.
 _SCALE = "least(1.0, 3600.0 / {sec})"
 
+# Every statement below aggregates per (hour, key) on integers: the series with the most
+# samples (`w`, ties broken by its id) names the fact row, and only that series' string
+# labels are read back, by a join on (series hash, hour). Hashing six strings per sample to
+# group and join was most of the time of a chunk.
 DEVICE_SQL = f"""
 INSERT INTO device_hours (hour, node, gpu, uuid, model, mig_enabled, observed_seconds,
                           up_seconds, sm_active_seconds, energy_joules)
 WITH up AS (
-    SELECT c.hour, c.node, c.gpu, c.uuid, c.model, c.value AS n,
+    SELECT c.hour, c.key, c.sh, c.value AS n,
            CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w,
            coalesce(s.value, 0) AS ones, {_DT} AS dt
     FROM up_count c
@@ -158,21 +182,19 @@ WITH up AS (
     LEFT JOIN spacing sp ON sp.node = c.node
     WHERE {_in("c")}),
 dev AS (
-    -- The series with the most samples names the device; the id breaks ties.
-    SELECT hour, uuid, arg_max({{'node': node, 'gpu': gpu, 'model': model}}, w) AS a,
-           sum(n * dt) AS obs, sum(ones * dt) AS up
-    FROM up GROUP BY hour, uuid),
+    SELECT hour, key, arg_max(sh, w) AS sh, sum(n * dt) AS obs, sum(ones * dt) AS up
+    FROM up GROUP BY hour, key),
 info AS (
-    SELECT hour, uuid, bool_or(lower(mig_mode) IN ('enabled', 'true', '1', 'on')) AS mig
-    FROM info_count WHERE {_IN_CHUNK} GROUP BY hour, uuid),
+    SELECT hour, key, bool_or(lower(mig_mode) IN ('enabled', 'true', '1', 'on')) AS mig
+    FROM info_count WHERE {_IN_CHUNK} GROUP BY hour, key),
 util AS (
-    SELECT u.hour, u.uuid, sum(u.value * {_DT}) AS sm
+    SELECT u.hour, u.key, sum(u.value * {_DT}) AS sm
     FROM util_sum u LEFT JOIN spacing sp ON sp.node = u.node
-    WHERE {_in("u")} GROUP BY u.hour, u.uuid),
+    WHERE {_in("u")} GROUP BY u.hour, u.key),
 inc AS (
     -- Per series: last value of the hour minus last value of the hour before (a drop is a
     -- counter reset: count from zero); with no hour before, last minus first of the hour.
-    SELECT l.hour, l.uuid,
+    SELECT l.hour, l.key,
            CASE WHEN p.value IS NULL THEN l.value - m.value
                 WHEN l.value >= p.value THEN l.value - p.value
                 ELSE l.value END AS j
@@ -180,54 +202,49 @@ inc AS (
     LEFT JOIN energy_last p ON p.sh = l.sh AND p.hour = l.hour - INTERVAL 1 HOUR
     LEFT JOIN energy_min m ON m.sh = l.sh AND m.hour = l.hour
     WHERE {_in("l")}),
-energy AS (SELECT hour, uuid, sum(j) AS j FROM inc GROUP BY hour, uuid)
-SELECT d.hour, d.a.node, d.a.gpu, d.uuid, d.a.model, coalesce(i.mig, false),
+energy AS (SELECT hour, key, sum(j) AS j FROM inc GROUP BY hour, key)
+SELECT d.hour, c.node, c.gpu, c.uuid, c.model, coalesce(i.mig, false),
        least(d.obs, 3600.0), d.up * {_SCALE.format(sec="d.obs")},
        CASE WHEN coalesce(i.mig, false) THEN NULL
             ELSE u.sm * {_SCALE.format(sec="d.obs")} END,
        e.j * {_SCALE.format(sec="d.obs")}
 FROM dev d
-LEFT JOIN info i ON i.hour = d.hour AND i.uuid = d.uuid
-LEFT JOIN util u ON u.hour = d.hour AND u.uuid = d.uuid
-LEFT JOIN energy e ON e.hour = d.hour AND e.uuid = d.uuid
+JOIN up_count c ON c.sh = d.sh AND c.hour = d.hour
+LEFT JOIN info i ON i.hour = d.hour AND i.key = d.key
+LEFT JOIN util u ON u.hour = d.hour AND u.key = d.key
+LEFT JOIN energy e ON e.hour = d.hour AND e.key = d.key
 """
 
 MIG_SQL = f"""
 INSERT INTO mig_hours (hour, node, uuid, mig_uuid, profile, slices, parent_slices,
                        memory_total_bytes, observed_seconds, sm_active_seconds)
-WITH m AS (
-    SELECT c.*, c.value * {_DT} AS sec, CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w
+WITH k AS (
+    SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh,
+           sum(c.value * {_DT}) AS sec
     FROM mig_count c
-    LEFT JOIN spacing sp ON sp.node = c.node WHERE {_in("c")}),
-k AS (
-    SELECT hour, mig_uuid,
-           arg_max({{'node': node, 'uuid': uuid, 'profile': profile, 'slices': slices,
-                     'parent_slices': parent_slices}}, w) AS a, sum(sec) AS sec
-    FROM m GROUP BY hour, mig_uuid),
-mem AS (SELECT hour, mig_uuid, max(value) AS v FROM migmem_max WHERE {_IN_CHUNK}
-        GROUP BY hour, mig_uuid),
+    LEFT JOIN spacing sp ON sp.node = c.node WHERE {_in("c")}
+    GROUP BY c.hour, c.key),
+mem AS (SELECT hour, key, max(value) AS v FROM migmem_max WHERE {_IN_CHUNK}
+        GROUP BY hour, key),
 gpm AS (
     -- NULL (no row) when the hour has no GPM sample for the instance: unknown, not idle.
-    SELECT g.hour, g.mig_uuid, sum(g.value * {_DT}) AS v
+    SELECT g.hour, g.key, sum(g.value * {_DT}) AS v
     FROM gpm_sum g LEFT JOIN spacing sp ON sp.node = g.node
-    WHERE {_in("g")} AND g.mig_uuid <> '' GROUP BY g.hour, g.mig_uuid)
-SELECT k.hour, k.a.node, k.a.uuid, k.mig_uuid, k.a.profile, CAST(k.a.slices AS INTEGER),
-       CAST(k.a.parent_slices AS INTEGER), mem.v,
+    WHERE {_in("g")} AND g.mig_uuid <> '' GROUP BY g.hour, g.key)
+SELECT k.hour, c.node, c.uuid, c.mig_uuid, c.profile, CAST(c.slices AS INTEGER),
+       CAST(c.parent_slices AS INTEGER), mem.v,
        least(k.sec, 3600.0), gpm.v * {_SCALE.format(sec="k.sec")}
 FROM k
-LEFT JOIN mem ON mem.hour = k.hour AND mem.mig_uuid = k.mig_uuid
-LEFT JOIN gpm ON gpm.hour = k.hour AND gpm.mig_uuid = k.mig_uuid
+JOIN mig_count c ON c.sh = k.sh AND c.hour = k.hour
+LEFT JOIN mem ON mem.hour = k.hour AND mem.key = k.key
+LEFT JOIN gpm ON gpm.hour = k.hour AND gpm.key = k.key
 """
-
-_CKEY = "hour, namespace, pod, container, uuid, mig_uuid"
-_CJOIN = " AND ".join(f"{{t}}.{c} = k.{c}" for c in _CKEY.split(", "))
 
 
 def _usage(view: str) -> str:
-    return (f"SELECT x.hour, x.namespace, x.pod, x.container, x.uuid, x.mig_uuid, "
-            f"sum(x.value * {_DT}) AS v FROM {view} x "
+    return (f"SELECT x.hour, x.key, sum(x.value * {_DT}) AS v FROM {view} x "
             f"LEFT JOIN spacing sp ON sp.node = x.node WHERE {_in('x')} "
-            f"GROUP BY x.hour, x.namespace, x.pod, x.container, x.uuid, x.mig_uuid")
+            f"GROUP BY x.hour, x.key")
 
 
 ALLOC_SQL = f"""
@@ -235,8 +252,7 @@ INSERT INTO allocation_hours (hour, node, namespace, pod, container, uuid, mig_u
                               sharing, replicas, units, allocated_seconds,
                               memory_byte_seconds, sm_seconds, labels)
 WITH a AS (
-    SELECT c.hour, c.node, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid,
-           c.resource, c.sharing, c.replicas, c.label_keys, c.label_vals, c.value AS n,
+    SELECT c.hour, c.key, c.sh, c.value AS n,
            CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w,
            coalesce(s.value, 0) AS u, c.value * {_DT} AS sec
     FROM alloc_count c
@@ -244,21 +260,19 @@ WITH a AS (
     LEFT JOIN spacing sp ON sp.node = c.node
     WHERE {_in("c")}),
 k AS (
-    SELECT {_CKEY},
-           arg_max({{'node': node, 'resource': resource, 'sharing': sharing,
-                     'replicas': replicas, 'keys': label_keys, 'vals': label_vals}}, w) AS a,
-           sum(u) / sum(n) AS units, sum(sec) AS sec
-    FROM a GROUP BY {_CKEY}),
+    SELECT hour, key, arg_max(sh, w) AS sh, sum(u) / sum(n) AS units, sum(sec) AS sec
+    FROM a GROUP BY hour, key),
 mem AS ({_usage("cmem_sum")}),
 sm AS ({_usage("csm_sum")})
-SELECT k.hour, k.a.node, k.namespace, k.pod, k.container, k.uuid, k.mig_uuid, k.a.resource,
-       k.a.sharing, CAST(k.a.replicas AS INTEGER), k.units, least(k.sec, 3600.0),
+SELECT k.hour, c.node, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid, c.resource,
+       c.sharing, CAST(c.replicas AS INTEGER), k.units, least(k.sec, 3600.0),
        coalesce(mem.v, 0) * {_SCALE.format(sec="k.sec")},
        -- NULL without samples (MIG: NVML has no per-process SM there): unknown, not idle.
-       sm.v * {_SCALE.format(sec="k.sec")}, MAP(k.a.keys, k.a.vals)
+       sm.v * {_SCALE.format(sec="k.sec")}, c.labels
 FROM k
-LEFT JOIN mem ON {_CJOIN.format(t="mem")}
-LEFT JOIN sm ON {_CJOIN.format(t="sm")}
+JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
+LEFT JOIN mem ON mem.hour = k.hour AND mem.key = k.key
+LEFT JOIN sm ON sm.hour = k.hour AND sm.key = k.key
 """
 
 # Integer labels that pricing divides by: a bad value is an error, never a silent 0.

@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from functools import cache
 from importlib import resources
-from typing import Final
+from typing import Any, Final
 
 import duckdb
 
@@ -129,13 +129,32 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str,
         con.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
 
 
+# Hours priced per pass. Every figure in pricing.sql is per hour (device-hours, idle pools
+# and shares per hour x model), so pricing a period slice by slice gives the same rows as
+# pricing it at once; a slice bounds the work tables, which held a 1,000-node month at
+# once and took the process past 2 GB.
+SLICE_HOURS: Final = 168
+
+
+def _slices(start: datetime, end: datetime, hours: int) -> list[tuple[datetime, datetime]]:
+    out, t, step = [], start, timedelta(hours=hours)
+    while t < end:
+        out.append((t, min(t + step, end)))
+        t += step
+    return out
+
+
 def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
-                 start: datetime, end: datetime) -> PricingResult:
+                 start: datetime, end: datetime,
+                 slice_hours: int = SLICE_HOURS) -> PricingResult:
     """Rebuild `charges` for hours in [start, end) from the facts, in one transaction.
 
     Opens its own transaction, so `con` must not be inside one. On any error the transaction is
-    rolled back and the period's previous charges stay as they were.
+    rolled back and the period's previous charges stay as they were. The period is priced
+    `slice_hours` at a time inside that transaction (same rows, bounded memory).
     """
+    if slice_hours < 1:
+        raise ValueError(f"pricing slice: expected at least 1 hour, got {slice_hours}")
     start, end = _utc_naive(start), _utc_naive(end)
     if end <= start:
         raise ValueError(f"pricing period: expected start before end, got {start} .. {end}")
@@ -148,10 +167,19 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
     con.execute("BEGIN TRANSACTION")
     try:
         defaults = _load_config(con, model, start, end)
-        for step in _STEPS:
-            con.execute(sql[step])
-        totals = con.execute(sql["totals"]).fetchone()
-        orphans = con.execute(sql["orphans"]).fetchone()
+        sums: list[Any] = [0] * 10  # the `totals` row, summed over slices
+        orphans = 0
+        for lo, hi in _slices(start, end, slice_hours):
+            con.execute("SET VARIABLE gl_start = ?", [lo])
+            con.execute("SET VARIABLE gl_end = ?", [hi])
+            for step in _STEPS:
+                con.execute(sql[step])
+            row = con.execute(sql["totals"]).fetchone()
+            assert row is not None
+            sums = [a + b for a, b in zip(sums, row, strict=True)]
+            orphan_row = con.execute(sql["orphans"]).fetchone()
+            assert orphan_row is not None
+            orphans += int(orphan_row[0])
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -160,13 +188,12 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
         for table in (*_WORK_TABLES, *_CONFIG_TABLES):
             con.execute(f"DROP TABLE IF EXISTS {table}")
         con.execute(f"SET preserve_insertion_order = {str(keep_order).lower()}")
-    assert totals is not None and orphans is not None
-    hours, device_hours, fleet_micros, charged, shared, idle, down, adjustment, _, rows = totals
+    hours, device_hours, fleet_micros, charged, shared, idle, down, adjustment, _, rows = sums
     return PricingResult(
         start=start, end=end, currency=model.currency, cost_model_hash=model.hash,
         hours=int(hours), device_hours=int(device_hours), rows=int(rows),
         fleet_cost=Decimal(int(fleet_micros)) * MICRO,
         charged=Decimal(charged), idle_shared=Decimal(shared), idle=Decimal(idle),
         down=Decimal(down), adjustment=Decimal(adjustment),
-        unpriced_allocations=int(orphans[0]), default_priced_models=defaults,
+        unpriced_allocations=orphans, default_priced_models=defaults,
     )

@@ -145,6 +145,17 @@ def test_a_database_from_the_first_release_is_migrated(tmp_path: Path) -> None:
     assert con.execute("SELECT pod, used_gpu_hours FROM charges ORDER BY pod").fetchall() \
         == [("idle-pod", 0.0), ("mig-pod", None)]
     assert con.execute("SELECT sm_active_seconds FROM mig_hours").fetchall() == [(None,)]
+    # Their PRIMARY KEYs are gone (rebuilt tables), the rows and NOT NULLs are kept.
+    assert con.execute("SELECT table_name FROM duckdb_constraints() WHERE constraint_type = "
+                       "'PRIMARY KEY' AND table_name LIKE '%_hours'").fetchall() == []
+    assert con.execute("SELECT count(*) FROM allocation_hours").fetchone() == (2,)
+    assert con.execute("SELECT mig_uuid, profile, slices FROM mig_hours").fetchall() == \
+        [("MIG-1", "3g.40gb", 3)]
+    with pytest.raises(duckdb.ConstraintException):
+        con.execute("INSERT INTO mig_hours (hour, node, uuid, mig_uuid, profile, slices, "
+                    "parent_slices, observed_seconds) VALUES ('2026-10-01', 'n', 'g', NULL, "
+                    "'p', 1, 7, 0)")
+    assert sorted(t for t in tables(con)) == sorted(TABLES)  # no *__with_key left behind
     assert migrate(con) == []  # applied once; later opens change nothing
     con.close()
     fresh.close()

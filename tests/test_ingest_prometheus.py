@@ -23,6 +23,8 @@ fleet_om_file = conftest_prom.fleet_om_file
 fleet_prom_url = conftest_prom.fleet_prom_url
 DAY_ARGS = ["--from", "2026-10-05", "--to", "2026-10-06"]
 FACTS = ("device_hours", "mig_hours", "allocation_hours")
+KEYS = {"device_hours": "hour, uuid", "mig_hours": "hour, mig_uuid",
+        "allocation_hours": "hour, namespace, pod, container, uuid, mig_uuid"}
 
 
 def _prom_ingest(url: str, db: Path, chunk: int = 6, start: str = "2026-10-05",
@@ -79,6 +81,11 @@ def test_ingest_twice_changes_nothing(fleet_prom_url: str, tmp_path: Path) -> No
     _prom_ingest(fleet_prom_url, db, chunk=3, start="2026-10-05T04:00", end="2026-10-05T09:00")
     con = connect(db)
     assert {t: fact_rows(con, t) for t in FACTS} == first
+    # The fact tables have no PRIMARY KEY: nothing but the writes keeps their keys unique.
+    for table, key in KEYS.items():
+        dupes = con.execute(f"SELECT {key}, count(*) FROM {table} GROUP BY {key} "
+                            "HAVING count(*) > 1").fetchall()
+        assert dupes == [], table
     assert con.execute("SELECT hour, source, devices FROM coverage ORDER BY hour"
                        ).fetchall() == first_cov
     con.close()

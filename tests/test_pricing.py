@@ -572,6 +572,20 @@ def test_charges_plus_idle_equal_fleet_cost_for_any_fleet(
                 alloc(c, f.pop("pod"), f.pop("uuid"), **f)
         result = price(c, cm, T0, T0 + timedelta(hours=3))
         assert result.fleet_cost >= 0
+        # Pricing an hour at a time (as it prices a long period a week at a time) gives the
+        # same rows: every figure is per hour. Costs may move by a micro between rows of a
+        # device-hour (float sums in another order), never the balance.
+        costs = ("SELECT hour, team, namespace, pod, container, uuid, mig_uuid, model, "
+                 "sharing, basis, sum(cost) FROM charges GROUP BY ALL")
+        micro = Decimal("0.000001")
+        together = {r[:-1]: r[-1] for r in c.execute(costs).fetchall()}
+        hourly = price_period(c, cm, T0, T0 + timedelta(hours=3), slice_hours=1)
+        assert_balanced(c, hourly)
+        assert (hourly.fleet_cost, hourly.hours, hourly.device_hours) == \
+            (result.fleet_cost, result.hours, result.device_hours)
+        sliced = {r[:-1]: r[-1] for r in c.execute(costs).fetchall()}
+        for k in together.keys() | sliced.keys():
+            assert abs(together.get(k, 0) - sliced.get(k, 0)) <= micro, k
         # No team is charged for more than the device-time it held while the GPU was up,
         # before multipliers (list cost = rate x fraction, fractions <= up time per device).
         over = c.execute("""

@@ -1,6 +1,12 @@
 -- GPU Ledger facts and charges. All times are UTC; `hour` is the start of the hour.
 -- Ingest owns the fact tables and writes them idempotently (delete the chunk's hours, insert,
 -- in one transaction). Pricing owns `charges` and rebuilds it for a period.
+-- The fact tables have no PRIMARY KEY: each ingest statement groups by the key it writes,
+-- and delete-then-insert per chunk keeps it unique (tests/test_ingest_idempotent.py). The
+-- keys' indexes cost more than half of an ingest's write time and slowed every delete;
+-- metering/db.py rebuilds tables of earlier versions without them. Keys, for the record:
+-- device_hours (hour, uuid); mig_hours (hour, mig_uuid);
+-- allocation_hours (hour, namespace, pod, container, uuid, mig_uuid).
 
 CREATE TABLE IF NOT EXISTS device_hours (
     hour              TIMESTAMP NOT NULL,
@@ -12,8 +18,7 @@ CREATE TABLE IF NOT EXISTS device_hours (
     observed_seconds  DOUBLE    NOT NULL,   -- samples of gpu_up in the hour x sample spacing
     up_seconds        DOUBLE    NOT NULL,   -- of which gpu_up == 1
     sm_active_seconds DOUBLE,               -- integral of gpu_utilization_ratio (NULL on MIG)
-    energy_joules     DOUBLE,               -- increase of gpu_energy_joules_total
-    PRIMARY KEY (hour, uuid)
+    energy_joules     DOUBLE                -- increase of gpu_energy_joules_total
 );
 
 CREATE TABLE IF NOT EXISTS mig_hours (
@@ -28,8 +33,7 @@ CREATE TABLE IF NOT EXISTS mig_hours (
     observed_seconds  DOUBLE    NOT NULL,
     -- integral of gpu_sm_active_ratio (GPM, Hopper+) of the instance; NULL without samples
     -- (no GPM, e.g. A100): unknown, not idle. Added later: last, as migrations append it.
-    sm_active_seconds DOUBLE,
-    PRIMARY KEY (hour, mig_uuid)
+    sm_active_seconds DOUBLE
 );
 
 CREATE TABLE IF NOT EXISTS allocation_hours (
@@ -48,8 +52,7 @@ CREATE TABLE IF NOT EXISTS allocation_hours (
     memory_byte_seconds DOUBLE  NOT NULL,   -- integral of gpu_container_memory_used_bytes
     sm_seconds        DOUBLE,               -- integral of gpu_container_sm_utilization_ratio;
                                             -- NULL without samples (MIG): unknown, not idle
-    labels            MAP(VARCHAR, VARCHAR) NOT NULL,  -- label_<name> pod labels, name without prefix
-    PRIMARY KEY (hour, namespace, pod, container, uuid, mig_uuid)
+    labels            MAP(VARCHAR, VARCHAR) NOT NULL   -- label_<name> pod labels, name without prefix
 );
 
 -- One row per hour that an ingest covered; hours of the period absent here had no data.
