@@ -43,6 +43,7 @@ from bench.simshim import memoize_processes
 from exporter.sim.cluster import SimCluster, SimNode
 from exporter.sim.scenario import loads_scenario
 from exporter.web import MetricsSource, start_server
+from gpu_ledger.procutil import stop
 from gpu_ledger.promserver import free_port
 
 INTERVAL = 5.0
@@ -249,12 +250,7 @@ def exporter_process(yaml_text: str, plan: Plan, shim: bool) -> dict[str, Any]:
                 if proc.poll() is not None:
                     raise RuntimeError(f"exporter died: {log.read_text()[-2000:]}")
             finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+                stop(proc)
     return {
         "command": " ".join(Path(c).name if c == sys.executable else c for c in cmd),
         "scrapes": len(plain) + len(gz), "plain": {**summary_ms(plain), "bytes": size},

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpu_ledger.procutil import stop
+
 INSTALL_HINT = "install it with `sudo apt-get install -y prometheus` (Debian/Ubuntu)"
 NO_TARGETS = "global:\n  scrape_interval: 1m\n  evaluation_interval: 1m\n"
 
@@ -78,12 +80,7 @@ def running_prometheus(data_dir: str | os.PathLike[str], config: str | None = No
         _wait_ready(url, proc, log, ready_timeout)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop(proc)
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:

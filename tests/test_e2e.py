@@ -36,6 +36,7 @@ import pytest
 
 from gpu_ledger import promserver
 from gpu_ledger.demo import Say, live_exporters, simulate_history
+from gpu_ledger.procutil import stop
 from metering.cli_meter import main as meter_main
 from metering.report.cli import main as report_main
 
@@ -161,8 +162,7 @@ def victoria_metrics(tmp_path: Path) -> Iterator[str]:
                 time.sleep(0.1)
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        stop(proc)
         log.close()
 
 

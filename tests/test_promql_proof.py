@@ -44,6 +44,7 @@ from exporter.sim.cluster import SimNode, pod_objects
 from exporter.sim.kubelet import FakeKubelet
 from exporter.sim.node import device_ids, sharing_modes
 from exporter.sim.scenario import load_scenario
+from gpu_ledger.procutil import stop
 
 pytestmark = pytest.mark.slow
 
@@ -214,12 +215,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     raise
                 yield prom
         finally:
-            exporter.terminate()
-            try:
-                exporter.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                exporter.kill()
-                exporter.wait(timeout=10)
+            stop(exporter, timeout=10)
             log.close()
             kubelet.stop()
 

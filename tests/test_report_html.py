@@ -25,6 +25,7 @@ import pytest
 import websocket
 from test_report_fixtures import HASH, OCT2, OCTOBER, charge, make_db
 
+from gpu_ledger.procutil import stop
 from metering.db import connect
 from metering.report.charts import IDLE_COLOR, PALETTE
 from metering.report.html import render_html
@@ -66,12 +67,7 @@ def chromium(profile: Path) -> Iterator[int]:
             time.sleep(0.05)
         yield int(port_file.read_text().split()[0])
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, timeout=15)
 
 
 class DevTools:
