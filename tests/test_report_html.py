@@ -236,3 +236,32 @@ def test_html_report_renders_offline_in_chromium(page: Path, tmp_path: Path) -> 
     assert len(colours) > 20
     for expected in (PALETTE[0], PALETTE[1], PALETTE[2], IDLE_COLOR):
         assert rgb(expected) in colours, expected
+
+
+def test_html_report_fits_narrow_windows(page: Path, tmp_path: Path) -> None:
+    """Under ~1,000 px the page must not spill sideways: wide tables scroll in their own box,
+    charts scale down. Checked at three widths in a real browser."""
+    widths = (980, 760, 420)
+    seen: dict[int, tuple[int, int, float, int]] = {}
+    with chromium(tmp_path / "profile") as port:
+        cdp = DevTools(port)
+        try:
+            cdp.call("Page.enable")
+            for width in widths:
+                cdp.call("Emulation.setDeviceMetricsOverride", width=width, height=900,
+                         deviceScaleFactor=1, mobile=False)
+                cdp.events.clear()
+                cdp.call("Page.navigate", url=page.as_uri())
+                cdp.wait_for("Page.loadEventFired")
+                seen[width] = tuple(cdp.evaluate(  # type: ignore[assignment]
+                    "[document.documentElement.scrollWidth, window.innerWidth,"
+                    " Math.max(...Array.from(document.querySelectorAll('figure svg'))"
+                    "   .map(s => s.getBoundingClientRect().right)),"
+                    " document.querySelectorAll('.scroll table').length]"))
+        finally:
+            cdp.close()
+    for width, (scroll_w, inner_w, chart_right, tables) in seen.items():
+        assert inner_w == width
+        assert scroll_w <= inner_w, (width, scroll_w)
+        assert chart_right <= inner_w, (width, chart_right)
+        assert tables >= 5

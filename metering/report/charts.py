@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from html import escape
 
 # Tableau 10: distinct on screen and in print; fleet rows (idle, down) are always greys.
@@ -62,6 +63,37 @@ def nice_max(value: float) -> float:
 
 
 @dataclass(frozen=True)
+class Axis:
+    """A value axis: ticks from 0 to `top` every `step`, all printed with `decimals`."""
+
+    top: float
+    step: float
+    decimals: int
+
+    @property
+    def ticks(self) -> list[float]:
+        n = round(self.top / self.step)
+        return [self.step * k for k in range(n + 1)]
+
+    def label(self, value: float, scale: float = 1.0, suffix: str = "") -> str:
+        return f"{value * scale:,.{self.decimals}f}{suffix}"
+
+
+def axis(largest: float, at_least: float = 0.0, target: int = 5, scale: float = 1.0) -> Axis:
+    """Ticks at 1, 2, 2.5 or 5 times a power of ten, about `target` of them, the top at or
+    above the largest value (and `at_least`). Decimals are the step's, in the printed unit
+    (`scale` 100 for percentages), so every tick reads alike: 0, 0.5, 1.0, 1.5."""
+    largest = max(largest, at_least)
+    if largest <= 0:
+        largest = 1.0
+    step = nice_max(largest / target)
+    n = math.ceil(largest / step - 1e-9)
+    exponent = Decimal(repr(round(step * scale, 12))).normalize().as_tuple().exponent
+    decimals = max(0, -int(exponent))
+    return Axis(step * n, step, decimals)
+
+
+@dataclass(frozen=True)
 class Segment:
     name: str
     value: float
@@ -107,14 +139,25 @@ def hbars(
     rows: Sequence[BarRow],
     fmt: Callable[[float], str],
     legend: Sequence[tuple[str, str]] = (),
-    max_value: float | None = None,
+    at_least: float = 0.0,
+    scale: float = 1.0,
+    suffix: str = "",
+    reference: tuple[float, str] | None = None,
 ) -> str:
-    """Horizontal bars, one per row, each a stack of segments."""
+    """Horizontal bars, one per row, each a stack of segments, over a value axis with ticks
+    (labels in `scale` x value + `suffix`). `reference` draws a dashed line at a value with
+    its label (100 % on an efficiency chart)."""
     plot_w = WIDTH - LABEL_W - VALUE_W
     largest = max((sum(max(s.value, 0) for s in r.segments) for r in rows), default=0.0)
-    top = max_value if max_value is not None else nice_max(largest)
+    ax = axis(largest, at_least, scale=scale)
+    top = ax.top
     body = [f'<text x="10" y="18" style="font-weight:600;font-size:14px">{esc(title)}</text>']
     y = 30.0
+    bars_top = y + len(rows) * ROW_H
+    for v in ax.ticks:  # gridlines under the bars
+        gx = LABEL_W + plot_w * v / top
+        body.append(f'<line x1="{_n(gx)}" y1="30" x2="{_n(gx)}" y2="{_n(bars_top)}" '
+                    'stroke="#e4e4e4"/>')
     for row in rows:
         body.append(
             f'<text x="{LABEL_W - 8}" y="{_n(y + 16)}" text-anchor="end">'
@@ -133,13 +176,24 @@ def hbars(
             x += w
         body.append(f'<text x="{_n(x + 6)}" y="{_n(y + 16)}">{esc(row.value_text)}</text>')
         y += ROW_H
-    # Axis line and the top tick, so bars are read against a scale.
-    body.append(
-        f'<line x1="{LABEL_W}" y1="30" x2="{LABEL_W}" y2="{_n(y)}" stroke="#555"/>'
-        f'<text x="{LABEL_W + plot_w}" y="{_n(y + 14)}" text-anchor="end" fill="#555">'
-        f"{esc(fmt(top))}</text>"
-    )
-    y += 22
+    if reference is not None and 0 <= reference[0] <= top:
+        rx = LABEL_W + plot_w * reference[0] / top
+        body.append(
+            f'<line class="reference" x1="{_n(rx)}" y1="26" x2="{_n(rx)}" y2="{_n(y)}" '
+            'stroke="#222" stroke-dasharray="4 3"/>'
+            f'<text x="{_n(rx)}" y="{_n(y + 30)}" text-anchor="middle" fill="#222">'
+            f"{esc(reference[1])}</text>"
+        )
+    # Axis line and a labelled tick at every step, so bars are read against a scale.
+    body.append(f'<line x1="{LABEL_W}" y1="30" x2="{LABEL_W}" y2="{_n(y)}" stroke="#555"/>')
+    for v in ax.ticks:
+        gx = LABEL_W + plot_w * v / top
+        body.append(
+            f'<line x1="{_n(gx)}" y1="{_n(y)}" x2="{_n(gx)}" y2="{_n(y + 4)}" stroke="#555"/>'
+            f'<text class="tick" x="{_n(gx)}" y="{_n(y + 15)}" text-anchor="middle" '
+            f'fill="#555">{esc(ax.label(v, scale, suffix))}</text>'
+        )
+    y += 22 + (14 if reference is not None else 0)
     if not rows:
         body.append(f'<text x="{LABEL_W}" y="{_n(y)}" fill="#555">no data</text>')
         y += 10
@@ -162,16 +216,15 @@ def stacked_columns(
     left, plot_top, plot_h = 70.0, 34.0, 220.0
     plot_w = WIDTH - left - 20
     totals = [sum(max(s.values[i], 0) for s in series) for i in range(len(categories))]
-    top = nice_max(max(totals, default=0.0))
+    ax = axis(max(totals, default=0.0))
+    top = ax.top
     body = [f'<text x="10" y="18" style="font-weight:600;font-size:14px">{esc(title)}</text>']
-    decimals = 0 if top >= 10 else 2  # one format for every tick of the axis
-    for k in range(5):  # gridlines at 0, ¼, ½, ¾ and the top
-        v = top * k / 4
-        gy = plot_top + plot_h - plot_h * k / 4
+    for v in ax.ticks:  # a gridline and label at every step, one format for all
+        gy = plot_top + plot_h - plot_h * v / top
         body.append(
             f'<line x1="{_n(left)}" y1="{_n(gy)}" x2="{_n(left + plot_w)}" y2="{_n(gy)}" '
-            f'stroke="#ddd"/><text x="{_n(left - 6)}" y="{_n(gy + 4)}" text-anchor="end" '
-            f'fill="#555">{v:,.{decimals}f}</text>'
+            f'stroke="#ddd"/><text class="tick" x="{_n(left - 6)}" y="{_n(gy + 4)}" '
+            f'text-anchor="end" fill="#555">{esc(ax.label(v))}</text>'
         )
     slot = plot_w / max(len(categories), 1)
     for i, cat in enumerate(categories):

@@ -160,6 +160,26 @@ def _cost_model_info(
     return CostModelInfo("", hashes[0], "")
 
 
+def price_lookup(cm: Any) -> model.PriceLookup:
+    """The report's view of a cost model's prices: rate, the entry that set it, fallback."""
+    rules = {r.key: r for r in (cm.default_price, *cm.gpus)}
+
+    def lookup(gpu_model: str) -> model.ModelPrice:
+        resolved = cm.price_for(gpu_model)
+        rule = rules[resolved.rule]
+        text = str(resolved.rule)
+        if rule.model is not None:
+            text += f' (model "{rule.model}")'
+        elif rule.pattern is not None:
+            text += f' (pattern "{rule.pattern}")'
+        if rule.derived is not None:
+            text += ", derived from purchase price, power and overhead"
+        fallback = rule.model is None and rule.pattern is None
+        return model.ModelPrice(resolved.hourly, text, fallback, resolved.discount)
+
+    return lookup
+
+
 def make_report(db_path: str, month: Month, cost_model_path: str | None, top: int) -> Report:
     cm = _load_cost_model(cost_model_path)
     con = _connect(db_path, read_only=True)
@@ -187,7 +207,8 @@ def make_report(db_path: str, month: Month, cost_model_path: str | None, top: in
             hashes = model.priced_hashes(con, month)
             notes.append(f"Charges for {month} were priced by this run.")
         info = _cost_model_info(month, hashes, cost_model_path, cm, db_path)
-        report = model.build_report(con, month, info, metering.__version__, top)
+        prices = price_lookup(cm) if cm is not None and info.hash == cm.hash else None
+        report = model.build_report(con, month, info, metering.__version__, top, prices)
     finally:
         con.close()
     return dataclasses.replace(report, notes=report.notes + notes)

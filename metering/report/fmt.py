@@ -4,7 +4,7 @@ terminal). CSV and Parquet keep the exact figures; these round for reading."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import ROUND_FLOOR, ROUND_HALF_UP, Decimal
 
 from metering.report.model import Line, Report
@@ -137,6 +137,28 @@ class Grid:
     numeric_from: int  # columns from here on are figures (right-aligned)
     rows: list[list[str]]
     kinds: list[str]
+    notes: list[str] = field(default_factory=list)  # footnotes printed under the table
+
+
+OVER_MARK = "*"
+OVER_NOTE = (
+    f"{OVER_MARK} Efficiency above 100 %: on time-sliced and MPS GPUs a holder is allocated "
+    "its share of the device (one of four replicas = 25 %) but may keep the whole device busy "
+    "while its neighbours are idle, so it used more than it was allocated. Not a measurement "
+    "error."
+)
+GPU_HOURS_NOTE = (
+    "GPU-hours: allocated GPU-hours for teams (a 3g.40gb MIG slice of a 7-slice GPU for an "
+    "hour is 3/7, one of four time-slicing replicas 1/4); for the idle and down rows, the "
+    "device-hours nobody held or the GPU was not up. Used GPU-hours: SM activity in "
+    "device-hours."
+)
+
+
+def efficiency(line: Line) -> str:
+    """Efficiency as a percentage, marked when above 100 % (explained by OVER_NOTE)."""
+    eff = line.efficiency
+    return percent(eff) + (OVER_MARK if eff is not None and eff > 1 else "")
 
 
 def grid(
@@ -145,15 +167,17 @@ def grid(
     keys: Callable[[Line], Sequence[str]],
     lines: Sequence[Line],
     total: Line | None,
+    first: bool = False,
 ) -> Grid:
     """Rows of a breakdown, with a fleet total row when the rows partition the fleet.
+    The first table of the report explains its columns in a footnote.
 
     With a total, costs are apportioned to the cent so the printed rows add up to it.
     """
     show_idle_share = report.fleet.idle_share != 0
     heads = [
         *key_heads,
-        "Allocated GPU-h",
+        "GPU-hours",
         "Used GPU-h",
         "Efficiency",
         f"Cost ({currency(report)})",
@@ -178,9 +202,9 @@ def grid(
     for kind, ln, cost, key_values in entries:
         cells = [
             *key_values,
-            hours(ln.allocated_gpu_hours),
+            hours(ln.gpu_hours),
             hours(ln.used_gpu_hours),
-            percent(ln.efficiency),
+            efficiency(ln),
             f"{cost:,.2f}",
         ]
         if show_idle_share:
@@ -190,7 +214,10 @@ def grid(
             cells.append(change(ln, report.has_previous))
         rows.append(cells)
         kinds.append(kind)
-    return Grid(heads, len(key_heads), rows, kinds)
+    notes = [GPU_HOURS_NOTE] if first else []
+    if any((ln.efficiency or 0) > 1 for _, ln, _, _ in entries):
+        notes.append(OVER_NOTE)
+    return Grid(heads, len(key_heads), rows, kinds, notes)
 
 
 def sections(report: Report) -> list[tuple[str, Grid]]:
@@ -199,9 +226,11 @@ def sections(report: Report) -> list[tuple[str, Grid]]:
         (
             "Cost by team",
             grid(
-                report, ["Team"], lambda ln: [label(ln.team, ln.kind)], report.teams, report.fleet
+                report, ["Team"], lambda ln: [label(ln.team, ln.kind)], report.teams, report.fleet,
+                first=True,
             ),
         ),
+        ("Prices and capacity by GPU model", price_grid(report)),
         (
             "By namespace",
             grid(
@@ -235,11 +264,63 @@ def sections(report: Report) -> list[tuple[str, Grid]]:
     ]
 
 
+def capacity_text(report: Report) -> str:
+    cap = report.capacity_gpu_hours
+    if cap <= 0:
+        return "no GPUs in the period"
+    n = report.devices
+    return f"{cap:,.0f} GPU-hours ({n} GPU{'s' if n != 1 else ''} over the period)"
+
+
+def allocation_text(report: Report) -> str:
+    rate = report.allocation_rate
+    if rate is None:
+        return DASH
+    return (f"{percent(rate)} of capacity allocated to teams "
+            f"({hours(report.fleet.allocated_gpu_hours)} GPU-hours)")
+
+
+def price_grid(report: Report) -> Grid:
+    """Per GPU model: capacity, allocation, and the list price with the cost-model entry
+    that set it; a model that no entry matched is flagged (it got the default price)."""
+    money_head = f"Price per GPU-hour ({currency(report)})"
+    heads = ["GPU model", "GPUs", "Capacity GPU-h", "Allocated GPU-h", "Allocation rate",
+             money_head, "Set by (cost model)"]
+    rows, kinds = [], []
+    fallback = False
+    for c in report.capacity:
+        price, rule = DASH, "cost model file not at hand (hash only)"
+        if c.price is not None:
+            price = f"{c.price.hourly:,.2f}" if c.price.hourly == cents(c.price.hourly) \
+                else f"{c.price.hourly:,.6f}".rstrip("0")
+            rule = c.price.rule
+            if c.price.discount:
+                rule += f"; model discount {c.price.discount * 100:.1f}%"
+            if c.price.fallback:
+                rule += " — DEFAULT PRICE: no entry matches this model"
+                fallback = True
+        rows.append([label(c.model), str(c.devices), hours(c.capacity_gpu_hours),
+                     hours(c.allocated_gpu_hours), percent(c.allocation_rate), price, rule])
+        kinds.append("")
+    rows.append(["Fleet total", str(report.devices), hours(report.capacity_gpu_hours),
+                 hours(report.fleet.allocated_gpu_hours), percent(report.allocation_rate),
+                 "", ""])
+    kinds.append("total")
+    notes = ["Capacity: every hour of the period each GPU was in the fleet, up or not. "
+             "Allocation rate: allocated GPU-hours / capacity."]
+    if fallback:
+        notes.append("DEFAULT PRICE: the cost model has no entry for this GPU model, so it "
+                     "was priced at pricing.default; add an entry under pricing.gpus.")
+    return Grid(heads, 1, rows, kinds, notes)
+
+
 def facts(report: Report) -> list[tuple[str, str]]:
     """What every report states about itself, as (name, text)."""
     return [
         ("Period", period_text(report)),
         ("Data coverage", coverage_text(report)),
+        ("Capacity", capacity_text(report)),
+        ("Allocation rate", allocation_text(report)),
         ("SM activity", sm_text(report)),
         ("Cost model", cost_model_text(report)),
         ("Currency", currency(report)),

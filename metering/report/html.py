@@ -16,13 +16,19 @@ from metering.report.model import KINDS, Line, Report
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:64rem;color:#222;padding:0 1rem}
 h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem}
+dd,li,p{overflow-wrap:anywhere}
+.scroll{overflow-x:auto;max-width:100%}
+figure svg{display:block;width:100%;max-width:760px;height:auto}
+.fn{font-size:.85rem;color:#444;margin:.2rem 0}
 table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}
 th,td{border-bottom:1px solid #ddd;padding:.25rem .6rem;text-align:left;vertical-align:top}
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 th{white-space:nowrap}
 tr.total td{font-weight:600;border-top:2px solid #888}
 tr.idle td,tr.down td,tr.adjustment td{color:#666;font-style:italic}
-dl{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem}dt{font-weight:600}
+dl{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.2rem 1rem}dt{font-weight:600}
+dd{margin:0}
+@media (max-width:40rem){dl{grid-template-columns:minmax(0,1fr)}dd{margin-left:1rem}}
 .empty{padding:1rem;background:#fff4e5;border-left:4px solid #f28e2b}
 .gaps li{font-variant-numeric:tabular-nums}
 figure{margin:1rem 0}
@@ -37,7 +43,8 @@ def _cell(text: str, numeric: bool = False) -> str:
 
 
 def _table(grid: fmt.Grid) -> str:
-    out = ["<table><thead><tr>"]
+    # Wide tables scroll inside their own box, so the page never spills sideways.
+    out = ['<div class="scroll"><table><thead><tr>']
     out += [
         f'<th class="n">{esc(h)}</th>' if i >= grid.numeric_from else f"<th>{esc(h)}</th>"
         for i, h in enumerate(grid.heads)
@@ -47,7 +54,8 @@ def _table(grid: fmt.Grid) -> str:
         cls = f' class="{kind}"' if kind else ""
         tds = [_cell(c, i >= grid.numeric_from) for i, c in enumerate(cells)]
         out.append(f"<tr{cls}>{''.join(tds)}</tr>")
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
+    out += [f'<p class="fn">{esc(note)}</p>' for note in grid.notes]
     return "".join(out)
 
 
@@ -164,8 +172,11 @@ def _charts(report: Report) -> list[str]:
             )
             for ln in eff_rows
         ],
-        lambda v: f"{v * 100:.0f}%",
-        max_value=max([1.0] + [float(ln.efficiency or 0) for ln in eff_rows]),
+        lambda v: f"{v * 100:.1f}%",
+        at_least=1.0,
+        scale=100,
+        suffix="%",
+        reference=(1.0, "100 % = used all it was allocated"),
     )
     return [by_team, daily, by_model, efficiency]
 
@@ -203,6 +214,8 @@ def render_html(report: Report) -> str:
 
     parts.append("<h2>Charts</h2>")
     parts += [f"<figure>{svg}</figure>" for svg in _charts(report)]
+    if any((ln.efficiency or 0) > 1 for ln in report.teams):
+        parts.append(f'<p class="fn">{esc(fmt.OVER_NOTE)}</p>')
     for heading, grid in fmt.sections(report):
         parts.append(f"<h2>{esc(heading)}</h2>{_table(grid)}")
     parts.append("</body></html>\n")

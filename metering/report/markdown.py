@@ -35,6 +35,8 @@ def _table(grid: fmt.Grid) -> list[str]:
         elif kind:  # idle, down, adjustment
             text[0] = f"*{text[0]}*"
         out.append("| " + " | ".join(text) + " |")
+    for note in grid.notes:
+        out += ["", escape(note)]
     return out
 
 

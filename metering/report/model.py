@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import calendar
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -111,6 +111,8 @@ class Line:
     # for none of them (MIG without GPM): unknown, never shown as 0.
     used_gpu_hours: Decimal | None = _ZERO
     sm_unknown_gpu_hours: Decimal = _ZERO  # allocated GPU-hours with no SM data
+    # Device-hours of idle and down rows (nobody held the GPU / it was not up); 0 on teams' rows.
+    fleet_gpu_hours: Decimal = _ZERO
     cost: Decimal = _ZERO
     idle_share: Decimal = _ZERO
     share_of_total: Decimal | None = None
@@ -119,6 +121,12 @@ class Line:
     @property
     def sm_known_gpu_hours(self) -> Decimal:
         return self.allocated_gpu_hours - self.sm_unknown_gpu_hours
+
+    @property
+    def gpu_hours(self) -> Decimal:
+        """The hours a row stands for: allocated GPU-hours for teams, idle or down
+        device-hours for fleet rows, both together on a total."""
+        return self.allocated_gpu_hours + self.fleet_gpu_hours
 
     @property
     def efficiency(self) -> Decimal | None:
@@ -153,6 +161,38 @@ class CostModelInfo:
 
 
 @dataclass(frozen=True)
+class ModelPrice:
+    """The list price the cost model gives a GPU model, and which entry set it."""
+
+    hourly: Decimal  # per device-hour, before discounts
+    rule: str  # e.g. `pricing.gpus[1] (pattern "NVIDIA A100*")` or `pricing.default`
+    fallback: bool  # no entry matched the model: it got pricing.default
+    discount: Decimal = _ZERO  # model discount, 0-1
+
+
+# What the report asks of the cost model: the price of a GPU model.
+PriceLookup = Callable[[str], ModelPrice]
+
+
+@dataclass(frozen=True)
+class ModelCapacity:
+    """One GPU model's capacity, allocation and price in the month."""
+
+    model: str
+    devices: int  # distinct GPUs seen
+    capacity_gpu_hours: Decimal  # device-hours the fleet owned (up or not)
+    allocated_gpu_hours: Decimal
+    down_gpu_hours: Decimal
+    price: ModelPrice | None  # None: the cost model the charges were priced with is not at hand
+
+    @property
+    def allocation_rate(self) -> Decimal | None:
+        if self.capacity_gpu_hours <= 0:
+            return None
+        return (self.allocated_gpu_hours / self.capacity_gpu_hours).quantize(_Q6)
+
+
+@dataclass(frozen=True)
 class Report:
     month: Month
     cost_model: CostModelInfo
@@ -172,6 +212,27 @@ class Report:
     # Of fleet.sm_unknown_gpu_hours, the part on MIG instances (no GPM); the rest had no SM
     # samples at all.
     sm_unknown_mig_gpu_hours: Decimal = _ZERO
+    capacity: list[ModelCapacity] = field(default_factory=list)
+
+    @property
+    def capacity_gpu_hours(self) -> Decimal:
+        return sum((c.capacity_gpu_hours for c in self.capacity), _ZERO)
+
+    @property
+    def devices(self) -> int:
+        return sum(c.devices for c in self.capacity)
+
+    @property
+    def allocation_rate(self) -> Decimal | None:
+        """Allocated GPU-hours / capacity; None when the fleet had no capacity."""
+        cap = self.capacity_gpu_hours
+        return (self.fleet.allocated_gpu_hours / cap).quantize(_Q6) if cap > 0 else None
+
+    @property
+    def over_full_efficiency(self) -> bool:
+        """Some row shows efficiency above 100 % (a share that used more than its slice)."""
+        rows = [self.fleet, *self.teams, *self.namespaces, *self.models, *self.pods]
+        return any((ln.efficiency or 0) > 1 for ln in rows)
 
     @property
     def sm_unknown_share(self) -> Decimal | None:
@@ -206,7 +267,11 @@ _SUMS = (
     "SUM(CAST(allocated_gpu_hours AS DECIMAL(38, 9))), "
     "SUM(CAST(used_gpu_hours AS DECIMAL(38, 9))), SUM(cost), SUM(idle_share), "
     "SUM(CASE WHEN used_gpu_hours IS NULL THEN CAST(allocated_gpu_hours AS DECIMAL(38, 9)) "
-    "ELSE 0 END)"
+    "ELSE 0 END), "
+    # idle and down rows' fraction is the device-hours they stand for (a team's 'idle-share'
+    # row under policy weights carries a weight there, not hours: it is not a fleet row)
+    "SUM(CASE WHEN team = sharing AND team IN ('idle', 'down') "
+    "THEN CAST(fraction AS DECIMAL(38, 9)) ELSE 0 END)"
 )
 # Key expressions are fixed here, never taken from input.
 _KEYS = {
@@ -226,22 +291,35 @@ _KIND_KEY = (
     + ") THEN team ELSE '' END"
 )
 
-# allocated, used (None: unknown for all of it), cost, idle share, allocated without SM data
-Sums = tuple[Decimal, Decimal | None, Decimal, Decimal, Decimal]
+@dataclass(frozen=True)
+class Sums:
+    """One group's sums, from one row of _SUMS."""
+
+    allocated: Decimal = _ZERO
+    used: Decimal | None = _ZERO  # None: unknown for all of it
+    cost: Decimal = _ZERO
+    idle_share: Decimal = _ZERO
+    sm_unknown: Decimal = _ZERO  # allocated without SM data
+    fleet_hours: Decimal = _ZERO  # device-hours of idle and down rows
+
+    def line(self, **keys: Any) -> Line:
+        return Line(**keys, allocated_gpu_hours=self.allocated, used_gpu_hours=self.used,
+                    sm_unknown_gpu_hours=self.sm_unknown, cost=self.cost,
+                    idle_share=self.idle_share, fleet_gpu_hours=self.fleet_hours)
+
+
 Key = tuple[tuple[str, ...], str]  # (key values, kind)
-_NO_SUMS: Sums = (_ZERO, _ZERO, _ZERO, _ZERO, _ZERO)
+_NO_SUMS = Sums()
+
+
+def _q6(value: Any) -> Decimal:
+    return _ZERO if value is None else Decimal(value).quantize(_Q6)
 
 
 def _sums(values: Sequence[Any]) -> Sums:
-    """Sums from one row of _SUMS."""
-    alloc, used, cost, idle, unknown = values
-    return (
-        Decimal(alloc).quantize(_Q6),
-        None if used is None else Decimal(used).quantize(_Q6),
-        Decimal(cost),
-        Decimal(idle),
-        Decimal(unknown).quantize(_Q6),
-    )
+    alloc, used, cost, idle, unknown, fleet_hours = values
+    return Sums(_q6(alloc), None if used is None else _q6(used), Decimal(cost), Decimal(idle),
+                _q6(unknown), _q6(fleet_hours))
 
 
 def _grouped(con: Any, month: Month, keys: Sequence[str], where: str = "") -> dict[Key, Sums]:
@@ -271,21 +349,16 @@ def _lines(
         # (and the change column adding up to the fleet's change).
         for key in previous.keys() - current.keys():
             entries[key] = _NO_SUMS
-    for key, (alloc, used, cost, idle, unknown) in entries.items():
+    for key, sums in entries.items():
         prev: Decimal | None = None
         if previous is not None:
-            prev = previous[key][2] if key in previous else _ZERO
+            prev = previous[key].cost if key in previous else _ZERO
         values: dict[str, Any] = dict(zip(keys, key[0], strict=True))
         lines.append(
-            Line(
+            sums.line(
                 **values,
                 kind=key[1],
-                allocated_gpu_hours=alloc,
-                used_gpu_hours=used,
-                sm_unknown_gpu_hours=unknown,
-                cost=cost,
-                idle_share=idle,
-                share_of_total=(cost / total).quantize(_Q6) if total else None,
+                share_of_total=(sums.cost / total).quantize(_Q6) if total else None,
                 previous_cost=prev,
             )
         )
@@ -295,10 +368,20 @@ def _lines(
             ln.overhead,
             KINDS.index(ln.kind) if ln.overhead else 0,
             -ln.cost,
-            tuple(getattr(ln, k) for k in keys),
+            tuple(natural_key(getattr(ln, k)) for k in keys),
         )
     )
     return lines
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(text: str) -> tuple[tuple[Any, ...], str]:
+    """Order names as people do: runs of digits compare as numbers (`trainer-2` before
+    `trainer-10`); the text itself breaks the remaining ties (`01` and `1`)."""
+    parts = _DIGITS.split(text)  # text at even positions, digit runs at odd ones
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), text
 
 
 def _fleet(con: Any, month: Month) -> Sums | None:
@@ -349,12 +432,44 @@ def covered_hours(con: Any, month: Month) -> set[datetime]:
     return {r[0] for r in rows}
 
 
+def _capacity(
+    con: Any, month: Month, models: list[Line], prices: PriceLookup | None
+) -> list[ModelCapacity]:
+    """Per GPU model: the device-hours the fleet owned. A device-hour is counted when ingest
+    saw the device or pricing charged it (a ledger may hold charges only)."""
+    rows = con.execute(
+        "SELECT model, count(DISTINCT uuid), count(*) FROM ("
+        " SELECT DISTINCT hour, uuid, model FROM device_hours WHERE hour >= ? AND hour < ?"
+        " UNION SELECT DISTINCT hour, uuid, model FROM charges"
+        " WHERE hour >= ? AND hour < ? AND uuid <> '') GROUP BY model ORDER BY model",
+        [month.start, month.end, month.start, month.end],
+    ).fetchall()
+    allocated: dict[str, Decimal] = {}
+    down: dict[str, Decimal] = {}
+    for ln in models:
+        allocated[ln.model] = allocated.get(ln.model, _ZERO) + ln.allocated_gpu_hours
+        if ln.kind == "down":
+            down[ln.model] = down.get(ln.model, _ZERO) + ln.fleet_gpu_hours
+    return [
+        ModelCapacity(
+            model=str(model),
+            devices=int(devices),
+            capacity_gpu_hours=Decimal(int(hours)),
+            allocated_gpu_hours=allocated.get(model, _ZERO),
+            down_gpu_hours=down.get(model, _ZERO),
+            price=prices(model) if prices is not None else None,
+        )
+        for model, devices, hours in rows
+    ]
+
+
 def build_report(
     con: Any,
     month: Month,
     cost_model: CostModelInfo,
     tool_version: str,
     top_pods: int = DEFAULT_TOP_PODS,
+    prices: PriceLookup | None = None,
 ) -> Report:
     """Read the month's charges (and the previous month's, for the change) into report tables."""
     covered = covered_hours(con, month)
@@ -365,26 +480,21 @@ def build_report(
     fleet_now = _fleet(con, month)
     fleet_prev = _fleet(con, prev_month)
     has_previous = fleet_prev is not None
-    total = fleet_now[2] if fleet_now else _ZERO
+    total = fleet_now.cost if fleet_now else _ZERO
 
     def section(keys: Sequence[str], where: str = "", vanished: bool = True) -> list[Line]:
         prev = _grouped(con, prev_month, keys, where) if has_previous else None
         return _lines(keys, _grouped(con, month, keys, where), prev, total, vanished)
 
-    alloc, used, cost, idle, unknown = fleet_now or _NO_SUMS
-    fleet_line = Line(
-        allocated_gpu_hours=alloc,
-        used_gpu_hours=used,
-        sm_unknown_gpu_hours=unknown,
-        cost=cost,
-        idle_share=idle,
+    fleet_line = (fleet_now or _NO_SUMS).line(
         share_of_total=Decimal(1).quantize(_Q6) if total else None,
-        previous_cost=fleet_prev[2] if fleet_prev else None,
+        previous_cost=fleet_prev.cost if fleet_prev else None,
     )
 
     team_days = _lines(["day", "team"], _grouped(con, month, ["day", "team"]), None, total)
     team_days.sort(key=lambda ln: (ln.day, ln.overhead, ln.kind, ln.team))
     pods = section(["team", "namespace", "pod"], "AND pod <> ''", False)
+    models = section(["model", "sharing", "profile"])
     return Report(
         month=month,
         cost_model=cost_model,
@@ -394,11 +504,12 @@ def build_report(
         fleet=fleet_line,
         teams=section(["team"]),
         namespaces=section(["namespace"]),
-        models=section(["model", "sharing", "profile"]),
+        models=models,
         pods=pods[:top_pods],
         team_days=team_days,
         has_previous=has_previous,
         has_data=fleet_now is not None,
         top_pods=top_pods,
         sm_unknown_mig_gpu_hours=_sm_unknown_on_mig(con, month),
+        capacity=_capacity(con, month, models, prices),
     )

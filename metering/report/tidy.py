@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from decimal import Decimal
 
-from metering.report.model import HourRange, Line, Report
+from metering.report.model import HourRange, Line, ModelCapacity, Report
 
 # (name, kind); kind drives the CSV text form and the Parquet type.
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -44,11 +44,19 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("hours_with_data", "int"),
     ("tool_version", "str"),
     ("sm_unknown_gpu_hours", "float"),
+    ("gpu_hours", "float"),
+    ("devices", "int"),
+    ("capacity_gpu_hours", "float"),
+    ("allocation_rate", "float"),
+    ("price_hourly", "money"),
+    ("price_rule", "str"),
+    ("price_default", "bool"),
 )
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 
 # Section names, in the order rows appear.
-SECTIONS = ("fleet", "team", "namespace", "model_sharing", "pod", "team_day", "missing_hours")
+SECTIONS = ("fleet", "team", "namespace", "model_sharing", "pod", "team_day", "missing_hours",
+            "model_price")
 
 Value = str | int | bool | Decimal | None
 Row = dict[str, Value]
@@ -72,6 +80,7 @@ def _figures(line: Line) -> Row:
         "allocated_gpu_hours": line.allocated_gpu_hours,
         "used_gpu_hours": line.used_gpu_hours,  # None (empty / null): unknown
         "sm_unknown_gpu_hours": line.sm_unknown_gpu_hours,
+        "gpu_hours": line.gpu_hours,
         "efficiency": line.efficiency,
         "cost": line.cost,
         "idle_share": line.idle_share,
@@ -100,9 +109,17 @@ def rows(report: Report) -> Iterator[Row]:
         ("pod", report.pods),
         ("team_day", report.team_days),
     ]
+    fleet_capacity: Row = {
+        "devices": report.devices,
+        "capacity_gpu_hours": report.capacity_gpu_hours,
+        "allocation_rate": report.allocation_rate,
+    }
     for section, lines in sections:
+        extra = fleet_capacity if section == "fleet" else {}
         for rank, line in enumerate(lines, start=1):
-            yield _complete({**context, "section": section, "rank": rank, **_figures(line)})
+            yield _complete(
+                {**context, "section": section, "rank": rank, **_figures(line), **extra}
+            )
     for rank, gap in enumerate(report.missing, start=1):
         start, end = _iso(gap)
         yield _complete(
@@ -115,6 +132,25 @@ def rows(report: Report) -> Iterator[Row]:
                 "hours": gap.hours,
             }
         )
+
+
+    for rank, cap in enumerate(report.capacity, start=1):
+        yield _complete({**context, "section": "model_price", "rank": rank, **_capacity(cap)})
+
+
+def _capacity(cap: ModelCapacity) -> Row:
+    price = cap.price
+    return {
+        "model": cap.model,
+        "allocated_gpu_hours": cap.allocated_gpu_hours,
+        "gpu_hours": cap.capacity_gpu_hours,
+        "devices": cap.devices,
+        "capacity_gpu_hours": cap.capacity_gpu_hours,
+        "allocation_rate": cap.allocation_rate,
+        "price_hourly": None if price is None else price.hourly,
+        "price_rule": "" if price is None else price.rule,
+        "price_default": None if price is None else price.fallback,
+    }
 
 
 def _complete(row: Row) -> Row:
