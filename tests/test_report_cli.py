@@ -111,7 +111,8 @@ def test_renderer_failure_touches_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     ("args", "message"),
     [
         (["--month", "2026-13"], "--month: expected a month like 2026-10, got '2026-13'"),
-        (["--format", "csv,pdf"], "--format: expected some of csv,parquet,md,html, got 'pdf'"),
+        (["--format", "csv,pdf"],
+         "--format: expected some of csv,parquet,md,html,focus, got 'pdf'"),
         (["--top", "0"], "--top: expected a whole number >= 1, got 0"),
     ],
 )

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import metering
-from metering.report import model
+from metering.report import focus, model
 from metering.report.csvout import render_csv
 from metering.report.html import render_html
 from metering.report.markdown import render_markdown
@@ -34,6 +34,10 @@ FORMATS: dict[str, tuple[str, Callable[[Report], bytes]]] = {
     "parquet": ("parquet", render_parquet),
     "md": ("md", lambda r: render_markdown(r).encode("utf-8")),
     "html": ("html", lambda r: render_html(r).encode("utf-8")),
+}
+# Formats only written when asked for: format -> files (extension, renderer).
+ON_REQUEST: dict[str, list[tuple[str, Callable[[Report], bytes]]]] = {
+    "focus": [("focus.csv", focus.render_csv), ("focus.parquet", focus.render_parquet)],
 }
 
 
@@ -66,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--format",
         action="append",
-        help="comma-separated formats among csv,parquet,md,html (default: all); repeatable",
+        help="comma-separated formats among csv,parquet,md,html (default: these four) and "
+        "focus (FinOps FOCUS 1.2 rows, CSV and Parquet); repeatable",
     )
     p.add_argument(
         "--top", type=int, default=model.DEFAULT_TOP_PODS, help="pods listed by cost (default 20)"
@@ -80,10 +85,9 @@ def _formats(values: list[str] | None) -> list[str]:
     chosen: list[str] = []
     for value in values:
         for name in (v.strip().lower() for v in value.split(",")):
-            if name not in FORMATS:
-                raise ReportError(
-                    f"--format: expected some of {','.join(FORMATS)}, got {name!r}", 2
-                )
+            if name not in FORMATS and name not in ON_REQUEST:
+                known = ",".join([*FORMATS, *ON_REQUEST])
+                raise ReportError(f"--format: expected some of {known}, got {name!r}", 2)
             if name not in chosen:
                 chosen.append(name)
     return chosen
@@ -180,7 +184,9 @@ def price_lookup(cm: Any) -> model.PriceLookup:
     return lookup
 
 
-def make_report(db_path: str, month: Month, cost_model_path: str | None, top: int) -> Report:
+def make_report(
+    db_path: str, month: Month, cost_model_path: str | None, top: int, charge_days: bool = False
+) -> Report:
     cm = _load_cost_model(cost_model_path)
     con = _connect(db_path, read_only=True)
     notes: list[str] = []
@@ -209,9 +215,25 @@ def make_report(db_path: str, month: Month, cost_model_path: str | None, top: in
         info = _cost_model_info(month, hashes, cost_model_path, cm, db_path)
         prices = price_lookup(cm) if cm is not None and info.hash == cm.hash else None
         report = model.build_report(con, month, info, metering.__version__, top, prices)
+        if charge_days:
+            report = dataclasses.replace(report, charge_days=model.charge_days(con, month))
     finally:
         con.close()
     return dataclasses.replace(report, notes=report.notes + notes)
+
+
+def _render(report: Report, formats: list[str]) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    for f in formats:
+        if f in FORMATS:
+            files[file_name(report.month, f)] = FORMATS[f][1](report)
+            continue
+        for ext, render in ON_REQUEST[f]:
+            try:
+                files[f"chargeback-{report.month}.{ext}"] = render(report)
+            except focus.FocusError as e:
+                raise ReportError(f"--format {f}: {e}", 2) from None
+    return files
 
 
 def main(argv: list[str]) -> int:
@@ -228,8 +250,8 @@ def main(argv: list[str]) -> int:
         if args.top < 1:
             raise ReportError(f"--top: expected a whole number >= 1, got {args.top}", 2)
         formats = _formats(args.format)
-        report = make_report(args.db, month, args.cost_model, args.top)
-        files = {file_name(month, f): FORMATS[f][1](report) for f in formats}
+        report = make_report(args.db, month, args.cost_model, args.top, "focus" in formats)
+        files = _render(report, formats)
         try:
             written = write_files(Path(args.out), files)
         except OSError as e:

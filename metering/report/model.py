@@ -213,6 +213,8 @@ class Report:
     # samples at all.
     sm_unknown_mig_gpu_hours: Decimal = _ZERO
     capacity: list[ModelCapacity] = field(default_factory=list)
+    # Filled only for the FOCUS export (metering/report/focus.py).
+    charge_days: list[ChargeDay] = field(default_factory=list)
 
     @property
     def capacity_gpu_hours(self) -> Decimal:
@@ -513,3 +515,42 @@ def build_report(
         sm_unknown_mig_gpu_hours=_sm_unknown_on_mig(con, month),
         capacity=_capacity(con, month, models, prices),
     )
+
+
+@dataclass(frozen=True)
+class ChargeDay:
+    """Charges summed per UTC day x team x namespace x pod x GPU model x sharing x profile:
+    the grain of the FOCUS export."""
+
+    day: datetime
+    team: str
+    namespace: str
+    pod: str
+    model: str
+    sharing: str
+    profile: str
+    kind: str  # '' for teams' charges, else one of KINDS
+    charged_gpu_hours: Decimal  # device-hours the money is for (fraction; 0 on idle-share rows)
+    allocated_gpu_hours: Decimal
+    used_gpu_hours: Decimal | None
+    cost: Decimal
+    idle_share: Decimal
+
+
+def charge_days(con: Any, month: Month) -> list[ChargeDay]:
+    rows = con.execute(
+        "SELECT CAST(CAST(hour AS DATE) AS TIMESTAMP), team, namespace, pod, model, sharing, "
+        f"profile, {_KIND_KEY}, "
+        # an idle-share row of policy weights carries the team's weight in fraction, no hours
+        "SUM(CASE WHEN basis = 'idle-share' THEN 0 ELSE CAST(fraction AS DECIMAL(38, 9)) END), "
+        "SUM(CAST(allocated_gpu_hours AS DECIMAL(38, 9))), "
+        "SUM(CAST(used_gpu_hours AS DECIMAL(38, 9))), SUM(cost), SUM(idle_share) "
+        "FROM charges WHERE hour >= ? AND hour < ? GROUP BY ALL ORDER BY ALL",
+        [month.start, month.end],
+    ).fetchall()
+    return [
+        ChargeDay(day, team, ns, pod, mdl, sharing, profile, kind, _q6(charged), _q6(alloc),
+                  None if used is None else _q6(used), Decimal(cost), Decimal(idle))
+        for day, team, ns, pod, mdl, sharing, profile, kind, charged, alloc, used, cost, idle
+        in rows
+    ]

@@ -1,0 +1,234 @@
+"""The month as FinOps FOCUS rows (FOCUS 1.2), for finance tools that ingest cloud bills.
+
+One row per UTC day x team x namespace x pod x GPU model x sharing mode x MIG profile, plus
+the fleet's own rows (idle, down, adjustment). Every Mandatory column of the specification is
+present (the list is data: metering/data/focus-columns.yaml, with its source); GPU Ledger's
+own figures follow as `x_` columns. The mapping is documented in docs/reports.md.
+
+Money: BilledCost = EffectiveCost = ContractedCost = the charge; ListCost = ListUnitPrice x
+PricingQuantity at the cost model's list price. Idle cost shared out to a team is its own row
+(no unit price), so the product rule of the specification holds on every row that has one.
+Summed over the file, BilledCost and ListCost both equal the fleet's cost.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from metering.report.model import ChargeDay, ModelPrice, Report
+
+PROVIDER_DEFAULT = "GPU platform"
+TAG_PREFIX = "gpu-ledger/"  # provider-defined tag keys carry a prefix (FOCUS Tags)
+UNIT = "GPU-Hours"  # FOCUS UnitFormat: <singular-unit>-<plural-time-units>
+_DAY = timedelta(days=1)
+_ZERO = Decimal(0)
+_Q6 = Decimal("0.000001")
+
+
+@dataclass(frozen=True)
+class SpecColumn:
+    id: str
+    feature_level: str  # Mandatory | Conditional | Recommended
+    data_type: str  # String | Decimal | Date/Time | JSON
+    allows_nulls: bool
+
+
+@dataclass(frozen=True)
+class Spec:
+    version: str
+    columns: dict[str, SpecColumn]
+
+    @property
+    def mandatory(self) -> list[str]:
+        return [c.id for c in self.columns.values() if c.feature_level == "Mandatory"]
+
+
+@cache
+def spec() -> Spec:
+    """The FOCUS column list shipped with the package."""
+    text = (resources.files("metering") / "data" / "focus-columns.yaml").read_text("utf-8")
+    doc = yaml.safe_load(text)
+    cols = {c["id"]: SpecColumn(c["id"], c["feature_level"], c["data_type"], c["allows_nulls"])
+            for c in doc["columns"]}
+    return Spec(str(doc["focus_version"]), cols)
+
+
+# The FOCUS columns written, in the order written (alphabetical, as the spec allows), then the
+# custom ones. Types: the spec's for FOCUS columns; ours for x_ columns.
+FOCUS_COLUMNS = (
+    "BilledCost", "BillingAccountId", "BillingAccountName", "BillingCurrency",
+    "BillingPeriodEnd", "BillingPeriodStart", "ChargeCategory", "ChargeClass",
+    "ChargeDescription", "ChargeFrequency", "ChargePeriodEnd", "ChargePeriodStart",
+    "ConsumedQuantity", "ConsumedUnit", "ContractedCost", "EffectiveCost", "InvoiceIssuerName",
+    "ListCost", "ListUnitPrice", "PricingCategory", "PricingQuantity", "PricingUnit",
+    "ProviderName", "PublisherName", "ResourceId", "ResourceName", "ResourceType",
+    "ServiceCategory", "ServiceName", "SkuId", "SubAccountId", "SubAccountName", "Tags",
+)  # fmt: skip
+CUSTOM_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("x_FocusVersion", "String"),
+    ("x_Team", "String"),
+    ("x_Namespace", "String"),
+    ("x_GpuModel", "String"),
+    ("x_SharingMode", "String"),
+    ("x_MigProfile", "String"),
+    ("x_RowKind", "String"),  # team | idle | down | adjustment | idle-share
+    ("x_AllocatedGpuHours", "Decimal"),
+    ("x_UsedGpuHours", "Decimal"),
+    ("x_CostModelHash", "String"),
+)
+
+
+def column_types() -> list[tuple[str, str]]:
+    s = spec()
+    return [(c, s.columns[c].data_type) for c in FOCUS_COLUMNS] + list(CUSTOM_COLUMNS)
+
+
+Row = dict[str, Any]
+
+
+class FocusError(Exception):
+    """The month cannot be written as FOCUS (a figure the specification requires is unknown)."""
+
+
+def _iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _description(cd: ChargeDay, part: str) -> str:
+    where = cd.model + (f" ({cd.sharing}{' ' + cd.profile if cd.profile else ''})"
+                        if cd.sharing and not cd.kind else "")
+    if part == "idle-share":
+        return f"Share of idle {cd.model} GPU time charged to team {cd.team}"
+    if cd.kind == "idle":
+        return f"Idle {cd.model} GPU time (allocated to nobody)"
+    if cd.kind == "down":
+        return f"{cd.model} GPU time while the GPU was down or unseen"
+    if cd.kind == "adjustment":
+        return f"List price of {cd.model} GPU time given away by discounts, tiers or factors"
+    return f"GPU time on {where} for pod {cd.namespace}/{cd.pod}"
+
+
+def rows(report: Report, provider: str = PROVIDER_DEFAULT) -> Iterator[Row]:
+    """FOCUS rows for the report's charge days; FocusError when a list price is unknown."""
+    currency = report.cost_model.currency
+    if not currency:
+        raise FocusError("FOCUS needs the billing currency: pass --cost-model with the cost "
+                         "model the month was priced with")
+    prices: dict[str, ModelPrice | None] = {c.model: c.price for c in report.capacity}
+    version = spec().version
+    base: Row = {
+        "BillingAccountId": provider, "BillingAccountName": provider,
+        "BillingCurrency": currency,
+        "BillingPeriodStart": report.month.start, "BillingPeriodEnd": report.month.end,
+        "ChargeClass": None, "InvoiceIssuerName": provider, "ProviderName": provider,
+        "PublisherName": provider, "ServiceCategory": "Compute",
+        "ServiceName": "Kubernetes GPUs", "x_FocusVersion": version,
+        "x_CostModelHash": report.cost_model.hash,
+    }
+    for cd in report.charge_days:
+        price = prices.get(cd.model)
+        if price is None and cd.kind != "adjustment":
+            raise FocusError(f"FOCUS needs the list price of {cd.model!r}: pass --cost-model "
+                             "with the cost model the month was priced with")
+        parts = [("main", cd.cost - cd.idle_share)]
+        if cd.idle_share and cd.charged_gpu_hours:
+            parts.append(("idle-share", cd.idle_share))
+        elif cd.idle_share:  # a weighted idle-share row: all of it is idle
+            parts = [("idle-share", cd.cost)]
+        for part, amount in parts:
+            yield {**base, **_row(cd, part, amount, price)}
+
+
+def _row(cd: ChargeDay, part: str, amount: Decimal, price: ModelPrice | None) -> Row:
+    usage = cd.kind != "adjustment"
+    unit_price = price.hourly if price is not None and part == "main" and usage else None
+    quantity = cd.charged_gpu_hours if part == "main" else _ZERO
+    list_cost = (unit_price * quantity).quantize(_Q6) if unit_price is not None else (
+        amount if usage else _ZERO)
+    kind = "idle-share" if part == "idle-share" else (cd.kind or "team")
+    tags = {f"{TAG_PREFIX}{k}": v for k, v in (
+        ("team", cd.team), ("namespace", cd.namespace), ("gpu-model", cd.model),
+        ("sharing", cd.sharing), ("mig-profile", cd.profile)) if v}
+    is_pod = bool(cd.pod) and part == "main"
+    return {
+        "BilledCost": amount, "ContractedCost": amount, "EffectiveCost": amount,
+        "ListCost": list_cost, "ListUnitPrice": unit_price,
+        "ChargeCategory": "Usage" if usage else "Adjustment",
+        "ChargeDescription": _description(cd, part),
+        "ChargeFrequency": "Usage-Based",
+        "ChargePeriodStart": cd.day, "ChargePeriodEnd": cd.day + _DAY,
+        "ConsumedQuantity": (cd.allocated_gpu_hours if not cd.kind else cd.charged_gpu_hours)
+        if usage and part == "main" else (_ZERO if usage else None),
+        "ConsumedUnit": UNIT if usage else None,
+        "PricingCategory": "Standard" if usage else None,
+        "PricingQuantity": quantity if usage else None,
+        "PricingUnit": UNIT if usage else None,
+        "ResourceId": f"{cd.namespace}/{cd.pod}" if is_pod else None,
+        "ResourceName": cd.pod if is_pod else None,
+        "ResourceType": "Kubernetes Pod" if is_pod else None,
+        "SkuId": cd.model or None,
+        "SubAccountId": cd.team, "SubAccountName": cd.team,
+        "Tags": json.dumps(tags, sort_keys=True, ensure_ascii=False),
+        "x_Team": cd.team if not cd.kind else "", "x_Namespace": cd.namespace,
+        "x_GpuModel": cd.model, "x_SharingMode": cd.sharing, "x_MigProfile": cd.profile,
+        "x_RowKind": kind,
+        "x_AllocatedGpuHours": cd.allocated_gpu_hours if part == "main" else _ZERO,
+        "x_UsedGpuHours": cd.used_gpu_hours if part == "main" else None,
+    }
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return _iso(value)
+    if isinstance(value, Decimal):
+        return f"{value:.6f}"
+    return str(value)
+
+
+def render_csv(report: Report) -> bytes:
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+    names = [name for name, _ in column_types()]
+    writer.writerow(names)
+    for row in rows(report):
+        writer.writerow(_text(row[name]) for name in names)
+    return buf.getvalue().encode("utf-8")
+
+
+_ARROW = {
+    "String": pa.string(),
+    "JSON": pa.string(),
+    "Decimal": pa.decimal128(24, 9),
+    "Date/Time": pa.timestamp("ms", tz="UTC"),
+}
+
+
+def render_parquet(report: Report) -> bytes:
+    data = list(rows(report))
+    fields = [pa.field(name, _ARROW[kind]) for name, kind in column_types()]
+    metadata = {"focus_version": spec().version, "gpu_ledger.period": str(report.month),
+                "gpu_ledger.cost_model_hash": report.cost_model.hash}
+    schema = pa.schema(fields, metadata=metadata)
+    columns: dict[str, list[Any]] = {}
+    for name, _ in column_types():
+        columns[name] = [r[name] for r in data]
+    table = pa.table(columns, schema=schema)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, version="2.6", compression="zstd", compression_level=3,
+                   use_dictionary=False, data_page_version="1.0", store_schema=True)
+    return bytes(sink.getvalue().to_pybytes())
