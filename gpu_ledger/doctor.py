@@ -289,38 +289,26 @@ def check_hostpid(proc_root: str) -> Check:
 # --- Kubernetes API and Prometheus -----------------------------------------------------------
 
 def check_kubernetes(kubeconfig: str | None, node: str, timeout: float) -> Check:
-    from kubernetes import client
-    from kubernetes import config as k8s_config
-    from kubernetes.client.exceptions import ApiException
+    from exporter.kube.client import ApiClient, ApiError
+    from exporter.kube.config import load_credentials
 
-    config: Any = k8s_config  # untyped
     name = "kubernetes"
     try:
-        if kubeconfig:
-            api_client = config.new_client_from_config(config_file=kubeconfig)
-        else:
-            cfg = client.Configuration()
-            config.load_incluster_config(client_configuration=cfg)
-            api_client = client.ApiClient(cfg)
-    except (config.ConfigException, OSError, ValueError, TypeError) as err:
-        source = kubeconfig or "in-cluster service account"
-        return Check(FAIL, name, f"{source}: expected a usable kubeconfig: {err}",
+        api = ApiClient(load_credentials(kubeconfig), timeout=timeout)
+    except ConfigError as err:
+        return Check(FAIL, name, str(err),
                      "pass --kubeconfig PATH, or run in a pod with a service account token")
-    host = api_client.configuration.host
+    host = api.server
     try:
-        resp: Any = client.CoreV1Api(api_client).list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node}", _preload_content=False,
-            _request_timeout=timeout)
-        pods = json.loads(resp.data).get("items") or []
-    except ApiException as err:
+        body = api.get_json("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
+        pods = body.get("items") or []
+    except ApiError as err:
         hint = ("bind the ClusterRole gpu-ledger-exporter (get/list/watch pods) to this service "
                 "account" if err.status in (401, 403) else "check the API server")
         return Check(FAIL, name, f"{host} refused to list pods: {err.status} {err.reason}", hint)
-    except Exception as err:  # urllib3 connection errors, bad answers
+    except Exception as err:  # connection errors, TLS, bad answers
         return Check(FAIL, name, f"cannot reach {host}: {type(err).__name__}: {err}",
                      "check the API server address and network policy")
-    finally:
-        api_client.close()
     if not pods:
         return Check(WARN, name, f"{host} answers, but lists no pod on node {node!r}",
                      "check --node-name (the DaemonSet sets NODE_NAME from spec.nodeName)")

@@ -1,5 +1,5 @@
 """AttributionCollector end to end: a real gRPC PodResources server on a unix socket, a real
-`kubernetes` client watching FakeApiServer, and a proc tree of cgroup files."""
+pod watch (exporter/kube) watching FakeApiServer, and a proc tree of cgroup files."""
 
 import os
 import shutil
@@ -430,7 +430,6 @@ def test_pod_watch_is_injectable_and_closed(sockdir: Path, proc_root: Path, kube
     watch = PodWatch(opts, watch_timeout=5)
     collector = AttributionCollector(opts, None, pod_watch=watch)
     wait_until(lambda: watch.status.up, "the watch")
+    assert watch.running
     collector.close()
-    assert watch._thread is not None
-    watch._thread.join(timeout=10)
-    assert not watch._thread.is_alive()
+    assert watch.started and not watch.running

@@ -1,4 +1,4 @@
-"""The pod watch with the real `kubernetes` client against FakeApiServer."""
+"""The pod watch with the exporter's Kubernetes client (exporter/kube) against FakeApiServer."""
 
 import time
 from collections.abc import Callable, Iterator
@@ -9,9 +9,11 @@ import pytest
 
 from exporter.attribution.podwatch import PodWatch, pod_info
 from exporter.core import ExporterOptions, SourceStatus
+from exporter.kube.watch import BackoffPolicy
 from exporter.sim.apiserver import FakeApiServer
 
 NODE = "gpu-node-1"
+FAST = BackoffPolicy(initial=0.05, cap=0.1)
 
 
 def pod(name: str, uid: str, node: str = NODE, team: str = "ml", ns: str = "default",
@@ -111,8 +113,7 @@ def test_bad_credentials_are_reported_and_retried(server: FakeApiServer, tmp_pat
         text = f.read()
     with open(path, "w") as f:
         f.write(text.replace("gpu-ledger-fake-token", "wrong"))
-    w = PodWatch(ExporterOptions(node=NODE, kubeconfig=path), backoff_initial=0.05,
-                 backoff_max=0.1).start()
+    w = PodWatch(ExporterOptions(node=NODE, kubeconfig=path), backoff=FAST).start()
     try:
         wait_until(lambda: w.status.reason == "unauthorized", "the 401")
         assert w.status.up is False
@@ -126,7 +127,7 @@ def test_unreachable_server(tmp_path: Path) -> None:
     dead = FakeApiServer([])
     path = dead.kubeconfig(str(tmp_path / "kc"))
     dead.stop()  # never started; the port is now closed
-    w = PodWatch(ExporterOptions(node=NODE, kubeconfig=path), backoff_initial=0.05,
+    w = PodWatch(ExporterOptions(node=NODE, kubeconfig=path), backoff=FAST,
                  request_timeout=2).start()
     try:
         wait_until(lambda: w.status.reason == "unreachable", "a connection failure")

@@ -420,7 +420,7 @@ def test_kubernetes_bad_kubeconfig_names_the_file(tmp_path: Path) -> None:
     path.write_text("clusters: 3\n")
     check = doctor.check_kubernetes(str(path), "n1", 2.0)
     assert check.status == "FAIL"
-    assert check.message.startswith(f"{path}: expected a usable kubeconfig")
+    assert check.message == f"{path}: current-context: expected the name of a context"
 
 
 # --- Prometheus ----------------------------------------------------------------------------

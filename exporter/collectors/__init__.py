@@ -17,7 +17,7 @@ from exporter.core import Collector, CollectorSpec, ExporterOptions
 
 
 def _attribution(options: ExporterOptions, nvml: Any) -> Collector:
-    # Imported lazily: it pulls in grpc and the kubernetes client.
+    # Imported lazily: it pulls in grpc and protobuf (~19 MiB of RSS).
     from exporter.attribution.collector import AttributionCollector
 
     return AttributionCollector(options, nvml)

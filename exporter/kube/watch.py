@@ -1,0 +1,293 @@
+"""A node-scoped list+watch of one resource kind, on its own daemon thread.
+
+List with `fieldSelector=spec.nodeName=<node>`, then watch from the list's resourceVersion with
+bookmarks; a watch the server ends on time resumes from the last version seen, without a relist.
+A 410 Gone (HTTP status or an ERROR event) relists. Every other failure retries the watch from
+the last version (or the list, if there is none yet).
+
+Failures back off: the n-th failure in a row waits a random time in [(1-jitter)·d, d] with
+d = min(cap, initial·2ⁿ), before at most one new list (so at most one relist per step). A streak
+ends only when a watch has stayed up for `healthy_after` seconds: a server that answers every
+watch with 410 right away is a storm, however fast it lists. A watch that ends cleanly but
+sooner than that counts as a failure too (a server closing every stream would be a storm of
+watches). Logging: the first failure of a streak, one line when it becomes a storm (with the
+count so far), one line with the total when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from exporter.core import SourceStatus
+from exporter.errors import ConfigError
+from exporter.kube.client import ApiClient, ApiError, BadResponse
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+GONE = 410
+EXPIRED = "410-expired"
+SHORT_WATCH = "watch-ended-early"
+
+
+@dataclass(frozen=True)
+class WatchedKind(Generic[T]):
+    """What to watch: the collection's API path and how to read one object of it."""
+
+    noun: str  # "pod", "ResourceSlice": in log lines and the thread's name
+    path: str  # e.g. "/api/v1/pods", "/apis/resource.k8s.io/v1/resourceslices"
+    parse: Callable[[dict[str, Any]], T | None]  # None: not usable (kept out of the cache)
+
+
+@dataclass(frozen=True)
+class BackoffPolicy:
+    initial: float = 0.5
+    cap: float = 30.0
+    jitter: float = 0.5  # fraction of a step's delay that is random
+    healthy_after: float = 60.0  # a watch up this long ends a failure streak
+    storm_after: int = 3  # failures in a row that make a storm (logged once)
+
+    def step(self, n: int) -> float:
+        """The longest wait before retry n (0-based) of a streak."""
+        return min(self.cap, self.initial * 2.0 ** min(n, 64))
+
+    def max_retries_within(self, seconds: float) -> int:
+        """The most retries a streak can make in `seconds`: each waits at least its step's
+        shortest delay. What a storm test bounds request counts with."""
+        total, n = 0.0, 0
+        while True:
+            total += self.step(n) * (1.0 - self.jitter)
+            if total > seconds:
+                return n
+            n += 1
+
+
+DEFAULT_BACKOFF = BackoffPolicy()
+
+
+class _Expired(Exception):
+    """The resourceVersion is gone: relist."""
+
+
+class _Streak:
+    """Consecutive failures: the backoff schedule and the storm log lines."""
+
+    def __init__(self, policy: BackoffPolicy, noun: str, rng: random.Random) -> None:
+        self.policy, self.noun, self.rng = policy, noun, rng
+        self.failures: Counter[str] = Counter()
+        self.since = 0.0
+
+    @property
+    def count(self) -> int:
+        return sum(self.failures.values())
+
+    def fail(self, reason: str, err: object) -> float:
+        """Record a failure; returns how long to wait before the next request."""
+        n = self.count
+        if n == 0:
+            self.since = time.time()
+        self.failures[reason] += 1
+        longest = self.policy.step(n)
+        delay = self.rng.uniform(longest * (1.0 - self.policy.jitter), longest)
+        if n == 0:
+            level = logging.INFO if reason in (EXPIRED, SHORT_WATCH) else logging.WARNING
+            log.log(level, "%s watch: %s (%s); retrying in %.2fs", self.noun, reason, err, delay)
+        elif n + 1 == self.policy.storm_after:
+            log.warning("%s watch: storm: %d failures in a row since %s (%s); backing off up "
+                        "to %.0fs with jitter, logging again when it ends", self.noun, n + 1,
+                        _clock(self.since), self._summary(), self.policy.cap)
+        else:
+            log.debug("%s watch: %s (%s); retry %d in %.2fs", self.noun, reason, err, n + 1,
+                      delay)
+        return delay
+
+    def end(self) -> None:
+        if self.count >= self.policy.storm_after:
+            log.warning("%s watch: healthy again after %d failures in a row over %.0fs (%s)",
+                        self.noun, self.count, time.time() - self.since, self._summary())
+        self.failures.clear()
+
+    def _summary(self) -> str:
+        return ", ".join(f"{reason} x{n}" for reason, n in self.failures.most_common())
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+class NodeScopedWatch(Generic[T]):
+    """Call start(); read `items` (metadata.uid → parsed object), `status` and `lists` from any
+    thread. `items` is replaced whole on change, never mutated, so readers need no lock;
+    `on_change` (if given) is called with each new mapping on the watch thread."""
+
+    def __init__(self, kind: WatchedKind[T], node: str, connect: Callable[[], ApiClient], *,
+                 on_change: Callable[[Mapping[str, T]], None] | None = None,
+                 policy: BackoffPolicy = DEFAULT_BACKOFF, watch_timeout: int = 300,
+                 rng: random.Random | None = None) -> None:
+        self.kind, self.node = kind, node
+        self._connect = connect
+        self._on_change = on_change
+        self.policy = policy
+        self.watch_timeout = watch_timeout
+        self.items: Mapping[str, T] = {}
+        self.status = SourceStatus(False, "starting")
+        self.lists = 0  # completed lists (the first, then one per relist)
+        self._streak = _Streak(policy, kind.noun, rng or random.Random())
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._api: ApiClient | None = None
+        self._version = ""  # resume from here; "" until a list succeeds, and after a 410
+        self._watch_started = 0.0  # when the current watch request was answered
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    @property
+    def running(self) -> bool:
+        """The watch thread is alive (false again after close())."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> NodeScopedWatch[T]:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"{self.kind.noun}-watch",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        api = self._api
+        if api is not None:
+            api.abort()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # --- the loop ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._watch_started = 0.0
+            reason: str = ""
+            err: object = None
+            try:
+                if self._api is None:
+                    self._api = self._connect()
+                if not self._version:
+                    self._list(self._api)
+                self._watch(self._api)
+            except _Expired as exc:
+                self._version, reason, err = "", EXPIRED, exc
+            except Exception as exc:  # anything else: report, back off, resume
+                reason, err = failure_reason(exc), exc
+                self.status = SourceStatus(False, reason)
+            if self._stop.is_set():
+                return
+            lasted = time.monotonic() - self._watch_started if self._watch_started else 0.0
+            # a watch that ran its full timeout is healthy even if that is short (tests)
+            if lasted >= min(self.policy.healthy_after, 0.9 * self.watch_timeout):
+                self._streak.end()
+                if not reason:
+                    continue  # a watch the server ended on time: resume at once
+            elif not reason:
+                reason, err = SHORT_WATCH, f"after {lasted:.2f}s"
+            self._stop.wait(self._streak.fail(reason, err))
+
+    def _query(self) -> dict[str, str]:
+        return {"fieldSelector": f"spec.nodeName={self.node}"}
+
+    def _list(self, api: ApiClient) -> None:
+        try:
+            body = api.get_json(self.kind.path, self._query())
+        except ApiError as err:
+            if err.status == GONE:
+                raise _Expired(str(err)) from err
+            raise
+        items: dict[str, T] = {}
+        for obj in body.get("items") or ():
+            if isinstance(obj, dict):
+                uid, parsed = _uid(obj), self.kind.parse(obj)
+                if uid and parsed is not None:
+                    items[uid] = parsed
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        if not isinstance(version, str) or not version:
+            raise BadResponse(f"{self.kind.path}: a list without metadata.resourceVersion")
+        self._publish(items)
+        self._version = version
+        self.lists += 1
+        self.status = SourceStatus(True)
+
+    def _watch(self, api: ApiClient) -> None:
+        """One watch request from the last version seen until the server ends it. Raises
+        _Expired on 410."""
+        query = {**self._query(), "watch": "true", "resourceVersion": self._version,
+                 "allowWatchBookmarks": "true", "timeoutSeconds": str(self.watch_timeout)}
+        try:
+            with api.watch(self.kind.path, query,
+                           read_timeout=self.watch_timeout + 30.0) as events:
+                self._watch_started = time.monotonic()
+                self.status = SourceStatus(True)
+                for event in events:
+                    self._apply(event)
+        except ApiError as err:  # the request's status, or an ERROR event's code
+            if err.status == GONE:
+                raise _Expired(str(err)) from err
+            raise
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind, obj = event.get("type"), event.get("object")
+        if not isinstance(obj, dict):
+            raise BadResponse(f"{self.kind.path}: a watch event without an object")
+        if kind == "ERROR":
+            code = obj.get("code")
+            raise ApiError(code if isinstance(code, int) else 500, str(obj.get("reason") or ""),
+                           str(obj.get("message") or ""))
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if isinstance(rv, str) and rv:
+            self._version = rv
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            uid = _uid(obj)
+            if uid:
+                items = dict(self.items)
+                parsed = self.kind.parse(obj) if kind != "DELETED" else None
+                if parsed is None:
+                    items.pop(uid, None)
+                else:
+                    items[uid] = parsed
+                self._publish(items)
+        # BOOKMARK (and a type this client does not know) only moves the version
+
+    def _publish(self, items: dict[str, T]) -> None:
+        self.items = items
+        if self._on_change is not None:
+            self._on_change(items)
+
+
+def _uid(obj: dict[str, Any]) -> str:
+    uid = (obj.get("metadata") or {}).get("uid")
+    return uid if isinstance(uid, str) else ""
+
+
+def failure_reason(err: BaseException) -> str:
+    """A short, low-cardinality reason for gpu_exporter_source_error_info."""
+    if isinstance(err, ApiError):
+        return {401: "unauthorized", 403: "forbidden", 404: "not-found"}.get(
+            err.status, f"http-{err.status}")
+    if isinstance(err, ConfigError):
+        return "no-config"
+    if isinstance(err, BadResponse):
+        return "bad-response"
+    if isinstance(err, ssl.SSLError):
+        return "tls"
+    if isinstance(err, (OSError, EOFError)) or type(err).__module__ == "http.client":
+        return "unreachable"
+    if isinstance(err, (ValueError, KeyError, TypeError)):
+        return "bad-response"
+    return "error"
