@@ -1,4 +1,5 @@
-"""PodResourcesClient and FakeKubelet over a real gRPC unix socket."""
+"""PodResourcesClient (our unary gRPC over h2) against FakeKubelet, a real grpcio server on a
+unix socket."""
 
 import shutil
 import tempfile
@@ -13,6 +14,7 @@ import pytest
 from exporter.attribution import podresources_pb2 as pb
 from exporter.attribution import podresources_pb2_grpc
 from exporter.attribution.podresources import Allocation, PodResourcesClient
+from exporter.attribution.unarygrpc import RpcError, StatusCode, UnaryChannel
 from exporter.core import SourceStatus
 from exporter.sim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
 
@@ -110,3 +112,80 @@ def test_kubelet_without_allocatable(sock: str) -> None:
     finally:
         client.close()
         server.stop(None).wait()
+
+
+def test_error_status_and_message_from_the_server(sock: str, kubelet: FakeKubelet) -> None:
+    channel = UnaryChannel(sock)
+    try:
+        request = pb.GetPodResourcesRequest(pod_name="train", pod_namespace="ml")
+        got = pb.GetPodResourcesResponse.FromString(
+            channel.call("/v1.PodResourcesLister/Get", request.SerializeToString(), 2))
+        assert [c.name for c in got.pod_resources.containers] == ["main", "log"]
+        missing = pb.GetPodResourcesRequest(pod_name="nope", pod_namespace="ml")
+        with pytest.raises(RpcError) as err:
+            channel.call("/v1.PodResourcesLister/Get", missing.SerializeToString(), 2)
+        assert err.value.code == StatusCode.NOT_FOUND
+        assert err.value.message == "pod ml/nope not found"
+        with pytest.raises(RpcError) as err:
+            channel.call("/v1.PodResourcesLister/Nope", b"", 2)
+        assert err.value.code == StatusCode.UNIMPLEMENTED
+    finally:
+        channel.close()
+
+
+def test_large_response_needs_flow_control(sock: str) -> None:
+    """Far more than HTTP/2's default 64 KiB window in one answer."""
+    pods = [PodAllocation("ns", f"pod-{i}", [ContainerAllocation(
+        "main", [("nvidia.com/gpu", [f"GPU-{i:08x}-0000-4000-8000-000000000000::{i % 16}"])])])
+        for i in range(3000)]
+    with FakeKubelet(sock, lambda: pods, lambda: ALLOCATABLE):
+        client = PodResourcesClient(sock, rpc_timeout=5)
+        try:
+            got = client.poll()
+            assert got is not None and len(got) == 3000
+            assert got[-1].pod == "pod-2999" and client.status.up
+            assert client.poll() is not None  # the same connection serves the next cycle
+            assert client.reconnects == 0
+        finally:
+            client.close()
+
+
+def test_restarted_kubelet_is_reached_again(sock: str) -> None:
+    client = PodResourcesClient(sock, rpc_timeout=1)
+    try:
+        with FakeKubelet(sock, lambda: PODS, lambda: ALLOCATABLE):
+            assert client.poll() is not None
+        assert client.poll() is None  # stopped: the socket file is gone
+        assert client.status == SourceStatus(False, "no-socket")
+        with FakeKubelet(sock, lambda: PODS, lambda: ALLOCATABLE) as again:
+            assert client.poll() is not None and client.status.up
+            assert again.calls["GetAllocatableResources"] == 1  # re-read on the new kubelet
+    finally:
+        client.close()
+
+
+def test_something_else_on_the_socket(sock: str) -> None:
+    """A socket that accepts and closes (not a gRPC server): unavailable, no traceback."""
+    import socket
+    import threading
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(sock)
+    server.listen(4)
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _ = server.accept()
+            conn.recv(1024)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = PodResourcesClient(sock, rpc_timeout=2)
+    try:
+        assert client.poll() is None
+        assert client.status == SourceStatus(False, "unavailable")
+    finally:
+        client.close()
+        server.close()

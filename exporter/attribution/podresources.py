@@ -1,8 +1,9 @@
 """Client for the kubelet PodResources v1 API over its unix socket.
 
-One channel stays open across cycles. After any failed call the channel is closed and the next
-cycle builds a fresh one: a channel left in TRANSIENT_FAILURE backs off for up to minutes, while
-a restarted kubelet is reachable at once. Every call carries a deadline (options.rpc_timeout).
+One HTTP/2 connection stays open across cycles (exporter/attribution/unarygrpc.py, not grpcio:
+see docs/performance.md, "Memory"). After any failed call it is closed and the next cycle opens
+a fresh one, so a restarted kubelet is reachable at once. Every call carries a deadline
+(options.rpc_timeout). Messages are the generated protobuf classes.
 """
 
 from __future__ import annotations
@@ -14,18 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
+from google.protobuf.message import DecodeError
 
 from exporter.attribution import podresources_pb2 as pb
-from exporter.attribution import podresources_pb2_grpc
+from exporter.attribution.unarygrpc import RpcError, StatusCode, UnaryChannel
 from exporter.core import SourceStatus
-
-pb_grpc: Any = podresources_pb2_grpc  # generated without annotations
 
 log = logging.getLogger(__name__)
 
 ALLOCATABLE_INTERVAL = 60.0  # seconds between GetAllocatableResources refreshes
 _MAX_MESSAGE = 16 * 1024 * 1024  # the kubelet's own limit for this API
+_SERVICE = "/v1.PodResourcesLister"
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,6 @@ class Allocation:
     device_ids: tuple[str, ...]
 
 
-def _reason(err: grpc.RpcError) -> str:
-    code = err.code() if hasattr(err, "code") else None
-    return code.name.lower().replace("_", "-") if code is not None else "error"
-
-
 class PodResourcesClient:
     def __init__(self, socket_path: str, rpc_timeout: float,
                  allocatable_interval: float = ALLOCATABLE_INTERVAL,
@@ -52,27 +47,32 @@ class PodResourcesClient:
         self.rpc_timeout = rpc_timeout
         self.allocatable_interval = allocatable_interval
         self._clock = clock
-        self._channel: Any = None
-        self._stub: Any = None
+        self._channel: UnaryChannel | None = None
         self._allocatable_at: float | None = None  # None: fetch on the next poll
         # (resource, device id) pairs the kubelet can hand out, from GetAllocatableResources
         self.allocatable: tuple[tuple[str, str], ...] = ()
         self.status = SourceStatus(False, "not-polled")
         self.reconnects = 0
 
-    def _connect(self) -> None:
+    def _connect(self) -> UnaryChannel:
         if self._channel is None:
-            self._channel = grpc.insecure_channel(
-                f"unix://{self.socket_path}",
-                options=[("grpc.max_receive_message_length", _MAX_MESSAGE)])
-            self._stub = pb_grpc.PodResourcesListerStub(self._channel)
+            self._channel = UnaryChannel(self.socket_path, max_message=_MAX_MESSAGE)
             self._allocatable_at = None  # a new connection may be a restarted kubelet
+        return self._channel
 
     def _drop(self) -> None:
-        channel, self._channel, self._stub = self._channel, None, None
+        channel, self._channel = self._channel, None
         if channel is not None:
             channel.close()
             self.reconnects += 1
+
+    def _call(self, method: str, request: Any, response: Any) -> Any:
+        data = self._connect().call(f"{_SERVICE}/{method}", request.SerializeToString(),
+                                    self.rpc_timeout)
+        try:
+            return response.FromString(data)
+        except DecodeError as err:
+            raise RpcError(StatusCode.INTERNAL, f"{method}: {err}") from err
 
     def poll(self) -> list[Allocation] | None:
         """List once (and GetAllocatableResources when due). None when the kubelet did not
@@ -88,10 +88,11 @@ class PodResourcesClient:
                     self.allocatable_interval:
                 self._fetch_allocatable()
                 self._allocatable_at = now
-            response = self._stub.List(pb.ListPodResourcesRequest(), timeout=self.rpc_timeout)
-        except grpc.RpcError as err:
+            response = self._call("List", pb.ListPodResourcesRequest(),
+                                  pb.ListPodResourcesResponse)
+        except RpcError as err:
             self._drop()
-            self.status = SourceStatus(False, _reason(err))
+            self.status = SourceStatus(False, err.reason)
             log.debug("podresources: %s", err)
             return None
         self.status = SourceStatus(True)
@@ -101,13 +102,13 @@ class PodResourcesClient:
 
     def _fetch_allocatable(self) -> None:
         try:
-            response = self._stub.GetAllocatableResources(
-                pb.AllocatableResourcesRequest(), timeout=self.rpc_timeout)
-        except grpc.RpcError as err:
+            response = self._call("GetAllocatableResources", pb.AllocatableResourcesRequest(),
+                                  pb.AllocatableResourcesResponse)
+        except RpcError as err:
             # Kubelets before 1.23 (or with the feature gate off) lack this call: List still
             # works, replica counts then come from List alone.
-            if err.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNKNOWN):
-                log.info("podresources: GetAllocatableResources unavailable: %s", _reason(err))
+            if err.code in (StatusCode.UNIMPLEMENTED, StatusCode.UNKNOWN):
+                log.info("podresources: GetAllocatableResources unavailable: %s", err.reason)
                 return
             raise
         self.allocatable = tuple(
