@@ -147,6 +147,15 @@ class Tier:
 
 
 @dataclass(frozen=True)
+class Budgets:
+    """Monthly budgets per team, in the cost model's currency (reports only: never prices)."""
+
+    monthly: Mapping[str, Decimal]  # team -> budget for a calendar month
+    # A team is "heading over" when its forecast reaches this share of its budget.
+    warn_at: Decimal
+
+
+@dataclass(frozen=True)
 class CostModel:
     path: Path
     hash: str  # sha256 hex of the file bytes
@@ -167,6 +176,7 @@ class CostModel:
     model_discounts: Mapping[str, Decimal]  # exact model or glob -> fraction off
     idle_policy: str
     idle_weights: Mapping[str, Decimal] = field(default_factory=dict)
+    budgets: Budgets = field(default_factory=lambda: Budgets({}, Decimal(1)))
 
     def price_for(self, model: str) -> ResolvedPrice:
         """Exact model entries win over patterns; patterns are tried in file order."""
@@ -336,7 +346,8 @@ class _Parser:
         if not isinstance(doc, dict):
             raise self.fail("", "a mapping of cost model sections at the top level", doc)
         top = self.mapping(doc, "", ("version", "currency", "pricing", "mig", "sharing",
-                                     "basis", "utilization_tiers", "teams", "discounts", "idle"))
+                                     "basis", "utilization_tiers", "teams", "discounts", "idle",
+                                     "budgets"))
         if top.get("version", 1) != 1 or isinstance(top.get("version", 1), bool):
             raise self.fail("version", "1", top.get("version"))
         currency = top.get("currency", "USD")
@@ -357,13 +368,14 @@ class _Parser:
         label, rules, default_team = self.teams(top.get("teams"))
         team_disc, model_disc = self.discounts(top.get("discounts"))
         policy, weights = self.idle(top.get("idle"))
+        budgets = self.budgets(top.get("budgets"))
         return CostModel(path=path, hash=digest, currency=currency, default_price=default,
                          gpus=gpus, mig_fraction=mig_fraction, mig_table=mig_table,
                          sharing_split=split, sharing_efficiency=efficiency, basis=basis,
                          usage_weight=usage_weight, tiers=tiers, team_label=label,
                          namespace_rules=rules, default_team=default_team,
                          team_discounts=team_disc, model_discounts=model_disc,
-                         idle_policy=policy, idle_weights=weights)
+                         idle_policy=policy, idle_weights=weights, budgets=budgets)
 
     def pricing(self, value: object) -> tuple[PriceRule, tuple[PriceRule, ...]]:
         sec = self.mapping(value, "pricing", ("default", "gpus"))
@@ -568,3 +580,16 @@ class _Parser:
             raise self.fail("idle.weights", "no weights unless idle.policy is weights",
                             policy)
         return policy, weights
+
+    def budgets(self, value: object) -> Budgets:
+        sec = self.mapping(value, "budgets", ("monthly", "warn_at"))
+        raw = sec.get("monthly") or {}
+        if not isinstance(raw, dict):
+            raise self.fail("budgets.monthly", "a mapping of team to monthly budget", raw)
+        monthly: dict[str, Decimal] = {}
+        for team, amount in raw.items():
+            k = f"budgets.monthly.{team}"
+            monthly[self.team(team, k)] = self.number(amount, k, lo_open=True)
+        warn_at = self.number(sec.get("warn_at", 1), "budgets.warn_at", lo_open=True,
+                              hi=Decimal(1))
+        return Budgets(monthly, warn_at)

@@ -1,7 +1,8 @@
 """`gpu-ledger report`: write the monthly chargeback report from priced charges.
 
 Exit status: 0 report written, 1 the report could not be made or written (nothing changed),
-2 bad options or input files.
+2 bad options or input files, 3 (with --check-budgets) the report was written and a team is
+over its monthly budget.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import importlib
 import sys
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,9 @@ FORMATS: dict[str, tuple[str, Callable[[Report], bytes]]] = {
 ON_REQUEST: dict[str, list[tuple[str, Callable[[Report], bytes]]]] = {
     "focus": [("focus.csv", focus.render_csv), ("focus.parquet", focus.render_parquet)],
 }
+
+
+BUDGET_EXCEEDED = 3  # exit status of --check-budgets when a team is over budget
 
 
 class ReportError(Exception):
@@ -72,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         help="comma-separated formats among csv,parquet,md,html (default: these four) and "
         "focus (FinOps FOCUS 1.2 rows, CSV and Parquet); repeatable",
+    )
+    p.add_argument(
+        "--check-budgets",
+        action="store_true",
+        help=f"exit {BUDGET_EXCEEDED} (after writing the report) when a team's spend is over "
+        "its monthly budget in the cost model",
     )
     p.add_argument(
         "--top", type=int, default=model.DEFAULT_TOP_PODS, help="pods listed by cost (default 20)"
@@ -213,8 +224,13 @@ def make_report(
             hashes = model.priced_hashes(con, month)
             notes.append(f"Charges for {month} were priced by this run.")
         info = _cost_model_info(month, hashes, cost_model_path, cm, db_path)
-        prices = price_lookup(cm) if cm is not None and info.hash == cm.hash else None
-        report = model.build_report(con, month, info, metering.__version__, top, prices)
+        same = cm is not None and info.hash == cm.hash
+        prices = price_lookup(cm) if same else None
+        budgets = cm.budgets if same else None
+        report = model.build_report(
+            con, month, info, metering.__version__, top, prices,
+            budgets.monthly if budgets else None, budgets.warn_at if budgets else Decimal(1),
+        )
         if charge_days:
             report = dataclasses.replace(report, charge_days=model.charge_days(con, month))
     finally:
@@ -259,8 +275,23 @@ def main(argv: list[str]) -> int:
                 f"{args.out}: cannot write the report ({e.strerror or e}); "
                 "previous report files are unchanged"
             ) from None
+        if args.check_budgets and report.budgets is None:
+            raise ReportError(
+                "--check-budgets: the budgets are in the cost model the charges were priced "
+                "with; pass it with --cost-model (the report files were written)", 2
+            )
     except ReportError as e:
         print(f"gpu-ledger report: {e}", file=sys.stderr)
         return e.code
     sys.stdout.write(render_summary(report, [str(p) for p in written]))
+    if args.check_budgets:
+        return _check_budgets(report)
     return 0
+
+
+def _check_budgets(report: Report) -> int:
+    over = [b for b in report.budgets or [] if b.status is model.BudgetStatus.OVER]
+    for b in over:
+        print(f"gpu-ledger report: team {b.team!r} is over its {report.month} budget: spent "
+              f"{b.spend:.2f} of {b.budget:.2f} {report.cost_model.currency}", file=sys.stderr)
+    return BUDGET_EXCEEDED if over else 0

@@ -231,6 +231,7 @@ def sections(report: Report) -> list[tuple[str, Grid]]:
             ),
         ),
         ("Prices and capacity by GPU model", price_grid(report)),
+        *([("Budgets", b)] if (b := budget_grid(report)) is not None else []),
         (
             "By namespace",
             grid(
@@ -262,6 +263,21 @@ def sections(report: Report) -> list[tuple[str, Grid]]:
             ),
         ),
     ]
+
+
+def budget_text(report: Report) -> str:
+    if report.budgets is None:
+        return "unknown (the cost model file is not at hand)"
+    if not report.budgets:
+        return "none set in the cost model"
+    over = [b.team for b in report.budgets if b.status.name == "OVER"]
+    heading = [b.team for b in report.budgets if b.status.name == "HEADING_OVER"]
+    parts = []
+    if over:
+        parts.append("over budget: " + ", ".join(over))
+    if heading:
+        parts.append("heading over: " + ", ".join(heading))
+    return "; ".join(parts) if parts else f"all {len(report.budgets)} team(s) within budget"
 
 
 def capacity_text(report: Report) -> str:
@@ -314,6 +330,29 @@ def price_grid(report: Report) -> Grid:
     return Grid(heads, 1, rows, kinds, notes)
 
 
+FORECAST_NOTE = (
+    "Forecast: spend so far extrapolated linearly to the month's end (spend x hours in the "
+    "month / hours elapsed, through the last hour with data). Heading over: the forecast "
+    "reaches the budget (or the cost model's budgets.warn_at share of it)."
+)
+
+
+def budget_grid(report: Report) -> Grid | None:
+    """Teams with a budget: spend, budget, forecast, status; None when there is nothing to show."""
+    if not report.budgets:
+        return None
+    heads = ["Team", f"Budget ({currency(report)})", "Spend", "Used", "Forecast to month end",
+             "Status"]
+    rows, kinds = [], []
+    for b in report.budgets:
+        forecast = DASH if b.forecast is None else money(b.forecast)
+        rows.append([label(b.team), money(b.budget), money(b.spend), percent(b.used), forecast,
+                     b.status.value.upper() if b.status.name != "WITHIN" else b.status.value])
+        kinds.append("")
+    elapsed = f"{report.elapsed_hours} of {report.hours_in_period} hours of the month elapsed."
+    return Grid(heads, 1, rows, kinds, [f"{elapsed} {FORECAST_NOTE}"])
+
+
 def facts(report: Report) -> list[tuple[str, str]]:
     """What every report states about itself, as (name, text)."""
     return [
@@ -324,6 +363,7 @@ def facts(report: Report) -> list[tuple[str, str]]:
         ("SM activity", sm_text(report)),
         ("Cost model", cost_model_text(report)),
         ("Currency", currency(report)),
+        ("Budgets", budget_text(report)),
         ("Idle", report.idle_policy),
         ("Previous month", previous_text(report)),
         ("Tool", f"gpu-ledger {report.tool_version}"),

@@ -8,8 +8,9 @@ database gives the same report, byte for byte, on every run.
 from __future__ import annotations
 
 import calendar
+import enum
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -192,6 +193,59 @@ class ModelCapacity:
         return (self.allocated_gpu_hours / self.capacity_gpu_hours).quantize(_Q6)
 
 
+class BudgetStatus(enum.Enum):
+    WITHIN = "within budget"
+    HEADING_OVER = "heading over"
+    OVER = "over budget"
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    """A team's month against its budget. Forecast: the month so far, extrapolated linearly
+    to the month's end (spend x hours in month / hours elapsed)."""
+
+    team: str
+    budget: Decimal
+    spend: Decimal
+    forecast: Decimal | None  # None: no hour of the month has data yet
+    status: BudgetStatus
+
+    @property
+    def used(self) -> Decimal:
+        return (self.spend / self.budget).quantize(_Q6)
+
+
+def budget_lines(
+    teams: Sequence[Line], budgets: Mapping[str, Decimal], warn_at: Decimal,
+    elapsed_hours: int, month_hours: int,
+) -> list[BudgetLine]:
+    spend = {ln.team: ln.cost for ln in teams if not ln.overhead}
+    out = []
+    for team, budget in sorted(budgets.items(), key=lambda kv: natural_key(kv[0])):
+        cost = spend.get(team, _ZERO)
+        forecast = (cost * month_hours / elapsed_hours).quantize(_Q6) if elapsed_hours else None
+        if cost > budget:
+            status = BudgetStatus.OVER
+        elif forecast is not None and forecast >= budget * warn_at:
+            status = BudgetStatus.HEADING_OVER
+        else:
+            status = BudgetStatus.WITHIN
+        out.append(BudgetLine(team, budget, cost, forecast, status))
+    return out
+
+
+def elapsed_hours(con: Any, month: Month) -> int:
+    """Hours from the month's start through the last hour with data or charges (0 if none)."""
+    row = con.execute(
+        "SELECT max(h) FROM (SELECT max(hour) AS h FROM coverage WHERE hour >= ? AND hour < ? "
+        "AND devices > 0 UNION ALL SELECT max(hour) FROM charges WHERE hour >= ? AND hour < ?)",
+        [month.start, month.end, month.start, month.end],
+    ).fetchone()
+    if row is None or row[0] is None:
+        return 0
+    return int((row[0] - month.start) / _HOUR) + 1
+
+
 @dataclass(frozen=True)
 class Report:
     month: Month
@@ -213,6 +267,9 @@ class Report:
     # samples at all.
     sm_unknown_mig_gpu_hours: Decimal = _ZERO
     capacity: list[ModelCapacity] = field(default_factory=list)
+    # None: the cost model the charges were priced with is not at hand, so budgets are unknown.
+    budgets: list[BudgetLine] | None = None
+    elapsed_hours: int = 0  # hours of the month so far (through the last hour with data)
     # Filled only for the FOCUS export (metering/report/focus.py).
     charge_days: list[ChargeDay] = field(default_factory=list)
 
@@ -472,6 +529,8 @@ def build_report(
     tool_version: str,
     top_pods: int = DEFAULT_TOP_PODS,
     prices: PriceLookup | None = None,
+    budgets: Mapping[str, Decimal] | None = None,
+    warn_at: Decimal = Decimal(1),
 ) -> Report:
     """Read the month's charges (and the previous month's, for the change) into report tables."""
     covered = covered_hours(con, month)
@@ -497,6 +556,8 @@ def build_report(
     team_days.sort(key=lambda ln: (ln.day, ln.overhead, ln.kind, ln.team))
     pods = section(["team", "namespace", "pod"], "AND pod <> ''", False)
     models = section(["model", "sharing", "profile"])
+    teams = section(["team"])
+    elapsed = elapsed_hours(con, month)
     return Report(
         month=month,
         cost_model=cost_model,
@@ -504,7 +565,7 @@ def build_report(
         hours_with_data=len(covered),
         missing=missing,
         fleet=fleet_line,
-        teams=section(["team"]),
+        teams=teams,
         namespaces=section(["namespace"]),
         models=models,
         pods=pods[:top_pods],
@@ -514,6 +575,9 @@ def build_report(
         top_pods=top_pods,
         sm_unknown_mig_gpu_hours=_sm_unknown_on_mig(con, month),
         capacity=_capacity(con, month, models, prices),
+        budgets=None if budgets is None
+        else budget_lines(teams, budgets, warn_at, elapsed, month.hours),
+        elapsed_hours=elapsed,
     )
 
 

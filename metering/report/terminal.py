@@ -61,6 +61,9 @@ def render_summary(report: Report, written: list[str] | None = None) -> str:
     else:
         heading, grid = fmt.sections(report)[0]
         lines += [heading, *_table(grid)]
+        budgets = fmt.budget_grid(report)
+        if budgets is not None:
+            lines += ["", "Budgets", *_table(budgets)]
     if written:
         lines += ["", "Wrote:", *(f"  {printable(p, None)}" for p in written)]
     return "\n".join(lines) + "\n"

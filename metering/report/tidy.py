@@ -51,12 +51,15 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("price_hourly", "money"),
     ("price_rule", "str"),
     ("price_default", "bool"),
+    ("budget", "money"),
+    ("forecast", "money"),
+    ("budget_status", "str"),
 )
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 
 # Section names, in the order rows appear.
 SECTIONS = ("fleet", "team", "namespace", "model_sharing", "pod", "team_day", "missing_hours",
-            "model_price")
+            "model_price", "budget")
 
 Value = str | int | bool | Decimal | None
 Row = dict[str, Value]
@@ -136,6 +139,10 @@ def rows(report: Report) -> Iterator[Row]:
 
     for rank, cap in enumerate(report.capacity, start=1):
         yield _complete({**context, "section": "model_price", "rank": rank, **_capacity(cap)})
+    for rank, b in enumerate(report.budgets or [], start=1):
+        yield _complete({**context, "section": "budget", "rank": rank, "team": b.team,
+                         "cost": b.spend, "budget": b.budget, "forecast": b.forecast,
+                         "budget_status": b.status.name.lower()})
 
 
 def _capacity(cap: ModelCapacity) -> Row:
