@@ -231,6 +231,7 @@ def sections(report: Report) -> list[tuple[str, Grid]]:
             ),
         ),
         ("Prices and capacity by GPU model", price_grid(report)),
+        ("Utilisation maturity", maturity_grid(report)),
         *([("Budgets", b)] if (b := budget_grid(report)) is not None else []),
         (
             "By namespace",
@@ -353,6 +354,54 @@ def budget_grid(report: Report) -> Grid | None:
     return Grid(heads, 1, rows, kinds, [f"{elapsed} {FORECAST_NOTE}"])
 
 
+LEVEL_NAMES = {1: "level 1 (< 30 %)", 2: "level 2 (30–50 %)", 3: "level 3 (50–80 %)",
+               4: "level 4 (> 80 %)"}
+MATURITY_NOTE = (
+    "Utilisation: used GPU-hours (SM activity) / capacity, leaving out capacity whose SM "
+    "activity is unknown (MIG without GPM). Maturity level from the GPU management maturity "
+    "scale: 1 below 30 %, 2 from 30 to 50 %, 3 from 50 to 80 %, 4 above 80 %."
+)
+
+
+def level_text(level: int | None) -> str:
+    return DASH if level is None else LEVEL_NAMES[level]
+
+
+def maturity_text(report: Report) -> str:
+    fleet = next((m for m in report.maturity if m.model == ""), None)
+    if fleet is None or fleet.level is None:
+        return "unknown (no capacity with known SM activity)"
+    text = f"{level_text(fleet.level)}, utilisation {percent(fleet.utilisation)}"
+    if fleet.previous_level is not None:
+        prev = report.month.previous()
+        text += (f"; {prev}: level {fleet.previous_level}, "
+                 f"{percent(fleet.previous_utilisation)} ({points(fleet.change_points)})")
+    return text
+
+
+def points(change: Decimal | None) -> str:
+    if change is None:
+        return DASH
+    return f"{'+' if change >= 0 else '−'}{abs(change)} points"
+
+
+def maturity_grid(report: Report) -> Grid:
+    prev = report.month.previous()
+    heads = ["GPU model", "Utilisation", "Maturity"]
+    if report.has_previous:
+        heads += [f"Utilisation {prev}", f"Maturity {prev}", "Change"]
+    rows, kinds = [], []
+    for m in report.maturity:
+        row = [label(m.model) if m.model else "Fleet", percent(m.utilisation),
+               level_text(m.level)]
+        if report.has_previous:
+            row += [percent(m.previous_utilisation), level_text(m.previous_level),
+                    points(m.change_points)]
+        rows.append(row)
+        kinds.append("" if m.model else "total")
+    return Grid(heads, 1, rows, kinds, [MATURITY_NOTE])
+
+
 def facts(report: Report) -> list[tuple[str, str]]:
     """What every report states about itself, as (name, text)."""
     return [
@@ -360,6 +409,7 @@ def facts(report: Report) -> list[tuple[str, str]]:
         ("Data coverage", coverage_text(report)),
         ("Capacity", capacity_text(report)),
         ("Allocation rate", allocation_text(report)),
+        ("Fleet maturity", maturity_text(report)),
         ("SM activity", sm_text(report)),
         ("Cost model", cost_model_text(report)),
         ("Currency", currency(report)),

@@ -185,12 +185,63 @@ class ModelCapacity:
     allocated_gpu_hours: Decimal
     down_gpu_hours: Decimal
     price: ModelPrice | None  # None: the cost model the charges were priced with is not at hand
+    used_gpu_hours: Decimal = _ZERO  # SM activity where known
+    sm_unknown_gpu_hours: Decimal = _ZERO  # allocated GPU-hours with no SM data
 
     @property
     def allocation_rate(self) -> Decimal | None:
         if self.capacity_gpu_hours <= 0:
             return None
         return (self.allocated_gpu_hours / self.capacity_gpu_hours).quantize(_Q6)
+
+    @property
+    def utilisation(self) -> Decimal | None:
+        return utilisation(self.used_gpu_hours, self.capacity_gpu_hours,
+                           self.sm_unknown_gpu_hours)
+
+    @property
+    def maturity(self) -> int | None:
+        return maturity_level(self.utilisation)
+
+
+def utilisation(used: Decimal, capacity: Decimal, sm_unknown: Decimal) -> Decimal | None:
+    """Fleet utilisation: used GPU-hours / capacity, leaving out the capacity whose SM activity
+    is unknown (held on MIG without GPM, or without SM samples); None when nothing is known."""
+    known = capacity - sm_unknown
+    if known <= 0:
+        return None
+    return min(used / known, Decimal(1)).quantize(_Q6)
+
+
+# GPU management maturity by utilisation: level 1 < 30 %, 2: 30-50 %, 3: 50-80 %, 4: > 80 %.
+MATURITY_BOUNDS = ((Decimal("0.30"), 1), (Decimal("0.50"), 2))
+
+
+def maturity_level(util: Decimal | None) -> int | None:
+    if util is None:
+        return None
+    for bound, level in MATURITY_BOUNDS:
+        if util < bound:
+            return level
+    return 3 if util <= Decimal("0.80") else 4
+
+
+@dataclass(frozen=True)
+class Maturity:
+    """Where a GPU model (or the fleet, model '') stands on the maturity scale, and last month."""
+
+    model: str
+    utilisation: Decimal | None
+    level: int | None
+    previous_utilisation: Decimal | None = None  # None: no previous month, or not known
+    previous_level: int | None = None
+
+    @property
+    def change_points(self) -> Decimal | None:
+        """Change in utilisation, percentage points."""
+        if self.utilisation is None or self.previous_utilisation is None:
+            return None
+        return ((self.utilisation - self.previous_utilisation) * 100).quantize(Decimal("0.1"))
 
 
 class BudgetStatus(enum.Enum):
@@ -267,6 +318,7 @@ class Report:
     # samples at all.
     sm_unknown_mig_gpu_hours: Decimal = _ZERO
     capacity: list[ModelCapacity] = field(default_factory=list)
+    maturity: list[Maturity] = field(default_factory=list)  # per model, then the fleet ('')
     # None: the cost model the charges were priced with is not at hand, so budgets are unknown.
     budgets: list[BudgetLine] | None = None
     elapsed_hours: int = 0  # hours of the month so far (through the last hour with data)
@@ -505,8 +557,12 @@ def _capacity(
     ).fetchall()
     allocated: dict[str, Decimal] = {}
     down: dict[str, Decimal] = {}
+    used: dict[str, Decimal] = {}
+    unknown: dict[str, Decimal] = {}
     for ln in models:
         allocated[ln.model] = allocated.get(ln.model, _ZERO) + ln.allocated_gpu_hours
+        used[ln.model] = used.get(ln.model, _ZERO) + (ln.used_gpu_hours or _ZERO)
+        unknown[ln.model] = unknown.get(ln.model, _ZERO) + ln.sm_unknown_gpu_hours
         if ln.kind == "down":
             down[ln.model] = down.get(ln.model, _ZERO) + ln.fleet_gpu_hours
     return [
@@ -517,9 +573,34 @@ def _capacity(
             allocated_gpu_hours=allocated.get(model, _ZERO),
             down_gpu_hours=down.get(model, _ZERO),
             price=prices(model) if prices is not None else None,
+            used_gpu_hours=used.get(model, _ZERO),
+            sm_unknown_gpu_hours=unknown.get(model, _ZERO),
         )
         for model, devices, hours in rows
     ]
+
+
+def _maturity(now: list[ModelCapacity], before: list[ModelCapacity] | None) -> list[Maturity]:
+    """Per model, then the fleet (model ''), with last month's figures where the ledger has
+    them."""
+
+    def fleet(caps: list[ModelCapacity]) -> tuple[Decimal | None, int | None]:
+        u = utilisation(sum((c.used_gpu_hours for c in caps), _ZERO),
+                        sum((c.capacity_gpu_hours for c in caps), _ZERO),
+                        sum((c.sm_unknown_gpu_hours for c in caps), _ZERO))
+        return u, maturity_level(u)
+
+    prev = {c.model: c for c in before or []}
+    out = []
+    for c in now:
+        p = prev.get(c.model)
+        out.append(Maturity(c.model, c.utilisation, c.maturity,
+                            p.utilisation if p else None, p.maturity if p else None))
+    if now:
+        u, level = fleet(now)
+        pu, plevel = fleet(before) if before else (None, None)
+        out.append(Maturity("", u, level, pu, plevel))
+    return out
 
 
 def build_report(
@@ -558,6 +639,12 @@ def build_report(
     models = section(["model", "sharing", "profile"])
     teams = section(["team"])
     elapsed = elapsed_hours(con, month)
+    capacity = _capacity(con, month, models, prices)
+    before = None
+    if has_previous:
+        keys = ["model", "sharing", "profile"]
+        prev_models = _lines(keys, _grouped(con, prev_month, keys), None, _ZERO)
+        before = _capacity(con, prev_month, prev_models, None)
     return Report(
         month=month,
         cost_model=cost_model,
@@ -574,7 +661,8 @@ def build_report(
         has_data=fleet_now is not None,
         top_pods=top_pods,
         sm_unknown_mig_gpu_hours=_sm_unknown_on_mig(con, month),
-        capacity=_capacity(con, month, models, prices),
+        capacity=capacity,
+        maturity=_maturity(capacity, before),
         budgets=None if budgets is None
         else budget_lines(teams, budgets, warn_at, elapsed, month.hours),
         elapsed_hours=elapsed,

@@ -54,12 +54,16 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("budget", "money"),
     ("forecast", "money"),
     ("budget_status", "str"),
+    ("utilisation", "float"),
+    ("maturity_level", "int"),
+    ("previous_utilisation", "float"),
+    ("previous_maturity_level", "int"),
 )
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 
 # Section names, in the order rows appear.
 SECTIONS = ("fleet", "team", "namespace", "model_sharing", "pod", "team_day", "missing_hours",
-            "model_price", "budget")
+            "model_price", "budget", "maturity")
 
 Value = str | int | bool | Decimal | None
 Row = dict[str, Value]
@@ -139,6 +143,11 @@ def rows(report: Report) -> Iterator[Row]:
 
     for rank, cap in enumerate(report.capacity, start=1):
         yield _complete({**context, "section": "model_price", "rank": rank, **_capacity(cap)})
+    for rank, m in enumerate(report.maturity, start=1):
+        yield _complete({**context, "section": "maturity", "rank": rank, "model": m.model,
+                         "utilisation": m.utilisation, "maturity_level": m.level,
+                         "previous_utilisation": m.previous_utilisation,
+                         "previous_maturity_level": m.previous_level})
     for rank, b in enumerate(report.budgets or [], start=1):
         yield _complete({**context, "section": "budget", "rank": rank, "team": b.team,
                          "cost": b.spend, "budget": b.budget, "forecast": b.forecast,
