@@ -119,6 +119,9 @@ def test_bad_credentials_are_reported_and_retried(server: FakeApiServer, tmp_pat
         assert w.status.up is False
         wait_until(lambda: len(server.requests) >= 3, "retries with backoff")
         assert w.pods == {}
+        with open(path, "w") as f:  # fixed on disk: the next retry reads it again
+            f.write(text)
+        wait_until(lambda: w.status.up and set(w.pods) == {"uid-a", "uid-b"}, "the fixed token")
     finally:
         w.close()
 

@@ -83,6 +83,10 @@ class PodWatch:
         return self._watch.running
 
     @property
+    def version(self) -> str:
+        return self._watch.version
+
+    @property
     def status(self) -> SourceStatus:
         if not self.node:
             return SourceStatus(False, "no-node-name")

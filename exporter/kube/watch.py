@@ -152,6 +152,11 @@ class NodeScopedWatch(Generic[T]):
         return self._thread is not None
 
     @property
+    def version(self) -> str:
+        """The resourceVersion the next watch resumes from ('' before a list, after a 410)."""
+        return self._version
+
+    @property
     def running(self) -> bool:
         """The watch thread is alive (false again after close())."""
         return self._thread is not None and self._thread.is_alive()
@@ -180,6 +185,8 @@ class NodeScopedWatch(Generic[T]):
             try:
                 if self._api is None:
                     self._api = self._connect()
+                    if self._stop.is_set():
+                        return
                 if not self._version:
                     self._list(self._api)
                 self._watch(self._api)
@@ -188,17 +195,25 @@ class NodeScopedWatch(Generic[T]):
             except Exception as exc:  # anything else: report, back off, resume
                 reason, err = failure_reason(exc), exc
                 self.status = SourceStatus(False, reason)
+                self._api = None  # re-read credentials: a rotated certificate, a fixed file
             if self._stop.is_set():
                 return
-            lasted = time.monotonic() - self._watch_started if self._watch_started else 0.0
-            # a watch that ran its full timeout is healthy even if that is short (tests)
-            if lasted >= min(self.policy.healthy_after, 0.9 * self.watch_timeout):
+            if self._healthy():
                 self._streak.end()
                 if not reason:
                     continue  # a watch the server ended on time: resume at once
             elif not reason:
+                lasted = time.monotonic() - self._watch_started if self._watch_started else 0.0
                 reason, err = SHORT_WATCH, f"after {lasted:.2f}s"
             self._stop.wait(self._streak.fail(reason, err))
+
+    def _healthy(self) -> bool:
+        """The current (or last) watch has been up long enough to end a failure streak; one
+        that ran its full timeout counts, even when that is shorter (tests)."""
+        if not self._watch_started:
+            return False
+        lasted = time.monotonic() - self._watch_started
+        return lasted >= min(self.policy.healthy_after, 0.9 * self.watch_timeout)
 
     def _query(self) -> dict[str, str]:
         return {"fieldSelector": f"spec.nodeName={self.node}"}
@@ -236,6 +251,8 @@ class NodeScopedWatch(Generic[T]):
                 self.status = SourceStatus(True)
                 for event in events:
                     self._apply(event)
+                    if self._streak.count and self._healthy():
+                        self._streak.end()  # a storm ends while the watch is still open
         except ApiError as err:  # the request's status, or an ERROR event's code
             if err.status == GONE:
                 raise _Expired(str(err)) from err
