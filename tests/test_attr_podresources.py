@@ -189,3 +189,17 @@ def test_something_else_on_the_socket(sock: str) -> None:
     finally:
         client.close()
         server.close()
+
+
+def test_connection_closed_while_idle_is_retried_at_once(sock: str) -> None:
+    """A kubelet restart (or a GOAWAY on an idle connection) between two cycles: the next poll
+    still answers, on a fresh connection, instead of losing a cycle."""
+    client = PodResourcesClient(sock, rpc_timeout=2)
+    try:
+        with FakeKubelet(sock, lambda: PODS, lambda: ALLOCATABLE):
+            assert client.poll() is not None
+        with FakeKubelet(sock, lambda: PODS, lambda: ALLOCATABLE):
+            assert client.poll() is not None and client.status.up
+        assert client.reconnects == 0  # the channel object survived; its socket was replaced
+    finally:
+        client.close()

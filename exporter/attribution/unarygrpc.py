@@ -59,6 +59,10 @@ class RpcError(Exception):
         return self.code.name.lower().replace("_", "-")
 
 
+class _Stale(Exception):
+    """The connection ended before any answer to this call: nothing was processed."""
+
+
 class UnaryChannel:
     """One HTTP/2 connection to a unix socket, opened on the first call. After any failure the
     connection is closed; the next call opens a fresh one (a restarted server at once)."""
@@ -73,9 +77,24 @@ class UnaryChannel:
         """POST one message to `method` (`/package.Service/Method`); the response message.
         Raises RpcError (DEADLINE_EXCEEDED, UNAVAILABLE, or the server's status)."""
         deadline = time.monotonic() + timeout
+        reused = self._sock is not None
+        try:
+            return self._attempt(method, request, deadline, timeout)
+        except _Stale as err:
+            if not reused:
+                raise RpcError(StatusCode.UNAVAILABLE, "connection closed by the server") from err
+        # The server closed an idle connection (GOAWAY, keepalive, restart) before answering:
+        # the calls here are reads, so one retry on a fresh connection is safe.
+        left = max(0.001, deadline - time.monotonic())
+        try:
+            return self._attempt(method, request, deadline, left)
+        except _Stale as err:
+            raise RpcError(StatusCode.UNAVAILABLE, "connection closed by the server") from err
+
+    def _attempt(self, method: str, request: bytes, deadline: float, timeout: float) -> bytes:
         try:
             return self._call(method, request, deadline, timeout)
-        except RpcError:
+        except (RpcError, _Stale):
             self.close()
             raise
         except TimeoutError as err:
@@ -120,21 +139,33 @@ class UnaryChannel:
             ("user-agent", f"gpu-ledger/{__version__}")])
         conn.send_data(stream, b"\x00" + len(request).to_bytes(4, "big") + request,
                        end_stream=True)
-        sock.sendall(conn.data_to_send())
+        try:
+            sock.sendall(conn.data_to_send())
+        except (BrokenPipeError, ConnectionResetError) as err:
+            raise _Stale from err
         body = bytearray()
+        answered = False  # any frame of this stream seen
         status: dict[str, str] = {}
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
             sock.settimeout(remaining)
-            data = sock.recv(1 << 16)
+            try:
+                data = sock.recv(1 << 16)
+            except ConnectionResetError as err:
+                if answered:
+                    raise
+                raise _Stale from err
             if not data:
-                raise RpcError(StatusCode.UNAVAILABLE, "connection closed by the server")
+                if answered:
+                    raise RpcError(StatusCode.UNAVAILABLE, "connection closed mid-answer")
+                raise _Stale
             ended = False
             for event in conn.receive_data(data):
                 if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
                     if event.stream_id == stream and event.headers:
+                        answered = True
                         status.update((str(k), str(v)) for k, v in event.headers)
                 elif isinstance(event, h2.events.DataReceived):
                     if event.stream_id == stream:
@@ -149,6 +180,9 @@ class UnaryChannel:
                 elif isinstance(event, h2.events.StreamReset) and event.stream_id == stream:
                     raise RpcError(StatusCode.UNAVAILABLE, f"stream reset ({event.error_code})")
                 elif isinstance(event, h2.events.ConnectionTerminated):
+                    last = event.last_stream_id
+                    if not answered and (last is None or last < stream):
+                        raise _Stale  # GOAWAY: our stream was never processed
                     raise RpcError(StatusCode.UNAVAILABLE,
                                    f"connection closed ({event.error_code})")
             pending = conn.data_to_send()
