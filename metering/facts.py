@@ -28,7 +28,8 @@ CONTAINER_COLS = ("node", "namespace", "pod", "container", "uuid", "mig_uuid")
 DEVICE_KEY = ("uuid",)
 MIG_KEY = ("mig_uuid",)
 CONTAINER_KEY = ("namespace", "pod", "container", "uuid", "mig_uuid")
-ALLOC_COLS = (*CONTAINER_COLS, "resource", "sharing", "replicas")
+# owner_kind/owner_name: the pod's controller (Deployment, StatefulSet, Job, ...), '' if none.
+ALLOC_COLS = (*CONTAINER_COLS, "resource", "sharing", "replicas", "owner_kind", "owner_name")
 POD_LABEL_PREFIX = "label_"
 
 
@@ -83,6 +84,9 @@ SIGNALS: tuple[SignalSpec, ...] = (
     SignalSpec("alloc_sum", "gpu_container_allocation", "sum", ALLOC_COLS, CONTAINER_KEY,
                True),
     SignalSpec("cmem_sum", "gpu_container_memory_used_bytes", "sum", CONTAINER_COLS,
+               CONTAINER_KEY),
+    # peak memory in the hour, for rightsizing (metering/waste.py)
+    SignalSpec("cmem_max", "gpu_container_memory_used_bytes", "max", CONTAINER_COLS,
                CONTAINER_KEY),
     SignalSpec("csm_sum", "gpu_container_sm_utilization_ratio", "sum", CONTAINER_COLS,
                CONTAINER_KEY),
@@ -146,11 +150,12 @@ class FactCounts:
     device_hours: int = 0
     mig_hours: int = 0
     allocation_hours: int = 0
+    workload_hours: int = 0
     spacing: dict[str, float] = field(default_factory=dict)  # node -> seconds per sample
 
     @property
     def total(self) -> int:
-        return self.device_hours + self.mig_hours + self.allocation_hours
+        return self.device_hours + self.mig_hours + self.allocation_hours + self.workload_hours
 
 
 # Seconds per sample for each series: its node's detected spacing, else the chunk's.
@@ -275,6 +280,22 @@ LEFT JOIN mem ON mem.hour = k.hour AND mem.key = k.key
 LEFT JOIN sm ON sm.hour = k.hour AND sm.key = k.key
 """
 
+# Per allocation fact: the pod's owner (from the series that names the fact row) and the
+# peak memory of the hour (max over duplicate series too: a duplicate cannot raise a peak).
+WORKLOAD_SQL = f"""
+INSERT INTO workload_hours (hour, namespace, pod, container, uuid, mig_uuid, owner_kind,
+                            owner_name, memory_max_bytes)
+WITH k AS (
+    SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh
+    FROM alloc_count c WHERE {_in("c")} GROUP BY c.hour, c.key),
+mx AS (SELECT hour, key, max(value) AS v FROM cmem_max WHERE {_IN_CHUNK} GROUP BY hour, key)
+SELECT k.hour, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid, c.owner_kind,
+       c.owner_name, mx.v
+FROM k
+JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
+LEFT JOIN mx ON mx.hour = k.hour AND mx.key = k.key
+"""
+
 # Integer labels that pricing divides by: a bad value is an error, never a silent 0.
 _INT_LABELS = (("mig_count", "gpu_mig_info", ("slices", "parent_slices")),
                ("alloc_count", "gpu_container_allocation", ("replicas",)))
@@ -347,8 +368,10 @@ def write_facts(con: Any, signals: Mapping[str, pa.Table], start: datetime, end:
         params["dflt"] = default
         counts = FactCounts(spacing=spacing or {"*": default})
         for sql, attr in ((DEVICE_SQL, "device_hours"), (MIG_SQL, "mig_hours"),
-                          (ALLOC_SQL, "allocation_hours")):
-            rows = con.execute(sql, params).fetchall()
+                          (ALLOC_SQL, "allocation_hours"), (WORKLOAD_SQL, "workload_hours")):
+            # DuckDB refuses named parameters a statement does not use
+            used = {k: v for k, v in params.items() if f"${k}" in sql}
+            rows = con.execute(sql, used).fetchall()
             setattr(counts, attr, int(rows[0][0]) if rows else 0)
         return counts
     finally:
@@ -356,7 +379,7 @@ def write_facts(con: Any, signals: Mapping[str, pa.Table], start: datetime, end:
             con.unregister(name)
 
 
-FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "coverage")
+FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "coverage")
 
 
 def delete_hours(con: Any, start: datetime, end: datetime) -> None:

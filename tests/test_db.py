@@ -10,7 +10,8 @@ import pytest
 
 from metering.db import DatabaseError, connect, migrate
 
-TABLES = {"allocation_hours", "charges", "coverage", "device_hours", "mig_hours"}
+TABLES = {"allocation_hours", "charges", "coverage", "device_hours", "mig_hours",
+          "workload_hours"}
 
 
 def tables(con: object) -> set[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import metering
+from metering import waste
 from metering.report import focus, model
 from metering.report.csvout import render_csv
 from metering.report.html import render_html
@@ -77,6 +78,16 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         help="comma-separated formats among csv,parquet,md,html (default: these four) and "
         "focus (FinOps FOCUS 1.2 rows, CSV and Parquet); repeatable",
+    )
+    p.add_argument(
+        "--min-hours", type=int, default=waste.Settings.min_hours,
+        help="no waste recommendation from fewer hours observed "
+        f"(default {waste.Settings.min_hours})",
+    )
+    p.add_argument(
+        "--idle-hours", type=int, default=waste.Settings.idle_hours,
+        help="device-hours held with no GPU process before a workload is an idle holder "
+        f"(default {waste.Settings.idle_hours})",
     )
     p.add_argument(
         "--check-budgets",
@@ -196,7 +207,8 @@ def price_lookup(cm: Any) -> model.PriceLookup:
 
 
 def make_report(
-    db_path: str, month: Month, cost_model_path: str | None, top: int, charge_days: bool = False
+    db_path: str, month: Month, cost_model_path: str | None, top: int, charge_days: bool = False,
+    settings: waste.Settings | None = None,
 ) -> Report:
     cm = _load_cost_model(cost_model_path)
     con = _connect(db_path, read_only=True)
@@ -233,6 +245,10 @@ def make_report(
         )
         if charge_days:
             report = dataclasses.replace(report, charge_days=model.charge_days(con, month))
+        if same:
+            recs = waste.recommend(con, month.start, month.end, waste.mig_fraction(cm),
+                                   settings or waste.Settings())
+            report = dataclasses.replace(report, savings=recs)
     finally:
         con.close()
     return dataclasses.replace(report, notes=report.notes + notes)
@@ -263,10 +279,14 @@ def main(argv: list[str]) -> int:
             month = Month.parse(args.month)
         except ValueError as e:
             raise ReportError(f"--month: {e}", 2) from None
-        if args.top < 1:
-            raise ReportError(f"--top: expected a whole number >= 1, got {args.top}", 2)
+        for opt, value in (("--top", args.top), ("--min-hours", args.min_hours),
+                           ("--idle-hours", args.idle_hours)):
+            if value < 1:
+                raise ReportError(f"{opt}: expected a whole number >= 1, got {value}", 2)
         formats = _formats(args.format)
-        report = make_report(args.db, month, args.cost_model, args.top, "focus" in formats)
+        settings = waste.Settings(min_hours=args.min_hours, idle_hours=args.idle_hours)
+        report = make_report(args.db, month, args.cost_model, args.top, "focus" in formats,
+                             settings)
         files = _render(report, formats)
         try:
             written = write_files(Path(args.out), files)

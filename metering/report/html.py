@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from metering.report import charts, fmt
 from metering.report.charts import BarRow, Segment, Series, esc
 from metering.report.model import KINDS, Line, Report
+from metering.waste import Kind
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:64rem;color:#222;padding:0 1rem}
@@ -181,6 +182,30 @@ def _charts(report: Report) -> list[str]:
     return [by_team, daily, by_model, efficiency]
 
 
+SAVINGS_COLORS = {kind: charts.PALETTE[i] for i, kind in enumerate(Kind)}
+SAVINGS_TOP = 15
+
+
+def _savings_chart(report: Report) -> str:
+    """The recommendations with a saving, largest first, coloured by kind."""
+    recs = [r for r in report.savings or [] if r.saving > 0][:SAVINGS_TOP]
+    if not recs:
+        return ""
+    money = fmt.currency(report)
+    rows = [
+        BarRow(f"{r.namespace}/{r.owner_name}",
+               [Segment(r.kind.value, float(r.saving), SAVINGS_COLORS[r.kind])],
+               f"{fmt.money(r.saving)} · {r.proposed[:28]}")
+        for r in recs
+    ]
+    shown = {r.kind for r in recs}
+    return charts.hbars(
+        f"Savings by workload ({money} this month, largest first)", rows,
+        lambda v: f"{v:,.2f}",
+        legend=[(k.value, c) for k, c in SAVINGS_COLORS.items() if k in shown],
+    )
+
+
 def _days(report: Report) -> list[datetime]:
     start = report.month.start
     return [start + timedelta(days=i) for i in range(report.hours_in_period // 24)]
@@ -217,6 +242,9 @@ def render_html(report: Report) -> str:
     if any((ln.efficiency or 0) > 1 for ln in report.teams):
         parts.append(f'<p class="fn">{esc(fmt.OVER_NOTE)}</p>')
     for heading, grid in fmt.sections(report):
-        parts.append(f"<h2>{esc(heading)}</h2>{_table(grid)}")
+        chart = _savings_chart(report) if heading == "Savings" else ""
+        parts.append(f'<h2 id="{esc(heading.lower().replace(" ", "-"))}">{esc(heading)}</h2>'
+                     + (f'<figure class="savings">{chart}</figure>' if chart else "")
+                     + _table(grid))
     parts.append("</body></html>\n")
     return "".join(parts)

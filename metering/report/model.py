@@ -16,6 +16,8 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from metering.waste import Recommendation
+
 # Rows the pricing engine writes for the fleet rather than a team: team and sharing both carry
 # the kind (a team's share of weighted idle has its own team name, so it stays the team's).
 KINDS = ("idle", "down", "adjustment")
@@ -319,6 +321,8 @@ class Report:
     sm_unknown_mig_gpu_hours: Decimal = _ZERO
     capacity: list[ModelCapacity] = field(default_factory=list)
     maturity: list[Maturity] = field(default_factory=list)  # per model, then the fleet ('')
+    # Waste recommendations, largest saving first; None: not computed (no cost model at hand).
+    savings: list[Recommendation] | None = None
     # None: the cost model the charges were priced with is not at hand, so budgets are unknown.
     budgets: list[BudgetLine] | None = None
     elapsed_hours: int = 0  # hours of the month so far (through the last hour with data)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 
 from metering.report.model import HourRange, Line, ModelCapacity, Report
+from metering.waste import Recommendation
 
 # (name, kind); kind drives the CSV text form and the Parquet type.
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -58,12 +59,25 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("maturity_level", "int"),
     ("previous_utilisation", "float"),
     ("previous_maturity_level", "int"),
+    ("owner_kind", "str"),
+    ("owner_name", "str"),
+    ("recommendation", "str"),
+    ("current_unit", "str"),
+    ("proposed_unit", "str"),
+    ("saving", "money"),
+    ("confidence", "str"),
+    ("peak_memory_gb", "float"),
+    ("p95_memory_gb", "float"),
+    ("p95_sm", "float"),
+    ("hours_observed", "int"),
+    ("coverage", "float"),
+    ("idle_device_hours", "int"),
 )
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 
 # Section names, in the order rows appear.
 SECTIONS = ("fleet", "team", "namespace", "model_sharing", "pod", "team_day", "missing_hours",
-            "model_price", "budget", "maturity")
+            "model_price", "budget", "maturity", "savings")
 
 Value = str | int | bool | Decimal | None
 Row = dict[str, Value]
@@ -148,10 +162,26 @@ def rows(report: Report) -> Iterator[Row]:
                          "utilisation": m.utilisation, "maturity_level": m.level,
                          "previous_utilisation": m.previous_utilisation,
                          "previous_maturity_level": m.previous_level})
+    for rank, rec in enumerate(report.savings or [], start=1):
+        yield _complete({**context, "section": "savings", "rank": rank, **_saving(rec)})
     for rank, b in enumerate(report.budgets or [], start=1):
         yield _complete({**context, "section": "budget", "rank": rank, "team": b.team,
                          "cost": b.spend, "budget": b.budget, "forecast": b.forecast,
                          "budget_status": b.status.name.lower()})
+
+
+def _saving(r: Recommendation) -> Row:
+    ev = r.evidence
+    return {
+        "team": r.team, "namespace": r.namespace, "model": r.model,
+        "owner_kind": r.owner_kind, "owner_name": r.owner_name,
+        "recommendation": r.kind.name.lower(), "current_unit": r.current,
+        "proposed_unit": r.proposed, "cost": r.cost, "saving": r.saving,
+        "confidence": r.confidence, "peak_memory_gb": ev.peak_memory_gb,
+        "p95_memory_gb": ev.p95_memory_gb, "p95_sm": ev.p95_sm, "hours_observed": ev.hours,
+        "coverage": ev.coverage, "idle_device_hours": ev.idle_device_hours,
+        "gpu_hours": ev.device_hours,
+    }
 
 
 def _capacity(cap: ModelCapacity) -> Row:

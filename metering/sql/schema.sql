@@ -55,6 +55,22 @@ CREATE TABLE IF NOT EXISTS allocation_hours (
     labels            MAP(VARCHAR, VARCHAR) NOT NULL   -- label_<name> pod labels, name without prefix
 );
 
+-- Per allocation fact (same key as allocation_hours): who owns the pod and its peak memory,
+-- for waste recommendations (metering/waste.py). A table of its own so allocation_hours, which
+-- pricing reads, keeps its shape.
+CREATE TABLE IF NOT EXISTS workload_hours (
+    hour              TIMESTAMP NOT NULL,
+    namespace         VARCHAR   NOT NULL,
+    pod               VARCHAR   NOT NULL,
+    container         VARCHAR   NOT NULL,
+    uuid              VARCHAR   NOT NULL,
+    mig_uuid          VARCHAR   NOT NULL,
+    owner_kind        VARCHAR   NOT NULL,   -- the pod's controller: Deployment, Job, ...; '' if none
+    owner_name        VARCHAR   NOT NULL,
+    memory_max_bytes  DOUBLE                -- max of gpu_container_memory_used_bytes in the hour;
+                                            -- NULL without samples: unknown
+);
+
 -- One row per hour that an ingest covered; hours of the period absent here had no data.
 CREATE TABLE IF NOT EXISTS coverage (
     hour              TIMESTAMP NOT NULL PRIMARY KEY,

@@ -1,0 +1,340 @@
+"""Waste: rightsizing and idle-holder recommendations from a month of facts.
+
+Per workload (the pod's controller from its owner references: Deployment, StatefulSet, Job, ...;
+a pod without one is its own workload), from the hourly facts:
+
+- whole-GPU holders whose peak memory and p95 SM activity fit a smaller unit get the smallest
+  MIG profile of their GPU model that fits (catalogue: metering/data/mig-profiles.yaml), else
+  the smallest time-slicing / MPS share that fits;
+- MIG holders that outgrow or underuse their profile get the next profile up or down;
+- idle holders: workloads that held devices with no GPU process (peak memory 0 all hour) for
+  at least `idle_hours` device-hours.
+
+Every recommendation carries its evidence and a confidence; none is made from fewer than
+`min_hours` observed hours or where a figure it needs is unknown (SM activity of MIG without
+GPM). Recommendations read the ledger and never write it: they cannot change a bill.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from metering.costmodel import CostModel
+
+_GB = Decimal(10) ** 9
+_Q6 = Decimal("0.000001")
+_ZERO = Decimal(0)
+
+
+@dataclass(frozen=True)
+class Settings:
+    min_hours: int = 72  # no recommendation from fewer hours observed
+    idle_hours: int = 24  # device-hours held with no GPU process before a workload is flagged
+    headroom: Decimal = Decimal("0.9")  # use at most this share of a unit's memory and SM
+    outgrow: Decimal = Decimal("0.95")  # a MIG instance at this share of memory or SM is full
+    share_replicas: tuple[int, ...] = (2, 3, 4)  # time-slicing / MPS shares considered
+    confident_hours: int = 168  # a week of observations with coverage >= 90 %: high confidence
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    slices: int
+    memory_gb: Decimal
+
+
+@dataclass(frozen=True)
+class GpuUnits:
+    """What a GPU model can be cut into."""
+
+    memory_gb: Decimal
+    slices: int
+    profiles: tuple[Profile, ...]  # smallest first
+
+    def index(self, name: str) -> int | None:
+        return next((i for i, p in enumerate(self.profiles) if p.name == name), None)
+
+
+@cache
+def catalogue() -> tuple[tuple[tuple[str, ...], GpuUnits], ...]:
+    text = (resources.files("metering") / "data" / "mig-profiles.yaml").read_text("utf-8")
+    out = []
+    for entry in yaml.safe_load(text)["gpus"]:
+        profiles = tuple(Profile(p["name"], int(p["slices"]), Decimal(str(p["memory_gb"])))
+                         for p in entry["profiles"])
+        units = GpuUnits(Decimal(str(entry["memory_gb"])), int(entry["slices"]), profiles)
+        out.append((tuple(entry["models"]), units))
+    return tuple(out)
+
+
+def units_for(model: str) -> GpuUnits | None:
+    for patterns, units in catalogue():
+        if any(fnmatch.fnmatchcase(model, p) for p in patterns):
+            return units
+    return None
+
+
+class Kind(enum.Enum):
+    TO_MIG = "whole GPU -> MIG"
+    TO_SHARE = "whole GPU -> shared"
+    MIG_DOWN = "MIG profile down"
+    MIG_UP = "MIG profile up"
+    IDLE = "idle holder"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    hours: int  # hours in which the workload held the unit
+    device_hours: Decimal  # device-hours held (replicas add up)
+    peak_memory_gb: Decimal | None
+    p95_memory_gb: Decimal | None
+    p95_sm: Decimal | None  # of the unit held: the whole GPU, or the MIG instance
+    coverage: Decimal  # share of held device-hours with both memory and SM figures
+    idle_device_hours: int  # device-hours held with no GPU process
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    kind: Kind
+    team: str
+    namespace: str
+    owner_kind: str
+    owner_name: str
+    model: str
+    current: str  # what it holds: "whole GPU", "MIG 3g.40gb"
+    proposed: str  # "MIG 1g.10gb", "1/4 of a GPU (time-slicing or MPS)", "release idle GPUs"
+    cost: Decimal  # what the holding cost in the month (without shared-out idle)
+    saving: Decimal  # in the month; negative: the change costs more (a MIG holder that is full)
+    confidence: str  # high | medium | low
+    evidence: Evidence
+
+    @property
+    def workload(self) -> str:
+        return f"{self.namespace}/{self.owner_kind}/{self.owner_name}"
+
+
+# Per workload x GPU model x unit held, from the facts and charges of [start, end). A device-
+# hour is one (hour, device or MIG instance) the workload held; its containers there are
+# summed (peak memory adds up: an upper bound of the unit's peak). Quantiles are nearest-rank
+# over device-hours (quantile_disc), so every figure is one that was observed.
+_SQL = """
+WITH a AS (
+    SELECT a.hour, a.namespace, a.pod, a.container, a.uuid, a.mig_uuid, a.sharing,
+           coalesce(nullif(w.owner_kind, ''), 'Pod') AS owner_kind,
+           coalesce(nullif(w.owner_name, ''), a.pod) AS owner_name,
+           d.model, least(a.allocated_seconds, 3600) AS held_s, a.sm_seconds,
+           w.memory_max_bytes AS mem_max,
+           coalesce(mh.profile, '') AS profile,
+           mh.sm_active_seconds / nullif(mh.observed_seconds, 0) AS inst_sm
+    FROM allocation_hours a
+    JOIN device_hours d ON d.hour = a.hour AND d.uuid = a.uuid
+    LEFT JOIN workload_hours w ON w.hour = a.hour AND w.namespace = a.namespace
+         AND w.pod = a.pod AND w.container = a.container AND w.uuid = a.uuid
+         AND w.mig_uuid = a.mig_uuid
+    LEFT JOIN mig_hours mh ON a.mig_uuid <> '' AND mh.hour = a.hour AND mh.mig_uuid = a.mig_uuid
+    WHERE a.hour >= $start AND a.hour < $end AND a.allocated_seconds > 0
+), c AS (
+    SELECT hour, namespace, pod, container, uuid, mig_uuid, any_value(team) AS team,
+           sum(cost - idle_share) AS cost
+    FROM charges WHERE hour >= $start AND hour < $end AND pod <> ''
+    GROUP BY hour, namespace, pod, container, uuid, mig_uuid
+), dh AS (
+    SELECT a.namespace, a.owner_kind, a.owner_name, a.model, a.sharing, a.profile,
+           a.hour, a.uuid, a.mig_uuid,
+           max(a.held_s) / 3600.0 AS held_h,
+           -- unknown (NULL) as soon as one container's figure is unknown
+           CASE WHEN count(a.mem_max) = count(*) THEN sum(a.mem_max) END AS mem_max,
+           CASE WHEN a.mig_uuid <> '' THEN any_value(a.inst_sm)
+                WHEN count(a.sm_seconds) = count(*)
+                    THEN least(sum(a.sm_seconds) / nullif(max(a.held_s), 0), 1.0) END AS sm,
+           max(c.team) AS team, coalesce(sum(c.cost), 0) AS cost
+    FROM a
+    LEFT JOIN c ON c.hour = a.hour AND c.namespace = a.namespace AND c.pod = a.pod
+         AND c.container = a.container AND c.uuid = a.uuid AND c.mig_uuid = a.mig_uuid
+    GROUP BY a.namespace, a.owner_kind, a.owner_name, a.model, a.sharing, a.profile, a.hour,
+             a.uuid, a.mig_uuid
+)
+SELECT namespace, owner_kind, owner_name, model, sharing, profile,
+       mode(team) AS team,
+       count(DISTINCT hour) AS hours,
+       sum(held_h) AS device_hours,
+       max(mem_max) AS peak_mem,
+       quantile_disc(mem_max, 0.95) AS p95_mem,
+       quantile_disc(sm, 0.95) AS p95_sm,
+       count(*) FILTER (WHERE mem_max IS NOT NULL AND sm IS NOT NULL) / count(*) AS coverage,
+       count(*) FILTER (WHERE mem_max = 0 AND coalesce(sm, 0) = 0) AS idle_dh,
+       sum(cost) AS cost,
+       sum(cost) FILTER (WHERE mem_max = 0 AND coalesce(sm, 0) = 0) AS idle_cost
+FROM dh
+GROUP BY namespace, owner_kind, owner_name, model, sharing, profile
+ORDER BY ALL
+"""
+
+
+@dataclass(frozen=True)
+class _Group:
+    namespace: str
+    owner_kind: str
+    owner_name: str
+    model: str
+    sharing: str
+    profile: str
+    team: str
+    evidence: Evidence
+    cost: Decimal
+    idle_cost: Decimal
+
+
+def _dec(value: Any, q: Decimal = _Q6) -> Decimal | None:
+    return None if value is None else Decimal(str(value)).quantize(q)
+
+
+def _groups(con: Any, start: datetime, end: datetime) -> list[_Group]:
+    rows = con.execute(_SQL, {"start": start, "end": end}).fetchall()
+    out = []
+    for (ns, okind, oname, model, sharing, profile, team, hours, dev_h, peak, p95m, p95s,
+         coverage, idle_dh, cost, idle_cost) in rows:
+        ev = Evidence(
+            hours=int(hours), device_hours=_dec(dev_h) or _ZERO,
+            peak_memory_gb=None if peak is None else _dec(Decimal(str(peak)) / _GB),
+            p95_memory_gb=None if p95m is None else _dec(Decimal(str(p95m)) / _GB),
+            p95_sm=_dec(p95s), coverage=_dec(coverage) or _ZERO, idle_device_hours=int(idle_dh),
+        )
+        out.append(_Group(ns, okind, oname, model, sharing, profile, team or "", ev,
+                          Decimal(cost or 0), Decimal(idle_cost or 0)))
+    return out
+
+
+def _confidence(ev: Evidence, s: Settings) -> str:
+    if ev.hours >= s.confident_hours and ev.coverage >= Decimal("0.9"):
+        return "high"
+    if ev.coverage >= Decimal("0.75"):
+        return "medium"
+    return "low"
+
+
+# What a MIG profile costs, as a fraction of the whole device, under the cost model's
+# mig.fraction (metering.report.cli builds it from the cost model).
+MigFraction = Callable[[str, Profile, GpuUnits], Decimal]
+
+
+def mig_fraction(cm: CostModel) -> MigFraction:
+    """The cost model's mig.fraction rule for a profile: as pricing.sql applies it."""
+
+    def fraction(model: str, p: Profile, units: GpuUnits) -> Decimal:
+        slices = min(Decimal(p.slices) / units.slices, Decimal(1))
+        if cm.mig_fraction == "table" and p.name in cm.mig_table:
+            return cm.mig_table[p.name]
+        memory = cm.price_for(model).memory_gb
+        if cm.mig_fraction == "memory" and memory:
+            return min(p.memory_gb / memory, Decimal(1))
+        return slices
+
+    return fraction
+
+
+def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFraction,
+              settings: Settings = Settings()) -> list[Recommendation]:
+    """Recommendations for [start, end), largest saving first."""
+    out: list[Recommendation] = []
+    for g in _groups(con, start, end):
+        ev = g.evidence
+        if ev.hours < settings.min_hours:
+            continue
+        units = units_for(g.model)
+        current = f"MIG {g.profile}" if g.sharing == "mig" else (
+            "whole GPU" if g.sharing == "exclusive" else g.sharing)
+
+        def make(kind: Kind, proposed: str, saving: Decimal, g: _Group = g,
+                 current: str = current) -> Recommendation:
+            return Recommendation(
+                kind=kind, team=g.team, namespace=g.namespace, owner_kind=g.owner_kind,
+                owner_name=g.owner_name, model=g.model, current=current, proposed=proposed,
+                cost=g.cost, saving=saving, confidence=_confidence(g.evidence, settings),
+                evidence=g.evidence)
+
+        if ev.idle_device_hours >= settings.idle_hours and g.idle_cost > 0:
+            out.append(make(Kind.IDLE, "release GPUs while no process uses them",
+                            g.idle_cost))
+        if units is None or ev.peak_memory_gb is None or ev.p95_sm is None:
+            continue  # unknown figures: no rightsizing
+        if g.sharing == "exclusive" and not g.profile:
+            rec = _whole(g, units, mig_fraction, settings)
+        elif g.sharing == "mig" and g.profile:
+            rec = _mig(g, units, mig_fraction, settings)
+        else:
+            rec = None
+        if rec is not None:
+            out.append(make(*rec))
+    out.sort(key=lambda r: (-r.saving, r.workload, r.kind.value))
+    return out
+
+
+def _fits(peak_gb: Decimal, p95_sm: Decimal, memory_gb: Decimal, sm_share: Decimal,
+          s: Settings) -> bool:
+    return peak_gb <= memory_gb * s.headroom and p95_sm <= sm_share * s.headroom
+
+
+def _whole(g: _Group, units: GpuUnits, frac: MigFraction, s: Settings
+           ) -> tuple[Kind, str, Decimal] | None:
+    ev = g.evidence
+    assert ev.peak_memory_gb is not None and ev.p95_sm is not None
+    for p in units.profiles:
+        if p.slices >= units.slices:
+            break  # the whole GPU as one instance saves nothing
+        if _fits(ev.peak_memory_gb, ev.p95_sm, p.memory_gb, Decimal(p.slices) / units.slices,
+                 s):
+            f = frac(g.model, p, units)
+            return Kind.TO_MIG, f"MIG {p.name}", (g.cost * (1 - f)).quantize(_Q6)
+    for n in sorted(s.share_replicas, reverse=True):
+        share = Decimal(1) / n
+        if _fits(ev.peak_memory_gb, ev.p95_sm, units.memory_gb * share, share, s):
+            return (Kind.TO_SHARE, f"1/{n} of a GPU (time-slicing or MPS, {n} replicas)",
+                    (g.cost * (1 - share)).quantize(_Q6))
+    return None
+
+
+def _mig(g: _Group, units: GpuUnits, frac: MigFraction, s: Settings
+         ) -> tuple[Kind, str, Decimal] | None:
+    ev = g.evidence
+    assert ev.peak_memory_gb is not None and ev.p95_sm is not None
+    i = units.index(g.profile)
+    if i is None:
+        return None
+    cur = units.profiles[i]
+    f_cur = frac(g.model, cur, units)
+    memory_full = ev.peak_memory_gb >= cur.memory_gb * s.outgrow
+    sm_full = ev.p95_sm >= s.outgrow
+    if memory_full or sm_full:
+        # the next profile that adds what ran out (1g.10gb -> 1g.20gb adds memory only)
+        up = next((p for p in units.profiles[i + 1:]
+                   if (not memory_full or p.memory_gb > cur.memory_gb)
+                   and (not sm_full or p.slices > cur.slices)), None)
+        if up is None:
+            return None
+        extra = g.cost * (frac(g.model, up, units) / f_cur - 1)
+        return Kind.MIG_UP, f"MIG {up.name}", -extra.quantize(_Q6)
+    if i > 0:
+        down = units.profiles[i - 1]
+        # the instance's SM activity, in the smaller instance's terms
+        sm_there = ev.p95_sm * Decimal(cur.slices) / Decimal(down.slices)
+        if _fits(ev.peak_memory_gb, sm_there, down.memory_gb, Decimal(1), s):
+            f_down = frac(g.model, down, units)
+            if f_down < f_cur:
+                return (Kind.MIG_DOWN, f"MIG {down.name}",
+                        (g.cost * (1 - f_down / f_cur)).quantize(_Q6))
+    return None
+
+
+def total_saving(recs: Sequence[Recommendation]) -> Decimal:
+    return sum((r.saving for r in recs if r.saving > 0), _ZERO)
