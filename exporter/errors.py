@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpu_ledger.safeyaml import YamlError, describe
+
 
 class ConfigError(Exception):
     """A configuration or scenario file is malformed.
@@ -12,6 +14,13 @@ class ConfigError(Exception):
     def __init__(self, file: str, key: str, expected: str, found: object = None) -> None:
         self.file, self.key, self.expected, self.found = file, key, expected, found
         msg = f"{file}: {key}: expected {expected}" if key else f"{file}: expected {expected}"
-        if found is not None:
-            msg += f", got {found!r}"
+        if found is not None:  # described, never serialised: it may be huge (an alias bomb)
+            msg += f", got {describe(found)}"
         super().__init__(msg)
+
+    @classmethod
+    def from_yaml(cls, exc: YamlError) -> ConfigError:
+        """The loader's refusal (invalid YAML, an alias bomb, deep nesting) as a ConfigError."""
+        err = cls(exc.file, exc.key, "YAML the loader accepts")
+        err.args = (str(exc),)
+        return err

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from exporter.errors import ConfigError
+from gpu_ledger import safeyaml
 
 log = logging.getLogger(__name__)
 
@@ -159,14 +158,9 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(file, "", "a readable UTF-8 web config file", _reason(exc)) from None
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        where = ""
-        mark = getattr(exc, "problem_mark", None)
-        if mark is not None:
-            where = f" (line {mark.line + 1}, column {mark.column + 1})"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(file, "", f"valid YAML{where}", problem) from None
+        doc = safeyaml.load(text, file)
+    except safeyaml.YamlError as exc:
+        raise ConfigError.from_yaml(exc) from None
     if doc is None:
         doc = {}
     top = _mapping(doc, file, "", "a mapping with keys " + ", ".join(_TOP_KEYS))

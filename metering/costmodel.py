@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
+from gpu_ledger import safeyaml
 
 MICRO: Final = Decimal("0.000001")
 # Names the pricing engine gives its own rows; a team may not be called any of these.
@@ -50,8 +50,7 @@ def _show(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, str | int | float | Decimal):
         return json.dumps(value) if isinstance(value, str) else str(value)
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return safeyaml.describe(value)  # cut short, never fully serialised: maybe an alias bomb
 
 
 class CostModelError(Exception):
@@ -209,25 +208,6 @@ class CostModel:
 # --- reading ------------------------------------------------------------------------------
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys: PyYAML would silently keep the last one."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)  # type: ignore[no-untyped-call]
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def default_path() -> Path:
     """The packaged default cost model (identical to cost-model.yaml at the repo root)."""
     return Path(str(resources.files("metering") / "data" / "cost-model.yaml"))
@@ -249,15 +229,10 @@ def load_cost_model(path: str | Path | None) -> CostModel:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise CostModelError(name, "", "UTF-8 text") from None
-    try:
-        doc = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise CostModelError(name, where, "valid YAML",
-                             hint=str(e.problem or e.context)) from None
-    except yaml.YAMLError as e:
-        raise CostModelError(name, "", "valid YAML", hint=str(e)) from None
+    try:  # the shared loader: duplicate keys, alias bombs and deep nesting are refused
+        doc = safeyaml.load(text, name, unique_keys=True)
+    except safeyaml.YamlError as e:
+        raise CostModelError(name, e.key or e.where, "valid YAML", hint=e.problem) from None
     return _Parser(name).model(doc, p, hashlib.sha256(raw).hexdigest())
 
 
