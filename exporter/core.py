@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -11,6 +12,7 @@ from exporter.metrics import BY_NAME
 Labels = tuple[str, ...]
 # Allow-listed pod labels, (name, value) pairs sorted by name; rendered as label_<name>.
 PodLabels = tuple[tuple[str, str], ...]
+_SURROGATE = re.compile("[\ud800-\udfff]")  # the only str characters UTF-8 cannot encode
 
 
 @dataclass(frozen=True)
@@ -76,16 +78,34 @@ class ExporterOptions:
 
 
 class SampleSink:
-    """Collects samples for one cycle, grouped by family, in insertion order."""
+    """Collects samples for one cycle, grouped by family, in insertion order.
+
+    Label values that are not valid Unicode (lone surrogates, which a broken or hostile API
+    server can send in a pod label) cannot be encoded as UTF-8: they are replaced here, each
+    bad character by U+FFFD, and counted in `replaced`, so rendering never fails on them."""
 
     def __init__(self) -> None:
         self.samples: dict[str, list[tuple[Labels, float, PodLabels]]] = {}
+        self.replaced = 0  # label values repaired this cycle
 
     def add(self, family: str, labels: Labels, value: float, pod_labels: PodLabels = ()) -> None:
         fam = BY_NAME[family]  # KeyError here means an undeclared family: a bug, not bad input
         if len(labels) != len(fam.labels):
             raise ValueError(f"{family}: expected labels {fam.labels}, got {labels}")
+        # str.isascii() is O(1) in CPython: the common case costs one C call per value.
+        if not all(map(str.isascii, labels)):
+            labels = tuple(map(self._valid, labels))
+        if pod_labels and not all(v.isascii() for _, v in pod_labels):
+            pod_labels = tuple((k, self._valid(v)) for k, v in pod_labels)
         self.samples.setdefault(family, []).append((labels, float(value), pod_labels))
+
+    def _valid(self, value: str) -> str:
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            self.replaced += 1
+            return _SURROGATE.sub("\ufffd", value)
 
 
 @dataclass

@@ -141,6 +141,9 @@ FAMILIES: tuple[Family, ...] = (
     _g("gpu_exporter_source_error_info",
        "Why a data source is down; present (=1) only while it is down.",
        ("source", "reason"), "exporter"),
+    _c("gpu_exporter_label_values_replaced_total",
+       "Label values that were not valid Unicode (lone surrogates), repaired with U+FFFD.",
+       (), "exporter"),
 )
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}

@@ -48,6 +48,12 @@ class Sampler:
         self._inventory: Inventory | None = None
         self._inventory_at = 0.0
         self._last_cycle_end = 0.0
+        # What the cycle is doing now and since when, and why the last one failed: /healthz
+        # names the real cause of a stall instead of guessing.
+        self._stage = ""
+        self._stage_since = 0.0
+        self._cycle_error = ""
+        self._replaced_total = 0
         # /healthz fails when no sample completed for this long (a hung driver call).
         self.stale_after = max(3 * options.interval, 30.0)
         self._rendering = Rendering({})
@@ -86,8 +92,10 @@ class Sampler:
         now = self.clock()
         ctx = CycleContext(nvml=self.nvml, options=self.options, now=now)
         sink = SampleSink()
+        self._enter("NVML init")
         self._ensure_nvml(now)
         if self._nvml_ok:
+            self._enter("GPU discovery")
             try:
                 inv = self._refresh_inventory(now)
                 ctx.gpus, ctx.migs = list(inv.gpus), list(inv.migs)
@@ -98,6 +106,7 @@ class Sampler:
             if getattr(c, "needs_nvml", False) and not self._nvml_ok:
                 sink.add("gpu_exporter_collector_success", (c.name,), 0)
                 continue
+            self._enter(f"collector {c.name}")
             start = time.perf_counter()
             ok = True
             try:
@@ -109,15 +118,24 @@ class Sampler:
             sink.add("gpu_exporter_collector_success", (c.name,), 1 if ok else 0)
             sink.add("gpu_exporter_collector_duration_seconds", (c.name,),
                      time.perf_counter() - start)
+        self._replaced_total += sink.replaced
+        if sink.replaced:
+            log.warning("%d label values were not valid Unicode; replaced", sink.replaced)
         self._self_metrics(ctx, sink, now)
+        self._enter("rendering")
         rendering = Rendering(sink.samples, eager=self.eager_render)
         self._rendering = rendering  # one reference swap: scrapes see old or new, never half
         self._last_cycle_end = self.clock()
+        self._stage, self._cycle_error = "", ""
         return rendering
+
+    def _enter(self, stage: str) -> None:
+        self._stage, self._stage_since = stage, self.clock()
 
     def _self_metrics(self, ctx: CycleContext, sink: SampleSink, now: float) -> None:
         sink.add("gpu_exporter_last_sample_timestamp_seconds", (), now)
         sink.add("gpu_exporter_build_info", (__version__, platform.python_version()), 1)
+        sink.add("gpu_exporter_label_values_replaced_total", (), self._replaced_total)
         sources = {"nvml": (self._nvml_ok, self._nvml_reason)}
         for name, status in sorted(ctx.sources.items()):
             sources[name] = (status.up, status.reason)
@@ -136,8 +154,17 @@ class Sampler:
         if self.threaded and self._last_cycle_end:
             stale = self.clock() - self._last_cycle_end
             if stale > self.stale_after:
-                return False, f"no completed sample for {stale:.0f}s (NVML hung?)"
+                return False, f"no completed sample for {stale:.0f}s: {self._stall_cause()}"
         return True, "ok"
+
+    def _stall_cause(self) -> str:
+        if self._cycle_error:
+            return f"the last cycle failed in {self._cycle_error}"
+        if self._stage:
+            waited = self.clock() - self._stage_since
+            hint = " (a hung driver call?)" if self._stage != "rendering" else ""
+            return f"stuck in {self._stage} for {waited:.0f}s{hint}"
+        return "the sampler thread is not running"
 
     # --- background thread --------------------------------------------------------------------
     def start(self) -> None:
@@ -149,8 +176,10 @@ class Sampler:
             began = time.monotonic()
             try:
                 self.cycle()
-            except Exception:  # never let the sampler thread die
-                log.exception("sample cycle failed")
+            except Exception as err:  # never let the sampler thread die
+                self._cycle_error = f"{self._stage or 'the cycle'}: {type(err).__name__}: {err}"
+                self._stage = ""
+                log.exception("sample cycle failed in %s", self._cycle_error)
             self._stop.wait(max(0.0, self.options.interval - (time.monotonic() - began)))
 
     def close(self) -> None:
