@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import exporter.web
 from bench.common import (
     cpu_seconds,
     machine,
@@ -155,32 +154,14 @@ def serve_and_scrape(source: MetricsSource, n: int, gzipped: bool) -> dict[str, 
     return {**summary_ms(durations), "bytes": size}
 
 
-@contextmanager
-def tcp_nodelay() -> Iterator[None]:
-    """Serve with TCP_NODELAY (socketserver's disable_nagle_algorithm). As shipped, the
-    handler sends headers and body in two writes; a small body (the gzip one) then waits for
-    the client's delayed ACK, about 40 ms on Linux."""
-    handler: Any = exporter.web._Handler
-    before = handler.disable_nagle_algorithm
-    handler.disable_nagle_algorithm = True
-    try:
-        yield
-    finally:
-        handler.disable_nagle_algorithm = before
-
-
 def scrape_comparison(node: SimNode, plan: Plan) -> dict[str, Any]:
     naive = NaiveSource(node.sampler, pod_labels=node.sampler.options.pod_label_allowlist)
     out: dict[str, Any] = {}
     for gz in (False, True):
         key = "gzip" if gz else "plain"
-        # As shipped, a gzip scrape waits ~40 ms on a delayed ACK: fewer of them do.
-        n = min(plan.scrapes, 1_000) if gz else plan.scrapes
-        out[f"ours_{key}"] = serve_and_scrape(node.sampler, n, gz)
-        with tcp_nodelay():
-            out[f"ours_{key}_nodelay"] = serve_and_scrape(node.sampler, plan.scrapes, gz)
-            out[f"naive_{key}"] = serve_and_scrape(naive, plan.naive_scrapes, gz)
-        out[f"ratio_{key}"] = out[f"naive_{key}"]["p50_ms"] / out[f"ours_{key}_nodelay"]["p50_ms"]
+        out[f"ours_{key}"] = serve_and_scrape(node.sampler, plan.scrapes, gz)
+        out[f"naive_{key}"] = serve_and_scrape(naive, plan.naive_scrapes, gz)
+        out[f"ratio_{key}"] = out[f"naive_{key}"]["p50_ms"] / out[f"ours_{key}"]["p50_ms"]
     return out
 
 
@@ -314,10 +295,6 @@ def growth(plan: Plan) -> dict[str, list[dict[str, Any]]]:
 # --- report --------------------------------------------------------------------------------------
 
 
-def _p50_p99(r: dict[str, float]) -> str:
-    return f"{r['p50_ms']:.3f} / {r['p99_ms']:.3f}"
-
-
 def report(res: dict[str, Any]) -> str:
     big, raw, cmp_ = res["cycle"], res["cycle_unshimmed"], res["scrapes"]
     proc, proc_raw = res["process"], res.get("process_unshimmed")
@@ -333,13 +310,11 @@ def report(res: dict[str, Any]) -> str:
          f"{cmp_['ours_plain']['p50_ms']:.3f} / {cmp_['ours_plain']['p99_ms']:.3f}"],
         ["scrape p50 / p99, gzip (ms, in-process)", "p99 <= 5",
          f"{cmp_['ours_gzip']['p50_ms']:.3f} / {cmp_['ours_gzip']['p99_ms']:.3f}"],
-        ["same with TCP_NODELAY, plain | gzip p50 / p99 (ms)", "p99 <= 5",
-         f"{_p50_p99(cmp_['ours_plain_nodelay'])} | {_p50_p99(cmp_['ours_gzip_nodelay'])}"],
         ["naive generate_latest p50 / p99, plain (ms)", "",
          f"{cmp_['naive_plain']['p50_ms']:.2f} / {cmp_['naive_plain']['p99_ms']:.2f}"],
         ["naive generate_latest p50 / p99, gzip (ms)", "",
          f"{cmp_['naive_gzip']['p50_ms']:.2f} / {cmp_['naive_gzip']['p99_ms']:.2f}"],
-        ["naive / ours (TCP_NODELAY), p50 plain | gzip", "",
+        ["naive / ours, p50 plain | gzip", "",
          f"{cmp_['ratio_plain']:.0f}x | {cmp_['ratio_gzip']:.0f}x"],
         ["separate process: scrape p50 / p99 plain (ms)", "p99 <= 5",
          f"{proc['plain']['p50_ms']:.3f} / {proc['plain']['p99_ms']:.3f}"],

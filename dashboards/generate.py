@@ -250,6 +250,10 @@ def node_detail() -> Board:
           [("time() - gpu_exporter_last_sample_timestamp_seconds", "{{instance}}")], width=8)
     b.add(tab("Sources"),
           [("gpu_exporter_source_up", ""), ("gpu_exporter_build_info", "")], width=24, height=6)
+    # Non-zero only when the API server or kubelet sent text that is not valid Unicode.
+    b.add(ts("Label values repaired (per hour)", "none"),
+          [("increase(gpu_exporter_label_values_replaced_total[1h])", "{{instance}}")],
+          width=24, height=6)
     return b
 
 

@@ -1,24 +1,25 @@
 """The exporter's HTTP(S) server: /metrics, /healthz and a landing page.
 
 It only serves what a MetricsSource has already rendered; it never talks to NVML, so a hung GPU
-cannot hang a scrape. Each connection gets its own thread (TLS handshake included) and socket
-timeouts, so a slow or broken client never holds up the others.
+cannot hang a scrape. The HTTP layer is exporter.httpserver (one event loop, bounded heads,
+connections and deadlines); this module is the application: routes, content negotiation,
+basic auth (bcrypt in a small thread pool, off the event loop) and TLS contexts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
-import contextlib
 import hashlib
 import hmac
 import logging
 import os
+import re
 import socket
-import socketserver
 import ssl
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -26,6 +27,7 @@ import bcrypt
 
 from exporter import __version__
 from exporter.errors import ConfigError
+from exporter.httpserver import DEFAULT_LIMITS, HttpServer, Limits, Request, Response
 from exporter.webconfig import TlsConfig, WebConfig
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,6 @@ log = logging.getLogger(__name__)
 OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REALM = "gpu-ledger"
-IO_TIMEOUT_S = 30.0  # per socket operation: request reads, response writes, TLS handshakes
 
 LANDING_PAGE = f"""<!DOCTYPE html>
 <html lang="en">
@@ -113,8 +114,9 @@ class BasicAuth:
     """Checks `Authorization: Basic` against bcrypt hashes.
 
     bcrypt is slow on purpose, so a verified (user, password) is remembered as a salted SHA-256
-    and later scrapes cost one hash and a constant-time compare. Unknown users are checked
-    against a dummy hash so the answer takes as long as for a known one.
+    and later scrapes cost one hash and a constant-time compare (`cached`). Unknown users are
+    checked against a dummy hash of the highest cost in the file, so an unknown user takes as
+    long as the slowest known one: timing does not tell which users exist.
     """
 
     def __init__(self, users: dict[str, str]) -> None:
@@ -122,31 +124,44 @@ class BasicAuth:
         self._salt = os.urandom(16)
         self._verified: dict[str, bytes] = {}
         self._lock = threading.Lock()
-        self._dummy: bytes | None = None
+        self.dummy_cost = max((_bcrypt_cost(h) for h in self._users.values()), default=10)
+        self._dummy = bcrypt.hashpw(os.urandom(16), bcrypt.gensalt(rounds=self.dummy_cost))
+
+    def _digest(self, user: str, password: bytes) -> bytes:
+        return hashlib.sha256(self._salt + user.encode() + b"\0" + password).digest()
+
+    def cached(self, header: str | None) -> bool:
+        """True when these credentials were verified before (no bcrypt); False: call check."""
+        creds = _decode_basic(header)
+        if creds is None:
+            return False
+        with self._lock:
+            known = self._verified.get(creds[0])
+        return known is not None and hmac.compare_digest(known, self._digest(*creds))
 
     def check(self, header: str | None) -> bool:
         creds = _decode_basic(header)
         if creds is None:
             return False
         user, password = creds
-        digest = hashlib.sha256(self._salt + user.encode() + b"\0" + password).digest()
+        digest = self._digest(user, password)
         with self._lock:
             known = self._verified.get(user)
         if known is not None and hmac.compare_digest(known, digest):
             return True
         hashed = self._users.get(user)
         # bcrypt uses only the first 72 bytes (htpasswd hashes that prefix); bcrypt>=5 raises.
-        ok = bcrypt.checkpw(password[:72], hashed or self._dummy_hash())
+        ok = bcrypt.checkpw(password[:72], hashed or self._dummy)
         if ok and hashed is not None:
             with self._lock:
                 self._verified[user] = digest
             return True
         return False
 
-    def _dummy_hash(self) -> bytes:
-        if self._dummy is None:
-            self._dummy = bcrypt.hashpw(os.urandom(16), bcrypt.gensalt(rounds=10))
-        return self._dummy
+
+def _bcrypt_cost(hashed: bytes) -> int:
+    match = re.match(rb"^\$2[abxy]?\$(\d\d)\$", hashed)
+    return int(match.group(1)) if match else 10
 
 
 def _decode_basic(header: str | None) -> tuple[str, bytes] | None:
@@ -209,50 +224,49 @@ def _san_allowed(cert: dict[str, Any] | None, allowed: tuple[str, ...]) -> bool:
 # --- server --------------------------------------------------------------------------------
 
 
-class WebServer(ThreadingHTTPServer):
+class WebServer:
     """Serves a MetricsSource in a daemon thread. `port` is the bound port (useful with 0)."""
 
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 64
-
     def __init__(self, source: MetricsSource, host: str, port: int,
-                 web_config: WebConfig | None) -> None:
+                 web_config: WebConfig | None, limits: Limits = DEFAULT_LIMITS) -> None:
         host = host.strip("[]")
         try:
             info = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                       flags=socket.AI_PASSIVE)
         except (socket.gaierror, UnicodeError) as exc:
             raise OSError(f"cannot resolve listen address {host!r}: {exc}") from None
-        self.address_family = info[0][0]
         self.source = source
         self.web_config = web_config or WebConfig()
         self.auth = BasicAuth(dict(self.web_config.basic_auth_users)) \
             if self.web_config.basic_auth_users else None
         self.tls = _TlsContexts(self.web_config.tls) if self.web_config.tls else None
-        self._conns: set[socket.socket] = set()
-        self._conns_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._stopped = False
-        bind_host, bind_port = str(info[0][4][0]), int(info[0][4][1])
+        # bcrypt takes ~50-250 ms of CPU: off the event loop, two at a time at most.
+        self._auth_pool = ThreadPoolExecutor(2, thread_name_prefix="exporter-auth")
+        family, addr = info[0][0], info[0][4]
+        bind_host = str(addr[0])
+        sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            super().__init__((bind_host, bind_port), _Handler)
-        except OSError as exc:  # the stdlib message does not say which address
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPV6_V6ONLY"):
+                # "::" then also answers IPv4, as a node exporter on a dual-stack node should.
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(addr)
+        except OSError as exc:  # the plain message does not say which address
+            sock.close()
             raise OSError(exc.errno, f"cannot listen on {self._display(bind_host)}:{port}: "
                           f"{exc.strerror or exc}") from None
+        self.server_address = sock.getsockname()
+        allowed = self.tls.tls.client_allowed_sans if self.tls else ()
+        self.http = HttpServer(
+            sock, self._handle, limits=limits,
+            tls=self.tls.current if self.tls else None,
+            peer_ok=(lambda cert: _san_allowed(cert, allowed)) if allowed else None,
+            server_header=f"gpu-ledger-exporter/{__version__}",
+            extra_headers=self.web_config.headers)
 
     @staticmethod
     def _display(host: str) -> str:
         return f"[{host}]" if ":" in host else host
-
-    def server_bind(self) -> None:
-        if self.address_family == socket.AF_INET6 and hasattr(socket, "IPV6_V6ONLY"):
-            # "::" then also answers IPv4, as a node exporter on a dual-stack node should.
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        # Skip HTTPServer.server_bind: its getfqdn() can stall on DNS at start-up.
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), int(port)
 
     @property
     def port(self) -> int:
@@ -266,146 +280,68 @@ class WebServer(ThreadingHTTPServer):
         return f"{'https' if self.tls else 'http'}://{self._display(host)}:{self.port}/"
 
     def start(self) -> None:
-        # A short poll keeps shutdown() prompt; an idle wake-up ten times a second costs nothing.
-        self._thread = threading.Thread(target=self.serve_forever, args=(0.1,),
-                                        name="exporter-web", daemon=True)
-        self._thread.start()
+        self.http.start()
 
     def shutdown(self) -> None:
         """Stop serving, drop open connections and close the listening socket. Idempotent."""
-        if self._stopped:
-            return
-        self._stopped = True
-        if self._thread is not None:
-            super().shutdown()
-            self._thread.join()
-        with self._conns_lock:
-            conns = list(self._conns)
-        for conn in conns:  # wake handler threads blocked on idle keep-alive reads
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-        self.server_close()
+        self.http.shutdown()
+        self._auth_pool.shutdown(wait=False, cancel_futures=True)
 
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        # Runs in the connection's own thread, so a slow TLS handshake blocks nobody else.
-        conn: socket.socket = request
-        self._track(conn, True)
+    # --- the application ----------------------------------------------------------------------
+    async def _handle(self, request: Request) -> Response:
+        if request.method not in ("GET", "HEAD"):
+            if not await self._authorized(request):
+                return _unauthorized(close=True)
+            return Response(405, b"method not allowed\n", (("Allow", "GET, HEAD"),),
+                            close=True)
+        if not await self._authorized(request):
+            return _unauthorized(close=False)
+        path = urlsplit(request.target).path
+        if path == "/metrics":
+            return self._metrics(request)
+        if path == "/healthz":
+            ok, reason = self.source.health()
+            body = b"ok" if ok else (reason or "unhealthy").encode("utf-8", "replace")
+            return Response(200 if ok else 503, body)
+        if path == "/":
+            return Response(200, LANDING_PAGE,
+                            (("Content-Type", "text/html; charset=utf-8"),))
+        return Response(404, b"not found\n")
+
+    async def _authorized(self, request: Request) -> bool:
+        auth = self.auth
+        if auth is None:
+            return True
+        header = request.header("Authorization")
+        if auth.cached(header):
+            return True
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._auth_pool, auth.check, header)
+
+    def _metrics(self, request: Request) -> Response:
+        openmetrics = wants_openmetrics(request.header("Accept"))
+        gzipped = accepts_gzip(request.header("Accept-Encoding"))
         try:
-            if self.tls is not None:
-                conn.settimeout(IO_TIMEOUT_S)
-                self._track(conn, False)
-                conn = self.tls.current().wrap_socket(request, server_side=True)
-                self._track(conn, True)
-                allowed = self.tls.tls.client_allowed_sans
-                if allowed and not _san_allowed(conn.getpeercert(), allowed):
-                    log.info("client %s: certificate SAN not in client_allowed_sans",
-                             client_address[0])
-                    return
-            _Handler(conn, client_address, self)
-        except (OSError, ssl.SSLError) as exc:
-            log.debug("connection from %s: %s", client_address[0], exc)
-        finally:
-            self._track(conn, False)
-            if conn is not request:
-                conn.close()
+            body = self.source.exposition(openmetrics, gzipped)
+        except Exception:
+            log.exception("rendering /metrics failed")
+            return Response(500, b"error rendering metrics\n")
+        headers = [("Content-Type", OPENMETRICS_TYPE if openmetrics else TEXT_TYPE),
+                   ("Vary", "Accept, Accept-Encoding")]
+        if gzipped:
+            headers.append(("Content-Encoding", "gzip"))
+        return Response(200, body, tuple(headers))
 
-    def _track(self, conn: socket.socket, add: bool) -> None:
-        with self._conns_lock:
-            if add:
-                self._conns.add(conn)
-            else:
-                self._conns.discard(conn)
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # The default prints a traceback to stderr for every reset connection.
-        log.debug("error serving %s", client_address, exc_info=True)
+def _unauthorized(close: bool) -> Response:
+    return Response(401, b"unauthorized\n",
+                    (("WWW-Authenticate", f'Basic realm="{REALM}"'),), close=close)
 
 
 def start_server(source: MetricsSource, host: str, port: int,
-                 web_config: WebConfig | None) -> WebServer:
+                 web_config: WebConfig | None, limits: Limits = DEFAULT_LIMITS) -> WebServer:
     """Bind host:port (0: an ephemeral port; "::" for IPv6 and IPv4) and serve in a daemon
     thread. Call `.shutdown()` to stop."""
-    server = WebServer(source, host, port, web_config)
+    server = WebServer(source, host, port, web_config, limits)
     server.start()
     return server
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: WebServer
-    protocol_version = "HTTP/1.1"  # keep-alive: Prometheus reuses connections
-    # Headers and body go out in separate writes; with Nagle on, the body waits for the
-    # client's delayed ACK (~40 ms on Linux). bench/exporter_scrape.py measured it.
-    disable_nagle_algorithm = True
-    server_version = f"gpu-ledger-exporter/{__version__}"
-    timeout = IO_TIMEOUT_S
-
-    def version_string(self) -> str:  # the stdlib appends the Python version
-        return self.server_version
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def do_GET(self) -> None:
-        self._dispatch()
-
-    do_HEAD = do_GET
-
-    def _method_not_allowed(self) -> None:
-        if not self._authorized():
-            return
-        self.close_connection = True  # a request body may follow that we never read
-        self._reply(405, b"method not allowed\n", extra=(("Allow", "GET, HEAD"),))
-
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = (
-        _method_not_allowed)
-
-    def _authorized(self) -> bool:
-        auth = self.server.auth
-        if auth is None or auth.check(self.headers.get("Authorization")):
-            return True
-        self.close_connection = self.command != "GET" and self.command != "HEAD"
-        self._reply(401, b"unauthorized\n",
-                    extra=(("WWW-Authenticate", f'Basic realm="{REALM}"'),))
-        return False
-
-    def _dispatch(self) -> None:
-        if not self._authorized():
-            return
-        path = urlsplit(self.path).path
-        if path == "/metrics":
-            self._metrics()
-        elif path == "/healthz":
-            ok, reason = self.server.source.health()
-            body = b"ok" if ok else (reason or "unhealthy").encode("utf-8", "replace")
-            self._reply(200 if ok else 503, body)
-        elif path == "/":
-            self._reply(200, LANDING_PAGE, "text/html; charset=utf-8")
-        else:
-            self._reply(404, b"not found\n")
-
-    def _metrics(self) -> None:
-        openmetrics = wants_openmetrics(self.headers.get("Accept"))
-        gzipped = accepts_gzip(self.headers.get("Accept-Encoding"))
-        try:
-            body = self.server.source.exposition(openmetrics, gzipped)
-        except Exception:
-            log.exception("rendering /metrics failed")
-            self._reply(500, b"error rendering metrics\n")
-            return
-        extra: list[tuple[str, str]] = [("Vary", "Accept, Accept-Encoding")]
-        if gzipped:
-            extra.append(("Content-Encoding", "gzip"))
-        self._reply(200, body, OPENMETRICS_TYPE if openmetrics else TEXT_TYPE, extra=tuple(extra))
-
-    def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
-               extra: tuple[tuple[str, str], ...] = ()) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (*self.server.web_config.headers, *extra):
-            self.send_header(name, value)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":  # HEAD: the same headers, Content-Length included, no body
-            self.wfile.write(body)

@@ -1,0 +1,342 @@
+"""Serving designs against hostile clients: what a slow connection costs, whether a normal
+scrape still gets through, scrape latency, and basic-auth timing (issue 14).
+
+    python -m bench.web_hostile            # full run (about 3 minutes on 2 cores)
+    python -m bench.web_hostile --quick    # fewer connections and scrapes
+    python -m bench.web_hostile --json out.json
+
+Designs, each served from its own process so that its RSS can be read from /proc:
+- `threads`: the stdlib ThreadingHTTPServer, one thread per connection, a 30 s timeout per
+  read, backlog 64: the exporter's server before exporter/httpserver.py, in its essentials;
+- `pool`: the same handler on a bounded pool of 32 threads (connections past it queue);
+- `aiohttp`: aiohttp.web (already installed: the kubernetes client depends on it) with its
+  defaults;
+- `ours`: exporter.web.start_server (exporter/httpserver.py, asyncio) with its default limits.
+Every design serves the same bytes: a 318 KB body (the big node's exposition size) or 13 KB
+gzip, so the figures compare the HTTP layers, not the rendering.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import http.client
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+
+from bench.common import machine, rss_mib, say, summary_ms, table, write_json
+from exporter.web import BasicAuth
+
+PLAIN = b"# a 318 KB exposition\n" + b"gpu_x{a=\"b\"} 1\n" * 21_176
+GZIP = b"\x1f\x8b" + b"z" * 13_137
+DESIGNS = ("threads", "pool", "aiohttp", "ours")
+
+
+# --- the servers (run in a child process) -----------------------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    timeout = 30.0
+
+    def do_GET(self) -> None:
+        gz = "gzip" in (self.headers.get("Accept-Encoding") or "")
+        body = GZIP if gz else PLAIN
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Threads(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64
+
+
+class _Pool(_Threads):
+    def __init__(self, addr: tuple[str, int]) -> None:
+        super().__init__(addr, _Handler)
+        self.pool = ThreadPoolExecutor(32)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.pool.submit(self.process_request_thread, request, client_address)
+
+
+class _Static:
+    def exposition(self, openmetrics: bool, gzipped: bool) -> bytes:
+        return GZIP if gzipped else PLAIN
+
+    def health(self) -> tuple[bool, str]:
+        return True, "ok"
+
+
+def serve(design: str, port_file: Path) -> None:
+    if design in ("threads", "pool"):
+        srv = _Threads(("127.0.0.1", 0), _Handler) if design == "threads" else \
+            _Pool(("127.0.0.1", 0))
+        port_file.write_text(str(srv.server_address[1]))
+        srv.serve_forever()
+    elif design == "aiohttp":
+        from aiohttp import web
+
+        async def metrics(request: web.Request) -> web.Response:
+            gz = "gzip" in request.headers.get("Accept-Encoding", "")
+            return web.Response(body=GZIP if gz else PLAIN)
+
+        async def main() -> None:
+            app = web.Application()
+            app.router.add_get("/metrics", metrics)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port_file.write_text(str(runner.addresses[0][1]))
+            await asyncio.Event().wait()
+
+        asyncio.run(main())
+    else:
+        from exporter.web import start_server
+        server = start_server(_Static(), "127.0.0.1", 0, None)
+        port_file.write_text(str(server.port))
+        threading.Event().wait()
+
+
+# --- the attacks and the measurements (parent process) ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    slow: int  # slowloris connections
+    floods: int  # header-flood connections
+    scrapes: int
+    burst_clients: int
+
+
+FULL = Plan(slow=400, floods=10, scrapes=2_000, burst_clients=200)
+QUICK = Plan(slow=100, floods=4, scrapes=300, burst_clients=50)
+
+
+def start(design: str) -> tuple[subprocess.Popen[bytes], int]:
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-ledger-hostile-"))
+    port_file = tmp / "port"
+    proc = subprocess.Popen([sys.executable, "-m", "bench.web_hostile", "--serve", design,
+                             str(port_file)])
+    deadline = time.monotonic() + 30
+    while not port_file.exists() or not port_file.read_text():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"{design} server did not start")
+        time.sleep(0.05)
+    time.sleep(0.3)
+    return proc, int(port_file.read_text())
+
+
+def scrape(port: int, timeout: float = 5.0, gz: bool = False) -> float | str:
+    """One scrape on a fresh connection: seconds, or what went wrong."""
+    t0 = time.perf_counter()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"} if gz else {})
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+        if resp.status != 200:
+            return f"HTTP {resp.status}"
+        return time.perf_counter() - t0
+    except TimeoutError:
+        return f"timeout {timeout:.0f}s"
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def slowloris(port: int, pid: int, n: int) -> dict[str, Any]:
+    """n connections that started a request head and stopped: RSS per connection, and
+    whether a normal scrape still gets an answer meanwhile."""
+    before = rss_mib(pid)
+    socks = []
+    for _ in range(n):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            socks.append(s)
+        except OSError:
+            break
+    time.sleep(1.0)
+    after = rss_mib(pid)
+    probe = scrape(port)
+    for s in socks:
+        s.close()
+    return {"opened": len(socks), "rss_before_mib": before, "rss_after_mib": after,
+            "kib_per_conn": (after - before) * 1024 / max(1, len(socks)),
+            "scrape_meanwhile": probe if isinstance(probe, str) else f"{probe * 1e3:.1f} ms"}
+
+
+def header_flood(port: int, pid: int, n: int) -> dict[str, Any]:
+    """n connections each sending 100 header lines of 64 KiB and never ending the head."""
+    before = rss_mib(pid)
+    line = b"X-Pad: " + b"a" * (64 * 1024 - 9) + b"\r\n"
+    socks, answered = [], 0
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"GET /metrics HTTP/1.1\r\n")
+        try:
+            for _ in range(100):
+                s.sendall(line)
+        except OSError:
+            answered += 1  # the server answered (431/400) and closed
+        socks.append(s)
+    time.sleep(0.5)
+    peak = rss_mib(pid)
+    for s in socks:
+        s.close()
+    return {"connections": n, "cut_short": answered, "rss_grown_mib": peak - before,
+            "mib_per_conn": (peak - before) / n}
+
+
+def latency(port: int, n: int, gz: bool) -> dict[str, float]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    headers = {"Accept-Encoding": "gzip"} if gz else {}
+    out = []
+    for _ in range(n + 20):
+        t0 = time.perf_counter()
+        conn.request("GET", "/metrics", headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+        out.append(time.perf_counter() - t0)
+    conn.close()
+    return summary_ms(out[20:])
+
+
+def burst(port: int, clients: int) -> dict[str, Any]:
+    """`clients` threads, 10 scrapes each with Connection: close, all at once."""
+    results: list[float | str] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        for _ in range(10):
+            r = scrape(port, timeout=10.0, gz=True)
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ok = [r for r in results if isinstance(r, float)]
+    failed = [r for r in results if isinstance(r, str)]
+    return {"requests": len(results), "failed": len(failed),
+            "failures": sorted(set(failed)), **(summary_ms(ok) if ok else {})}
+
+
+def run_design(design: str, plan: Plan) -> dict[str, Any]:
+    proc, port = start(design)
+    try:
+        res: dict[str, Any] = {"rss_idle_mib": rss_mib(proc.pid)}
+        res["plain"] = latency(port, plan.scrapes, False)
+        res["gzip"] = latency(port, plan.scrapes, True)
+        res["slowloris"] = slowloris(port, proc.pid, plan.slow)
+        time.sleep(0.5)
+        res["burst"] = burst(port, plan.burst_clients)
+        res["flood"] = header_flood(port, proc.pid, plan.floods)
+        return res
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def auth_timing(repeat: int) -> list[list[object]]:
+    """Median ms of a wrong password for a known user vs any password for an unknown one,
+    with the configured hashes at cost 4 and 12: dummy hash at cost 10 (before) vs at the
+    highest configured cost (now)."""
+    rows: list[list[object]] = []
+    for cost in (4, 12):
+        users = {"alice": bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=cost)).decode()}
+        for label, auth in (("dummy cost 10 (before)", _FixedDummy(users)),
+                            ("dummy = configured cost (now)", BasicAuth(users))):
+            def timed(header: str, auth: BasicAuth = auth) -> float:
+                times = []
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    auth.check(header)
+                    times.append(time.perf_counter() - t0)
+                return statistics.median(times) * 1e3
+            wrong = timed(_basic("alice", "wrong"))
+            unknown = timed(_basic("mallory", "wrong"))
+            rows.append([f"cost {cost}", label, round(wrong, 1), round(unknown, 1),
+                         f"{unknown / wrong:.2f}"])
+    return rows
+
+
+class _FixedDummy(BasicAuth):
+    """The previous behaviour: the dummy hash always at cost 10."""
+
+    def __init__(self, users: dict[str, str]) -> None:
+        super().__init__(users)
+        self._dummy = bcrypt.hashpw(b"dummy", bcrypt.gensalt(rounds=10))
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def report(res: dict[str, Any]) -> str:
+    rows = []
+    for d in DESIGNS:
+        r = res[d]
+        s, f, b = r["slowloris"], r["flood"], r["burst"]
+        rows.append([
+            d, f"{r['rss_idle_mib']:.1f}",
+            f"{s['opened']}: {s['kib_per_conn']:.0f} KiB/conn, scrape: {s['scrape_meanwhile']}",
+            f"{f['mib_per_conn']:.2f} MiB/conn ({f['cut_short']}/{f['connections']} cut)",
+            f"{r['plain']['p50_ms']:.3f} / {r['plain']['p99_ms']:.3f}",
+            f"{r['gzip']['p50_ms']:.3f} / {r['gzip']['p99_ms']:.3f}",
+            f"{b['failed']}/{b['requests']} failed" + (
+                f", p99 {b['p99_ms']:.0f} ms" if "p99_ms" in b else "")])
+    out = table(["design", "idle RSS (MiB)", "slowloris: held, RSS each, a scrape meanwhile",
+                 "header flood (100 x 64 KiB lines)", "scrape p50 / p99 plain (ms)",
+                 "gzip (ms)", "burst: Connection: close"], rows)
+    out += "\n\n" + table(["configured hash", "unknown-user check", "wrong password (ms)",
+                           "unknown user (ms)", "unknown / wrong"], res["auth"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json")
+    p.add_argument("--serve", nargs=2, metavar=("DESIGN", "PORT_FILE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve:
+        serve(args.serve[0], Path(args.serve[1]))
+        return 0
+    plan = QUICK if args.quick else FULL
+    res: dict[str, Any] = {"machine": machine()}
+    for d in DESIGNS:
+        say(f"{d} ...")
+        res[d] = run_design(d, plan)
+    res["auth"] = auth_timing(3 if args.quick else 7)
+    say(report(res))
+    if args.json:
+        write_json(args.json, res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
