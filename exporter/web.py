@@ -296,7 +296,10 @@ class WebServer:
                             close=True)
         if not await self._authorized(request):
             return _unauthorized(close=False)
-        path = urlsplit(request.target).path
+        target = request.target
+        if target.startswith("//"):  # as http.server does: never read as "//host/path"
+            target = "/" + target.lstrip("/")
+        path = urlsplit(target).path
         if path == "/metrics":
             return self._metrics(request)
         if path == "/healthz":
