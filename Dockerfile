@@ -3,9 +3,15 @@
 #   docker build -t ghcr.io/gpu-ledger/gpu-ledger:0.1.0 .
 # No GPU library is baked in: the NVIDIA container runtime mounts the node driver's
 # libnvidia-ml.so.1 at run time (deploy/base/exporter-daemonset.yaml).
+#
+# Reproducible: the base image is pinned by digest and every dependency is installed from
+# requirements.lock with its sha256 checked, so two builds install the same files.
+# Refresh both deliberately (docs/operations.md, "Image and dependencies"):
+#   make lock                                          # requirements.lock from pyproject.toml
+#   docker buildx imagetools inspect python:3.11-slim  # the index digest, for both FROMs
 
-# --- build: the project's wheel and wheels for every dependency --------------------------------
-FROM python:3.11-slim AS build
+# --- build: the project's own wheel, with the base image's setuptools ---------------------------
+FROM python:3.11-slim@sha256:90744cff8f32887f075c47d747a173ff333e9e98801667af93c357fa9f5e28ff AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml ./
@@ -14,14 +20,17 @@ COPY exporter ./exporter
 COPY metering ./metering
 COPY alerts ./alerts
 COPY dashboards ./dashboards
-RUN pip wheel --wheel-dir /wheels .
+RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
 
-# --- run: installed from those wheels alone, no compilers, no build files ---------------------
-FROM python:3.11-slim
+# --- run: the locked dependencies (hashes required), then the project without dependencies --
+FROM python:3.11-slim@sha256:90744cff8f32887f075c47d747a173ff333e9e98801667af93c357fa9f5e28ff
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY requirements.lock /tmp/requirements.lock
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels gpu-ledger \
+    pip install --require-hashes --only-binary=:all: --no-deps -r /tmp/requirements.lock \
+    && pip install --no-index --no-deps /wheels/gpu_ledger-*.whl \
+    && rm /tmp/requirements.lock \
     && groupadd --gid 65532 gpu-ledger \
     && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin gpu-ledger

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck pytest generate check-generated bench clean
+.PHONY: demo test lint typecheck pytest generate check-generated bench clean lock
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,15 @@ generate: $(STAMP)
 
 check-generated: generate
 	git diff --exit-code -- docs/metrics.md exporter/attribution dashboards alerts deploy
+
+# Refresh requirements.lock, the hash-pinned runtime dependencies the image installs, after
+# changing `dependencies` in pyproject.toml (needs PyPI; tests/test_requirements_lock.py says
+# when it is due). pip-tools runs in its own throwaway venv.
+lock:
+	$(PYTHON) -m venv build/lock-venv
+	build/lock-venv/bin/python -m pip install -q pip-tools
+	build/lock-venv/bin/pip-compile --quiet --generate-hashes --strip-extras --no-emit-index-url \
+		--output-file requirements.lock pyproject.toml
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.exporter_scrape

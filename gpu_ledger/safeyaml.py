@@ -14,7 +14,7 @@ never expands a value either. Only PyYAML is imported: exporter and metering bot
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -37,8 +37,9 @@ class YamlError(ValueError):
         super().__init__(f"{file}: {at}: {problem}" if at else f"{file}: {problem}")
 
 
-def describe(value: object, limit: int = 60) -> str:
-    """A found value for an error message, JSON-like, cut at `limit` characters. It stops
+def describe(value: object, limit: int = 60, text: Callable[[str], str] = repr) -> str:
+    """A found value for an error message, cut at `limit` characters: strings as `text` writes
+    them (repr, or json.dumps for YAML-minded messages), collections bracketed. It stops
     writing at the limit, so a value that aliases expand to gigabytes costs `limit` steps."""
     out: list[str] = []
     size = 0
@@ -65,9 +66,10 @@ def describe(value: object, limit: int = 60) -> str:
                     return False
             return emit("]")
         if isinstance(v, str):
-            return emit(json.dumps(v[: limit + 1], ensure_ascii=False))
+            return emit(text(v[: limit + 1]))
         if v is None or isinstance(v, bool):
-            return emit({None: "null", True: "true", False: "false"}[v])
+            return emit(repr(v) if text is repr else {None: "null", True: "true",
+                                                      False: "false"}[v])
         if isinstance(v, int | float):
             return emit(str(v))
         return emit(f"<{type(v).__name__}>")

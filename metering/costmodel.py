@@ -50,7 +50,8 @@ def _show(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, str | int | float | Decimal):
         return json.dumps(value) if isinstance(value, str) else str(value)
-    return safeyaml.describe(value)  # cut short, never fully serialised: maybe an alias bomb
+    # Cut short, never serialised whole: it may be an alias bomb.
+    return safeyaml.describe(value, text=json.dumps)
 
 
 class CostModelError(Exception):

@@ -40,7 +40,7 @@ MODELS = {
     "DaemonSet": "V1DaemonSet", "Service": "V1Service", "ServiceAccount": "V1ServiceAccount",
     "ClusterRole": "V1ClusterRole", "ClusterRoleBinding": "V1ClusterRoleBinding",
     "CronJob": "V1CronJob", "PersistentVolumeClaim": "V1PersistentVolumeClaim",
-    "ConfigMap": "V1ConfigMap", "Namespace": "V1Namespace",
+    "ConfigMap": "V1ConfigMap", "Namespace": "V1Namespace", "NetworkPolicy": "V1NetworkPolicy",
 }
 
 
@@ -449,7 +449,8 @@ def copy_sources() -> list[str]:
 def test_dockerfile_structure() -> None:
     lines = dockerfile()
     froms = [line for line in lines if line.startswith("FROM ")]
-    assert froms == ["FROM python:3.11-slim AS build", "FROM python:3.11-slim"]
+    base = "python:3.11-slim@sha256:90744cff8f32887f075c47d747a173ff333e9e98801667af93c357fa9f5e28ff"
+    assert froms == [f"FROM {base} AS build", f"FROM {base}"]  # pinned by digest
     final = lines[lines.index(froms[-1]):]
     assert [line for line in final if line.startswith("USER ")] == ["USER 65532:65532"]
     assert 'ENTRYPOINT ["gpu-ledger"]' in final

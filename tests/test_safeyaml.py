@@ -4,6 +4,7 @@ expanded value into the message. Loopback-free, bounded: the largest document is
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,8 @@ def test_describe_stops_at_the_limit_whatever_the_size() -> None:
         leaf = [leaf] * 10
     text = safeyaml.describe(leaf)
     assert text.startswith("[[[[") and text.endswith("...") and len(text) == 60
-    assert safeyaml.describe({"a": [1, "b"]}) == '{"a": [1, "b"]}'
+    assert safeyaml.describe({"a": [1, "b"]}) == "{'a': [1, 'b']}"
+    assert safeyaml.describe({"a": [1, "b"]}, text=json.dumps) == '{"a": [1, "b"]}'
 
 
 def test_web_config_alias_bomb_in_a_known_key(tmp_path: Path) -> None:
