@@ -449,7 +449,8 @@ def copy_sources() -> list[str]:
 def test_dockerfile_structure() -> None:
     lines = dockerfile()
     froms = [line for line in lines if line.startswith("FROM ")]
-    base = "python:3.11-slim@sha256:90744cff8f32887f075c47d747a173ff333e9e98801667af93c357fa9f5e28ff"
+    base = ("python:3.11-slim@sha256:"
+            "90744cff8f32887f075c47d747a173ff333e9e98801667af93c357fa9f5e28ff")
     assert froms == [f"FROM {base} AS build", f"FROM {base}"]  # pinned by digest
     final = lines[lines.index(froms[-1]):]
     assert [line for line in final if line.startswith("USER ")] == ["USER 65532:65532"]
