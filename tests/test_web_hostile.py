@@ -20,8 +20,10 @@ import pytest
 
 from exporter.httpserver import Limits
 from exporter.web import BasicAuth, WebServer, start_server
-from exporter.webconfig import WebConfig
-from tests.test_web import FakeSource, fetch
+from exporter.webconfig import WebConfig, load_web_config
+from tests.test_web import FakeSource, client_ctx, fetch, pki
+
+__all__ = ["pki"]  # the module-scoped certificate fixture, shared with test_web.py
 
 
 @contextmanager
@@ -74,6 +76,35 @@ def test_header_flood_is_bounded_and_answered_431() -> None:
         grown = rss_mib() - before
     assert all(a.startswith(b"HTTP/1.1 431 ") for a in answers), answers[0][:80]
     assert grown < 32, f"RSS grew {grown:.0f} MiB for 20 header floods"
+
+
+def test_header_flood_over_tls_with_basic_auth_is_bounded(tmp_path: Path, pki: Path) -> None:
+    """The issue's second figure: with TLS and basic auth on, 15 such connections reached
+    150 MiB, because headers were read before the auth check. Now the same 16 KiB bound
+    applies after the handshake, before authentication."""
+    users = "basic_auth_users:\n  alice: " + \
+        bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4)).decode() + "\n"
+    path = tmp_path / "web.yml"
+    path.write_text(f"tls_server_config:\n  cert_file: {pki / 'server.crt'}\n"
+                    f"  key_file: {pki / 'server.key'}\n" + users)
+    cfg = load_web_config(path)
+    line = b"X-Pad: " + b"a" * (64 * 1024 - 9) + b"\r\n"
+    ctx = client_ctx(pki)
+    with serving(Limits(), cfg) as server, ExitStack() as stack:
+        before = rss_mib()
+        answers = []
+        for _ in range(15):
+            s = stack.enter_context(ctx.wrap_socket(connect(server), server_hostname="localhost"))
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")
+            try:
+                for _ in range(100):
+                    s.sendall(line)
+            except OSError:
+                pass
+            answers.append(read_all(s))
+        grown = rss_mib() - before
+    assert all(a.startswith(b"HTTP/1.1 431 ") for a in answers), answers[0][:80]
+    assert grown < 32, f"RSS grew {grown:.0f} MiB for 15 header floods over TLS"
 
 
 def test_too_many_small_headers_is_431() -> None:
