@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from gpu_ledger.safeyaml import YamlError, describe
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # no yaml import for callers that never read YAML (the kubeconfig reader)
+    from gpu_ledger.safeyaml import YamlError
 
 
 class ConfigError(Exception):
@@ -15,6 +18,8 @@ class ConfigError(Exception):
         self.file, self.key, self.expected, self.found = file, key, expected, found
         msg = f"{file}: {key}: expected {expected}" if key else f"{file}: expected {expected}"
         if found is not None:  # described, never serialised: it may be huge (an alias bomb)
+            from gpu_ledger.safeyaml import describe
+
             msg += f", got {describe(found)}"
         super().__init__(msg)
 
