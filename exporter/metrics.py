@@ -114,8 +114,10 @@ FAMILIES: tuple[Family, ...] = (
     # --- attribution ----------------------------------------------------------------------------
     _g("gpu_container_allocation",
        "1 per GPU unit the kubelet allocated to a container; replicas is how many shares the "
-       "device is cut into (1 if exclusive).",
-       (*CONTAINER, "resource", "sharing", "replicas"), "attribution", pod_labels=True),
+       "device is cut into (1 if exclusive); owner_kind/owner_name: the pod's controller "
+       "(a ReplicaSet of a Deployment is named as the Deployment), empty for a bare pod.",
+       (*CONTAINER, "resource", "sharing", "replicas", "owner_kind", "owner_name"),
+       "attribution", pod_labels=True),
     _g("gpu_container_memory_used_bytes", "GPU memory used by the container's processes.",
        CONTAINER, "attribution", pod_labels=True),
     _g("gpu_container_sm_utilization_ratio",

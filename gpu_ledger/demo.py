@@ -27,7 +27,7 @@ from exporter.sim.cluster import SimCluster
 from gpu_ledger import promserver
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "exporter" / "scenarios"
-DEMO_SCENARIOS = ("h100-mig.yaml", "a100-timeslice.yaml", "mixed.yaml")
+DEMO_SCENARIOS = ("h100-mig.yaml", "a100-timeslice.yaml", "mixed.yaml", "rightsizing.yaml")
 # What metering and the dashboards read; the demo history keeps to these to stay small.
 HISTORY_FAMILIES = (
     "gpu_info", "gpu_up", "gpu_utilization_ratio", "gpu_energy_joules_total",
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=parse_seconds, default=600.0,
                    help="simulated sample spacing (default 10m)")
     p.add_argument("--scenario", action="append",
-                   help="scenario file(s) (default: the three example nodes)")
+                   help="scenario file(s) (default: the four example nodes)")
     p.add_argument("--live-seconds", type=float, default=15.0,
                    help="how long Prometheus scrapes the live exporters (default 15)")
     p.add_argument("--keep-running", action="store_true",

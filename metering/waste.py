@@ -101,6 +101,7 @@ class Evidence:
     p95_sm: Decimal | None  # of the unit held: the whole GPU, or the MIG instance
     coverage: Decimal  # share of held device-hours with both memory and SM figures
     idle_device_hours: int  # device-hours held with no GPU process
+    hours_held: int = 0  # device-hours held (rows), the count idle_device_hours is out of
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ SELECT namespace, owner_kind, owner_name, model, sharing, profile,
        quantile_disc(sm, 0.95) AS p95_sm,
        count(*) FILTER (WHERE mem_max IS NOT NULL AND sm IS NOT NULL) / count(*) AS coverage,
        count(*) FILTER (WHERE mem_max = 0 AND coalesce(sm, 0) = 0) AS idle_dh,
+       count(*) AS held_dh,
        sum(cost) AS cost,
        sum(cost) FILTER (WHERE mem_max = 0 AND coalesce(sm, 0) = 0) AS idle_cost
 FROM dh
@@ -203,12 +205,13 @@ def _groups(con: Any, start: datetime, end: datetime) -> list[_Group]:
     rows = con.execute(_SQL, {"start": start, "end": end}).fetchall()
     out = []
     for (ns, okind, oname, model, sharing, profile, team, hours, dev_h, peak, p95m, p95s,
-         coverage, idle_dh, cost, idle_cost) in rows:
+         coverage, idle_dh, held_dh, cost, idle_cost) in rows:
         ev = Evidence(
             hours=int(hours), device_hours=_dec(dev_h) or _ZERO,
             peak_memory_gb=None if peak is None else _dec(Decimal(str(peak)) / _GB),
             p95_memory_gb=None if p95m is None else _dec(Decimal(str(p95m)) / _GB),
             p95_sm=_dec(p95s), coverage=_dec(coverage) or _ZERO, idle_device_hours=int(idle_dh),
+            hours_held=int(held_dh),
         )
         out.append(_Group(ns, okind, oname, model, sharing, profile, team or "", ev,
                           Decimal(cost or 0), Decimal(idle_cost or 0)))
@@ -268,6 +271,8 @@ def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFractio
                             g.idle_cost))
         if units is None or ev.peak_memory_gb is None or ev.p95_sm is None:
             continue  # unknown figures: no rightsizing
+        if ev.idle_device_hours >= ev.hours_held:
+            continue  # it never ran a process: release it (above), nothing to size
         if g.sharing == "exclusive" and not g.profile:
             rec = _whole(g, units, mig_fraction, settings)
         elif g.sharing == "mig" and g.profile:

@@ -109,8 +109,11 @@ CGROUP_STYLES: list[Callable[[str, str], str]] = [
 
 def api_pod(ns: str, name: str, container: str, team: str, uid: str, cid: str,
             node: str = NODE) -> dict[str, Any]:
+    # The trainer belongs to Deployment "trainer" through ReplicaSet trainer-abc.
+    owners = [{"kind": "ReplicaSet", "name": "trainer-abc", "controller": True}] \
+        if name == "trainer" else []
     return {
-        "metadata": {"name": name, "namespace": ns, "uid": uid,
+        "metadata": {"name": name, "namespace": ns, "uid": uid, "ownerReferences": owners,
                      "labels": {"team": team, "pod-template-hash": "abc"}},
         "spec": {"nodeName": node, "containers": [{"name": container}, {"name": "sidecar"}]},
         "status": {"phase": "Running", "containerStatuses": [
@@ -224,19 +227,21 @@ def test_allocations_for_every_sharing_mode(attached: Attached) -> None:
     assert ctx.sources["podresources"].up and ctx.sources["kubernetes"].up
     alloc = family(sink, "gpu_container_allocation")
     assert alloc == {
-        (NODE, "ml", "trainer", "main", GPU0, "", "nvidia.com/gpu", "exclusive", "1"):
+        (NODE, "ml", "trainer", "main", GPU0, "", "nvidia.com/gpu", "exclusive", "1",
+         "Deployment", "trainer"):
             (1.0, team("ml-platform")),
-        (NODE, "ml", "mig-mixed", "worker", GPU1, MIG_A, "nvidia.com/mig-3g.40gb", "mig", "1"):
+        (NODE, "ml", "mig-mixed", "worker", GPU1, MIG_A, "nvidia.com/mig-3g.40gb", "mig", "1",
+         "", ""):
             (1.0, team("ml-platform")),
-        (NODE, "ml", "mig-single", "worker", GPU1, MIG_B, "nvidia.com/gpu", "mig", "1"):
+        (NODE, "ml", "mig-single", "worker", GPU1, MIG_B, "nvidia.com/gpu", "mig", "1", "", ""):
             (1.0, team("ml-platform")),
-        (NODE, "team-a", "ts-1", "app", GPU2, "", "nvidia.com/gpu", "time-slicing", "4"):
+        (NODE, "team-a", "ts-1", "app", GPU2, "", "nvidia.com/gpu", "time-slicing", "4", "", ""):
             (1.0, team("alpha")),
-        (NODE, "team-b", "ts-2", "app", GPU2, "", "nvidia.com/gpu", "time-slicing", "4"):
+        (NODE, "team-b", "ts-2", "app", GPU2, "", "nvidia.com/gpu", "time-slicing", "4", "", ""):
             (1.0, team("beta")),
-        (NODE, "team-c", "ts-3", "app", GPU2, "", "nvidia.com/gpu", "time-slicing", "4"):
+        (NODE, "team-c", "ts-3", "app", GPU2, "", "nvidia.com/gpu", "time-slicing", "4", "", ""):
             (1.0, team("gamma")),
-        (NODE, "ml", "mps", "srv", GPU3, "", "nvidia.com/gpu.shared", "mps", "2"):
+        (NODE, "ml", "mps", "srv", GPU3, "", "nvidia.com/gpu.shared", "mps", "2", "", ""):
             (2.0, team("ml-platform")),
     }
     assert ("nvidia.com/gpu", UNKNOWN) in collector.unknown_ids.seen

@@ -88,6 +88,10 @@ class AttributionCollector:
             info = by_name.get((ns, pod))
             return info.labels if info is not None else ()
 
+        def owner_of(ns: str, pod: str) -> tuple[str, str]:
+            info = by_name.get((ns, pod))
+            return info.owner if info is not None else ("", "")
+
         # gpu_container_allocation
         seen_ids: dict[DeviceKey, int] = {}
         for (_, _, _, uuid, mig, _, _), n in units.items():
@@ -99,7 +103,8 @@ class AttributionCollector:
             else:  # a share: how many the kubelet can hand out, else how many are handed out
                 count = replicas.get((uuid, mig)) or max(seen_ids[(uuid, mig)], 1)
             sink.add("gpu_container_allocation",
-                     (node, ns, pod, ctr, uuid, mig, resource, mode, str(count)),
+                     (node, ns, pod, ctr, uuid, mig, resource, mode, str(count),
+                      *owner_of(ns, pod)),
                      units[key], labels_of(ns, pod))
 
         # usage per container and device: [memory, sm sum, processes, processes with sm]

@@ -30,6 +30,25 @@ class PodInfo:
     labels: PodLabels  # allow-listed only, sorted by name
     containers: dict[str, str] = field(default_factory=dict)  # container ID → container name
     container_names: tuple[str, ...] = ()
+    owner: tuple[str, str] = ("", "")  # controller (kind, name); ("", "") for a bare pod
+
+
+def owner_of(meta: dict[str, Any]) -> tuple[str, str]:
+    """The pod's controller from its ownerReferences, so metering can group a workload's pods
+    whatever their names. A ReplicaSet named `<deployment>-<pod-template-hash>` (the label the
+    Deployment controller puts on its pods) is reported as that Deployment; other kinds
+    (StatefulSet, Job, DaemonSet, a ReplicaSet of its own) as they are."""
+    refs = meta.get("ownerReferences")
+    ref = next((r for r in refs if isinstance(r, dict) and r.get("controller") is True),
+               None) if isinstance(refs, list) else None
+    if ref is None or not isinstance(ref.get("kind"), str) or not isinstance(ref.get("name"), str):
+        return ("", "")
+    kind, name = ref["kind"], ref["name"]
+    labels = meta.get("labels")
+    pth = labels.get("pod-template-hash") if isinstance(labels, dict) else None
+    if kind == "ReplicaSet" and isinstance(pth, str) and pth and name.endswith("-" + pth):
+        return ("Deployment", name[: -len(pth) - 1])
+    return (kind, name)
 
 
 def _container_id(raw: str) -> str:
@@ -55,7 +74,7 @@ def pod_info(obj: dict[str, Any], allowlist: frozenset[str]) -> PodInfo | None:
     spec = obj.get("spec") or {}
     names = tuple(str(c.get("name")) for c in spec.get("containers") or ()
                   if isinstance(c, dict) and c.get("name"))
-    return PodInfo(uid.lower(), ns, name, labels, containers, names)
+    return PodInfo(uid.lower(), ns, name, labels, containers, names, owner_of(meta))
 
 
 class PodWatch:

@@ -9,10 +9,12 @@ Two ways to drive it: `step(t)` with a manual clock (a month of history in minut
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,7 @@ from exporter.sim.node import (
     write_proc_tree,
 )
 from exporter.sim.nvml import SimNVML
-from exporter.sim.scenario import Scenario, load_scenario
+from exporter.sim.scenario import PodSpec, Scenario, load_scenario
 
 
 class ManualClock:
@@ -43,6 +45,23 @@ class ManualClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def _owner_metadata(pod: PodSpec) -> dict[str, object]:
+    """Labels and ownerReferences as the controllers write them: a Deployment's pods belong to
+    its ReplicaSet `<name>-<pod-template-hash>` and carry that hash as a label."""
+    labels = dict(pod.labels)
+    kind, name = pod.owner
+    if not kind:
+        return {"labels": labels}
+    if kind == "Deployment":
+        pth = hashlib.sha256(f"{pod.namespace}/{name}".encode()).hexdigest()[:10]
+        labels["pod-template-hash"] = pth
+        kind, name = "ReplicaSet", f"{name}-{pth}"
+    ref = {"apiVersion": "batch/v1" if kind == "Job" else "apps/v1", "kind": kind,
+           "name": name, "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{kind}/{name}")),
+           "controller": True}
+    return {"labels": labels, "ownerReferences": [ref]}
 
 
 def pod_objects(scenario: Scenario, t0: float, t1: float) -> list[dict[str, Any]]:
@@ -63,7 +82,7 @@ def pod_objects(scenario: Scenario, t0: float, t1: float) -> list[dict[str, Any]
             out.append({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": pod.namespace, "uid": uid,
-                             "labels": dict(pod.labels)},
+                             **_owner_metadata(pod)},
                 "spec": {"nodeName": scenario.node,
                          "containers": [{"name": c.name, "image": "sim"}
                                         for c in pod.containers]},

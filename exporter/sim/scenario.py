@@ -322,6 +322,7 @@ class PodSpec:
     end: float | None
     repeat: float | None
     containers: tuple[ContainerSpec, ...]
+    owner: tuple[str, str] = ("", "")  # controller (kind, name); ("", "") for a bare pod
 
 
 @dataclass(frozen=True)
@@ -891,6 +892,12 @@ def _parse_pod(file: str, i: int, raw: object, gpus: tuple[GpuSpec, ...]) -> Pod
     start = n.get("start", _duration, 0.0)
     end = n.get("end", _duration, None)
     repeat = n.get("repeat", _duration, None)
+    owner_raw = n.get("owner", lambda f, k, v: _Node(f, k, v), None)
+    owner = ("", "")
+    if owner_raw is not None:
+        owner = (owner_raw.need("kind", _str, "a controller kind like Deployment or Job"),
+                 owner_raw.need("name", _k8s_name, "the controller's name"))
+        owner_raw.done()
     pod = PodSpec(
         index=i,
         namespace=n.need("namespace", _k8s_name, "a namespace"),
@@ -901,6 +908,7 @@ def _parse_pod(file: str, i: int, raw: object, gpus: tuple[GpuSpec, ...]) -> Pod
         start=start, end=end, repeat=repeat,
         containers=tuple(_parse_container(file, f"{key}.containers[{j}]", c, gpus)
                          for j, c in enumerate(n.need("containers", _list, "a list"))),
+        owner=owner,
     )
     n.done()
     if end is not None and end <= start:
