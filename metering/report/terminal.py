@@ -13,6 +13,7 @@ from metering.report.model import Report
 
 MAX_CELL = 36
 MAX_GAPS = 10  # the files name every gap; the terminal shows the first few
+MAX_SAVINGS = 5  # the files list every recommendation; the terminal shows the largest
 
 
 def printable(text: str, limit: int | None = MAX_CELL) -> str:
@@ -64,6 +65,15 @@ def render_summary(report: Report, written: list[str] | None = None) -> str:
         budgets = fmt.budget_grid(report)
         if budgets is not None:
             lines += ["", "Budgets", *_table(budgets)]
+        if report.savings:
+            lines += ["", f"Savings ({fmt.savings_text(report)}), largest first:"]
+            for rec in report.savings[:MAX_SAVINGS]:
+                who = printable(f"{rec.namespace}/{rec.owner_kind} {rec.owner_name}", None)
+                lines.append(f"  {fmt.money(rec.saving):>12}  {who}: {rec.current} -> "
+                             f"{rec.proposed} ({rec.confidence} confidence)")
+            if len(report.savings) > MAX_SAVINGS:
+                lines.append(f"  … and {len(report.savings) - MAX_SAVINGS} more in the report "
+                             "files")
     if written:
         lines += ["", "Wrote:", *(f"  {printable(p, None)}" for p in written)]
     return "\n".join(lines) + "\n"
