@@ -23,8 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-import bcrypt
-
 from exporter import __version__
 from exporter.errors import ConfigError
 from exporter.httpserver import DEFAULT_LIMITS, HttpServer, Limits, Request, Response
@@ -125,6 +123,8 @@ class BasicAuth:
         self._verified: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self.dummy_cost = max((_bcrypt_cost(h) for h in self._users.values()), default=10)
+        import bcrypt  # only when basic auth is configured
+
         self._dummy = bcrypt.hashpw(os.urandom(16), bcrypt.gensalt(rounds=self.dummy_cost))
 
     def _digest(self, user: str, password: bytes) -> bytes:
@@ -150,6 +150,8 @@ class BasicAuth:
         if known is not None and hmac.compare_digest(known, digest):
             return True
         hashed = self._users.get(user)
+        import bcrypt  # loaded by __init__ already
+
         # bcrypt uses only the first 72 bytes (htpasswd hashes that prefix); bcrypt>=5 raises.
         ok = bcrypt.checkpw(password[:72], hashed or self._dummy)
         if ok and hashed is not None:

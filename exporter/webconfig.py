@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from exporter.errors import ConfigError
-from gpu_ledger import safeyaml
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +156,8 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
         text = Path(file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(file, "", "a readable UTF-8 web config file", _reason(exc)) from None
+    from gpu_ledger import safeyaml  # yaml only when a web config is given
+
     try:
         doc = safeyaml.load(text, file)
     except safeyaml.YamlError as exc:

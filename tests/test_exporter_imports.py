@@ -32,3 +32,8 @@ def test_exporter_path_imports_nothing_heavy() -> None:
 
 def test_kubeconfig_reader_loads_yaml_only_when_reading() -> None:
     assert "yaml" not in imported(["exporter.kube.client", "exporter.kube.config"])
+
+
+def test_bcrypt_and_yaml_only_with_a_web_config() -> None:
+    loaded = imported(["exporter.web", "exporter.webconfig", "exporter.cli"])
+    assert "bcrypt" not in loaded and "yaml" not in loaded

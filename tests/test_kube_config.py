@@ -81,13 +81,29 @@ def test_unsupported_or_broken_forms_are_one_line_errors(tmp_path: Path, user: d
     ("clusters: 3\n", "current-context: expected the name of a context"),
     ("current-context: x\n", "contexts: expected an entry named 'x'"),
     ("[1, 2]\n", "expected a kubeconfig mapping, got 'list'"),
-    ("a: [\n", "expected YAML"),
+    ("a: [\n", "invalid YAML"),
+    ("a: &x [1, 2]\nb: [*x, *x]\n" + "c: " + "[" * 100 + "]" * 100 + "\n", "nest"),
 ])
 def test_malformed_kubeconfig(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "kc"
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_kubeconfig(str(path))
+
+
+def test_json_kubeconfig_is_read_without_yaml(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = kubeconfig(tmp_path, {"token": "t"})
+    code = ("import sys; from exporter.kube.config import load_kubeconfig; "
+            f"c = load_kubeconfig({path!r}); print(c.token, 'yaml' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["t", "False"]
+    (tmp_path / "broken").write_text('{"current-context": "ctx",')  # not JSON: YAML decides
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_kubeconfig(str(tmp_path / "broken"))
 
 
 def test_missing_file_and_lists(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -100,15 +102,20 @@ def load_kubeconfig(path: str) -> Credentials:
     """The current context of the kubeconfig at `path` (YAML or JSON)."""
     if os.pathsep in path:
         raise ConfigError(path, "", "a single kubeconfig file (lists are not merged)")
-    import yaml  # only when a kubeconfig is read
-
     try:
         with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
-    except OSError as err:
-        raise ConfigError(path, "", f"a readable kubeconfig ({err.strerror or err})") from err
-    except yaml.YAMLError as err:
-        raise ConfigError(path, "", f"YAML ({str(err).splitlines()[0]})") from err
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(path, "", f"a readable kubeconfig ({err})") from err
+    if text.lstrip().startswith("{"):  # JSON (`kubectl config view -o json`) needs no YAML
+        with contextlib.suppress(ValueError):
+            return _from_kubeconfig(json.loads(text), path)
+    from gpu_ledger import safeyaml  # YAML, with the project's one loader (alias/depth limits)
+
+    try:
+        doc = safeyaml.load(text, path)
+    except safeyaml.YamlError as err:
+        raise ConfigError.from_yaml(err) from err
     return _from_kubeconfig(doc, path)
 
 
