@@ -49,6 +49,7 @@ lock:
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.exporter_scrape
+	$(BIN)/python -m bench.web_hostile
 	$(BIN)/python -m bench.metering
 
 clean:
