@@ -94,14 +94,14 @@ class Kind(enum.Enum):
 
 @dataclass(frozen=True)
 class Evidence:
-    hours: int  # hours in which the workload held the unit
-    device_hours: Decimal  # device-hours held (replicas add up)
+    hours: int  # hours in which the workload ran a process on the unit (busy hours)
+    device_hours: Decimal  # busy device-hours held (replicas add up)
     peak_memory_gb: Decimal | None
     p95_memory_gb: Decimal | None
     p95_sm: Decimal | None  # of the unit held: the whole GPU, or the MIG instance
-    coverage: Decimal  # share of held device-hours with both memory and SM figures
+    coverage: Decimal  # share of busy device-hours with both memory and SM figures
     idle_device_hours: int  # device-hours held with no GPU process
-    hours_held: int = 0  # device-hours held (rows), the count idle_device_hours is out of
+    all_hours: int = 0  # hours in which the workload held the unit, busy or idle
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,9 @@ class Recommendation:
     model: str
     current: str  # what it holds: "whole GPU", "MIG 3g.40gb"
     proposed: str  # "MIG 1g.10gb", "1/4 of a GPU (time-slicing or MPS)", "release idle GPUs"
-    cost: Decimal  # what the holding cost in the month (without shared-out idle)
+    # what the hours it is about cost in the month (without shared-out idle): the busy
+    # device-hours for a rightsizing, the idle ones for an idle holder
+    cost: Decimal
     saving: Decimal  # in the month; negative: the change costs more (a MIG holder that is full)
     confidence: str  # high | medium | low
     evidence: Evidence
@@ -165,19 +167,24 @@ WITH a AS (
     GROUP BY a.namespace, a.owner_kind, a.owner_name, a.model, a.sharing, a.profile, a.hour,
              a.uuid, a.mig_uuid
 )
+-- A device-hour with peak memory 0 and no SM activity ran no GPU process: it is idle
+-- holding, priced apart; rightsizing looks at the other (busy) device-hours only, so the
+-- two kinds never count the same hour twice.
+, t AS (SELECT *, coalesce(mem_max = 0 AND coalesce(sm, 0) = 0, false) AS idle FROM dh)
 SELECT namespace, owner_kind, owner_name, model, sharing, profile,
        mode(team) AS team,
-       count(DISTINCT hour) AS hours,
-       sum(held_h) AS device_hours,
-       max(mem_max) AS peak_mem,
-       quantile_disc(mem_max, 0.95) AS p95_mem,
-       quantile_disc(sm, 0.95) AS p95_sm,
-       count(*) FILTER (WHERE mem_max IS NOT NULL AND sm IS NOT NULL) / count(*) AS coverage,
-       count(*) FILTER (WHERE mem_max = 0 AND coalesce(sm, 0) = 0) AS idle_dh,
-       count(*) AS held_dh,
-       sum(cost) AS cost,
-       sum(cost) FILTER (WHERE mem_max = 0 AND coalesce(sm, 0) = 0) AS idle_cost
-FROM dh
+       count(DISTINCT hour) FILTER (WHERE NOT idle) AS hours,
+       coalesce(sum(held_h) FILTER (WHERE NOT idle), 0) AS device_hours,
+       max(mem_max) FILTER (WHERE NOT idle) AS peak_mem,
+       quantile_disc(mem_max, 0.95) FILTER (WHERE NOT idle) AS p95_mem,
+       quantile_disc(sm, 0.95) FILTER (WHERE NOT idle) AS p95_sm,
+       coalesce(count(*) FILTER (WHERE NOT idle AND mem_max IS NOT NULL AND sm IS NOT NULL)
+                / nullif(count(*) FILTER (WHERE NOT idle), 0), 0) AS coverage,
+       count(*) FILTER (WHERE idle) AS idle_dh,
+       count(DISTINCT hour) AS all_hours,
+       coalesce(sum(cost) FILTER (WHERE NOT idle), 0) AS cost,
+       coalesce(sum(cost) FILTER (WHERE idle), 0) AS idle_cost
+FROM t
 GROUP BY namespace, owner_kind, owner_name, model, sharing, profile
 ORDER BY ALL
 """
@@ -205,13 +212,13 @@ def _groups(con: Any, start: datetime, end: datetime) -> list[_Group]:
     rows = con.execute(_SQL, {"start": start, "end": end}).fetchall()
     out = []
     for (ns, okind, oname, model, sharing, profile, team, hours, dev_h, peak, p95m, p95s,
-         coverage, idle_dh, held_dh, cost, idle_cost) in rows:
+         coverage, idle_dh, all_hours, cost, idle_cost) in rows:
         ev = Evidence(
             hours=int(hours), device_hours=_dec(dev_h) or _ZERO,
             peak_memory_gb=None if peak is None else _dec(Decimal(str(peak)) / _GB),
             p95_memory_gb=None if p95m is None else _dec(Decimal(str(p95m)) / _GB),
             p95_sm=_dec(p95s), coverage=_dec(coverage) or _ZERO, idle_device_hours=int(idle_dh),
-            hours_held=int(held_dh),
+            all_hours=int(all_hours),
         )
         out.append(_Group(ns, okind, oname, model, sharing, profile, team or "", ev,
                           Decimal(cost or 0), Decimal(idle_cost or 0)))
@@ -252,7 +259,7 @@ def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFractio
     out: list[Recommendation] = []
     for g in _groups(con, start, end):
         ev = g.evidence
-        if ev.hours < settings.min_hours:
+        if ev.all_hours < settings.min_hours:
             continue
         units = units_for(g.model)
         current = f"MIG {g.profile}" if g.sharing == "mig" else (
@@ -263,16 +270,17 @@ def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFractio
             return Recommendation(
                 kind=kind, team=g.team, namespace=g.namespace, owner_kind=g.owner_kind,
                 owner_name=g.owner_name, model=g.model, current=current, proposed=proposed,
-                cost=g.cost, saving=saving, confidence=_confidence(g.evidence, settings),
+                cost=g.idle_cost if kind is Kind.IDLE else g.cost, saving=saving,
+                confidence=_confidence(g.evidence, settings),
                 evidence=g.evidence)
 
         if ev.idle_device_hours >= settings.idle_hours and g.idle_cost > 0:
             out.append(make(Kind.IDLE, "release GPUs while no process uses them",
                             g.idle_cost))
+        if ev.hours < settings.min_hours:
+            continue  # too few busy hours to size it (idle holding is judged above)
         if units is None or ev.peak_memory_gb is None or ev.p95_sm is None:
             continue  # unknown figures: no rightsizing
-        if ev.idle_device_hours >= ev.hours_held:
-            continue  # it never ran a process: release it (above), nothing to size
         if g.sharing == "exclusive" and not g.profile:
             rec = _whole(g, units, mig_fraction, settings)
         elif g.sharing == "mig" and g.profile:

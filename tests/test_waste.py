@@ -243,3 +243,17 @@ def test_saving_follows_the_cost_models_mig_fraction(tmp_path: Path, fraction: s
         con.close()
     # memory: 10/80 = 1/8 -> 400 x 7/8 = 350; table: 0.25 -> 300.
     assert recs[0].saving == (D("350") if fraction == "memory" else D("300"))
+
+
+def test_idle_and_busy_hours_are_never_counted_twice(tmp_path: Path) -> None:
+    # 140 h held: 40 with no process (160.00 of idle holding), 100 busy at 8 GB / 10 % SM
+    # (400.00). Rightsizing looks at the busy hours only: 400 x 6/7; the idle rec at the 40.
+    recs = _recs(tmp_path, [Holder("infer-1", "GPU-1", H100, 140, owner=("Deployment", "inf"),
+                                   peaks=dict.fromkeys(range(100, 140), 0.0))])
+    got = {r.kind: (r.cost, r.saving, r.evidence.hours) for r in recs}
+    assert got == {Kind.TO_MIG: (D("400"), D("342.857143"), 100),
+                   Kind.IDLE: (D("160"), D("160"), 100)}
+    # Busy hours below the minimum: no rightsizing, the idle holding is still flagged.
+    recs = _recs(tmp_path / "b", [Holder("x", "GPU-1", H100, 100,
+                                         peaks=dict.fromkeys(range(40, 100), 0.0))])
+    assert [r.kind for r in recs] == [Kind.IDLE]
