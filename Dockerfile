@@ -9,6 +9,8 @@
 # Refresh both deliberately (docs/operations.md, "Image and dependencies"):
 #   make lock                                          # requirements.lock from pyproject.toml
 #   docker buildx imagetools inspect python:3.11-slim  # the index digest, for both FROMs
+# The simulator (gpusim/) is not copied: the image holds the product only, and installs only the
+# runtime dependencies (no `sim`/`dev` extras).
 
 # --- build: the project's own wheel, with the base image's setuptools ---------------------------
 FROM python:3.11-slim@sha256:90744cff8f32887f075c47d747a173ff333e9e98801667af93c357fa9f5e28ff AS build

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine, say, table, write_json
-from exporter.sim.apiserver import FakeApiServer
-from exporter.sim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
 from gpu_ledger.procutil import stop
 from gpu_ledger.promserver import free_port
+from gpusim.apiserver import FakeApiServer
+from gpusim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
 
 NODE = "bench-node"
 PODS = 20  # GPU pods on this node (and as many on another node, which the watch filters out)

@@ -39,11 +39,11 @@ from bench.common import (
 from bench.naive import NaiveSource
 from bench.nodegen import node_scenario
 from bench.simshim import memoize_processes
-from exporter.sim.cluster import SimCluster, SimNode
-from exporter.sim.scenario import loads_scenario
 from exporter.web import MetricsSource, start_server
 from gpu_ledger.procutil import stop
 from gpu_ledger.promserver import free_port
+from gpusim.cluster import SimCluster, SimNode
+from gpusim.scenario import loads_scenario
 
 INTERVAL = 5.0
 
@@ -100,7 +100,7 @@ def time_cycles(node: SimNode, n: int) -> dict[str, Any]:
 
 
 def simulator_share(node: SimNode, n: int) -> dict[str, float]:
-    """Split cycle time between the simulator (exporter/sim, the shim) and everything else,
+    """Split cycle time between the simulator (gpusim, the shim) and everything else,
     from a cProfile run: real NVML would answer those calls, at its own cost."""
     prof = cProfile.Profile()
     prof.enable()
@@ -112,7 +112,7 @@ def simulator_share(node: SimNode, n: int) -> dict[str, float]:
     total = sim = 0.0
     for (file, _, _), (_, _, tottime, _, _) in stats.items():
         total += tottime
-        if "/exporter/sim/" in file or file.endswith("simshim.py"):
+        if "/gpusim/" in file or file.endswith("simshim.py"):
             sim += tottime
     return {"simulator_fraction": sim / total if total else 0.0}
 

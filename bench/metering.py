@@ -207,8 +207,8 @@ def history(pods: int, start: datetime, end: datetime, step_s: int, path: Path) 
     from bench.nodegen import node_scenario
     from bench.simshim import memoize_processes
     from exporter.history import OpenMetricsHistory
-    from exporter.sim.cluster import SimCluster
-    from exporter.sim.scenario import loads_scenario
+    from gpusim.cluster import SimCluster
+    from gpusim.scenario import loads_scenario
     from metering.facts import FAMILIES
 
     sc = loads_scenario(node_scenario(gpus=16, pods=pods, procs_per_pod=1,

@@ -21,8 +21,15 @@ def load_nvml(spec: str, clock: Callable[[], float] = time.time) -> Any:
 
         return pynvml
     if spec.startswith("sim:") and spec[4:]:
-        from exporter.sim.nvml import SimNVML
-        from exporter.sim.scenario import load_scenario
+        # The simulator lives outside the product (a source checkout has it, the image does not):
+        # imported only when asked for.
+        try:
+            from gpusim.nvml import SimNVML
+            from gpusim.scenario import load_scenario
+        except ModuleNotFoundError as err:
+            raise ConfigError("--nvml", "sim:PATH", "the simulator package gpusim, which this "
+                              "installation lacks (it comes with a source checkout: "
+                              "pip install -e '.[sim]')", f"no module {err.name}") from None
 
         return SimNVML(load_scenario(spec[4:]), clock=clock)
     raise ConfigError("--nvml", "nvml", "'real' or 'sim:PATH' (a scenario YAML file)", spec)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import sys
 import tempfile
 import time
@@ -23,10 +24,9 @@ from pathlib import Path
 
 from exporter.cli import parse_seconds
 from exporter.history import OpenMetricsHistory
-from exporter.sim.cluster import SimCluster
 from gpu_ledger import promserver
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "exporter" / "scenarios"
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "gpusim" / "scenarios"
 DEMO_SCENARIOS = ("h100-mig.yaml", "a100-timeslice.yaml", "mixed.yaml", "rightsizing.yaml")
 # What metering and the dashboards read; the demo history keeps to these to stay small.
 HISTORY_FAMILIES = (
@@ -70,6 +70,8 @@ def scenario_paths(names: list[str] | None) -> list[Path]:
 
 def simulate_history(scenarios: list[Path], start: datetime, end: datetime, step: float,
                      out_file: Path, workdir: Path, say: Say) -> int:
+    from gpusim.cluster import SimCluster
+
     t0, t1 = start.timestamp(), end.timestamp()
     steps = int((t1 - t0) // step)
     history = OpenMetricsHistory(out_file, HISTORY_FAMILIES)
@@ -94,6 +96,7 @@ def live_exporters(scenarios: list[Path], start: float, workdir: Path,
                    interval: float) -> Iterator[list[str]]:
     """The same nodes' exporters, live on the real clock, each on its own loopback port."""
     from exporter.web import start_server
+    from gpusim.cluster import SimCluster
 
     now = time.time() - start
     with SimCluster(scenarios, start=start, workdir=workdir, live=True, interval=interval,
@@ -149,6 +152,10 @@ def default_month(now: datetime) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if importlib.util.find_spec("gpusim") is None:  # the image ships the product, not the simulator
+        print("gpu-ledger demo: needs the simulator package gpusim, which this installation lacks "
+              "(run it from a source checkout: make demo)", file=sys.stderr)
+        return 2
     month = args.month or default_month(datetime.now(UTC))
     try:
         start, end = month_bounds(month)

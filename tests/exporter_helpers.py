@@ -7,9 +7,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.collectors import REGISTRY
 from exporter.core import ExporterOptions
 from exporter.sampler import Sampler
-from exporter.sim.cluster import ManualClock
-from exporter.sim.nvml import SimNVML
-from exporter.sim.scenario import loads_scenario
+from gpusim.cluster import ManualClock
+from gpusim.nvml import SimNVML
+from gpusim.scenario import loads_scenario
 
 T0 = 1_790_000_000.0
 

@@ -26,8 +26,8 @@ from exporter.core import (
     SampleSink,
     SourceStatus,
 )
-from exporter.sim.apiserver import FakeApiServer
-from exporter.sim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
+from gpusim.apiserver import FakeApiServer
+from gpusim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
 
 Attached = tuple[AttributionCollector, ExporterOptions]
 NODE = "node-a"

@@ -9,7 +9,7 @@ from typing import Any
 
 from exporter.attribution.podwatch import PodWatch, owner_of, pod_info
 from exporter.core import ExporterOptions
-from exporter.sim.apiserver import FakeApiServer
+from gpusim.apiserver import FakeApiServer
 
 NODE = "gpu-node-1"
 

@@ -16,7 +16,7 @@ from exporter.attribution import podresources_pb2_grpc
 from exporter.attribution.podresources import Allocation, PodResourcesClient
 from exporter.attribution.unarygrpc import RpcError, StatusCode, UnaryChannel
 from exporter.core import SourceStatus
-from exporter.sim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
+from gpusim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
 
 GPU = "GPU-0aa1c2d3-0000-4000-8000-00000000000a"
 PODS = [PodAllocation("ml", "train", [

@@ -10,7 +10,7 @@ import pytest
 from exporter.attribution.podwatch import PodWatch, pod_info
 from exporter.core import ExporterOptions, SourceStatus
 from exporter.kube.watch import BackoffPolicy
-from exporter.sim.apiserver import FakeApiServer
+from gpusim.apiserver import FakeApiServer
 
 NODE = "gpu-node-1"
 FAST = BackoffPolicy(initial=0.05, cap=0.1)

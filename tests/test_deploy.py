@@ -437,6 +437,9 @@ def dockerfile() -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
+SIMULATOR = "gpusim"  # tests, benchmarks and the demo use it; the image must not contain it
+
+
 def copy_sources() -> list[str]:
     out = []
     for line in dockerfile():
@@ -466,11 +469,14 @@ def test_dockerfile_copies_every_package_and_nothing_ignored() -> None:
     include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "packages"]["find"]["include"]
     packages = {p.rstrip("*") for p in include}
-    assert packages <= set(sources), "a package in pyproject.toml is not copied into the image"
+    assert SIMULATOR in packages  # a source checkout installs it (tests, demo, benchmarks) ...
+    assert packages - {SIMULATOR} <= set(sources), "a product package is not copied into the image"
     ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")]
     for src in sources:
         assert src not in ignored, f"{src} is COPYed but .dockerignore excludes it"
+    # ... the image does not: neither copied nor even in the build context.
+    assert SIMULATOR not in sources and SIMULATOR in ignored
 
 
 def test_build_stage_makes_a_complete_wheel_from_the_copied_files(tmp_path: Path) -> None:
@@ -489,9 +495,25 @@ def test_build_stage_makes_a_complete_wheel_from_the_copied_files(tmp_path: Path
     (wheel,) = (tmp_path / "wheels").glob("gpu_ledger-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("gpu_ledger/cli.py", "gpu_ledger/doctor.py", "exporter/cli.py",
-                   "exporter/scenarios/h100-mig.yaml", "exporter/attribution/podresources_pb2.py",
+                   "exporter/nvml_loader.py", "exporter/attribution/podresources_pb2.py",
                    "metering/sql/schema.sql", "metering/data/cost-model.yaml"):
         assert needed in names, needed
+    # The image installs this wheel: no simulator module, no scenario file in it.
+    assert [n for n in names if n.startswith(f"{SIMULATOR}/") or "scenarios/" in n] == []
+    assert not any(n.split("/")[0] == "exporter" and "/sim" in n for n in names)
+    # ... and what the image installs with it: the unconditional requirements, no extras.
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/METADATA")))
+    runtime = {re.match(r"[A-Za-z0-9._-]+", line.removeprefix("Requires-Dist: "))[0].lower()
+               for line in metadata.decode().splitlines()
+               if line.startswith("Requires-Dist: ") and "extra ==" not in line}
+    assert "nvidia-ml-py" in runtime and "duckdb" in runtime
+    # The image installs requirements.lock, then this wheel with --no-deps.
+    lock = (ROOT / "requirements.lock").read_text(encoding="utf-8")
+    pinned = {n.lower() for n in re.findall(r"(?m)^([A-Za-z0-9][A-Za-z0-9._-]*)==", lock)}
+    assert runtime <= pinned
+    # The simulator's gRPC server, the tests' parsers, the benchmarks' pandas: none of them.
+    not_product = {"grpcio", "pandas", "prometheus-client", "kubernetes"}
+    assert runtime.isdisjoint(not_product) and pinned.isdisjoint(not_product), pinned
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "gpu-ledger = gpu_ledger.cli:main" in zipfile.ZipFile(wheel).read(
         entry_points).decode()

@@ -19,11 +19,11 @@ import pynvml
 import pytest
 
 from exporter.nvml_loader import load_nvml
-from exporter.sim.apiserver import FakeApiServer
-from exporter.sim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
 from gpu_ledger import cli, doctor
+from gpusim.apiserver import FakeApiServer
+from gpusim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "exporter" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parent.parent / "gpusim" / "scenarios"
 H100 = SCENARIOS / "h100-mig.yaml"  # 8 GPUs: 0 and 1 with MIG (3 and 7 instances)
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
 

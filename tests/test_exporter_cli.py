@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO = ROOT / "exporter" / "scenarios" / "mixed.yaml"
+SCENARIO = ROOT / "gpusim" / "scenarios" / "mixed.yaml"
 
 
 def free_port() -> int:
@@ -81,6 +81,20 @@ def test_malformed_scenario_exits_with_file_and_key(tmp_path: Path, content: str
     assert proc.returncode == 1
     assert "bad.yaml" in proc.stderr and expect in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", [["exporter", "--nvml", f"sim:{SCENARIO}"],
+                                     ["doctor", "--nvml", f"sim:{SCENARIO}"], ["demo"]])
+def test_without_the_simulator_installed_sim_is_a_one_line_error(command: list[str]) -> None:
+    """As in the image, which has no gpusim: the product runs, asking for a simulation fails."""
+    code = ("import sys; sys.modules['gpusim'] = None  # import fails as if not installed\n"
+            "from gpu_ledger.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, *command], capture_output=True,
+                          text=True, timeout=60, check=False)
+    out = proc.stdout + proc.stderr  # doctor reports on stdout
+    assert proc.returncode != 0
+    assert "Traceback" not in out
+    assert len([line for line in out.splitlines() if "gpusim" in line]) == 1, out
 
 
 def test_malformed_web_config_exits_with_key(tmp_path: Path) -> None:

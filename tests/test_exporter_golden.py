@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sim.cluster import SimCluster
+from gpusim.cluster import SimCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
-SCENARIOS = sorted((ROOT / "exporter" / "scenarios").glob("*.yaml"))
+SCENARIOS = sorted((ROOT / "gpusim" / "scenarios").glob("*.yaml"))
 T0 = 1_790_000_000.0
 # Values that legitimately change run to run: how long a collector took, the Python version.
 _VOLATILE = [

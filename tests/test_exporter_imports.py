@@ -11,7 +11,7 @@ EXPORTER_PATH = ["exporter.cli", "exporter.sampler", "exporter.web", "exporter.w
                  "pynvml"]
 # Never on that path: heavy clients, the simulator, metering and its data stack.
 FORBIDDEN = ("kubernetes", "grpc", "urllib3", "requests", "pydantic", "pandas", "numpy",
-             "duckdb", "pyarrow", "prometheus_client", "metering", "exporter.sim", "gpusim")
+             "duckdb", "pyarrow", "prometheus_client", "metering", "gpusim")
 
 
 def imported(modules: list[str]) -> set[str]:

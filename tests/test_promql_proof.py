@@ -1,7 +1,7 @@
 """Proof that every dashboard query and every rule runs against what the exporter really emits.
 
 The test starts, on loopback only: a fake Kubernetes API server and a fake kubelet PodResources
-gRPC server (exporter/sim), the real `gpu-ledger exporter` process on a simulated node, and a
+gRPC server (gpusim), the real `gpu-ledger exporter` process on a simulated node, and a
 real Prometheus that scrapes it every second and loads both rule files. Then:
 
 - every dashboard panel query and every recording rule must return data, with no error;
@@ -39,12 +39,12 @@ from promtools import free_port, running_prometheus
 
 from dashboards.generate import BOARDS, expressions
 from exporter.metrics import FAMILIES
-from exporter.sim.apiserver import FakeApiServer
-from exporter.sim.cluster import SimNode, pod_objects
-from exporter.sim.kubelet import FakeKubelet
-from exporter.sim.node import device_ids, sharing_modes
-from exporter.sim.scenario import load_scenario
 from gpu_ledger.procutil import stop
+from gpusim.apiserver import FakeApiServer
+from gpusim.cluster import SimNode, pod_objects
+from gpusim.kubelet import FakeKubelet
+from gpusim.node import device_ids, sharing_modes
+from gpusim.scenario import load_scenario
 
 pytestmark = pytest.mark.slow
 

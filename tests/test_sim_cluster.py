@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.sim.cluster import SimCluster, mode_overrides
-from exporter.sim.scenario import loads_scenario
+from gpusim.cluster import SimCluster, mode_overrides
+from gpusim.scenario import loads_scenario
 from tests.exporter_helpers import samples
 
 MIXED_MODES = """

@@ -5,17 +5,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from exporter.sim.node import (
+from gpusim.node import (
     device_ids,
     pods_at,
     processes_at,
     sharing_modes,
     write_proc_tree,
 )
-from exporter.sim.nvml import SimNVML
-from exporter.sim.scenario import load_scenario, loads_scenario
+from gpusim.nvml import SimNVML
+from gpusim.scenario import load_scenario, loads_scenario
 
-SCENARIOS = Path(__file__).parent.parent / "exporter" / "scenarios"
+SCENARIOS = Path(__file__).parent.parent / "gpusim" / "scenarios"
 HOUR = 3600.0
 DAY = 86400.0
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"

@@ -11,11 +11,11 @@ import pytest
 
 from exporter.errors import ConfigError
 from exporter.nvml_loader import load_nvml
-from exporter.sim.node import processes_at
-from exporter.sim.nvml import SimNVML
-from exporter.sim.scenario import load_scenario, loads_scenario
+from gpusim.node import processes_at
+from gpusim.nvml import SimNVML
+from gpusim.scenario import load_scenario, loads_scenario
 
-SCENARIOS = Path(__file__).parent.parent / "exporter" / "scenarios"
+SCENARIOS = Path(__file__).parent.parent / "gpusim" / "scenarios"
 T0 = 1_700_000_000.0
 HOUR = 3600.0
 

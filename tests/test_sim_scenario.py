@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from exporter.errors import ConfigError
-from exporter.sim.scenario import (
+from gpusim.scenario import (
     Signal,
     load_scenario,
     loads_scenario,
@@ -17,7 +17,7 @@ from exporter.sim.scenario import (
     parse_size,
 )
 
-SCENARIOS = sorted((Path(__file__).parent.parent / "exporter" / "scenarios").glob("*.yaml"))
+SCENARIOS = sorted((Path(__file__).parent.parent / "gpusim" / "scenarios").glob("*.yaml"))
 
 BASE = """
 node: n1

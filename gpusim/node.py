@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from exporter.sim.scenario import (
+from gpusim.scenario import (
     FloatArray,
     HostProcessSpec,
     PodSpec,

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pynvml
 
-from exporter.sim.node import SimProcess, Timeline, timeline
-from exporter.sim.scenario import NOT_MIG, Fault, FloatArray, GpuSpec, MigSpec, Scenario
+from gpusim.node import SimProcess, Timeline, timeline
+from gpusim.scenario import NOT_MIG, Fault, FloatArray, GpuSpec, MigSpec, Scenario
 
 # Copy pynvml's constants, struct classes and exception classes, never its functions: those
 # would call the real library.

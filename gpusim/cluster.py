@@ -24,9 +24,9 @@ from exporter.collectors import REGISTRY
 from exporter.core import CollectorSpec, ExporterOptions
 from exporter.render import Rendering
 from exporter.sampler import Sampler
-from exporter.sim.apiserver import FakeApiServer
-from exporter.sim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
-from exporter.sim.node import (
+from gpusim.apiserver import FakeApiServer
+from gpusim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
+from gpusim.node import (
     Window,
     container_id,
     device_ids,
@@ -35,8 +35,8 @@ from exporter.sim.node import (
     sharing_modes,
     write_proc_tree,
 )
-from exporter.sim.nvml import SimNVML
-from exporter.sim.scenario import PodSpec, Scenario, load_scenario
+from gpusim.nvml import SimNVML
+from gpusim.scenario import PodSpec, Scenario, load_scenario
 
 
 class ManualClock:
