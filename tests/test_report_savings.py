@@ -54,6 +54,12 @@ def test_savings_in_every_format(tmp_path: Path) -> None:
     assert [r["recommendation"] for r in table if r["section"] == "savings"] == [
         r.kind.name.lower() for r in recs]
     assert dict(fmt.facts(report))["Savings"].startswith(f"{len(recs)} recommendation(s)")
+    idle = next(r for r in recs if r.kind is Kind.IDLE)
+    # batch-1: 50 of its 200 hours with no process.
+    assert fmt.evidence_text(idle) == "50 device-hours held with no GPU process; 200 h observed"
+    mig = next(r for r in recs if r.kind is Kind.TO_MIG)
+    assert fmt.evidence_text(mig) == ("peak memory 8.0 GB, p95 memory 8.0 GB, p95 SM 10.0%, "
+                                      "200 h with a process observed, coverage 100.0%")
 
 
 def test_recommendations_do_not_change_the_bill(tmp_path: Path) -> None:

@@ -428,8 +428,9 @@ SAVINGS_NOTE = (
     "workload's holding cost this month (at the cost model's prices, without shared-out idle) "
     "minus what the proposed unit would have cost; negative when the workload needs a larger "
     "unit. Peak and p95 memory: of the hourly peaks; p95 SM: of the hourly mean SM activity of "
-    "the unit held (whole GPU, or the MIG instance by GPM). Coverage: share of the device-hours "
-    "held with memory and SM figures. Confidence: high from a week of hours with 90 % "
+    "the unit held (whole GPU, or the MIG instance by GPM), all over the hours it ran a process "
+    "(hours with none count only as idle holding). Coverage: share of those device-hours with "
+    "memory and SM figures. Confidence: high from a week of hours with 90 % "
     "coverage, medium from 75 % coverage, else low."
 )
 
@@ -437,8 +438,8 @@ SAVINGS_NOTE = (
 def evidence_text(rec: Recommendation) -> str:
     ev = rec.evidence
     if rec.kind is Kind.IDLE:
-        return (f"{ev.idle_device_hours} device-hours held with no GPU process, of "
-                f"{hours(ev.device_hours)} held; {ev.hours} h observed")
+        return (f"{ev.idle_device_hours} device-hours held with no GPU process; "
+                f"{ev.all_hours} h observed")
     parts = []
     if ev.peak_memory_gb is not None:
         parts.append(f"peak memory {ev.peak_memory_gb:.1f} GB")
@@ -446,7 +447,7 @@ def evidence_text(rec: Recommendation) -> str:
         parts.append(f"p95 memory {ev.p95_memory_gb:.1f} GB")
     if ev.p95_sm is not None:
         parts.append(f"p95 SM {percent(ev.p95_sm)}")
-    parts.append(f"{ev.hours} h observed")
+    parts.append(f"{ev.hours} h with a process observed")
     parts.append(f"coverage {percent(ev.coverage)}")
     return ", ".join(parts)
 
