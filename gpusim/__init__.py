@@ -1,11 +1,6 @@
-"""A simulated GPU node: a scenario YAML drives a pynvml-compatible module (SimNVML) and the
-Kubernetes view of the same node (device plugin IDs, pods, /proc cgroup files)."""
-
-from gpusim.node import SimContainer, SimPod, SimProcess, device_ids, pods_at, write_proc_tree
-from gpusim.nvml import SimDevice, SimNVML
-from gpusim.scenario import Scenario, load_scenario, loads_scenario, parse_scenario
-
-__all__ = [
-    "Scenario", "SimContainer", "SimDevice", "SimNVML", "SimPod", "SimProcess", "device_ids",
-    "load_scenario", "loads_scenario", "parse_scenario", "pods_at", "write_proc_tree",
-]
+"""A simulated GPU node for tests, benchmarks and the demo (never the product: the image has no
+gpusim). A scenario YAML (gpusim.scenario) drives a pynvml-compatible module (gpusim.nvml) and
+the Kubernetes view of the same node (gpusim.node: device plugin IDs, pods, /proc cgroup files;
+gpusim.kubelet, gpusim.apiserver: a real PodResources server and pods API; gpusim.cluster: whole
+simulated nodes running the exporter's sampler). Imports stay in the modules, so loading one part
+does not load the rest."""

@@ -26,6 +26,7 @@ from exporter.render import Rendering
 from exporter.sampler import Sampler
 from gpusim.apiserver import FakeApiServer
 from gpusim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
+from gpusim.model import PodSpec, Scenario
 from gpusim.node import (
     Window,
     container_id,
@@ -36,7 +37,7 @@ from gpusim.node import (
     write_proc_tree,
 )
 from gpusim.nvml import SimNVML
-from gpusim.scenario import PodSpec, Scenario, load_scenario
+from gpusim.scenario import load_scenario
 
 
 class ManualClock:

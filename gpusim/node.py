@@ -18,17 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from gpusim.scenario import (
-    FloatArray,
+from gpusim.model import (
     HostProcessSpec,
     PodSpec,
     ProcessSpec,
     Scenario,
-    Signal,
     UnitRef,
     stable_hex,
     stable_uuid,
 )
+from gpusim.signal import FloatArray, Signal
 
 AUTO_PID_BASE = 100_000  # explicit scenario PIDs are below this
 _PID_SPAN = 3_900_000  # automatic PIDs stay below Linux's pid_max (4194304)

@@ -9,13 +9,9 @@ import pytest
 import yaml
 
 from exporter.errors import ConfigError
-from gpusim.scenario import (
-    Signal,
-    load_scenario,
-    loads_scenario,
-    parse_duration,
-    parse_size,
-)
+from gpusim.scenario import load_scenario, loads_scenario
+from gpusim.signal import Signal
+from gpusim.units import parse_duration, parse_size
 
 SCENARIOS = sorted((Path(__file__).parent.parent / "gpusim" / "scenarios").glob("*.yaml"))
 
