@@ -473,4 +473,5 @@ def savings_grid(report: Report) -> Grid | None:
                      r.model, r.current, f"{r.kind.value}: {r.proposed}", money(r.saving),
                      r.confidence, evidence_text(r)])
         kinds.append("")
-    return Grid(heads, 99, rows, kinds, [SAVINGS_NOTE])
+    # no column is right-aligned: the saving sits between text columns
+    return Grid(heads, len(heads), rows, kinds, [SAVINGS_NOTE])
