@@ -50,6 +50,8 @@ lock:
 bench: $(STAMP)
 	$(BIN)/python -m bench.exporter_scrape
 	$(BIN)/python -m bench.web_hostile
+	$(BIN)/python -m bench.exporter_rss
+	$(BIN)/python -m bench.watch_storm
 	$(BIN)/python -m bench.metering
 
 clean:

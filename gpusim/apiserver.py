@@ -1,9 +1,18 @@
-"""A simulated Kubernetes API server: just enough of /api/v1/pods for the real `kubernetes`
-client to list and watch pods, on 127.0.0.1 with a free port.
+"""A simulated Kubernetes API server: just enough of the pods and ResourceSlices APIs for a
+client to list and watch them, on 127.0.0.1 with a free port, over HTTP or TLS.
 
-Lists carry metadata.resourceVersion; `?watch=true&resourceVersion=N` streams JSON lines of
-ADDED / MODIFIED / DELETED events after N. `expire()` makes the next watch answer what a real
-server sends when N has been compacted away: an ERROR event holding a 410 Gone Status.
+Collections: `/api/v1/pods`, `/api/v1/namespaces/<ns>/pods` and
+`/apis/resource.k8s.io/v1/resourceslices`, with `fieldSelector` (`a=b`, `a!=b`). Lists carry
+metadata.resourceVersion; `?watch=true&resourceVersion=N` streams JSON lines of ADDED /
+MODIFIED / DELETED events after N, and BOOKMARK events (from `bookmark()`) when the request says
+`allowWatchBookmarks=true`. Failure modes, as a real server shows them:
+- `expire()`: the next watch answers an ERROR event holding a 410 Gone Status (version
+  compacted away);
+- `gone = "event"` / `gone = "http"`: every watch answers 410, as an ERROR event or as an
+  HTTP 410 status, until reset to "" (a watch storm);
+- `end_watches()`: open watch streams end, as at their timeout.
+Authentication: the bearer token TOKEN, or with `tls` that verifies client certificates, a
+verified certificate.
 """
 
 from __future__ import annotations
@@ -11,15 +20,34 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import ssl
 import threading
 import time
 import uuid as uuidlib
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 TOKEN = "gpu-ledger-fake-token"
 _WAIT_TICK = 0.2  # how often an idle watch stream checks for shutdown
+PODS = "pods"
+SLICES = "resourceslices"
+
+
+@dataclass(frozen=True)
+class _Resource:
+    name: str
+    api_version: str
+    kind: str
+    namespaced: bool
+
+
+_RESOURCES = {
+    PODS: _Resource(PODS, "v1", "Pod", True),
+    SLICES: _Resource(SLICES, "resource.k8s.io/v1", "ResourceSlice", False),
+}
+_BOOKMARK = "BOOKMARK"
 
 
 def _field(obj: dict[str, Any], dotted: str) -> str:
@@ -44,8 +72,8 @@ def _selector(text: str) -> list[tuple[str, bool, str]]:
     return terms
 
 
-def _matches(pod: dict[str, Any], terms: list[tuple[str, bool, str]]) -> bool:
-    return all((_field(pod, key) == value) == equal for key, equal, value in terms)
+def _matches(obj: dict[str, Any], terms: list[tuple[str, bool, str]]) -> bool:
+    return all((_field(obj, key) == value) == equal for key, equal, value in terms)
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -53,66 +81,125 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
             "message": message, "reason": reason, "code": code}
 
 
+def _route(path: str) -> tuple[_Resource, str] | None:
+    """URL path -> (resource, namespace or ''); None if not served."""
+    parts = [p for p in path.split("/") if p]
+    if parts == ["api", "v1", "pods"]:
+        return _RESOURCES[PODS], ""
+    if len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
+        return _RESOURCES[PODS], parts[3]
+    if parts == ["apis", "resource.k8s.io", "v1", "resourceslices"]:
+        return _RESOURCES[SLICES], ""
+    return None
+
+
 class FakeApiServer:
-    def __init__(self, pods: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, pods: list[dict[str, Any]] | None = None, *,
+                 slices: list[dict[str, Any]] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self._cond = threading.Condition()
         self._rv = 1
-        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
-        self._events: list[tuple[int, str, dict[str, Any]]] = []
+        self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {
+            name: {} for name in _RESOURCES}
+        # (resourceVersion, resource ('' for a bookmark), type, object)
+        self._events: list[tuple[int, str, str, dict[str, Any]]] = []
         self._expire_next = False
+        self.gone = ""  # "event" | "http": every watch answers 410 that way
         self._generation = 0  # bumped to end every open watch stream
         self._closed = False
         self.requests: list[str] = []  # path?query of every request, for tests
         for pod in pods or []:
-            self._store(pod, record=False)
+            self._store(PODS, pod, record=False)
+        for item in slices or []:
+            self._store(SLICES, item, record=False)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
+        self._tls = tls
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True,
+                                                  do_handshake_on_connect=False)
         self._thread: threading.Thread | None = None
 
     # --- state -------------------------------------------------------------------------------
-    def _store(self, pod: dict[str, Any], record: bool, kind: str = "ADDED") -> dict[str, Any]:
-        pod = copy.deepcopy(pod)
-        meta = pod.setdefault("metadata", {})
-        meta.setdefault("namespace", "default")
+    def _store(self, resource: str, obj: dict[str, Any], record: bool,
+               kind: str = "ADDED") -> dict[str, Any]:
+        res = _RESOURCES[resource]
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if res.namespaced:
+            meta.setdefault("namespace", "default")
         meta.setdefault("uid", str(uuidlib.uuid4()))
-        pod.setdefault("apiVersion", "v1")
-        pod.setdefault("kind", "Pod")
+        obj.setdefault("apiVersion", res.api_version)
+        obj.setdefault("kind", res.kind)
         with self._cond:
             self._rv += 1
             meta["resourceVersion"] = str(self._rv)
-            self._pods[(meta["namespace"], meta["name"])] = pod
+            self._objects[resource][(meta.get("namespace", ""), meta["name"])] = obj
             if record:
-                self._events.append((self._rv, kind, copy.deepcopy(pod)))
+                self._events.append((self._rv, resource, kind, copy.deepcopy(obj)))
                 self._cond.notify_all()
-        return pod
+        return obj
+
+    def _modify(self, resource: str, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj.get("metadata", {})
+        ns = meta.get("namespace", "default") if _RESOURCES[resource].namespaced else ""
+        key = (ns, meta["name"])
+        current = self._objects[resource].get(key)
+        if current is None:
+            raise KeyError(f"no {resource} {key[0]}/{key[1]}")
+        if "uid" not in meta:
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["uid"] = current["metadata"]["uid"]
+        return self._store(resource, obj, record=True, kind="MODIFIED")
+
+    def _delete(self, resource: str, namespace: str, name: str) -> None:
+        with self._cond:
+            obj = self._objects[resource].pop((namespace, name))
+            self._rv += 1
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+            self._events.append((self._rv, resource, "DELETED", obj))
+            self._cond.notify_all()
 
     def add_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         """Create a pod (uid filled in if absent) and push ADDED; returns the stored pod."""
-        return self._store(pod, record=True, kind="ADDED")
+        return self._store(PODS, pod, record=True, kind="ADDED")
 
     def modify_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         """Replace the pod with the same namespace/name and push MODIFIED."""
-        meta = pod.get("metadata", {})
-        key = (meta.get("namespace", "default"), meta["name"])
-        if key not in self._pods:
-            raise KeyError(f"no pod {key[0]}/{key[1]}")
-        if "uid" not in meta:
-            pod = copy.deepcopy(pod)
-            pod["metadata"]["uid"] = self._pods[key]["metadata"]["uid"]
-        return self._store(pod, record=True, kind="MODIFIED")
+        return self._modify(PODS, pod)
 
     def delete_pod(self, namespace: str, name: str) -> None:
+        self._delete(PODS, namespace, name)
+
+    def add_slice(self, item: dict[str, Any]) -> dict[str, Any]:
+        """Create a ResourceSlice (cluster-scoped) and push ADDED."""
+        return self._store(SLICES, item, record=True, kind="ADDED")
+
+    def modify_slice(self, item: dict[str, Any]) -> dict[str, Any]:
+        return self._modify(SLICES, item)
+
+    def delete_slice(self, name: str) -> None:
+        self._delete(SLICES, "", name)
+
+    def bookmark(self) -> int:
+        """Send a BOOKMARK at the current resourceVersion to watches that allow bookmarks;
+        returns that version."""
         with self._cond:
-            pod = self._pods.pop((namespace, name))
-            self._rv += 1
-            pod["metadata"]["resourceVersion"] = str(self._rv)
-            self._events.append((self._rv, "DELETED", pod))
+            self._rv += 1  # what a change elsewhere in the cluster would do
+            self._events.append((self._rv, "", _BOOKMARK, {}))
             self._cond.notify_all()
+            return self._rv
 
     def expire(self) -> None:
         """End open watches; the next watch request gets a 410 Gone ERROR event."""
         with self._cond:
             self._expire_next = True
+            self._generation += 1
+            self._cond.notify_all()
+
+    def end_watches(self) -> None:
+        """End open watch streams cleanly, as a server does at timeoutSeconds."""
+        with self._cond:
             self._generation += 1
             self._cond.notify_all()
 
@@ -124,7 +211,8 @@ class FakeApiServer:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        scheme = "https" if self._tls is not None else "http"
+        return f"{scheme}://{host!s}:{port}"
 
     def start(self) -> FakeApiServer:
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
@@ -147,16 +235,21 @@ class FakeApiServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def kubeconfig(self, path: str) -> str:
-        """Write a kubeconfig pointing at this server (bearer token auth); returns the path."""
+    def kubeconfig(self, path: str, *, ca_file: str | None = None,
+                   user: dict[str, Any] | None = None) -> str:
+        """Write a kubeconfig pointing at this server (bearer token auth unless `user` says
+        otherwise; `ca_file` for TLS); returns the path."""
+        cluster: dict[str, Any] = {"server": self.url}
+        if ca_file:
+            cluster["certificate-authority"] = ca_file
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": TOKEN}}],
+            "clusters": [{"name": "fake", "cluster": cluster}],
+            "users": [{"name": "fake", "user": user if user is not None else {"token": TOKEN}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
         }
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=2)  # JSON is YAML: the client reads it as a kubeconfig
+            json.dump(config, f, indent=2)  # JSON is YAML: clients read it as a kubeconfig
         return path
 
     # --- HTTP ----------------------------------------------------------------------------------
@@ -167,30 +260,42 @@ class FakeApiServer:
             protocol_version = "HTTP/1.1"  # watches stream in chunks, as a real server's do
             timeout = 10  # idle keep-alive connections end on their own
 
+            def handle(self) -> None:
+                if isinstance(self.connection, ssl.SSLSocket):
+                    try:  # here, on the handler's thread, not in the accept loop
+                        self.connection.do_handshake()
+                    except (ssl.SSLError, OSError):
+                        return  # a client that does not trust us, or has no certificate
+                super().handle()
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # tests read api.requests instead
 
+            def _authenticated(self) -> bool:
+                if self.headers.get("Authorization") == f"Bearer {TOKEN}":
+                    return True
+                conn = self.connection
+                return isinstance(conn, ssl.SSLSocket) and bool(conn.getpeercert())
+
             def do_GET(self) -> None:
                 api.requests.append(self.path)
-                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                if not self._authenticated():
                     self._json(401, _status(401, "Unauthorized", "Unauthorized"))
                     return
                 url = urlsplit(self.path)
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-                parts = [p for p in url.path.split("/") if p]
-                terms = _selector(query.get("fieldSelector", ""))
-                if parts == ["api", "v1", "pods"]:
-                    pass
-                elif len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] \
-                        and parts[4] == "pods":
-                    terms.append(("metadata.namespace", True, parts[3]))
-                else:
+                route = _route(url.path)
+                if route is None:
                     self._json(404, _status(404, "NotFound", f"{url.path} not found"))
                     return
+                resource, namespace = route
+                terms = _selector(query.get("fieldSelector", ""))
+                if namespace:
+                    terms.append(("metadata.namespace", True, namespace))
                 if query.get("watch", "").lower() in ("true", "1"):
-                    self._watch(terms, query)
+                    self._watch(resource, terms, query)
                 else:
-                    self._list(terms)
+                    self._list(resource, terms)
 
             def _json(self, code: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()
@@ -200,19 +305,20 @@ class FakeApiServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def _list(self, terms: list[tuple[str, bool, str]]) -> None:
+            def _list(self, res: _Resource, terms: list[tuple[str, bool, str]]) -> None:
                 with api._cond:
-                    items = [p for p in api._pods.values() if _matches(p, terms)]
-                    body = {"kind": "PodList", "apiVersion": "v1",
+                    items = [o for o in api._objects[res.name].values() if _matches(o, terms)]
+                    body = {"kind": f"{res.kind}List", "apiVersion": res.api_version,
                             "metadata": {"resourceVersion": str(api._rv)}, "items": items}
-                    data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self._json(200, body)
 
-            def _watch(self, terms: list[tuple[str, bool, str]], query: dict[str, str]) -> None:
+            def _watch(self, res: _Resource, terms: list[tuple[str, bool, str]],
+                       query: dict[str, str]) -> None:
+                if api.gone == "http":
+                    rv = query.get("resourceVersion", "")
+                    self._json(410, _status(410, "Expired",
+                                            f"too old resource version: {rv} ({api._rv})"))
+                    return
                 timeout = float(query.get("timeoutSeconds") or 1800)
                 deadline = time.monotonic() + timeout
                 self.send_response(200)
@@ -222,16 +328,17 @@ class FakeApiServer:
                 self.end_headers()
                 self.close_connection = True
                 try:
-                    self._stream(terms, query, deadline)
+                    self._stream(res, terms, query, deadline)
                 finally:
                     with contextlib.suppress(OSError):
                         self.wfile.write(b"0\r\n\r\n")
 
-            def _stream(self, terms: list[tuple[str, bool, str]], query: dict[str, str],
-                        deadline: float) -> None:
+            def _stream(self, res: _Resource, terms: list[tuple[str, bool, str]],
+                        query: dict[str, str], deadline: float) -> None:
+                bookmarks = query.get("allowWatchBookmarks", "").lower() in ("true", "1")
                 with api._cond:
                     generation = api._generation
-                    if api._expire_next:
+                    if api._expire_next or api.gone == "event":
                         api._expire_next = False
                         rv = query.get("resourceVersion", "")
                         err = _status(410, "Expired", f"too old resource version: {rv} "
@@ -240,8 +347,8 @@ class FakeApiServer:
                         return
                     since = query.get("resourceVersion", "")
                     if since in ("", "0"):  # no version: start with the current state
-                        initial = [("ADDED", p) for p in api._pods.values()
-                                   if _matches(p, terms)]
+                        initial = [("ADDED", o) for o in api._objects[res.name].values()
+                                   if _matches(o, terms)]
                         last = api._rv
                     else:
                         initial, last = [], int(since)
@@ -249,7 +356,7 @@ class FakeApiServer:
                     self._send(initial)
                 while True:
                     with api._cond:
-                        pending = [(rv, t, p) for rv, t, p in api._events if rv > last]
+                        pending = [e for e in api._events if e[0] > last]
                         if not pending:
                             api._cond.wait(_WAIT_TICK)
                         if (api._closed or api._generation != generation
@@ -257,7 +364,15 @@ class FakeApiServer:
                             return
                     if pending:
                         last = pending[-1][0]
-                        if not self._send([(t, p) for _, t, p in pending if _matches(p, terms)]):
+                        out = []
+                        for version, name, kind, obj in pending:
+                            if kind == _BOOKMARK and bookmarks:
+                                meta = {"resourceVersion": str(version)}
+                                out.append((kind, {"kind": res.kind, "metadata": meta,
+                                                   "apiVersion": res.api_version}))
+                            elif name == res.name and _matches(obj, terms):
+                                out.append((kind, obj))
+                        if out and not self._send(out):
                             return
 
             def _send(self, events: list[tuple[str, dict[str, Any]]]) -> bool:

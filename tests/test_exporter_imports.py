@@ -8,7 +8,7 @@ import sys
 # Loaded by the exporter process with real NVML, attribution and the pod watch on.
 EXPORTER_PATH = ["exporter.cli", "exporter.sampler", "exporter.web", "exporter.webconfig",
                  "exporter.nvml_loader", "exporter.collectors", "exporter.attribution.collector",
-                 "pynvml"]
+                 "exporter.attribution.resourceslices", "pynvml"]
 # Never on that path: heavy clients, the simulator, metering and its data stack.
 FORBIDDEN = ("kubernetes", "grpc", "urllib3", "requests", "pydantic", "pandas", "numpy",
              "duckdb", "pyarrow", "prometheus_client", "metering", "gpusim")
