@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from exporter.errors import ConfigError
+from gpu_ledger import safeyaml
 from gpusim.consistency import check_pids, check_pod_names, check_units, process_slots
 from gpusim.model import Scenario
 from gpusim.parse_gpus import parse_gpus
@@ -30,13 +29,13 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def loads_scenario(text: str, file: str = "<scenario>") -> Scenario:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(err, "problem", None) or str(err)
-        raise ConfigError(file, "", f"valid YAML{where}", problem) from None
+    try:  # the shared loader: alias bombs and deep nesting are refused, naming the key
+        data = safeyaml.load(text, file)
+    except safeyaml.YamlError as err:
+        if err.key:
+            raise ConfigError.from_yaml(err) from None
+        where = f" ({err.where})" if err.where else ""
+        raise ConfigError(file, "", f"valid YAML{where}", err.problem) from None
     return parse_scenario(data, file)
 
 

@@ -1,6 +1,7 @@
-"""Config bombs (issue 14, attack 6): every YAML loader refuses alias expansion beyond a budget
-and deep nesting with a one-line error naming the file and the key, and never serialises the
-expanded value into the message. Loopback-free, bounded: the largest document is 2 KB."""
+"""Config bombs (issue 14, attack 6): every YAML loader (web config, scenarios, cost model)
+refuses alias expansion beyond a budget and deep nesting with a one-line error naming the file
+and the key, and never serialises the expanded value into the message. Bounded: the largest
+document is a few KB."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from exporter.errors import ConfigError
 from exporter.webconfig import load_web_config
 from gpu_ledger import safeyaml
+from gpusim.scenario import load_scenario
 from metering.costmodel import CostModelError, load_cost_model
 
 
@@ -103,3 +105,15 @@ def test_cost_model_alias_bomb_and_nesting(tmp_path: Path) -> None:
     path.write_text("pricing: " + deep(3000))
     with pytest.raises(CostModelError, match="nesting deeper than"):
         load_cost_model(path)
+
+
+def test_scenario_alias_bomb_and_nesting(tmp_path: Path) -> None:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(alias_bomb() + "node: n1\ngpus: *a5\n")
+    with pytest.raises(ConfigError) as info:
+        load_scenario(path)
+    assert info.value.key == "gpus" and len(str(info.value)) < 300
+    assert str(info.value).startswith(f"{path}: gpus: aliases expand beyond")
+    path.write_text("node: n1\ngpus: " + deep(3000))
+    with pytest.raises(ConfigError, match="nesting deeper than"):
+        load_scenario(path)
