@@ -39,6 +39,9 @@ class MigRef:
     slices: int  # compute slices of the profile
     parent_slices: int
     handle: Any = field(compare=False, repr=False)
+    # position among the parent's MIG device handles (nvmlDeviceGetMigDeviceHandleByIndex):
+    # the `j` of the device plugin's `<gpu>:<j>` index IDs; -1 when not known
+    slot: int = -1
 
     def labels(self, node: str) -> Labels:
         return (*self.parent.labels(node), self.uuid, str(self.gpu_instance_id),

@@ -115,5 +115,6 @@ def _discover_migs(nvml: Any, r: Reader, gpu: GpuRef) -> list[MigRef]:
             gpu_instance_id=int(r.call(nvml.nvmlDeviceGetGpuInstanceId, handle) or 0),
             compute_instance_id=int(r.call(nvml.nvmlDeviceGetComputeInstanceId, handle) or 0),
             profile=profile, slices=slices, parent_slices=parent_slices, handle=handle,
+            slot=slot,
         ))
     return out

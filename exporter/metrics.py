@@ -129,6 +129,10 @@ FAMILIES: tuple[Family, ...] = (
        "attribution"),
     _g("gpu_process_sm_utilization_ratio", "SM utilisation of one process (opt-in).", PROCESS,
        "attribution"),
+    _c("gpu_exporter_unresolved_device_ids_total",
+       "Allocated device IDs of a GPU resource that matched no GPU or MIG instance on this "
+       "node (each logged once), counted once per PodResources answer that held them: those "
+       "allocations are not attributed.", ("resource",), "attribution"),
     # --- the exporter itself --------------------------------------------------------------------
     _g("gpu_exporter_collector_success", "1 if the collector's last run succeeded.",
        ("collector",), "exporter"),

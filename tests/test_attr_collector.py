@@ -44,8 +44,8 @@ G0 = GpuRef(0, GPU0, "NVIDIA H100 80GB HBM3", False, None)
 G1 = GpuRef(1, GPU1, "NVIDIA H100 80GB HBM3", True, None)
 G2 = GpuRef(2, GPU2, "NVIDIA L4", False, None)
 G3 = GpuRef(3, GPU3, "NVIDIA L4", False, None)
-MIGS = [MigRef(G1, MIG_A, 1, 0, "3g.40gb", 3, 7, None),
-        MigRef(G1, MIG_B, 2, 0, "3g.40gb", 3, 7, None)]
+MIGS = [MigRef(G1, MIG_A, 1, 0, "3g.40gb", 3, 7, None, slot=0),
+        MigRef(G1, MIG_B, 2, 0, "3g.40gb", 3, 7, None, slot=1)]
 
 ALLOCATABLE = [("nvidia.com/gpu", GPU0), ("nvidia.com/mig-3g.40gb", MIG_A),
                ("nvidia.com/gpu", MIG_B), ("example.com/nic", "eth1")]
@@ -245,6 +245,51 @@ def test_allocations_for_every_sharing_mode(attached: Attached) -> None:
             (2.0, team("ml-platform")),
     }
     assert ("nvidia.com/gpu", UNKNOWN) in collector.unknown_ids.seen
+    # every allocatable GPU resource has the counter, at 0 until an ID fails
+    unresolved = family(sink, "gpu_exporter_unresolved_device_ids_total")
+    zero = {("nvidia.com/mig-3g.40gb",): 0.0, ("nvidia.com/gpu.shared",): 0.0}
+    assert {k: v for k, (v, _) in unresolved.items()} == {("nvidia.com/gpu",): 1.0, **zero}
+    _, sink = collect(collector, opts)  # a counter: the same stray allocation, seen again
+    unresolved = family(sink, "gpu_exporter_unresolved_device_ids_total")
+    assert {k: v for k, (v, _) in unresolved.items()} == {("nvidia.com/gpu",): 2.0, **zero}
+
+
+def test_index_and_cdi_device_ids(sockdir: Path, proc_root: Path) -> None:
+    """A node whose device plugin runs with deviceIDStrategy: index, and one ID in CDI form:
+    the same devices as the UUID forms, the same sharing modes; IDs past the inventory are
+    counted per resource."""
+    allocatable = [("nvidia.com/gpu", "0"), ("nvidia.com/mig-3g.40gb", "1:0"),
+                   ("nvidia.com/gpu", "1:1")]
+    allocatable += [("nvidia.com/gpu", f"2::{n}") for n in range(4)]
+    allocations = [
+        _alloc("ml", "trainer", "main", ("nvidia.com/gpu", ["0"])),
+        _alloc("ml", "mig-mixed", "worker", ("nvidia.com/mig-3g.40gb", ["1:0"])),
+        _alloc("ml", "mig-single", "worker", ("nvidia.com/gpu", ["nvidia.com/gpu=1:1"])),
+        _alloc("team-a", "ts-1", "app", ("nvidia.com/gpu", ["2::0"])),
+        _alloc("team-b", "ts-2", "app", ("nvidia.com/gpu", ["nvidia.com/gpu=2::1"])),
+        _alloc("ml", "stray", "x", ("nvidia.com/gpu", ["7", "1:5"]),
+               ("nvidia.com/mig-3g.40gb", ["nvidia.com/gpu=9:0"])),
+    ]
+    k = FakeKubelet(str(sockdir / "kubelet.sock"), lambda: allocations, lambda: allocatable)
+    k.start()
+    opts = options(sockdir, proc_root)
+    collector = AttributionCollector(opts, None)
+    try:
+        _, sink = collect(collector, opts)
+    finally:
+        collector.close()
+        k.stop()
+    alloc = {k[1:9]: v for k, (v, _) in family(sink, "gpu_container_allocation").items()}
+    assert alloc == {
+        ("ml", "trainer", "main", GPU0, "", "nvidia.com/gpu", "exclusive", "1"): 1.0,
+        ("ml", "mig-mixed", "worker", GPU1, MIG_A, "nvidia.com/mig-3g.40gb", "mig", "1"): 1.0,
+        ("ml", "mig-single", "worker", GPU1, MIG_B, "nvidia.com/gpu", "mig", "1"): 1.0,
+        ("team-a", "ts-1", "app", GPU2, "", "nvidia.com/gpu", "time-slicing", "4"): 1.0,
+        ("team-b", "ts-2", "app", GPU2, "", "nvidia.com/gpu", "time-slicing", "4"): 1.0,
+    }
+    unresolved = family(sink, "gpu_exporter_unresolved_device_ids_total")
+    assert {k: v for k, (v, _) in unresolved.items()} == {
+        ("nvidia.com/gpu",): 2.0, ("nvidia.com/mig-3g.40gb",): 1.0}
 
 
 def test_usage_per_container(attached: Attached) -> None:

@@ -19,8 +19,9 @@ MIG1 = "MIG-5cc1c2d3-5555-4555-8555-55555555555c"
 MIG2 = "MIG-6dd1c2d3-6666-4666-8666-66666666666d"
 G0 = GpuRef(0, GPU0, "A100", False, None)
 G1 = GpuRef(1, GPU1, "A100", True, None)
-MIGS = [MigRef(G1, MIG1, 1, 0, "3g.20gb", 3, 7, None),
-        MigRef(G1, MIG2, 5, 0, "1g.5gb", 1, 7, None)]
+# slots as NVML numbers the MIG device handles of GPU 1 (not the GPU instance IDs)
+MIGS = [MigRef(G1, MIG1, 1, 0, "3g.20gb", 3, 7, None, slot=0),
+        MigRef(G1, MIG2, 5, 0, "1g.5gb", 1, 7, None, slot=1)]
 
 
 @pytest.fixture
@@ -41,6 +42,19 @@ def index() -> DeviceIndex:
     ("nvidia1/gi1", DeviceRef(GPU1, MIG1, False)),
     ("nvidia1/gi5", DeviceRef(GPU1, MIG2, False)),
     ("nvidia0/vgpu3", DeviceRef(GPU0, "", True)),
+    # deviceIDStrategy: index
+    ("0", DeviceRef(GPU0, "", False)),
+    ("1", DeviceRef(GPU1, "", False)),
+    ("0::1", DeviceRef(GPU0, "", True)),
+    ("1:0", DeviceRef(GPU1, MIG1, False)),  # first MIG device handle of GPU 1
+    ("1:1", DeviceRef(GPU1, MIG2, False)),
+    ("1:1::3", DeviceRef(GPU1, MIG2, True)),
+    # CDI fully-qualified names
+    ("nvidia.com/gpu=0", DeviceRef(GPU0, "", False)),
+    (f"nvidia.com/gpu={GPU0}", DeviceRef(GPU0, "", False)),
+    (f"nvidia.com/gpu={MIG2}", DeviceRef(GPU1, MIG2, False)),
+    ("nvidia.com/gpu=1:0", DeviceRef(GPU1, MIG1, False)),
+    ("nvidia.com/gpu=0::2", DeviceRef(GPU0, "", True)),
 ])
 def test_known_forms(index: DeviceIndex, device_id: str, expected: DeviceRef) -> None:
     assert index.resolve(device_id) == expected
@@ -50,9 +64,26 @@ def test_known_forms(index: DeviceIndex, device_id: str, expected: DeviceRef) ->
     "GPU-ffffffff-0000-4000-8000-000000000000",  # another node's GPU
     f"MIG-{GPU0[4:]}",  # a GPU UUID dressed as MIG
     "nvidia7", "nvidia1/gi9", "nvidia0/xyz1", "", "::", "GPU-::1", "🙂",
+    "2", "0:0", "1:5", "1:", ":1", "-1", "1:0:0", "0x1",  # index forms past the inventory
+    "nvidia.com/gpu=", "nvidia.com/gpu=7", "=0", "nvidia.com/gpu=all::1",
 ])
 def test_unknown_forms_resolve_to_none(index: DeviceIndex, device_id: str) -> None:
     assert index.resolve(device_id) is None
+
+
+def test_cdi_all_names_every_gpu(index: DeviceIndex) -> None:
+    assert index.resolve_all("nvidia.com/gpu=all") == (
+        DeviceRef(GPU0, "", False), DeviceRef(GPU1, "", False))
+    assert index.resolve_all("nvidia.com/gpu=1:0") == (DeviceRef(GPU1, MIG1, False),)
+    assert index.resolve_all("nvidia.com/gpu=7") == ()
+    assert DeviceIndex([], []).resolve_all("nvidia.com/gpu=all") == ()
+
+
+def test_index_forms_need_slots() -> None:
+    """MIG index IDs name a handle slot: an inventory that does not know slots resolves none,
+    rather than guessing from GPU instance IDs."""
+    index = DeviceIndex([G0, G1], [MigRef(G1, MIG1, 1, 0, "3g.20gb", 3, 7, None)])
+    assert index.resolve("1:0") is None and index.resolve("1") == DeviceRef(GPU1, "", False)
 
 
 def test_sharing_modes() -> None:
@@ -81,6 +112,8 @@ def test_unknown_ids_log_once(caplog: pytest.LogCaptureFixture) -> None:
         for _ in range(3):
             unknown.report("nvidia.com/gpu", "GPU-nope")
         unknown.report("nvidia.com/gpu", "GPU-other")
-    assert unknown.total == 4
-    assert len(caplog.records) == 2
+        unknown.report("nvidia.com/mig-1g.5gb", "9:9")
+    assert unknown.total == 5
+    assert unknown.by_resource == {"nvidia.com/gpu": 4, "nvidia.com/mig-1g.5gb": 1}
+    assert len(caplog.records) == 3
     assert "GPU-nope" in caplog.records[0].getMessage()

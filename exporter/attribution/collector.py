@@ -145,6 +145,10 @@ class AttributionCollector:
         for k in ordered:
             sink.add("gpu_container_processes", (node, *k), usage[k][2], owners[k])
 
+        for resource in sorted(self.unknown_ids.by_resource):
+            sink.add("gpu_exporter_unresolved_device_ids_total", (resource,),
+                     self.unknown_ids.by_resource[resource])
+
         for proc, (ns, pod, ctr, _) in per_process:
             labels = (node, str(proc.pid), proc.uuid, proc.mig_uuid, ns, pod, ctr)
             sink.add("gpu_process_memory_used_bytes", labels, proc.memory_bytes)
@@ -177,17 +181,18 @@ class AttributionCollector:
             if not is_gpu_resource(a.resource, self._overrides):
                 continue
             for device_id in a.device_ids:
-                ref = index.resolve(device_id)
-                if ref is None:
+                refs = index.resolve_all(device_id)
+                if not refs:
                     self.unknown_ids.report(a.resource, device_id)
-                    continue
-                mode = sharing_mode(a.resource, ref, self._overrides)
-                k = (a.namespace, a.pod, a.container, ref.uuid, ref.mig_uuid, a.resource, mode)
-                units[k] = units.get(k, 0) + 1
-                hs = holders.setdefault(ref.key, [])
-                holder = (a.namespace, a.pod, a.container)
-                if holder not in hs:
-                    hs.append(holder)
+                for ref in refs:
+                    mode = sharing_mode(a.resource, ref, self._overrides)
+                    k = (a.namespace, a.pod, a.container, ref.uuid, ref.mig_uuid, a.resource,
+                         mode)
+                    units[k] = units.get(k, 0) + 1
+                    hs = holders.setdefault(ref.key, [])
+                    holder = (a.namespace, a.pod, a.container)
+                    if holder not in hs:
+                        hs.append(holder)
         return units, holders
 
     def _replica_counts(self, index: DeviceIndex) -> dict[DeviceKey, int]:
@@ -198,8 +203,9 @@ class AttributionCollector:
             for resource, device_id in allocatable:
                 if not is_gpu_resource(resource, self._overrides):
                     continue
-                ref = index.resolve(device_id)
-                if ref is not None:
+                # the counter exists at 0 for every GPU resource, so increase() sees the first
+                self.unknown_ids.by_resource.setdefault(resource, 0)
+                for ref in index.resolve_all(device_id):
                     counts[ref.key] = counts.get(ref.key, 0) + 1
             self._replicas, self._replicas_from = counts, allocatable
         return self._replicas

@@ -1,9 +1,12 @@
 """Device IDs as device plugins report them, resolved against the node's NVML inventory.
 
 Forms (DESIGN.md §4): `GPU-<uuid>`, `MIG-<uuid>`, either with a `::<n>` replica suffix
-(time-slicing / MPS), the legacy `MIG-GPU-<uuid>/<gi>/<ci>`, and GKE's `nvidia0`,
-`nvidia0/gi1`, `nvidia0/vgpu3`. The same physical device can appear under several IDs
-(replicas), so every ID resolves to a `DeviceRef` keyed by (uuid, mig_uuid).
+(time-slicing / MPS), the legacy `MIG-GPU-<uuid>/<gi>/<ci>`, GKE's `nvidia0`, `nvidia0/gi1`,
+`nvidia0/vgpu3`, the NVIDIA device plugin's `deviceIDStrategy: index` (`0`, `0::1`, and
+`<gpu>:<j>` for the j-th MIG device handle of GPU `<gpu>`, as its rm package numbers them),
+and CDI fully-qualified names `<vendor>/<class>=<name>` whose name is any of the above or
+`all`. The same physical device can appear under several IDs (replicas), so every ID resolves
+to a `DeviceRef` keyed by (uuid, mig_uuid).
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ EXCLUSIVE, MIG, TIME_SLICING, MPS = "exclusive", "mig", "time-slicing", "mps"
 _REPLICA = re.compile(r"^(?P<base>.+?)::(?P<n>\d+)$")
 _GKE = re.compile(r"^nvidia(?P<index>\d+)(?:/(?P<kind>gi|vgpu)(?P<n>\d+))?$")
 _LEGACY_MIG = re.compile(r"^MIG-(?P<parent>GPU-[0-9A-Fa-f-]+)/(?P<gi>\d+)/(?P<ci>\d+)$")
+_INDEX = re.compile(r"^(?P<gpu>\d+)(?::(?P<slot>\d+))?$")
+# CDI fully-qualified device name: vendor/class=name (the kind is not checked: the resource
+# already said this is a GPU)
+_CDI = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*=(?P<name>.+)$")
 
 
 @dataclass(frozen=True)
@@ -50,13 +57,18 @@ class DeviceIndex:
         self._gpu_by_index: dict[int, GpuRef] = {}
         self._mig_by_uuid: dict[str, MigRef] = {}
         self._mig_by_gi: dict[tuple[str, int], MigRef] = {}
+        self._mig_by_slot: dict[tuple[int, int], MigRef] = {}
         for g in gpus:
             self._gpu_by_uuid[_bare(g.uuid)] = g
             self._gpu_by_index[g.index] = g
         for m in migs:
             self._mig_by_uuid[_bare(m.uuid)] = m
             self._mig_by_gi[(m.parent.uuid, m.gpu_instance_id)] = m
+            if m.slot >= 0:
+                self._mig_by_slot[(m.parent.index, m.slot)] = m
         self._memo: dict[str, DeviceRef | None] = {}
+        self._whole = tuple(DeviceRef(g.uuid, "", False)
+                            for g in sorted(self._gpu_by_index.values(), key=lambda g: g.index))
 
     def resolve(self, device_id: str) -> DeviceRef | None:
         """The device an ID names, or None when no GPU or MIG instance on this node matches."""
@@ -66,15 +78,30 @@ class DeviceIndex:
             ref = self._memo[device_id] = self._parse(device_id)
             return ref
 
+    def resolve_all(self, device_id: str) -> tuple[DeviceRef, ...]:
+        """Every device an ID names: CDI's `<kind>=all` names each GPU of the node, any other
+        form one device or none."""
+        cdi = _CDI.match(device_id.strip())
+        if cdi and cdi["name"] == "all":
+            return self._whole
+        ref = self.resolve(device_id)
+        return () if ref is None else (ref,)
+
     def _parse(self, device_id: str) -> DeviceRef | None:
         replica = False
         base = device_id.strip()
+        cdi = _CDI.match(base)
+        if cdi:
+            base = cdi["name"]
         m = _REPLICA.match(base)
         if m:
             base, replica = m["base"], True
         g = _GKE.match(base)
         if g:
             return self._gke(int(g["index"]), g["kind"], int(g["n"] or 0), replica)
+        by_index = _INDEX.match(base)
+        if by_index:
+            return self._by_index(int(by_index["gpu"]), by_index["slot"], replica)
         legacy = _LEGACY_MIG.match(base)
         if legacy:
             parent = self._gpu_by_uuid.get(_bare(legacy["parent"]))
@@ -89,6 +116,13 @@ class DeviceIndex:
         if mig_ref is not None:
             return DeviceRef(mig_ref.parent.uuid, mig_ref.uuid, replica)
         return None
+
+    def _by_index(self, gpu_index: int, slot: str | None, replica: bool) -> DeviceRef | None:
+        if slot is None:
+            gpu = self._gpu_by_index.get(gpu_index)
+            return None if gpu is None else DeviceRef(gpu.uuid, "", replica)
+        mig = self._mig_by_slot.get((gpu_index, int(slot)))
+        return None if mig is None else DeviceRef(mig.parent.uuid, mig.uuid, replica)
 
     def _gke(self, index: int, kind: str | None, n: int, replica: bool) -> DeviceRef | None:
         gpu = self._gpu_by_index.get(index)
@@ -120,14 +154,19 @@ def sharing_mode(resource: str, ref: DeviceRef, overrides: dict[str, str]) -> st
 
 
 class UnknownIds:
-    """Device IDs that resolve to nothing on this node: logged once each, and counted."""
+    """Device IDs that resolve to nothing on this node: logged once each, and counted per
+    resource (gpu_exporter_unresolved_device_ids_total), once per allocation per cycle."""
 
     def __init__(self) -> None:
         self.seen: set[tuple[str, str]] = set()
-        self.total = 0
+        self.by_resource: dict[str, int] = {}
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_resource.values())
 
     def report(self, resource: str, device_id: str) -> None:
-        self.total += 1
+        self.by_resource[resource] = self.by_resource.get(resource, 0) + 1
         if (resource, device_id) not in self.seen:
             self.seen.add((resource, device_id))
             log.warning("podresources: %s device ID %r matches no GPU or MIG instance on this "
