@@ -133,6 +133,10 @@ FAMILIES: tuple[Family, ...] = (
        "Allocated device IDs of a GPU resource that matched no GPU or MIG instance on this "
        "node (each logged once), counted once per PodResources answer that held them: those "
        "allocations are not attributed.", ("resource",), "attribution"),
+    _g("gpu_exporter_dra_fallback",
+       "1 while this node's ResourceSlices cannot be read, so DRA devices named gpu-<n> are "
+       "taken as NVML index n (and MIG devices are not resolved); 0 when they are read.",
+       (), "attribution"),
     # --- the exporter itself --------------------------------------------------------------------
     _g("gpu_exporter_collector_success", "1 if the collector's last run succeeded.",
        ("collector",), "exporter"),

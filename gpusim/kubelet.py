@@ -22,10 +22,21 @@ pb_grpc: Any = podresources_pb2_grpc  # generated without annotations
 
 
 @dataclass(frozen=True)
+class ClaimAllocation:
+    """A DRA ResourceClaim a container consumes and the devices allocated to it."""
+
+    namespace: str
+    name: str
+    # (driver, pool, device name) as the DRA driver's ResourceSlices name them
+    devices: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class ContainerAllocation:
     name: str
     # (resource_name, [device ids]) as the device plugin reports them
     devices: list[tuple[str, list[str]]] = field(default_factory=list)
+    claims: list[ClaimAllocation] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -42,7 +53,14 @@ def _pod_message(pod: PodAllocation) -> Any:
             pb.ContainerResources(
                 name=c.name,
                 devices=[pb.ContainerDevices(resource_name=r, device_ids=ids)
-                         for r, ids in c.devices])
+                         for r, ids in c.devices],
+                dynamic_resources=[
+                    pb.DynamicResource(
+                        claim_name=claim.name, claim_namespace=claim.namespace,
+                        claim_resources=[pb.ClaimResource(driver_name=d, pool_name=p,
+                                                          device_name=n)
+                                         for d, p, n in claim.devices])
+                    for claim in c.claims])
             for c in pod.containers])
 
 

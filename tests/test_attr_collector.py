@@ -27,7 +27,7 @@ from exporter.core import (
     SourceStatus,
 )
 from gpusim.apiserver import FakeApiServer
-from gpusim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
+from gpusim.kubelet import ClaimAllocation, ContainerAllocation, FakeKubelet, PodAllocation
 
 Attached = tuple[AttributionCollector, ExporterOptions]
 NODE = "node-a"
@@ -483,3 +483,107 @@ def test_pod_watch_is_injectable_and_closed(sockdir: Path, proc_root: Path, kube
     assert watch.running
     collector.close()
     assert watch.started and not watch.running
+
+
+# --- DRA: claimed devices through ResourceSlices -----------------------------------------------
+
+def dra_slice(name: str, node: str, devices: dict[str, str]) -> dict[str, Any]:
+    """A ResourceSlice as the NVIDIA DRA driver publishes it: device name → uuid attribute
+    (MIG devices carry parentUUID too)."""
+    def attrs(uuid: str) -> dict[str, Any]:
+        a: dict[str, Any] = {"uuid": {"string": uuid}, "type": {"string": "gpu"}}
+        if uuid.startswith("MIG-"):
+            a = {"uuid": {"string": uuid}, "type": {"string": "mig"},
+                 "parentUUID": {"string": GPU1}}
+        return a
+    return {"metadata": {"name": name, "uid": f"uid-{name}"},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": n, "attributes": attrs(u)}
+                                 for n, u in devices.items()]}}
+
+
+def _claims(ns: str, pod: str, ctr: str, claim: str,
+            *devices: tuple[str, str, str]) -> PodAllocation:
+    return PodAllocation(ns, pod, [ContainerAllocation(ctr, claims=[
+        ClaimAllocation(ns, claim, list(devices))])])
+
+
+DRA = "gpu.nvidia.com"
+DRA_ALLOCATIONS = [
+    # device names are gpu-<minor>: here minors differ from NVML indexes, so only the slices
+    # can say which GPU gpu-5 is
+    _claims("ml", "trainer", "main", "solo", (DRA, NODE, "gpu-5")),
+    _claims("ml", "mig-mixed", "worker", "mig", (DRA, NODE, "gpu-1-mig-9-4-3")),
+    # one claim, two consumers: each holds a share
+    _claims("team-a", "ts-1", "app", "shared", (DRA, NODE, "gpu-7")),
+    _claims("team-b", "ts-2", "app", "shared", (DRA, NODE, "gpu-7")),
+    # bad input: a device no slice lists, and another driver's device (not a GPU: ignored)
+    _claims("ml", "mps", "srv", "ghost", (DRA, NODE, "gpu-99"), ("net.example.com", NODE, "n0")),
+]
+DRA_SLICES = [dra_slice("node-a-gpus", NODE, {"gpu-5": GPU0, "gpu-1-mig-9-4-3": MIG_A,
+                                              "gpu-7": GPU3}),
+              dra_slice("node-b-gpus", "node-b", {"gpu-99": GPU2})]
+
+
+def test_dra_claims_through_resource_slices(sockdir: Path, proc_root: Path,
+                                            tmp_path: Path) -> None:
+    k = FakeKubelet(str(sockdir / "kubelet.sock"), lambda: DRA_ALLOCATIONS, lambda: [])
+    k.start()
+    server = FakeApiServer([api_pod(*p) for p in PODS], slices=DRA_SLICES)
+    server.start()
+    opts = options(sockdir, proc_root, server.kubeconfig(str(tmp_path / "kubeconfig")))
+    collector = AttributionCollector(opts, None)
+    try:
+        wait_until(lambda: len(watch_of(collector).pods) == len(PODS)
+                   and collector._slices is not None and collector._slices.status.up,
+                   "the pod and ResourceSlice watches' first lists")
+        ctx, sink = collect(collector, opts)
+    finally:
+        collector.close()
+        server.stop()
+        k.stop()
+    assert ctx.sources["resourceslices"].up
+    alloc = {k[1:9]: v for k, (v, _) in family(sink, "gpu_container_allocation").items()}
+    assert alloc == {
+        ("ml", "trainer", "main", GPU0, "", DRA, "exclusive", "1"): 1.0,
+        ("ml", "mig-mixed", "worker", GPU1, MIG_A, DRA, "mig", "1"): 1.0,
+        ("team-a", "ts-1", "app", GPU3, "", DRA, "time-slicing", "2"): 1.0,
+        ("team-b", "ts-2", "app", GPU3, "", DRA, "time-slicing", "2"): 1.0,
+    }
+    assert family(sink, "gpu_exporter_dra_fallback") == {(): (0.0, ())}
+    unresolved = family(sink, "gpu_exporter_unresolved_device_ids_total")
+    assert {k: v for k, (v, _) in unresolved.items()} == {(DRA,): 1.0}
+    # the holders own their processes through the claim as through a device plugin
+    procs = {k[1:5]: v for k, (v, _) in family(sink, "gpu_container_processes").items()}
+    assert procs[("ml", "trainer", "main", GPU0)] == 2
+
+
+def test_dra_fallback_without_resource_slices(sockdir: Path, proc_root: Path) -> None:
+    """No API access: gpu-<n> is NVML index n, MIG device names cannot be resolved (counted),
+    and the fallback gauge says so. A claim shared by two pods is MPS when configured so."""
+    claims = [
+        _claims("ml", "trainer", "main", "solo", (DRA, NODE, "gpu-0")),
+        _claims("ml", "mig-mixed", "worker", "mig", (DRA, NODE, "gpu-1-mig-9-4-3")),
+        _claims("team-a", "ts-1", "app", "shared", (DRA, NODE, "gpu-3")),
+        _claims("team-b", "ts-2", "app", "shared", (DRA, NODE, "gpu-3")),
+    ]
+    k = FakeKubelet(str(sockdir / "kubelet.sock"), lambda: claims, lambda: [])
+    k.start()
+    opts = options(sockdir, proc_root, sharing_modes=((DRA, "mps"),))
+    collector = AttributionCollector(opts, None)
+    try:
+        ctx, sink = collect(collector, opts)
+    finally:
+        collector.close()
+        k.stop()
+    assert not ctx.sources["resourceslices"].up
+    alloc = {k[1:9]: v for k, (v, _) in family(sink, "gpu_container_allocation").items()}
+    assert alloc == {
+        ("ml", "trainer", "main", GPU0, "", DRA, "exclusive", "1"): 1.0,
+        ("team-a", "ts-1", "app", GPU3, "", DRA, "mps", "2"): 1.0,
+        ("team-b", "ts-2", "app", GPU3, "", DRA, "mps", "2"): 1.0,
+    }
+    assert family(sink, "gpu_exporter_dra_fallback") == {(): (1.0, ())}
+    unresolved = family(sink, "gpu_exporter_unresolved_device_ids_total")
+    assert {k: v for k, (v, _) in unresolved.items()} == {(DRA,): 1.0}

@@ -247,11 +247,13 @@ def test_prometheusrule_holds_every_rule_file() -> None:
     assert not any("tests" in str(p.relative_to(ROOT / "alerts")) for p in files)
 
 
-def test_rbac_grants_only_reading_pods() -> None:
+def test_rbac_grants_only_reading_pods_and_resource_slices() -> None:
     role, binding = one("ClusterRole"), one("ClusterRoleBinding")
     sa = one("ServiceAccount")
-    (rule,) = role["rules"]
-    assert rule == {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+         "verbs": ["get", "list", "watch"]}]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
                                   "kind": "ClusterRole", "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],

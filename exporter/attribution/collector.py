@@ -23,13 +23,17 @@ from exporter.attribution.cgroup import CgroupRef, CgroupResolver
 from exporter.attribution.deviceids import (
     EXCLUSIVE,
     MIG,
+    TIME_SLICING,
     DeviceIndex,
+    DeviceRef,
     UnknownIds,
     is_gpu_resource,
     sharing_mode,
 )
+from exporter.attribution.dra import ClaimDevice, DraResolver, SliceKey, slice_uuids
 from exporter.attribution.podresources import Allocation, PodResourcesClient
 from exporter.attribution.podwatch import PodInfo, PodWatch
+from exporter.attribution.resourceslices import ResourceSlice, resource_slice_watch
 from exporter.core import (
     CycleContext,
     ExporterOptions,
@@ -39,6 +43,7 @@ from exporter.core import (
     SampleSink,
     SourceStatus,
 )
+from exporter.kube.watch import NodeScopedWatch
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +63,15 @@ class AttributionCollector:
         self._client = PodResourcesClient(options.pod_resources_socket, options.rpc_timeout)
         self._cgroups = CgroupResolver(options.proc_root)
         self._watch: PodWatch | None = None
+        self._slices: NodeScopedWatch[ResourceSlice] | None = None
         if options.kubernetes:
             self._watch = pod_watch if pod_watch is not None else PodWatch(options)
             if not self._watch.started:
                 self._watch.start()
+            self._slices = resource_slice_watch(options).start()
+        self._dra = DraResolver()
+        self._slice_items: object = None
+        self._slice_uuids: dict[SliceKey, str] = {}
         self._index: DeviceIndex | None = None
         self._index_key: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
         self._replicas_from: tuple[tuple[str, str], ...] | None = None
@@ -81,6 +91,10 @@ class AttributionCollector:
         by_container = watch.by_container if watch is not None else {}
 
         units, holders = self._allocations(allocations, index)
+        uuids = self._resource_slice_uuids()
+        ctx.sources["resourceslices"] = (self._slices.status if self._slices is not None
+                                         else SourceStatus(False, "disabled"))
+        self._claims(self._client.claim_devices, index, uuids, units, holders)
         replicas = self._replica_counts(index)
         node = ctx.node
 
@@ -149,6 +163,8 @@ class AttributionCollector:
             sink.add("gpu_exporter_unresolved_device_ids_total", (resource,),
                      self.unknown_ids.by_resource[resource])
 
+        sink.add("gpu_exporter_dra_fallback", (), 0.0 if uuids is not None else 1.0)
+
         for proc, (ns, pod, ctr, _) in per_process:
             labels = (node, str(proc.pid), proc.uuid, proc.mig_uuid, ns, pod, ctr)
             sink.add("gpu_process_memory_used_bytes", labels, proc.memory_bytes)
@@ -163,6 +179,8 @@ class AttributionCollector:
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()
+        if self._slices is not None:
+            self._slices.close()
         self._client.close()
 
     # --- helpers -------------------------------------------------------------------------------
@@ -194,6 +212,51 @@ class AttributionCollector:
                     if holder not in hs:
                         hs.append(holder)
         return units, holders
+
+    def _resource_slice_uuids(self) -> dict[SliceKey, str] | None:
+        """Device name → UUID from this node's ResourceSlices; None while they cannot be read
+        (the `gpu-<n>` fallback then applies). Rebuilt only when the watch publishes."""
+        w = self._slices
+        if w is None or not w.status.up:
+            return None
+        items = w.items
+        if items is not self._slice_items:
+            self._slice_uuids, self._slice_items = slice_uuids(items.values()), items
+        return self._slice_uuids
+
+    def _claims(self, claims: Iterable[ClaimDevice], index: DeviceIndex,
+                uuids: dict[SliceKey, str] | None,
+                units: dict[tuple[str, str, str, str, str, str, str], int],
+                holders: dict[DeviceKey, list[Holder]]) -> None:
+        """DRA devices as allocation units. A device whose claim several containers consume
+        is one share per container, split like time-slicing (or as the driver's
+        --sharing-mode override says, e.g. gpu.nvidia.com=mps)."""
+        resolved: list[tuple[Holder, DeviceRef, str]] = []
+        sharers: dict[DeviceKey, set[Holder]] = {}
+        for c in claims:
+            if not self._dra.is_gpu(c):
+                continue
+            ref = self._dra.resolve(c, uuids, index)
+            if ref is None:
+                self.unknown_ids.report(c.driver, f"{c.pool}/{c.device}")
+                continue
+            holder = (c.namespace, c.pod, c.container)
+            resolved.append((holder, ref, c.driver))
+            sharers.setdefault(ref.key, set()).add(holder)
+        done: set[tuple[Holder, DeviceKey]] = set()
+        for holder, ref, driver in resolved:
+            if (holder, ref.key) in done:  # the same device twice in one container's claims
+                continue
+            done.add((holder, ref.key))
+            if len(sharers[ref.key]) > 1:
+                mode = self._overrides.get(driver) or TIME_SLICING
+            else:
+                mode = MIG if ref.mig_uuid else EXCLUSIVE
+            k = (*holder, ref.uuid, ref.mig_uuid, driver, mode)
+            units[k] = units.get(k, 0) + 1
+            hs = holders.setdefault(ref.key, [])
+            if holder not in hs:
+                hs.append(holder)
 
     def _replica_counts(self, index: DeviceIndex) -> dict[DeviceKey, int]:
         """IDs per device in GetAllocatableResources, recounted only when that answer changes."""

@@ -18,6 +18,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from exporter.attribution import podresources_pb2 as pb
+from exporter.attribution.dra import ClaimDevice
 from exporter.attribution.unarygrpc import RpcError, StatusCode, UnaryChannel
 from exporter.core import SourceStatus
 
@@ -53,6 +54,8 @@ class PodResourcesClient:
         self.allocatable: tuple[tuple[str, str], ...] = ()
         self.status = SourceStatus(False, "not-polled")
         self.reconnects = 0
+        # DRA devices of the claims containers consume, from the last successful List
+        self.claim_devices: tuple[ClaimDevice, ...] = ()
 
     def _connect(self) -> UnaryChannel:
         if self._channel is None:
@@ -96,6 +99,11 @@ class PodResourcesClient:
             log.debug("podresources: %s", err)
             return None
         self.status = SourceStatus(True)
+        self.claim_devices = tuple(
+            ClaimDevice(pod.namespace, pod.name, c.name, d.claim_namespace, d.claim_name,
+                        r.driver_name, r.pool_name, r.device_name)
+            for pod in response.pod_resources for c in pod.containers
+            for d in c.dynamic_resources for r in d.claim_resources)
         return [
             Allocation(pod.namespace, pod.name, c.name, d.resource_name, tuple(d.device_ids))
             for pod in response.pod_resources for c in pod.containers for d in c.devices]
