@@ -166,6 +166,8 @@ def signals_for(nodes: int, hours: int, start: datetime) -> tuple[dict[str, Any]
         hour_s = np.tile(hour0 + 3600 * np.arange(hours), k)
         if spec.func == "count":
             value = np.full(k * hours, 720.0)  # a 5 s interval
+        elif spec.func == "tlast":
+            value = (hour_s + 3600).astype(np.float64)  # sampled to the end of the hour
         elif spec.family == "gpu_energy_joules_total":
             value = np.cumsum(rng.uniform(1e5, 1e6, k * hours))
         else:

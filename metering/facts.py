@@ -22,6 +22,8 @@ import numpy as np
 import pyarrow as pa
 
 HOUR_S = 3600
+# Grid of the `tlast` subquery: at most the shortest scrape interval metered (docs/metering.md).
+TLAST_STEP_S = 10.0
 DEVICE_COLS = ("node", "gpu", "uuid", "model")
 CONTAINER_COLS = ("node", "namespace", "pod", "container", "uuid", "mig_uuid")
 # What identifies a fact row (besides the hour) in each fact table.
@@ -41,7 +43,7 @@ class FactError(Exception):
 class SignalSpec:
     name: str  # the DuckDB view name the fact SQL reads
     family: str  # sample name as Prometheus stores it
-    func: str  # count | sum | max | min | last
+    func: str  # count | sum | max | min | last | tlast (time of the hour's last sample, s)
     cols: tuple[str, ...]  # labels kept as columns ('' where a series lacks one)
     # Labels of the fact row the series feeds; their 64-bit hash (column `key`) is what the
     # fact SQL groups and joins on, so no statement hashes strings per sample.
@@ -56,7 +58,11 @@ class SignalSpec:
             return self.family
         return self.family + "{" + ",".join(f'{label}!=""' for label in self.nonempty) + "}"
 
-    def promql(self, window: str) -> str:
+    def promql(self, window: str, step_s: float = TLAST_STEP_S) -> str:
+        if self.func == "tlast":
+            # Latest sample time at grid points every step_s: the hour's last sample time,
+            # exact while a grid point falls between it and its staleness marker.
+            return f"max_over_time(timestamp({self.selector()})[{window}:{step_s:g}s])"
         return f"{self.func}_over_time({self.selector()}[{window}])"
 
     def keeps(self, labels: Mapping[str, str]) -> bool:
@@ -66,6 +72,9 @@ class SignalSpec:
 SIGNALS: tuple[SignalSpec, ...] = (
     SignalSpec("up_count", "gpu_up", "count", DEVICE_COLS, DEVICE_KEY),
     SignalSpec("up_sum", "gpu_up", "sum", DEVICE_COLS, DEVICE_KEY),
+    # Last sample time per series-hour: with the count it places the series' samples in the
+    # hour, so overlapping duplicates (two jobs, an HA pair) are counted once (_dedup).
+    SignalSpec("up_tlast", "gpu_up", "tlast", ("node",), DEVICE_KEY),
     SignalSpec("info_count", "gpu_info", "count", ("node", "uuid", "mig_mode"), DEVICE_KEY),
     SignalSpec("util_sum", "gpu_utilization_ratio", "sum", ("node", "uuid"), DEVICE_KEY),
     SignalSpec("energy_last", "gpu_energy_joules_total", "last", ("node", "uuid"),
@@ -73,6 +82,7 @@ SIGNALS: tuple[SignalSpec, ...] = (
     SignalSpec("energy_min", "gpu_energy_joules_total", "min", ("node", "uuid"), DEVICE_KEY),
     SignalSpec("mig_count", "gpu_mig_info", "count",
                ("node", "uuid", "mig_uuid", "profile", "slices", "parent_slices"), MIG_KEY),
+    SignalSpec("mig_tlast", "gpu_mig_info", "tlast", ("node",), MIG_KEY),
     SignalSpec("migmem_max", "gpu_mig_memory_total_bytes", "max", ("node", "mig_uuid"),
                MIG_KEY),
     # GPM SM activity per MIG instance (Hopper+): the only SM figure MIG has. The family also
@@ -83,6 +93,7 @@ SIGNALS: tuple[SignalSpec, ...] = (
                True),
     SignalSpec("alloc_sum", "gpu_container_allocation", "sum", ALLOC_COLS, CONTAINER_KEY,
                True),
+    SignalSpec("alloc_tlast", "gpu_container_allocation", "tlast", ("node",), CONTAINER_KEY),
     SignalSpec("cmem_sum", "gpu_container_memory_used_bytes", "sum", CONTAINER_COLS,
                CONTAINER_KEY),
     # peak memory in the hour, for rightsizing (metering/waste.py)
@@ -166,10 +177,41 @@ def _in(alias: str = "") -> str:
 
 
 _IN_CHUNK = _in()
-# A key with several series in an hour (exporter restart, relabelling, replicas change) sums
-# them; if they overlap so that the sum passes the hour (duplicate scrapes), seconds are capped
-# at 3600 and integrals scaled by the same factor, i.e. overlapping duplicates are averaged.
-_SCALE = "least(1.0, 3600.0 / {sec})"
+# A key with several series in an hour sums them where they follow each other (exporter
+# restart on a new instance, pod relabelled, replicas changed) and counts the time once where
+# they overlap (one exporter scraped by two jobs, an HA pair in one store): each series' samples
+# span [last - count x spacing, last], and the key holds the union of those spans, never more
+# than its samples' seconds nor the hour. Integrals are scaled by held / sampled seconds, i.e.
+# overlapping duplicates are averaged. No scrape label (job, instance, replica) is looked at.
+def _union(count: str, tlast: str) -> str:
+    return f"""
+    SELECT c.hour, c.key, {_DT} AS dt, t.value - c.value * {_DT} AS s, t.value AS e
+    FROM {count} c JOIN {tlast} t ON t.sh = c.sh AND t.hour = c.hour
+    LEFT JOIN spacing sp ON sp.node = c.node
+    WHERE {_in("c")}"""
+
+
+def _held(ivs: str) -> str:
+    """Per (hour, key): seconds covered by the union of the spans in CTE `ivs`, each run of
+    overlapping spans in whole sample spacings (two copies scraped 7 s apart hold what one
+    does, not 7 s more)."""
+    return f"""
+    SELECT hour, key, sum(floor((ge - gs) / dt + 1e-6) * dt) AS u FROM (
+        SELECT hour, key, g, min(s) AS gs, max(e) AS ge, max(dt) AS dt FROM (
+            SELECT hour, key, dt, s, e, sum(CASE WHEN prev IS NULL OR s > prev THEN 1 ELSE 0 END)
+                OVER (PARTITION BY hour, key ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS g
+            FROM (SELECT hour, key, dt, s, e, max(e) OVER (PARTITION BY hour, key ORDER BY s, e
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev FROM {ivs}))
+        GROUP BY hour, key, g)
+    GROUP BY hour, key"""
+
+
+def _sec(raw: str, held: str) -> str:
+    return f"least({raw}, coalesce({held}, {raw}), 3600.0)"
+
+
+def _scale(raw: str, held: str) -> str:
+    return f"({_sec(raw, held)} / {raw})"
 
 # Every statement below aggregates per (hour, key) on integers: the series with the most
 # samples (`w`, ties broken by its id) names the fact row, and only that series' string
@@ -189,6 +231,8 @@ WITH up AS (
 dev AS (
     SELECT hour, key, arg_max(sh, w) AS sh, sum(n * dt) AS obs, sum(ones * dt) AS up
     FROM up GROUP BY hour, key),
+ivs AS ({_union("up_count", "up_tlast")}),
+held AS ({_held("ivs")}),
 info AS (
     SELECT hour, key, bool_or(lower(mig_mode) IN ('enabled', 'true', '1', 'on')) AS mig
     FROM info_count WHERE {_IN_CHUNK} GROUP BY hour, key),
@@ -209,12 +253,13 @@ inc AS (
     WHERE {_in("l")}),
 energy AS (SELECT hour, key, sum(j) AS j FROM inc GROUP BY hour, key)
 SELECT d.hour, c.node, c.gpu, c.uuid, c.model, coalesce(i.mig, false),
-       least(d.obs, 3600.0), d.up * {_SCALE.format(sec="d.obs")},
+       {_sec("d.obs", "h.u")}, d.up * {_scale("d.obs", "h.u")},
        CASE WHEN coalesce(i.mig, false) THEN NULL
-            ELSE u.sm * {_SCALE.format(sec="d.obs")} END,
-       e.j * {_SCALE.format(sec="d.obs")}
+            ELSE u.sm * {_scale("d.obs", "h.u")} END,
+       e.j * {_scale("d.obs", "h.u")}
 FROM dev d
 JOIN up_count c ON c.sh = d.sh AND c.hour = d.hour
+LEFT JOIN held h ON h.hour = d.hour AND h.key = d.key
 LEFT JOIN info i ON i.hour = d.hour AND i.key = d.key
 LEFT JOIN util u ON u.hour = d.hour AND u.key = d.key
 LEFT JOIN energy e ON e.hour = d.hour AND e.key = d.key
@@ -229,6 +274,8 @@ WITH k AS (
     FROM mig_count c
     LEFT JOIN spacing sp ON sp.node = c.node WHERE {_in("c")}
     GROUP BY c.hour, c.key),
+ivs AS ({_union("mig_count", "mig_tlast")}),
+held AS ({_held("ivs")}),
 mem AS (SELECT hour, key, max(value) AS v FROM migmem_max WHERE {_IN_CHUNK}
         GROUP BY hour, key),
 gpm AS (
@@ -238,9 +285,10 @@ gpm AS (
     WHERE {_in("g")} AND g.mig_uuid <> '' GROUP BY g.hour, g.key)
 SELECT k.hour, c.node, c.uuid, c.mig_uuid, c.profile, CAST(c.slices AS INTEGER),
        CAST(c.parent_slices AS INTEGER), mem.v,
-       least(k.sec, 3600.0), gpm.v * {_SCALE.format(sec="k.sec")}
+       {_sec("k.sec", "h.u")}, gpm.v * {_scale("k.sec", "h.u")}
 FROM k
 JOIN mig_count c ON c.sh = k.sh AND c.hour = k.hour
+LEFT JOIN held h ON h.hour = k.hour AND h.key = k.key
 LEFT JOIN mem ON mem.hour = k.hour AND mem.key = k.key
 LEFT JOIN gpm ON gpm.hour = k.hour AND gpm.key = k.key
 """
@@ -267,15 +315,18 @@ WITH a AS (
 k AS (
     SELECT hour, key, arg_max(sh, w) AS sh, sum(u) / sum(n) AS units, sum(sec) AS sec
     FROM a GROUP BY hour, key),
+ivs AS ({_union("alloc_count", "alloc_tlast")}),
+held AS ({_held("ivs")}),
 mem AS ({_usage("cmem_sum")}),
 sm AS ({_usage("csm_sum")})
 SELECT k.hour, c.node, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid, c.resource,
-       c.sharing, CAST(c.replicas AS INTEGER), k.units, least(k.sec, 3600.0),
-       coalesce(mem.v, 0) * {_SCALE.format(sec="k.sec")},
+       c.sharing, CAST(c.replicas AS INTEGER), k.units, {_sec("k.sec", "h.u")},
+       coalesce(mem.v, 0) * {_scale("k.sec", "h.u")},
        -- NULL without samples (MIG: NVML has no per-process SM there): unknown, not idle.
-       sm.v * {_SCALE.format(sec="k.sec")}, c.labels
+       sm.v * {_scale("k.sec", "h.u")}, c.labels
 FROM k
 JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
+LEFT JOIN held h ON h.hour = k.hour AND h.key = k.key
 LEFT JOIN mem ON mem.hour = k.hour AND mem.key = k.key
 LEFT JOIN sm ON sm.hour = k.hour AND sm.key = k.key
 """

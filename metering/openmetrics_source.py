@@ -154,7 +154,8 @@ class OpenMetricsSource:
             by_family[name] = self._con.execute(
                 f"""SELECT sid, ((t_ms + 3599999) // 3600000 - 1) * 3600 AS hour_s,
                            count(*)::DOUBLE AS count, sum(value) AS sum, max(value) AS max,
-                           min(value) AS min, arg_max(value, t_ms) AS last
+                           min(value) AS min, arg_max(value, t_ms) AS last,
+                           max(t_ms) / 1000.0 AS tlast
                     FROM raw_{name} WHERE t_ms > $lo AND t_ms <= $hi
                     GROUP BY sid, hour_s ORDER BY sid, hour_s""",
                 {"lo": lo, "hi": hi}).fetchnumpy()
