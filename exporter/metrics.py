@@ -125,6 +125,14 @@ FAMILIES: tuple[Family, ...] = (
        "attribution", pod_labels=True),
     _g("gpu_container_processes", "GPU processes the container runs on the device.",
        CONTAINER, "attribution", pod_labels=True),
+    _g("gpu_container_memory_fraction",
+       "Fraction of the device's memory a fractional grant gives the container (HAMi "
+       "gpumem over the GPU's framebuffer, gpushare POD/DEV units).", CONTAINER,
+       "attribution", pod_labels=True),
+    _g("gpu_container_core_fraction",
+       "Fraction of the device's compute a fractional grant gives the container (HAMi "
+       "gpucores / 100); absent when the grant does not limit compute.", CONTAINER,
+       "attribution", pod_labels=True),
     _g("gpu_process_memory_used_bytes", "GPU memory used by one process (opt-in).", PROCESS,
        "attribution"),
     _g("gpu_process_sm_utilization_ratio", "SM utilisation of one process (opt-in).", PROCESS,
@@ -133,6 +141,10 @@ FAMILIES: tuple[Family, ...] = (
        "Allocated device IDs of a GPU resource that matched no GPU or MIG instance on this "
        "node (each logged once), counted once per PodResources answer that held them: those "
        "allocations are not attributed.", ("resource",), "attribution"),
+    _c("gpu_exporter_fractional_errors_total",
+       "Fractional GPU grants (HAMi, gpushare pod annotations) that could not be read or "
+       "name no GPU of this node, once per pod and problem (each logged).", (),
+       "attribution"),
     _g("gpu_exporter_dra_fallback",
        "1 while this node's ResourceSlices cannot be read, so DRA devices named gpu-<n> are "
        "taken as NVML index n (and MIG devices are not resolved); 0 when they are read.",
@@ -164,4 +176,4 @@ CLOCK_EVENT_REASONS = ("hw_thermal", "sw_thermal", "hw_power_brake", "sw_power_c
 THROTTLE_REASONS = ("power", "thermal", "reliability", "board_limit", "low_utilization",
                     "sync_boost")
 NVLINK_ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
-SHARING_MODES = ("exclusive", "mig", "time-slicing", "mps")
+SHARING_MODES = ("exclusive", "mig", "time-slicing", "mps", "fractional")

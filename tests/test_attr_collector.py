@@ -587,3 +587,76 @@ def test_dra_fallback_without_resource_slices(sockdir: Path, proc_root: Path) ->
     assert family(sink, "gpu_exporter_dra_fallback") == {(): (1.0, ())}
     unresolved = family(sink, "gpu_exporter_unresolved_device_ids_total")
     assert {k: v for k, (v, _) in unresolved.items()} == {(DRA,): 1.0}
+
+
+# --- HAMi / gpushare fractional grants from pod annotations -----------------------------------
+
+def test_fractional_grants_from_annotations(sockdir: Path, proc_root: Path,
+                                            tmp_path: Path) -> None:
+    """HAMi and gpushare pods: mode `fractional`, the granted memory and core fractions; the
+    framebuffer a HAMi MiB grant divides comes from the simulated NVML. Malformed annotations
+    and a gpushare index past the GPU count are counted and logged; the rest is attributed."""
+    from gpusim.nvml import SimNVML
+    from gpusim.scenario import loads_scenario
+
+    l4 = "  - model: NVIDIA L4\n    memory: 24GiB\n    power_limit_watts: 72\n"
+    nvml = SimNVML(loads_scenario(f"node: node-a\ngpus:\n{l4}{l4}", "t.yaml"))
+    nvml.nvmlInit()
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
+    uuids = [str(nvml.nvmlDeviceGetUUID(h)) for h in handles]
+    gpus = [GpuRef(i, uuids[i], "NVIDIA L4", False, h) for i, h in enumerate(handles)]
+
+    def pod_with(name: str, annotations: dict[str, str], uid: str) -> dict[str, Any]:
+        p = api_pod("ml", name, "main", "ml-platform", uid, uid[-1] * 64)
+        p["metadata"]["annotations"] = annotations
+        return p
+
+    pods = [
+        # HAMi: 6144 MiB of 24 GiB and 30% of the cores for `main`; sidecar has no group
+        pod_with("hami", {"hami.io/vgpu-devices-allocated": f"{uuids[0]},NVIDIA,6144,30:;"},
+                 "30000000-0000-4000-8000-000000000001"),
+        # HAMi without a core limit (0): memory only
+        pod_with("hami-mem", {"hami.io/vgpu-devices-allocated": f"{uuids[0]},NVIDIA,12288,0:;"},
+                 "30000000-0000-4000-8000-000000000002"),
+        # gpushare: 6 of 24 units on GPU 1
+        pod_with("share", {"ALIYUN_COM_GPU_MEM_IDX": "1", "ALIYUN_COM_GPU_MEM_POD": "6",
+                           "ALIYUN_COM_GPU_MEM_DEV": "24"}, "30000000-0000-4000-8000-000000000003"),
+        # bad input
+        pod_with("bad-hami", {"hami.io/vgpu-devices-allocated": f"{uuids[0]},NVIDIA,lots,30:;"},
+                 "30000000-0000-4000-8000-000000000004"),
+        pod_with("bad-index", {"ALIYUN_COM_GPU_MEM_IDX": "7", "ALIYUN_COM_GPU_MEM_POD": "2",
+                               "ALIYUN_COM_GPU_MEM_DEV": "24"},
+                 "30000000-0000-4000-8000-000000000005"),
+        pod_with("bad-share", {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "30",
+                               "ALIYUN_COM_GPU_MEM_DEV": "24"},
+                 "30000000-0000-4000-8000-000000000006"),
+    ]
+    k = FakeKubelet(str(sockdir / "kubelet.sock"), lambda: [], lambda: [])
+    k.start()
+    server = FakeApiServer(pods)
+    server.start()
+    opts = options(sockdir, proc_root, server.kubeconfig(str(tmp_path / "kubeconfig")))
+    collector = AttributionCollector(opts, None)
+    try:
+        wait_until(lambda: len(watch_of(collector).pods) == len(pods), "the pod watch")
+        ctx = CycleContext(nvml=nvml, options=opts, now=time.time(), gpus=gpus)
+        sink = SampleSink()
+        collector.collect(ctx, sink)
+        collector.collect(ctx, sink := SampleSink())  # errors count once per pod, not cycle
+    finally:
+        collector.close()
+        server.stop()
+        k.stop()
+    alloc = {k[1:9]: v for k, (v, _) in family(sink, "gpu_container_allocation").items()}
+    assert alloc == {
+        ("ml", "hami", "main", uuids[0], "", "nvidia.com/gpumem", "fractional", "2"): 1.0,
+        ("ml", "hami-mem", "main", uuids[0], "", "nvidia.com/gpumem", "fractional", "2"): 1.0,
+        ("ml", "share", "main", uuids[1], "", "aliyun.com/gpu-mem", "fractional", "1"): 1.0,
+    }
+    mem = {k[1:5]: v for k, (v, _) in family(sink, "gpu_container_memory_fraction").items()}
+    assert mem == {("ml", "hami", "main", uuids[0]): 0.25,
+                   ("ml", "hami-mem", "main", uuids[0]): 0.5,
+                   ("ml", "share", "main", uuids[1]): 0.25}
+    cores = {k[1:5]: v for k, (v, _) in family(sink, "gpu_container_core_fraction").items()}
+    assert cores == {("ml", "hami", "main", uuids[0]): 0.3}
+    assert family(sink, "gpu_exporter_fractional_errors_total") == {(): (3.0, ())}

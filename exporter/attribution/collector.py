@@ -22,6 +22,7 @@ from typing import Any
 from exporter.attribution.cgroup import CgroupRef, CgroupResolver
 from exporter.attribution.deviceids import (
     EXCLUSIVE,
+    FRACTIONAL,
     MIG,
     TIME_SLICING,
     DeviceIndex,
@@ -31,6 +32,7 @@ from exporter.attribution.deviceids import (
     sharing_mode,
 )
 from exporter.attribution.dra import ClaimDevice, DraResolver, SliceKey, slice_uuids
+from exporter.attribution.fractional import FractionalGrant
 from exporter.attribution.podresources import Allocation, PodResourcesClient
 from exporter.attribution.podwatch import PodInfo, PodWatch
 from exporter.attribution.resourceslices import ResourceSlice, resource_slice_watch
@@ -77,6 +79,8 @@ class AttributionCollector:
         self._replicas_from: tuple[tuple[str, str], ...] | None = None
         self._replicas: dict[DeviceKey, int] = {}
         self.unknown_ids = UnknownIds()
+        self._fractional_seen: set[tuple[str, str]] = set()
+        self._fractional_errors = 0
 
     # --- per cycle -----------------------------------------------------------------------------
     def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
@@ -95,6 +99,7 @@ class AttributionCollector:
         ctx.sources["resourceslices"] = (self._slices.status if self._slices is not None
                                          else SourceStatus(False, "disabled"))
         self._claims(self._client.claim_devices, index, uuids, units, holders)
+        fractions = self._fractional(pods.values(), index, units, holders)
         replicas = self._replica_counts(index)
         node = ctx.node
 
@@ -120,6 +125,19 @@ class AttributionCollector:
                      (node, ns, pod, ctr, uuid, mig, resource, mode, str(count),
                       *owner_of(ns, pod)),
                      units[key], labels_of(ns, pod))
+
+        memory_total = {g.uuid: g for g in ctx.gpus}
+        for k, grant in sorted(fractions.items(), key=lambda kv: kv[0]):
+            mem = grant.memory_fraction
+            if mem is None and grant.memory_bytes is not None:
+                total = self._memory_total(ctx, memory_total.get(k[3]))
+                mem = min(grant.memory_bytes / total, 1.0) if total else None
+            if mem is not None:
+                sink.add("gpu_container_memory_fraction", (node, *k), mem,
+                         labels_of(k[0], k[1]))
+            if grant.core_fraction is not None:
+                sink.add("gpu_container_core_fraction", (node, *k), grant.core_fraction,
+                         labels_of(k[0], k[1]))
 
         # usage per container and device: [memory, sm sum, processes, processes with sm]
         usage: dict[tuple[str, str, str, str, str], list[float]] = {}
@@ -163,6 +181,7 @@ class AttributionCollector:
             sink.add("gpu_exporter_unresolved_device_ids_total", (resource,),
                      self.unknown_ids.by_resource[resource])
 
+        sink.add("gpu_exporter_fractional_errors_total", (), self._fractional_errors)
         sink.add("gpu_exporter_dra_fallback", (), 0.0 if uuids is not None else 1.0)
 
         for proc, (ns, pod, ctr, _) in per_process:
@@ -257,6 +276,51 @@ class AttributionCollector:
             hs = holders.setdefault(ref.key, [])
             if holder not in hs:
                 hs.append(holder)
+
+    def _fractional_error(self, uid: str, pod: str, message: str) -> None:
+        """Counted and logged once per pod and message: the annotation does not change."""
+        if (uid, message) not in self._fractional_seen:
+            self._fractional_seen.add((uid, message))
+            self._fractional_errors += 1
+            log.warning("fractional GPU grant of pod %s: %s; not attributed", pod, message)
+
+    def _fractional(self, pods: Iterable[PodInfo], index: DeviceIndex,
+                    units: dict[tuple[str, str, str, str, str, str, str], int],
+                    holders: dict[DeviceKey, list[Holder]]
+                    ) -> dict[tuple[str, str, str, str, str], FractionalGrant]:
+        """HAMi / gpushare grants of this node's pods as `fractional` allocation units; the
+        granted fractions by (namespace, pod, container, uuid, mig_uuid)."""
+        out: dict[tuple[str, str, str, str, str], FractionalGrant] = {}
+        for info in pods:
+            where = f"{info.namespace}/{info.name}"
+            for message in info.grants.errors:
+                self._fractional_error(info.uid, where, message)
+            for grant in info.grants.grants:
+                ref = index.resolve(grant.device)
+                if ref is None:
+                    self._fractional_error(info.uid, where, f"{grant.resource} device "
+                                           f"{grant.device!r} is no GPU of this node")
+                    continue
+                ctr = grant.container or (info.container_names[0]
+                                          if info.container_names else "")
+                k = (info.namespace, info.name, ctr, ref.uuid, ref.mig_uuid, grant.resource,
+                     FRACTIONAL)
+                units[k] = units.get(k, 0) + 1
+                out[(info.namespace, info.name, ctr, ref.uuid, ref.mig_uuid)] = grant
+                hs = holders.setdefault(ref.key, [])
+                if (info.namespace, info.name, ctr) not in hs:
+                    hs.append((info.namespace, info.name, ctr))
+        return out
+
+    @staticmethod
+    def _memory_total(ctx: CycleContext, gpu: GpuRef | None) -> int | None:
+        """The GPU's framebuffer, for HAMi grants given in MiB; None when NVML cannot say."""
+        if gpu is None or ctx.nvml is None:
+            return None
+        try:
+            return int(ctx.nvml.nvmlDeviceGetMemoryInfo(gpu.handle).total) or None
+        except Exception:
+            return None
 
     def _replica_counts(self, index: DeviceIndex) -> dict[DeviceKey, int]:
         """IDs per device in GetAllocatableResources, recounted only when that answer changes."""

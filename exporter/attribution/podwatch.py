@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.attribution.fractional import ParsedGrants, parse_grants
 from exporter.core import ExporterOptions, PodLabels, SourceStatus
 from exporter.kube.client import connector
 from exporter.kube.watch import (
@@ -31,6 +32,8 @@ class PodInfo:
     containers: dict[str, str] = field(default_factory=dict)  # container ID → container name
     container_names: tuple[str, ...] = ()
     owner: tuple[str, str] = ("", "")  # controller (kind, name); ("", "") for a bare pod
+    # HAMi / gpushare fractional grants from the pod's annotations, and what failed to parse
+    grants: ParsedGrants = field(default_factory=ParsedGrants)
 
 
 def owner_of(meta: dict[str, Any]) -> tuple[str, str]:
@@ -74,7 +77,10 @@ def pod_info(obj: dict[str, Any], allowlist: frozenset[str]) -> PodInfo | None:
     spec = obj.get("spec") or {}
     names = tuple(str(c.get("name")) for c in spec.get("containers") or ()
                   if isinstance(c, dict) and c.get("name"))
-    return PodInfo(uid.lower(), ns, name, labels, containers, names, owner_of(meta))
+    annotations = meta.get("annotations") or {}
+    grants = parse_grants(annotations, names) if isinstance(annotations, dict) \
+        else ParsedGrants()
+    return PodInfo(uid.lower(), ns, name, labels, containers, names, owner_of(meta), grants)
 
 
 class PodWatch:
