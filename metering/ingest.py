@@ -8,6 +8,7 @@ committed stay when a later one fails.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -53,10 +54,43 @@ class PrometheusSource:
         self.client = client
         self.name = client.url
         self._window: str | None = None
+        self.dropped = 0  # points whose value was not a finite number: never priced
 
     @property
     def queries(self) -> int:
         return self.client.queries
+
+    def _points(self, result: list[dict[str, Any]], promql: str
+                ) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:
+        """Series labels and (series index, time, value) per point of a matrix answer. A point
+        whose value is not a finite number ("abc", null, NaN, Inf) is dropped and counted; an
+        answer that is not a matrix is an error."""
+        series: list[dict[str, str]] = []
+        sid: list[int] = []
+        ts: list[float] = []
+        values: list[float] = []
+        for r in result:
+            metric = r.get("metric") if isinstance(r, dict) else None
+            points = r.get("values") if isinstance(r, dict) else None
+            if not isinstance(metric, dict) or not isinstance(points, list):
+                raise PromError(f"{self.client.url}: answer to {promql!r} is not a matrix "
+                                "of {metric, values}")
+            i = len(series)
+            series.append({str(k): str(v) for k, v in metric.items()})
+            for p in points:
+                try:
+                    t, v = float(p[0]), float(p[1])
+                except (TypeError, ValueError, IndexError, KeyError):
+                    self.dropped += 1
+                    continue
+                if not (math.isfinite(v) and math.isfinite(t)):
+                    self.dropped += 1
+                    continue
+                sid.append(i)
+                ts.append(t)
+                values.append(v)
+        return (series, np.array(sid, np.int64), np.array(ts, np.float64),
+                np.array(values, np.float64))
 
     def window(self) -> str:
         """Range selector covering exactly (T-1h, T]. Prometheus 3 range windows are left-open;
@@ -76,13 +110,7 @@ class PrometheusSource:
             result = self.client.query_range(spec.promql(window), start, end, 3600)
             if not result:
                 continue
-            series = [r.get("metric", {}) for r in result]
-            counts = np.fromiter((len(r.get("values", ())) for r in result), np.int64,
-                                 len(result))
-            points = [p for r in result for p in r.get("values", ())]
-            ts = np.fromiter((p[0] for p in points), np.float64, len(points))
-            values = np.array([p[1] for p in points], dtype=np.float64)
-            sid = np.repeat(np.arange(len(result)), counts)
+            series, sid, ts, values = self._points(result, spec.promql(window))
             out[spec.name] = build_signal(spec, series, sid, ts.astype(np.int64) - 3600,
                                           values)
         return out

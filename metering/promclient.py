@@ -137,6 +137,7 @@ class PromClient:
             raise PromError(f"{self.url}: HTTP {status}: not authorised (check the bearer token "
                             "or basic auth)")
         what = "HTML" if b"<html" in body[:512].lower() or "html" in ctype else None
+        doc: Any = None
         try:
             doc = json.loads(body) if what is None else None
         except ValueError:

@@ -116,3 +116,33 @@ def test_bad_url_and_ca_file(tmp_path: object) -> None:
         PromClient("prometheus:9090")
     with pytest.raises(PromError, match="cannot load CA certificates"):
         PromClient("https://127.0.0.1:1", ca_file="/nonexistent/ca.pem")
+
+
+@pytest.mark.parametrize("body", [OK[:40], b"abc", b"", b"404 page not found"],
+                         ids=["truncated-json", "text", "empty", "wrong-route"])
+def test_non_json_answer_is_one_line_error(body: bytes) -> None:
+    """Issue 13: truncated JSON or a wrong route gave UnboundLocalError."""
+    with http_server(lambda p, h: (200, JSON, body)) as url, \
+            pytest.raises(PromError, match="does not look like the Prometheus HTTP API") as exc:
+        client(url).query("up")
+    assert "\n" not in str(exc.value)
+
+
+def test_non_numeric_and_non_finite_values_are_dropped_and_counted() -> None:
+    """"abc", null, NaN and +Inf values are never priced: 4 of the 6 points are dropped."""
+    from datetime import UTC, datetime
+
+    from metering.ingest import PrometheusSource
+    from metering.period import Period
+
+    values = [[1791162000, "abc"], [1791165600, None], [1791169200, "NaN"],
+              [1791172800, "+Inf"], [1791176400, "60"], [1791180000, "58"]]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"node": "n", "uuid": "GPU-1"}, "values": values}]}}).encode()
+    with http_server(lambda p, h: (200, JSON, body)) as url:
+        src = PrometheusSource(client(url))
+        src._window = "1h"
+        start = datetime(2026, 10, 5, tzinfo=UTC)
+        signals = src.fetch(Period(start, start.replace(hour=6)))
+    assert src.dropped == 4 * len(signals)
+    assert all(t.num_rows == 2 for t in signals.values())

@@ -247,3 +247,15 @@ def test_unknown_sm_activity_in_every_format(tmp_path: Path) -> None:
     summary = render_summary(report)
     assert UNKNOWN in summary
     assert re.search(r"^search\s+0\.86\s+—\s+—", summary, re.MULTILINE)
+
+
+def test_csv_neutralises_formula_injection() -> None:
+    """OWASP CSV injection: text starting with = + - @ tab gets a leading quote; numbers
+    (negative adjustments) are left alone."""
+    from metering.report.csvout import _text
+
+    assert _text("=cmd|' /C calc'!A0") == "'=cmd|' /C calc'!A0"
+    for bad in ("+1", "-x", "@SUM(A1)", "\tx", "\rx"):
+        assert _text(bad) == "'" + bad
+    assert _text("team-a") == "team-a"
+    assert _text(Decimal("-1.5")) == "-1.500000"

@@ -1,7 +1,8 @@
 """CSV output: the tidy table as RFC 4180 text (UTF-8, `\\n` line ends, minimal quoting).
 
-Values are written exactly as they are, so a label with commas, quotes or newlines reads back
-unchanged with any CSV reader. Numbers have a fixed number of decimals so two runs over the
+Values are written as they are, so a label with commas, quotes or newlines reads back
+unchanged with any CSV reader; text starting with `=`, `+`, `-`, `@`, a tab or a carriage
+return gets a leading `'` so spreadsheets do not run it as a formula. Numbers have a fixed number of decimals so two runs over the
 same data give the same bytes.
 """
 
@@ -15,7 +16,14 @@ from metering.report import tidy
 from metering.report.model import Report
 
 
+# A cell starting with one of these is a formula to spreadsheet applications (OWASP "CSV
+# injection"): such text values get a leading single quote, which shows the value as text.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _text(value: tidy.Value) -> str:
+    if isinstance(value, str):
+        return "'" + value if value.startswith(_FORMULA_START) else value
     if value is None:
         return ""
     if isinstance(value, bool):
