@@ -2,8 +2,8 @@
 
 Values are written as they are, so a label with commas, quotes or newlines reads back
 unchanged with any CSV reader; text starting with `=`, `+`, `-`, `@`, a tab or a carriage
-return gets a leading `'` so spreadsheets do not run it as a formula. Numbers have a fixed number of decimals so two runs over the
-same data give the same bytes.
+return gets a leading `'` so spreadsheets do not run it as a formula. Numbers have a fixed
+number of decimals so two runs over the same data give the same bytes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from decimal import Decimal
 
 from metering.report import tidy
 from metering.report.model import Report
-
 
 # A cell starting with one of these is a formula to spreadsheet applications (OWASP "CSV
 # injection"): such text values get a leading single quote, which shows the value as text.
