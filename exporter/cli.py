@@ -80,13 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
     p.add_argument("--version", action="version", version=f"gpu-ledger {__version__}")
+    group = p.add_argument_group(
+        "collectors", "each collector is switched on with --collector.NAME and off with "
+        "--no-collector.NAME")
     for spec in REGISTRY:
         state = "on" if spec.default_enabled else "off"
-        p.add_argument(f"--collector.{spec.name}", dest=f"collector_{spec.name}",
-                       action="store_true", default=None,
-                       help=f"enable the {spec.name} collector: {spec.help} (default {state})")
-        p.add_argument(f"--no-collector.{spec.name}", dest=f"collector_{spec.name}",
-                       action="store_false", help=argparse.SUPPRESS)
+        group.add_argument(f"--collector.{spec.name}", dest=f"collector_{spec.name}",
+                           action=argparse.BooleanOptionalAction, default=None,
+                           help=f"{spec.help} (default {state})")
     return p
 
 

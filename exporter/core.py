@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -27,6 +28,16 @@ class GpuRef:
 
     def labels(self, node: str) -> Labels:
         return (node, str(self.index), self.uuid, self.model)
+
+
+@dataclass(frozen=True)
+class GpuStatic:
+    """Identity read once per inventory refresh (gpu_info labels)."""
+
+    pci_bus_id: str = ""
+    vbios_version: str = ""
+    mig_mode: str = ""
+    virtualization_mode: str = ""
 
 
 @dataclass(frozen=True)
@@ -114,16 +125,22 @@ class SampleSink:
 
 @dataclass
 class CycleContext:
-    """What one sample cycle knows. Collectors run in table order and may fill fields
-    for later ones (the processes collector fills `processes` for attribution)."""
+    """What one sample cycle knows. The sampler fills it in stages before any collector runs
+    (inventory, then the process list when a collector reads it); collectors only read it,
+    except `lost` (a GPU found lost mid-cycle) and `sources` (status of non-NVML sources)."""
 
     nvml: Any
     options: ExporterOptions
     now: float
     gpus: list[GpuRef] = field(default_factory=list)
     migs: list[MigRef] = field(default_factory=list)
+    static: dict[str, GpuStatic] = field(default_factory=dict)  # uuid -> identity
+    driver_version: str = ""
+    cuda_version: str = ""
     lost: set[str] = field(default_factory=set)  # uuids of GPUs that fell off the bus
     processes: list[ProcessSample] = field(default_factory=list)
+    # NVML calls that failed while listing processes: the list may be incomplete.
+    process_failures: int = 0
     sources: dict[str, SourceStatus] = field(default_factory=dict)
 
     @property
@@ -132,11 +149,28 @@ class CycleContext:
 
 
 class Collector(Protocol):
-    name: str
+    """What the sampler reads from a collector, and nothing else."""
 
-    def collect(self, ctx: CycleContext, sink: SampleSink) -> None: ...
+    name: str
+    needs_nvml: bool  # skipped (success 0) while NVML is down
+    reads_processes: bool  # the sampler lists GPU processes into ctx.processes first
+
+    def collect(self, ctx: CycleContext, sink: SampleSink) -> int:
+        """Emit this cycle's samples; return how many NVML calls failed unexpectedly (0 is
+        success; a value that is merely absent, NOT_SUPPORTED, is not a failure)."""
+        ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class CollectorDeps:
+    """Everything a collector factory may need."""
+
+    options: ExporterOptions
+    nvml: Any  # pynvml or the simulated NVML
+    clock: Callable[[], float] = time.time
+    threaded: bool = True  # False under a simulated clock: no background threads
 
 
 @dataclass(frozen=True)
@@ -144,4 +178,4 @@ class CollectorSpec:
     name: str
     default_enabled: bool
     help: str
-    factory: Callable[[ExporterOptions, Any], Collector]  # (options, nvml module) -> Collector
+    factory: Callable[[CollectorDeps], Collector]

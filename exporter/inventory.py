@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.core import GpuRef, MigRef
+from exporter.core import GpuRef, GpuStatic, MigRef
 from exporter.nvmlcall import GpuLost, Reader, text
 
 log = logging.getLogger(__name__)
@@ -16,14 +16,6 @@ log = logging.getLogger(__name__)
 _PROFILE_IN_NAME = re.compile(r"MIG\s+(\S+)$")
 _VIRT = {0: "none", 1: "passthrough", 2: "vgpu", 3: "host_vgpu", 4: "host_vsga"}
 DEFAULT_PARENT_SLICES = 7
-
-
-@dataclass(frozen=True)
-class GpuStatic:
-    pci_bus_id: str = ""
-    vbios_version: str = ""
-    mig_mode: str = ""
-    virtualization_mode: str = ""
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,13 @@ def generate() -> str:
         lines.append(f"| `{spec.name}` | {'on' if spec.default_enabled else 'off'} |"
                      f" {spec.help} |")
     lines += ["", "The `attribution` collector emits `gpu_process_*` only with"
-              " `--process-metrics` (one series per PID churns).", ""]
+              " `--process-metrics` (one series per PID churns). The GPU process list is not a"
+              " collector of its own: it is a stage of every sample cycle (like the GPU"
+              " inventory) that runs whenever attribution is on, so no flag can leave"
+              " `gpu_container_*` usage empty while attribution reports success. If NVML fails"
+              " while listing processes,"
+              " `gpu_exporter_collector_success{collector=\"attribution\"}` is 0 for that"
+              " cycle.", ""]
     return "\n".join(lines)
 
 

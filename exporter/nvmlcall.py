@@ -1,17 +1,53 @@
 """One place that decides what an NVML error means for a reading.
 
-NOT_SUPPORTED (and its cousins) is normal: the value is simply absent. GPU_IS_LOST marks the GPU
-lost for this cycle. Anything else drops that one value and counts as a collector failure.
+NOT_SUPPORTED (and its cousins) is normal: the value is simply absent. NOT_FOUND / NO_DATA means
+there is nothing to report right now (no process sampled, no MIG instance in a slot). GPU_IS_LOST
+marks the GPU lost for this cycle. TIMEOUT is an event wait that saw nothing. Anything else drops
+that one value and counts as a collector failure. The collectors, the inventory and
+`gpu-ledger doctor` all classify through `classify`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from enum import Enum
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class NvmlOutcome(Enum):
+    UNSUPPORTED = "unsupported"  # this GPU/driver has no such value: absent, not a failure
+    NO_DATA = "no_data"  # nothing to report right now: absent, not a failure
+    LOST = "lost"  # the GPU fell off the bus
+    TIMEOUT = "timeout"  # an event wait that saw no event
+    FAILED = "failed"  # anything else: the value is dropped and the collector failed
+
+    @property
+    def absent(self) -> bool:
+        return self in (NvmlOutcome.UNSUPPORTED, NvmlOutcome.NO_DATA)
+
+
+# NVML return codes (nvml.h); pynvml and the simulated NVML use the same numbers.
+_OUTCOMES = {
+    3: NvmlOutcome.UNSUPPORTED,  # NVML_ERROR_NOT_SUPPORTED
+    2: NvmlOutcome.UNSUPPORTED,  # NVML_ERROR_INVALID_ARGUMENT (e.g. a link that does not exist)
+    13: NvmlOutcome.UNSUPPORTED,  # NVML_ERROR_FUNCTION_NOT_FOUND (older driver)
+    6: NvmlOutcome.NO_DATA,  # NVML_ERROR_NOT_FOUND
+    21: NvmlOutcome.NO_DATA,  # NVML_ERROR_NO_DATA
+    15: NvmlOutcome.LOST,  # NVML_ERROR_GPU_IS_LOST
+    10: NvmlOutcome.TIMEOUT,  # NVML_ERROR_TIMEOUT
+}
+
+
+def error_code(err: BaseException) -> int:
+    return int(getattr(err, "value", -1))
+
+
+def classify(err: BaseException) -> NvmlOutcome:
+    return _OUTCOMES.get(error_code(err), NvmlOutcome.FAILED)
 
 
 class GpuLost(Exception):
@@ -26,28 +62,20 @@ def text(value: object) -> str:
 
 
 class Reader:
-    """Wraps NVML calls for one collector run and remembers whether any failed."""
+    """Wraps NVML calls for one collector run and counts the ones that failed."""
 
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
         self.failures = 0
-        self._absent = {
-            getattr(nvml, name)
-            for name in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NOT_FOUND",
-                         "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT",
-                         "NVML_ERROR_NO_DATA")
-            if hasattr(nvml, name)
-        }
-        self._lost = getattr(nvml, "NVML_ERROR_GPU_IS_LOST", 15)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
         try:
             return fn(*args, **kwargs)
         except self.nvml.NVMLError as err:
-            code = getattr(err, "value", None)
-            if code == self._lost:
+            outcome = classify(err)
+            if outcome is NvmlOutcome.LOST:
                 raise GpuLost(str(err)) from err
-            if code not in self._absent:
+            if not outcome.absent:
                 self.failures += 1
                 log.debug("NVML %s failed: %s", getattr(fn, "__name__", fn), err)
             return None

@@ -13,10 +13,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from exporter import __version__
-from exporter.collectors.device import DeviceCollector
-from exporter.collectors.xid import XidCollector
-from exporter.core import Collector, CollectorSpec, CycleContext, ExporterOptions, SampleSink
+from exporter.core import (
+    Collector,
+    CollectorDeps,
+    CollectorSpec,
+    CycleContext,
+    ExporterOptions,
+    SampleSink,
+)
 from exporter.inventory import Inventory, discover
+from exporter.processes import ProcessLister
 from exporter.render import Rendering
 
 log = logging.getLogger(__name__)
@@ -34,13 +40,11 @@ class Sampler:
         self.options = options
         self.clock = clock
         self.threaded = threaded
-        self.collectors: list[Collector] = []
-        for spec in specs:
-            if spec.name == "xid":
-                self.collectors.append(XidCollector(options, nvml, threaded=threaded,
-                                                    clock=clock))
-            else:
-                self.collectors.append(spec.factory(options, nvml))
+        deps = CollectorDeps(options=options, nvml=nvml, clock=clock, threaded=threaded)
+        self.collectors: list[Collector] = [spec.factory(deps) for spec in specs]
+        # The process list is a stage of the cycle, run when a collector reads it.
+        self._processes = (ProcessLister(nvml) if any(c.reads_processes for c in self.collectors)
+                           else None)
         self._nvml_ok = False
         self._nvml_reason = "not initialised yet"
         self._next_init = 0.0
@@ -80,11 +84,6 @@ class Sampler:
         if self._inventory is None or now - self._inventory_at >= INVENTORY_REFRESH_SECONDS:
             self._inventory = discover(self.nvml, self._inventory)
             self._inventory_at = now
-            for c in self.collectors:
-                if isinstance(c, DeviceCollector):
-                    c.static = self._inventory.static
-                    c.driver_version = self._inventory.driver_version
-                    c.cuda_version = self._inventory.cuda_version
         return self._inventory
 
     # --- one cycle ----------------------------------------------------------------------------
@@ -99,19 +98,26 @@ class Sampler:
             try:
                 inv = self._refresh_inventory(now)
                 ctx.gpus, ctx.migs = list(inv.gpus), list(inv.migs)
+                ctx.static = inv.static
+                ctx.driver_version, ctx.cuda_version = inv.driver_version, inv.cuda_version
             except Exception as err:
                 log.exception("GPU discovery failed")
                 self._nvml_reason = f"GPU discovery failed: {err}"
+            if self._processes is not None:
+                try:
+                    self._processes.fill(ctx)
+                except Exception:
+                    log.exception("listing GPU processes failed")
+                    ctx.process_failures += 1
         for c in self.collectors:
-            if getattr(c, "needs_nvml", False) and not self._nvml_ok:
+            if c.needs_nvml and not self._nvml_ok:
                 sink.add("gpu_exporter_collector_success", (c.name,), 0)
                 continue
             self._enter(f"collector {c.name}")
             start = time.perf_counter()
             ok = True
             try:
-                c.collect(ctx, sink)
-                ok = getattr(c, "failed_calls", 0) == 0
+                ok = c.collect(ctx, sink) == 0
             except Exception:
                 log.exception("collector %s failed", c.name)
                 ok = False

@@ -25,6 +25,7 @@ import pynvml
 
 from exporter.cli import parse_seconds
 from exporter.errors import ConfigError
+from exporter.nvmlcall import NvmlOutcome, classify, error_code
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -61,19 +62,11 @@ _INIT_HINTS = {
 }
 
 
-def _nvml_code(err: pynvml.NVMLError) -> int:
-    return int(getattr(err, "value", -1))
-
-
-def _lost(err: pynvml.NVMLError) -> bool:
-    return bool(_nvml_code(err) == pynvml.NVML_ERROR_GPU_IS_LOST)
-
-
 def init(nvml: Any) -> Check:
     try:
         nvml.nvmlInit()
     except pynvml.NVMLError as err:
-        hint = _INIT_HINTS.get(_nvml_code(err), "see dmesg on the node for NVIDIA errors")
+        hint = _INIT_HINTS.get(error_code(err), "see dmesg on the node for NVIDIA errors")
         return Check(FAIL, "nvml", f"nvmlInit failed: {err}", hint)
     try:
         version = f"NVML {nvml.nvmlSystemGetNVMLVersion()}"
@@ -115,8 +108,7 @@ def _mig_instances(nvml: Any, handle: Any) -> int:
         try:
             nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
         except pynvml.NVMLError as err:
-            if _nvml_code(err) in (pynvml.NVML_ERROR_NOT_FOUND,
-                                   pynvml.NVML_ERROR_INVALID_ARGUMENT):
+            if classify(err).absent:  # an empty MIG slot
                 continue
             raise
         count += 1
@@ -134,7 +126,7 @@ def check_gpu(nvml: Any, index: int) -> Check:
         try:
             current, pending = (int(x) for x in nvml.nvmlDeviceGetMigMode(handle))
         except pynvml.NVMLError as err:
-            if _nvml_code(err) != pynvml.NVML_ERROR_NOT_SUPPORTED:
+            if classify(err) is not NvmlOutcome.UNSUPPORTED:
                 raise
             return Check(OK, name, f"{about}, MIG not supported")
         if current != pending:
@@ -149,7 +141,7 @@ def check_gpu(nvml: Any, index: int) -> Check:
             return Check(OK, name, f"{about}, MIG disabled")
         instances = _mig_instances(nvml, handle)
     except pynvml.NVMLError as err:
-        if _lost(err):
+        if classify(err) is NvmlOutcome.LOST:
             return Check(FAIL, name, "GPU is lost: it fell off the bus (XID 79)",
                          "drain the node and reset the GPU or reboot it; if it recurs, check "
                          "power, cooling and the PCIe slot (docs/runbooks.md#gpulost)")

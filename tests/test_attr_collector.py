@@ -215,7 +215,7 @@ def attached(sockdir: Path, proc_root: Path, kubelet: FakeKubelet, apiserver: Fa
              tmp_path: Path) -> Iterator[Attached]:
     kubeconfig = apiserver.kubeconfig(str(tmp_path / "kubeconfig"))
     opts = options(sockdir, proc_root, kubeconfig)
-    collector = AttributionCollector(opts, None)
+    collector = AttributionCollector(opts)
     wait_until(lambda: len(watch_of(collector).pods) == len(PODS), "the pod watch's first list")
     yield collector, opts
     collector.close()
@@ -347,7 +347,7 @@ def test_process_metrics_opt_in(sockdir: Path, proc_root: Path, kubelet: FakeKub
                                 apiserver: FakeApiServer, tmp_path: Path) -> None:
     kubeconfig = apiserver.kubeconfig(str(tmp_path / "kubeconfig"))
     opts = options(sockdir, proc_root, kubeconfig, process_metrics=True)
-    collector = AttributionCollector(opts, None)
+    collector = AttributionCollector(opts)
     try:
         wait_until(lambda: len(watch_of(collector).pods) == len(PODS), "the pod watch")
         _, sink = collect(collector, opts)
@@ -378,7 +378,7 @@ def test_without_the_api_devices_still_attribute(sockdir: Path, proc_root: Path,
                                                  kubelet: FakeKubelet) -> None:
     # PodResources alone: exclusive and MIG devices have one holder, shared ones do not
     opts = options(sockdir, proc_root, kubeconfig=None)
-    collector = AttributionCollector(opts, None)
+    collector = AttributionCollector(opts)
     try:
         ctx, sink = collect(collector, opts)
     finally:
@@ -399,7 +399,7 @@ def test_without_the_api_devices_still_attribute(sockdir: Path, proc_root: Path,
 
 def test_no_socket_no_api(sockdir: Path, proc_root: Path, tmp_path: Path) -> None:
     opts = options(sockdir, proc_root, kubeconfig=str(tmp_path / "missing-kubeconfig"))
-    collector = AttributionCollector(opts, None)
+    collector = AttributionCollector(opts)
     try:
         wait_until(lambda: watch_of(collector).status.reason != "starting", "the watch to fail")
         ctx, sink = collect(collector, opts)
@@ -419,7 +419,7 @@ def test_kubelet_restart_recovers(sockdir: Path, proc_root: Path) -> None:
     path = str(sockdir / "kubelet.sock")
     opts = options(sockdir, proc_root)
     first = FakeKubelet(path, lambda: ALLOCATIONS, lambda: ALLOCATABLE).start()
-    collector = AttributionCollector(opts, None)
+    collector = AttributionCollector(opts)
     try:
         ctx, sink = collect(collector, opts)
         assert ctx.sources["podresources"].up
@@ -452,7 +452,7 @@ def test_kubelet_restart_recovers(sockdir: Path, proc_root: Path) -> None:
 def test_kubelet_that_never_answers(sockdir: Path, proc_root: Path,
                                     kubelet: FakeKubelet) -> None:
     opts = options(sockdir, proc_root, rpc_timeout=0.3)
-    collector = AttributionCollector(opts, None)
+    collector = AttributionCollector(opts)
     try:
         ctx, _ = collect(collector, opts)
         assert ctx.sources["podresources"].up
@@ -478,7 +478,7 @@ def test_pod_watch_is_injectable_and_closed(sockdir: Path, proc_root: Path, kube
     kubeconfig = apiserver.kubeconfig(str(tmp_path / "kubeconfig"))
     opts = options(sockdir, proc_root, kubeconfig)
     watch = PodWatch(opts, watch_timeout=5)
-    collector = AttributionCollector(opts, None, pod_watch=watch)
+    collector = AttributionCollector(opts, pod_watch=watch)
     wait_until(lambda: watch.status.up, "the watch")
     assert watch.running
     collector.close()

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from exporter.attribution.cgroup import CgroupRef, CgroupResolver
 from exporter.attribution.deviceids import (
@@ -42,6 +43,7 @@ from exporter.core import (
     GpuRef,
     MigRef,
     PodLabels,
+    ProcessSample,
     SampleSink,
     SourceStatus,
 )
@@ -49,16 +51,82 @@ from exporter.kube.watch import NodeScopedWatch
 
 log = logging.getLogger(__name__)
 
-DeviceKey = tuple[str, str]  # (uuid, mig_uuid)
-Holder = tuple[str, str, str]  # (namespace, pod, container)
-Owner = tuple[str, str, str, PodLabels]
-_NOBODY: Owner = ("", "", "", ())
+DeviceKey = tuple[str, str]  # DeviceRef.key: (uuid, mig_uuid)
+
+
+class Holder(NamedTuple):
+    """A container, as PodResources and the pod watch name it."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+class Owner(NamedTuple):
+    """Who a GPU process is billed to, with the pod's allow-listed labels."""
+
+    holder: Holder
+    labels: PodLabels
+
+
+_NOBODY = Owner(Holder("", "", ""), ())
+
+
+class UnitKey(NamedTuple):
+    """One line of gpu_container_allocation: a container's units of one resource on a device."""
+
+    holder: Holder
+    uuid: str
+    mig_uuid: str
+    resource: str
+    sharing: str
+
+
+class UsageKey(NamedTuple):
+    """A container on a device: the labels of gpu_container_{memory,sm,processes}."""
+
+    holder: Holder
+    uuid: str
+    mig_uuid: str
+
+    def labels(self, node: str) -> tuple[str, ...]:
+        return (node, *self.holder, self.uuid, self.mig_uuid)
+
+
+@dataclass
+class Usage:
+    labels: PodLabels
+    memory_bytes: float = 0.0
+    sm_util: float = 0.0  # summed over the processes that have a figure
+    processes: int = 0
+    processes_with_sm: int = 0
+
+
+@dataclass(frozen=True)
+class PodDirectory:
+    """What this cycle knows about pods: the pod watch's caches and the device holders."""
+
+    by_uid: dict[str, PodInfo]
+    by_name: dict[tuple[str, str], PodInfo]
+    by_container: dict[str, PodInfo]
+    holders: dict[DeviceKey, list[Holder]]
+
+    def labels_of(self, namespace: str, pod: str) -> PodLabels:
+        info = self.by_name.get((namespace, pod))
+        return info.labels if info is not None else ()
+
+    def owner_of(self, namespace: str, pod: str) -> tuple[str, str]:
+        """(owner_kind, owner_name) of the pod's controller; empty when unknown."""
+        info = self.by_name.get((namespace, pod))
+        return info.owner if info is not None else ("", "")
 
 
 class AttributionCollector:
     name = "attribution"
+    needs_nvml = False  # allocations are reported even while NVML is down
+    reads_processes = True
 
-    def __init__(self, options: ExporterOptions, nvml: Any = None, *,
+    def __init__(self, options: ExporterOptions, *,
                  pod_watch: PodWatch | None = None) -> None:
         self.options = options
         self._overrides = dict(options.sharing_modes)
@@ -83,112 +151,110 @@ class AttributionCollector:
         self._fractional_errors = 0
 
     # --- per cycle -----------------------------------------------------------------------------
-    def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
+    def collect(self, ctx: CycleContext, sink: SampleSink) -> int:
+        """Returns the NVML calls that failed while listing processes: a partial process list
+        means usage may be missing, so attribution does not report success then."""
         index = self._device_index(ctx.gpus, ctx.migs)
         allocations = self._client.poll() or []
         ctx.sources["podresources"] = self._client.status
         ctx.sources["kubernetes"] = (self._watch.status if self._watch is not None
                                      else SourceStatus(False, "disabled"))
-        watch = self._watch
-        pods = watch.pods if watch is not None else {}
-        by_name = watch.by_name if watch is not None else {}
-        by_container = watch.by_container if watch is not None else {}
-
         units, holders = self._allocations(allocations, index)
         uuids = self._resource_slice_uuids()
         ctx.sources["resourceslices"] = (self._slices.status if self._slices is not None
                                          else SourceStatus(False, "disabled"))
         self._claims(self._client.claim_devices, index, uuids, units, holders)
-        fractions = self._fractional(pods.values(), index, units, holders)
-        replicas = self._replica_counts(index)
-        node = ctx.node
-
-        def labels_of(ns: str, pod: str) -> PodLabels:
-            info = by_name.get((ns, pod))
-            return info.labels if info is not None else ()
-
-        def owner_of(ns: str, pod: str) -> tuple[str, str]:
-            info = by_name.get((ns, pod))
-            return info.owner if info is not None else ("", "")
-
-        # gpu_container_allocation
-        seen_ids: dict[DeviceKey, int] = {}
-        for (_, _, _, uuid, mig, _, _), n in units.items():
-            seen_ids[(uuid, mig)] = seen_ids.get((uuid, mig), 0) + n
-        for key in sorted(units):
-            ns, pod, ctr, uuid, mig, resource, mode = key
-            if mode in (EXCLUSIVE, MIG):
-                count = 1
-            else:  # a share: how many the kubelet can hand out, else how many are handed out
-                count = replicas.get((uuid, mig)) or max(seen_ids[(uuid, mig)], 1)
-            sink.add("gpu_container_allocation",
-                     (node, ns, pod, ctr, uuid, mig, resource, mode, str(count),
-                      *owner_of(ns, pod)),
-                     units[key], labels_of(ns, pod))
-
-        memory_total = {g.uuid: g for g in ctx.gpus}
+        watch = self._watch
+        fractions = self._fractional(watch.pods.values() if watch is not None else (), index,
+                                     units, holders)
+        pods = PodDirectory(watch.pods if watch is not None else {},
+                            watch.by_name if watch is not None else {},
+                            watch.by_container if watch is not None else {}, holders)
+        self._emit_allocations(ctx.node, sink, units, self._replica_counts(index), pods)
+        gpus = {g.uuid: g for g in ctx.gpus}
         for k, grant in sorted(fractions.items(), key=lambda kv: kv[0]):
             mem = grant.memory_fraction
             if mem is None and grant.memory_bytes is not None:
-                total = self._memory_total(ctx, memory_total.get(k[3]))
+                total = self._memory_total(ctx, gpus.get(k.uuid))
                 mem = min(grant.memory_bytes / total, 1.0) if total else None
+            plabels = pods.labels_of(k.holder.namespace, k.holder.pod)
             if mem is not None:
-                sink.add("gpu_container_memory_fraction", (node, *k), mem,
-                         labels_of(k[0], k[1]))
+                sink.add("gpu_container_memory_fraction", k.labels(ctx.node), mem, plabels)
             if grant.core_fraction is not None:
-                sink.add("gpu_container_core_fraction", (node, *k), grant.core_fraction,
-                         labels_of(k[0], k[1]))
-
-        # usage per container and device: [memory, sm sum, processes, processes with sm]
-        usage: dict[tuple[str, str, str, str, str], list[float]] = {}
-        owners: dict[tuple[str, str, str, str, str], PodLabels] = {}
-        for dev, hs in holders.items():
-            for ns, pod, ctr in hs:
-                k = (ns, pod, ctr, dev[0], dev[1])
-                usage[k] = [0.0, 0.0, 0, 0]
-                owners[k] = labels_of(ns, pod)
-        cgroups = self._cgroups.resolve(p.pid for p in ctx.processes)
-        per_process: list[tuple[Any, Owner]] = []
-        for proc in ctx.processes:
-            owner = self._owner(proc.uuid, proc.mig_uuid, cgroups.get(proc.pid), pods,
-                                by_container, holders, labels_of)
-            k = (owner[0], owner[1], owner[2], proc.uuid, proc.mig_uuid)
-            u = usage.get(k)
-            if u is None:
-                u = usage[k] = [0.0, 0.0, 0, 0]
-                owners[k] = owner[3]
-            u[0] += proc.memory_bytes
-            u[2] += 1
-            if proc.sm_util is not None:
-                u[1] += proc.sm_util
-                u[3] += 1
-            if self.options.process_metrics:
-                per_process.append((proc, owner))
-
-        ordered = sorted(usage)
-        for k in ordered:
-            sink.add("gpu_container_memory_used_bytes", (node, *k), usage[k][0], owners[k])
-        for k in ordered:
-            _, sm, nproc, nsm = usage[k]
-            # SM figures exist per process only outside MIG; an idle holder of a whole GPU
-            # uses 0 of it, while an idle MIG holder's figure is unknown, not 0.
-            if nsm or (nproc == 0 and not k[4]):
-                sink.add("gpu_container_sm_utilization_ratio", (node, *k), sm, owners[k])
-        for k in ordered:
-            sink.add("gpu_container_processes", (node, *k), usage[k][2], owners[k])
-
+                sink.add("gpu_container_core_fraction", k.labels(ctx.node), grant.core_fraction,
+                         plabels)
+        usage, per_process = self._usage(ctx.processes, pods)
+        self._emit_usage(ctx.node, sink, usage)
         for resource in sorted(self.unknown_ids.by_resource):
             sink.add("gpu_exporter_unresolved_device_ids_total", (resource,),
                      self.unknown_ids.by_resource[resource])
-
         sink.add("gpu_exporter_fractional_errors_total", (), self._fractional_errors)
         sink.add("gpu_exporter_dra_fallback", (), 0.0 if uuids is not None else 1.0)
-
-        for proc, (ns, pod, ctr, _) in per_process:
-            labels = (node, str(proc.pid), proc.uuid, proc.mig_uuid, ns, pod, ctr)
+        for proc, owner in per_process:
+            labels = (ctx.node, str(proc.pid), proc.uuid, proc.mig_uuid, *owner.holder)
             sink.add("gpu_process_memory_used_bytes", labels, proc.memory_bytes)
             if proc.sm_util is not None:
                 sink.add("gpu_process_sm_utilization_ratio", labels, proc.sm_util)
+        return ctx.process_failures
+
+    @staticmethod
+    def _emit_allocations(node: str, sink: SampleSink, units: dict[UnitKey, int],
+                          replicas: dict[DeviceKey, int], pods: PodDirectory) -> None:
+        handed_out: dict[DeviceKey, int] = {}
+        for key, n in units.items():
+            dev = (key.uuid, key.mig_uuid)
+            handed_out[dev] = handed_out.get(dev, 0) + n
+        for key in sorted(units):
+            dev = (key.uuid, key.mig_uuid)
+            if key.sharing in (EXCLUSIVE, MIG):
+                count = 1
+            else:  # a share: how many the kubelet can hand out, else how many are handed out
+                count = replicas.get(dev) or max(handed_out[dev], 1)
+            sink.add("gpu_container_allocation",
+                     (node, *key.holder, key.uuid, key.mig_uuid, key.resource, key.sharing,
+                      str(count), *pods.owner_of(key.holder.namespace, key.holder.pod)),
+                     units[key], pods.labels_of(key.holder.namespace, key.holder.pod))
+
+    def _usage(self, processes: list[ProcessSample], pods: PodDirectory) -> tuple[
+            dict[UsageKey, Usage], list[tuple[ProcessSample, Owner]]]:
+        """Usage per container and device; every holder gets a row (0 when idle)."""
+        usage: dict[UsageKey, Usage] = {}
+        for (uuid, mig_uuid), hs in pods.holders.items():
+            for h in hs:
+                usage[UsageKey(h, uuid, mig_uuid)] = Usage(pods.labels_of(h.namespace, h.pod))
+        cgroups = self._cgroups.resolve(p.pid for p in processes)
+        per_process: list[tuple[ProcessSample, Owner]] = []
+        for proc in processes:
+            owner = _owner(proc, cgroups.get(proc.pid), pods)
+            k = UsageKey(owner.holder, proc.uuid, proc.mig_uuid)
+            u = usage.get(k)
+            if u is None:
+                u = usage[k] = Usage(owner.labels)
+            u.memory_bytes += proc.memory_bytes
+            u.processes += 1
+            if proc.sm_util is not None:
+                u.sm_util += proc.sm_util
+                u.processes_with_sm += 1
+            if self.options.process_metrics:
+                per_process.append((proc, owner))
+        return usage, per_process
+
+    @staticmethod
+    def _emit_usage(node: str, sink: SampleSink, usage: dict[UsageKey, Usage]) -> None:
+        ordered = sorted(usage)
+        for k in ordered:
+            sink.add("gpu_container_memory_used_bytes", k.labels(node), usage[k].memory_bytes,
+                     usage[k].labels)
+        for k in ordered:
+            u = usage[k]
+            # SM figures exist per process only outside MIG; an idle holder of a whole GPU
+            # uses 0 of it, while an idle MIG holder's figure is unknown, not 0.
+            if u.processes_with_sm or (u.processes == 0 and not k.mig_uuid):
+                sink.add("gpu_container_sm_utilization_ratio", k.labels(node), u.sm_util,
+                         u.labels)
+        for k in ordered:
+            sink.add("gpu_container_processes", k.labels(node), usage[k].processes,
+                     usage[k].labels)
 
     @property
     def pod_watch(self) -> PodWatch | None:
@@ -211,8 +277,8 @@ class AttributionCollector:
         return self._index
 
     def _allocations(self, allocations: Iterable[Allocation], index: DeviceIndex) -> tuple[
-            dict[tuple[str, str, str, str, str, str, str], int], dict[DeviceKey, list[Holder]]]:
-        units: dict[tuple[str, str, str, str, str, str, str], int] = {}
+            dict[UnitKey, int], dict[DeviceKey, list[Holder]]]:
+        units: dict[UnitKey, int] = {}
         holders: dict[DeviceKey, list[Holder]] = {}
         for a in allocations:
             if not is_gpu_resource(a.resource, self._overrides):
@@ -221,13 +287,12 @@ class AttributionCollector:
                 refs = index.resolve_all(device_id)
                 if not refs:
                     self.unknown_ids.report(a.resource, device_id)
+                holder = Holder(a.namespace, a.pod, a.container)
                 for ref in refs:
                     mode = sharing_mode(a.resource, ref, self._overrides)
-                    k = (a.namespace, a.pod, a.container, ref.uuid, ref.mig_uuid, a.resource,
-                         mode)
+                    k = UnitKey(holder, ref.uuid, ref.mig_uuid, a.resource, mode)
                     units[k] = units.get(k, 0) + 1
                     hs = holders.setdefault(ref.key, [])
-                    holder = (a.namespace, a.pod, a.container)
                     if holder not in hs:
                         hs.append(holder)
         return units, holders
@@ -245,8 +310,7 @@ class AttributionCollector:
 
     def _claims(self, claims: Iterable[ClaimDevice], index: DeviceIndex,
                 uuids: dict[SliceKey, str] | None,
-                units: dict[tuple[str, str, str, str, str, str, str], int],
-                holders: dict[DeviceKey, list[Holder]]) -> None:
+                units: dict[UnitKey, int], holders: dict[DeviceKey, list[Holder]]) -> None:
         """DRA devices as allocation units. A device whose claim several containers consume
         is one share per container, split like time-slicing (or as the driver's
         --sharing-mode override says, e.g. gpu.nvidia.com=mps)."""
@@ -259,7 +323,7 @@ class AttributionCollector:
             if ref is None:
                 self.unknown_ids.report(c.driver, f"{c.pool}/{c.device}")
                 continue
-            holder = (c.namespace, c.pod, c.container)
+            holder = Holder(c.namespace, c.pod, c.container)
             resolved.append((holder, ref, c.driver))
             sharers.setdefault(ref.key, set()).add(holder)
         done: set[tuple[Holder, DeviceKey]] = set()
@@ -271,7 +335,7 @@ class AttributionCollector:
                 mode = self._overrides.get(driver) or TIME_SLICING
             else:
                 mode = MIG if ref.mig_uuid else EXCLUSIVE
-            k = (*holder, ref.uuid, ref.mig_uuid, driver, mode)
+            k = UnitKey(holder, ref.uuid, ref.mig_uuid, driver, mode)
             units[k] = units.get(k, 0) + 1
             hs = holders.setdefault(ref.key, [])
             if holder not in hs:
@@ -285,12 +349,11 @@ class AttributionCollector:
             log.warning("fractional GPU grant of pod %s: %s; not attributed", pod, message)
 
     def _fractional(self, pods: Iterable[PodInfo], index: DeviceIndex,
-                    units: dict[tuple[str, str, str, str, str, str, str], int],
-                    holders: dict[DeviceKey, list[Holder]]
-                    ) -> dict[tuple[str, str, str, str, str], FractionalGrant]:
+                    units: dict[UnitKey, int], holders: dict[DeviceKey, list[Holder]]
+                    ) -> dict[UsageKey, FractionalGrant]:
         """HAMi / gpushare grants of this node's pods as `fractional` allocation units; the
         granted fractions by (namespace, pod, container, uuid, mig_uuid)."""
-        out: dict[tuple[str, str, str, str, str], FractionalGrant] = {}
+        out: dict[UsageKey, FractionalGrant] = {}
         for info in pods:
             where = f"{info.namespace}/{info.name}"
             for message in info.grants.errors:
@@ -303,13 +366,13 @@ class AttributionCollector:
                     continue
                 ctr = grant.container or (info.container_names[0]
                                           if info.container_names else "")
-                k = (info.namespace, info.name, ctr, ref.uuid, ref.mig_uuid, grant.resource,
-                     FRACTIONAL)
+                holder = Holder(info.namespace, info.name, ctr)
+                k = UnitKey(holder, ref.uuid, ref.mig_uuid, grant.resource, FRACTIONAL)
                 units[k] = units.get(k, 0) + 1
-                out[(info.namespace, info.name, ctr, ref.uuid, ref.mig_uuid)] = grant
+                out[UsageKey(holder, ref.uuid, ref.mig_uuid)] = grant
                 hs = holders.setdefault(ref.key, [])
-                if (info.namespace, info.name, ctr) not in hs:
-                    hs.append((info.namespace, info.name, ctr))
+                if holder not in hs:
+                    hs.append(holder)
         return out
 
     @staticmethod
@@ -337,27 +400,26 @@ class AttributionCollector:
             self._replicas, self._replicas_from = counts, allocatable
         return self._replicas
 
-    @staticmethod
-    def _owner(uuid: str, mig_uuid: str, ref: CgroupRef | None, pods: dict[str, PodInfo],
-               by_container: dict[str, PodInfo], holders: dict[DeviceKey, list[Holder]],
-               labels_of: Any) -> Owner:
-        info: PodInfo | None = None
-        if ref is not None:
-            info = pods.get(ref.pod_uid) if ref.pod_uid else None
-            if info is None and ref.container_id:
-                info = by_container.get(ref.container_id)
-        device_holders = holders.get((uuid, mig_uuid), ())
-        if info is not None:
-            ctr = info.containers.get(ref.container_id, "") if ref is not None else ""
-            if not ctr:  # status not updated yet (fresh restart): infer from what we know
-                mine = [c for ns, pod, c in device_holders
-                        if ns == info.namespace and pod == info.name]
-                if len(mine) == 1:
-                    ctr = mine[0]
-                elif len(info.container_names) == 1:
-                    ctr = info.container_names[0]
-            return (info.namespace, info.name, ctr, info.labels)
-        if len(device_holders) == 1:
-            ns, pod, ctr = device_holders[0]
-            return (ns, pod, ctr, labels_of(ns, pod))
-        return _NOBODY
+
+def _owner(proc: ProcessSample, ref: CgroupRef | None, pods: PodDirectory) -> Owner:
+    """Who runs `proc`, best source first (see the module docstring)."""
+    info: PodInfo | None = None
+    if ref is not None:
+        info = pods.by_uid.get(ref.pod_uid) if ref.pod_uid else None
+        if info is None and ref.container_id:
+            info = pods.by_container.get(ref.container_id)
+    device_holders = pods.holders.get((proc.uuid, proc.mig_uuid), [])
+    if info is not None:
+        ctr = info.containers.get(ref.container_id, "") if ref is not None else ""
+        if not ctr:  # status not updated yet (fresh restart): infer from what we know
+            mine = [h.container for h in device_holders
+                    if h.namespace == info.namespace and h.pod == info.name]
+            if len(mine) == 1:
+                ctr = mine[0]
+            elif len(info.container_names) == 1:
+                ctr = info.container_names[0]
+        return Owner(Holder(info.namespace, info.name, ctr), info.labels)
+    if len(device_holders) == 1:
+        h = device_holders[0]
+        return Owner(h, pods.labels_of(h.namespace, h.pod))
+    return _NOBODY

@@ -1,26 +1,23 @@
 """The collector table: one row per collector (name, default on/off, help, factory).
-Command-line flags (--collector.NAME / --no-collector.NAME) are derived from it, and the
-sampler runs the enabled ones in this order (processes before attribution)."""
+Command-line flags (--collector.NAME / --no-collector.NAME) are derived from it. No collector
+reads what another wrote: the order only fixes the order of the exposition."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from exporter.collectors.clocks import ClocksCollector
 from exporter.collectors.device import DeviceCollector
 from exporter.collectors.gpm import GpmCollector
 from exporter.collectors.mig import MigCollector
-from exporter.collectors.processes import ProcessesCollector
 from exporter.collectors.reliability import EccCollector, NvlinkCollector
 from exporter.collectors.xid import XidCollector
-from exporter.core import Collector, CollectorSpec, ExporterOptions
+from exporter.core import Collector, CollectorDeps, CollectorSpec
 
 
-def _attribution(options: ExporterOptions, nvml: Any) -> Collector:
-    # Imported lazily: it pulls in grpc and protobuf (~19 MiB of RSS).
+def _attribution(deps: CollectorDeps) -> Collector:
+    # Imported lazily: only what attribution needs is loaded when it is enabled.
     from exporter.attribution.collector import AttributionCollector
 
-    return AttributionCollector(options, nvml)
+    return AttributionCollector(deps.options)
 
 
 REGISTRY: tuple[CollectorSpec, ...] = (
@@ -34,9 +31,9 @@ REGISTRY: tuple[CollectorSpec, ...] = (
                   GpmCollector),
     CollectorSpec("mig", True, "MIG instances and their memory", MigCollector),
     CollectorSpec("xid", True, "XID error events from the NVML event set", XidCollector),
-    CollectorSpec("processes", True, "GPU processes (feeds attribution)", ProcessesCollector),
-    CollectorSpec("attribution", True, "pod attribution via kubelet PodResources, cgroups and "
-                  "the pod watch", _attribution),
+    CollectorSpec("attribution", True, "pod attribution: GPU allocations (kubelet PodResources) "
+                  "and GPU process usage (NVML process list, cgroups, the pod watch)",
+                  _attribution),
 )
 
 BY_NAME = {spec.name: spec for spec in REGISTRY}

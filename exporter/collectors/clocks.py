@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from exporter.collectors.base import NvmlCollector, mark_lost
-from exporter.core import CycleContext, SampleSink
-from exporter.nvmlcall import GpuLost, Reader
+from exporter.collectors.base import NvmlCollector
+from exporter.core import CycleContext, GpuRef, SampleSink
+from exporter.nvmlcall import Reader
 
 # metric reason -> pynvml constant name of the clock event bit
 _EVENT_BITS = (
@@ -30,27 +30,17 @@ _POLICIES = (
 class ClocksCollector(NvmlCollector):
     name = "clocks"
 
-    def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
-        nv, r = self.nvml, Reader(self.nvml)
+    def read_gpu(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
+        nv = self.nvml
         reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             nv.nvmlDeviceGetCurrentClocksThrottleReasons
-        bits = [(name, getattr(nv, const, default)) for name, const, default in _EVENT_BITS]
-        policies = [(name, getattr(nv, const, default)) for name, const, default in _POLICIES]
-        for gpu in ctx.gpus:
-            if gpu.uuid in ctx.lost:
-                continue
-            labels = gpu.labels(ctx.node)
-            try:
-                mask = r.call(reasons_fn, gpu.handle)
-                if mask is not None:
-                    for reason, bit in bits:
-                        sink.add("gpu_clock_event_active", (*labels, reason),
-                                 1 if mask & bit else 0)
-                for reason, policy in policies:
-                    v = r.call(nv.nvmlDeviceGetViolationStatus, gpu.handle, policy)
-                    if v is not None:
-                        sink.add("gpu_throttle_seconds_total", (*labels, reason),
-                                 v.violationTime / 1e9)
-            except GpuLost:
-                mark_lost(ctx, gpu)
-        self.failed_calls = r.failures
+        labels = gpu.labels(ctx.node)
+        mask = r.call(reasons_fn, gpu.handle)
+        if mask is not None:
+            for reason, const, default in _EVENT_BITS:
+                bit = getattr(nv, const, default)
+                sink.add("gpu_clock_event_active", (*labels, reason), 1 if mask & bit else 0)
+        for reason, const, default in _POLICIES:
+            v = r.call(nv.nvmlDeviceGetViolationStatus, gpu.handle, getattr(nv, const, default))
+            if v is not None:
+                sink.add("gpu_throttle_seconds_total", (*labels, reason), v.violationTime / 1e9)

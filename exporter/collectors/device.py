@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.collectors.base import NvmlCollector, mark_lost
-from exporter.core import CycleContext, SampleSink
-from exporter.inventory import GpuStatic
-from exporter.nvmlcall import GpuLost, Reader
+from exporter.collectors.base import NvmlCollector
+from exporter.core import CycleContext, GpuRef, GpuStatic, SampleSink
+from exporter.nvmlcall import Reader
 
 MHZ = 1_000_000.0
 
@@ -15,33 +14,17 @@ MHZ = 1_000_000.0
 class DeviceCollector(NvmlCollector):
     name = "device"
 
-    def __init__(self, options: Any, nvml: Any) -> None:
-        super().__init__(options, nvml)
-        # Filled by the sampler from the inventory: uuid -> static identity.
-        self.static: dict[str, GpuStatic] = {}
-        self.driver_version = ""
-        self.cuda_version = ""
+    def on_gpu(self, ctx: CycleContext, sink: SampleSink, gpu: GpuRef, up: bool) -> None:
+        labels = gpu.labels(ctx.node)
+        st = ctx.static.get(gpu.uuid, GpuStatic())
+        sink.add("gpu_info", (*labels, st.pci_bus_id, ctx.driver_version, ctx.cuda_version,
+                              st.vbios_version, st.mig_mode, st.virtualization_mode), 1)
+        sink.add("gpu_up", labels, 1 if up else 0)
 
-    def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
-        nv, r = self.nvml, Reader(self.nvml)
-        for gpu in ctx.gpus:
-            labels = gpu.labels(ctx.node)
-            st = self.static.get(gpu.uuid, GpuStatic())
-            sink.add("gpu_info", (*labels, st.pci_bus_id, self.driver_version,
-                                  self.cuda_version, st.vbios_version, st.mig_mode,
-                                  st.virtualization_mode), 1)
-            up = 0
-            if gpu.uuid not in ctx.lost:
-                try:
-                    self._read(ctx, sink, r, gpu.handle, labels, gpu.mig_enabled)
-                    up = 1
-                except GpuLost:
-                    mark_lost(ctx, gpu)
-            sink.add("gpu_up", labels, up)
-        self.failed_calls = r.failures
-        del nv
+    def read_gpu(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
+        self._read(sink, r, gpu.handle, gpu.labels(ctx.node), gpu.mig_enabled)
 
-    def _read(self, ctx: CycleContext, sink: SampleSink, r: Reader, h: Any,
+    def _read(self, sink: SampleSink, r: Reader, h: Any,
               labels: tuple[str, ...], mig_enabled: bool) -> None:
         nv = self.nvml
         # Temperature first: it is the cheapest call and tells us quickly if the GPU is lost.
@@ -89,7 +72,6 @@ class DeviceCollector(NvmlCollector):
         memclk = r.call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM)
         if memclk is not None:
             sink.add("gpu_memory_clock_hertz", labels, memclk * MHZ)
-        del ctx
 
 
 def _field_value(fv: Any) -> float:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from exporter.collectors.base import NvmlCollector, mark_lost
-from exporter.core import CycleContext, GpuRef, SampleSink
-from exporter.nvmlcall import GpuLost, Reader
+from exporter.collectors.base import NvmlCollector
+from exporter.core import CollectorDeps, CycleContext, GpuRef, SampleSink
+from exporter.nvmlcall import Reader
 
 _METRICS = (
     ("gpu_sm_active_ratio", "NVML_GPM_METRIC_SM_UTIL", 2),
@@ -25,8 +25,8 @@ Key = tuple[str, int]  # (gpu uuid, gpu instance id or -1 for the whole GPU)
 class GpmCollector(NvmlCollector):
     name = "gpm"
 
-    def __init__(self, options: Any, nvml: Any) -> None:
-        super().__init__(options, nvml)
+    def __init__(self, deps: CollectorDeps) -> None:
+        super().__init__(deps)
         self._supported: dict[str, bool] = {}
         self._prev: dict[Key, Any] = {}
         self._spare: dict[Key, Any] = {}
@@ -38,27 +38,20 @@ class GpmCollector(NvmlCollector):
             self._supported[gpu.uuid] = bool(support and support.isSupportedDevice)
         return self._supported[gpu.uuid]
 
-    def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
-        r = Reader(self.nvml)
-        migs_by_parent: dict[str, list[Any]] = {}
+    def read_gpu(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
+        if not self._is_supported(r, gpu):
+            return
+        self._sample(r, sink, (gpu.uuid, -1), gpu.handle, None,
+                     (*gpu.labels(ctx.node), *_NO_MIG))
         for mig in ctx.migs:
-            migs_by_parent.setdefault(mig.parent.uuid, []).append(mig)
-        for gpu in ctx.gpus:
-            if gpu.uuid in ctx.lost:
-                continue
-            try:
-                if not self._is_supported(r, gpu):
-                    continue
-                self._sample(r, sink, (gpu.uuid, -1), gpu.handle, None,
-                             (*gpu.labels(ctx.node), *_NO_MIG))
-                for mig in migs_by_parent.get(gpu.uuid, ()):
-                    self._sample(r, sink, (gpu.uuid, mig.gpu_instance_id), gpu.handle,
-                                 mig.gpu_instance_id, mig.labels(ctx.node))
-            except GpuLost:
-                mark_lost(ctx, gpu)
-                for key in [k for k in self._prev if k[0] == gpu.uuid]:
-                    self._free(self._prev.pop(key))
-        self.failed_calls = r.failures
+            if mig.parent.uuid == gpu.uuid:
+                self._sample(r, sink, (gpu.uuid, mig.gpu_instance_id), gpu.handle,
+                             mig.gpu_instance_id, mig.labels(ctx.node))
+
+    def on_gpu(self, ctx: CycleContext, sink: SampleSink, gpu: GpuRef, up: bool) -> None:
+        if not up:  # a lost GPU's samples are stale: the next difference starts afresh
+            for key in [k for k in self._prev if k[0] == gpu.uuid]:
+                self._free(self._prev.pop(key))
 
     def _sample(self, r: Reader, sink: SampleSink, key: Key, handle: Any, gi: int | None,
                 labels: tuple[str, ...]) -> None:

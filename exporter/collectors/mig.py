@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 from exporter.collectors.base import NvmlCollector
-from exporter.core import CycleContext, SampleSink
-from exporter.nvmlcall import GpuLost, Reader
+from exporter.core import CycleContext, GpuRef, SampleSink
+from exporter.nvmlcall import Reader
 
 
 class MigCollector(NvmlCollector):
     name = "mig"
 
-    def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
-        nv, r = self.nvml, Reader(self.nvml)
+    def read_gpu(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
         for mig in ctx.migs:
-            labels = mig.labels(ctx.node)
-            sink.add("gpu_mig_info", (*labels, str(mig.slices), str(mig.parent_slices)), 1)
-            if mig.parent.uuid in ctx.lost:
+            if mig.parent.uuid != gpu.uuid:
                 continue
-            try:
-                mem = r.call(nv.nvmlDeviceGetMemoryInfo, mig.handle)
-            except GpuLost:
-                ctx.lost.add(mig.parent.uuid)
-                continue
+            mem = r.call(self.nvml.nvmlDeviceGetMemoryInfo, mig.handle)
             if mem is not None:
+                labels = mig.labels(ctx.node)
                 sink.add("gpu_mig_memory_total_bytes", labels, mem.total)
                 sink.add("gpu_mig_memory_used_bytes", labels, mem.used)
-        self.failed_calls = r.failures
+
+    def on_gpu(self, ctx: CycleContext, sink: SampleSink, gpu: GpuRef, up: bool) -> None:
+        for mig in ctx.migs:
+            if mig.parent.uuid == gpu.uuid:
+                sink.add("gpu_mig_info", (*mig.labels(ctx.node), str(mig.slices),
+                                          str(mig.parent_slices)), 1)

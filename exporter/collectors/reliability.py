@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from exporter.collectors.base import NvmlCollector, mark_lost
-from exporter.core import CycleContext, SampleSink
-from exporter.nvmlcall import GpuLost, Reader
+from exporter.collectors.base import NvmlCollector
+from exporter.core import CollectorDeps, CycleContext, GpuRef, SampleSink
+from exporter.nvmlcall import Reader
 
 _NVLINK_COUNTERS = (
     ("replay", "NVML_NVLINK_ERROR_DL_REPLAY", 0),
@@ -19,42 +17,40 @@ _NVLINK_COUNTERS = (
 class EccCollector(NvmlCollector):
     name = "ecc"
 
-    def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
-        nv, r = self.nvml, Reader(self.nvml)
-        for gpu in ctx.gpus:
-            if gpu.uuid in ctx.lost:
-                continue
-            labels = gpu.labels(ctx.node)
-            try:
-                for kind, const in (("corrected", nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                                    ("uncorrected", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
-                    n = r.call(nv.nvmlDeviceGetTotalEccErrors, gpu.handle, const,
-                               nv.NVML_VOLATILE_ECC)
-                    if n is not None:
-                        sink.add("gpu_ecc_errors_total", (*labels, kind), n)
-                rows = r.call(nv.nvmlDeviceGetRemappedRows, gpu.handle)
-                if rows is not None:
-                    corrected, uncorrected, pending, failure = rows[:4]
-                    sink.add("gpu_remapped_rows", (*labels, "correctable"), corrected)
-                    sink.add("gpu_remapped_rows", (*labels, "uncorrectable"), uncorrected)
-                    sink.add("gpu_row_remap_pending", labels, 1 if pending else 0)
-                    sink.add("gpu_row_remap_failure", labels, 1 if failure else 0)
-                replay = r.call(nv.nvmlDeviceGetPcieReplayCounter, gpu.handle)
-                if replay is not None:
-                    sink.add("gpu_pcie_replay_total", labels, replay)
-            except GpuLost:
-                mark_lost(ctx, gpu)
-        self.failed_calls = r.failures
+    def read_gpu(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
+        nv = self.nvml
+        labels = gpu.labels(ctx.node)
+        for kind, const in (("corrected", nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                            ("uncorrected", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
+            n = r.call(nv.nvmlDeviceGetTotalEccErrors, gpu.handle, const, nv.NVML_VOLATILE_ECC)
+            if n is not None:
+                sink.add("gpu_ecc_errors_total", (*labels, kind), n)
+        rows = r.call(nv.nvmlDeviceGetRemappedRows, gpu.handle)
+        if rows is not None:
+            corrected, uncorrected, pending, failure = rows[:4]
+            sink.add("gpu_remapped_rows", (*labels, "correctable"), corrected)
+            sink.add("gpu_remapped_rows", (*labels, "uncorrectable"), uncorrected)
+            sink.add("gpu_row_remap_pending", labels, 1 if pending else 0)
+            sink.add("gpu_row_remap_failure", labels, 1 if failure else 0)
+        replay = r.call(nv.nvmlDeviceGetPcieReplayCounter, gpu.handle)
+        if replay is not None:
+            sink.add("gpu_pcie_replay_total", labels, replay)
 
 
 class NvlinkCollector(NvmlCollector):
+    """Error counters of the links that are up. Links that exist but are not active (a PCIe
+    card without a bridge still answers for 18 links) are all-zero noise: a link is emitted
+    once NVML has reported it active, and stays emitted if it goes down later, so its error
+    counts stay visible."""
+
     name = "nvlink"
 
-    def __init__(self, options: Any, nvml: Any) -> None:
-        super().__init__(options, nvml)
+    def __init__(self, deps: CollectorDeps) -> None:
+        super().__init__(deps)
         self._links: dict[str, int] = {}  # uuid -> number of links that exist (probed once)
+        self._active: dict[str, set[int]] = {}  # uuid -> links seen active since start
 
-    def _link_count(self, r: Reader, handle: Any) -> int:
+    def _link_count(self, r: Reader, handle: object) -> int:
         nv = self.nvml
         n = 0
         for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
@@ -63,21 +59,20 @@ class NvlinkCollector(NvmlCollector):
             n = link + 1
         return n
 
-    def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
-        nv, r = self.nvml, Reader(self.nvml)
-        counters = [(name, getattr(nv, c, d)) for name, c, d in _NVLINK_COUNTERS]
-        for gpu in ctx.gpus:
-            if gpu.uuid in ctx.lost:
-                continue
-            labels = gpu.labels(ctx.node)
-            try:
-                if gpu.uuid not in self._links:
-                    self._links[gpu.uuid] = self._link_count(r, gpu.handle)
-                for link in range(self._links[gpu.uuid]):
-                    for kind, counter in counters:
-                        v = r.call(nv.nvmlDeviceGetNvLinkErrorCounter, gpu.handle, link, counter)
-                        if v is not None:
-                            sink.add("gpu_nvlink_errors_total", (*labels, str(link), kind), v)
-            except GpuLost:
-                mark_lost(ctx, gpu)
-        self.failed_calls = r.failures
+    def read_gpu(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
+        nv = self.nvml
+        enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
+        if gpu.uuid not in self._links:
+            self._links[gpu.uuid] = self._link_count(r, gpu.handle)
+        active = self._active.setdefault(gpu.uuid, set())
+        labels = gpu.labels(ctx.node)
+        for link in range(self._links[gpu.uuid]):
+            if link not in active:
+                if r.call(nv.nvmlDeviceGetNvLinkState, gpu.handle, link) != enabled:
+                    continue
+                active.add(link)
+            for kind, const, default in _NVLINK_COUNTERS:
+                v = r.call(nv.nvmlDeviceGetNvLinkErrorCounter, gpu.handle, link,
+                           getattr(nv, const, default))
+                if v is not None:
+                    sink.add("gpu_nvlink_errors_total", (*labels, str(link), kind), v)

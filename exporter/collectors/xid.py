@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from exporter.collectors.base import NvmlCollector
-from exporter.core import CycleContext, GpuRef, SampleSink
+from exporter.core import CollectorDeps, CycleContext, GpuRef, SampleSink
+from exporter.nvmlcall import NvmlOutcome, classify, text
 
 log = logging.getLogger(__name__)
 WAIT_MS = 500
@@ -59,7 +60,7 @@ class XidWatcher:
             wait = getattr(nv, "nvmlEventSetWait_v2", None) or nv.nvmlEventSetWait
             event = wait(self._set, timeout_ms)
         except nv.NVMLError as err:
-            if err.value != nv.NVML_ERROR_TIMEOUT:
+            if classify(err) is not NvmlOutcome.TIMEOUT:
                 log.debug("XID wait: %s", err)
                 if timeout_ms:
                     self._stop.wait(timeout_ms / 1000.0)
@@ -82,8 +83,7 @@ class XidWatcher:
             if known is handle or known == handle:
                 return uuid
         try:
-            raw = self.nvml.nvmlDeviceGetUUID(handle)
-            return raw.decode() if isinstance(raw, bytes) else str(raw)
+            return text(self.nvml.nvmlDeviceGetUUID(handle))
         except self.nvml.NVMLError:
             return ""
 
@@ -113,13 +113,12 @@ class XidWatcher:
 class XidCollector(NvmlCollector):
     name = "xid"
 
-    def __init__(self, options: Any, nvml: Any, threaded: bool = True,
-                 clock: Callable[[], float] = time.time) -> None:
-        super().__init__(options, nvml)
-        self.watcher = XidWatcher(nvml, clock)
-        self.threaded = threaded
+    def __init__(self, deps: CollectorDeps) -> None:
+        super().__init__(deps)
+        self.watcher = XidWatcher(deps.nvml, deps.clock)
+        self.threaded = deps.threaded
 
-    def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
+    def collect(self, ctx: CycleContext, sink: SampleSink) -> int:
         self.watcher.register(ctx.gpus)
         if self.threaded:
             self.watcher.start()
@@ -131,6 +130,7 @@ class XidCollector(NvmlCollector):
             labels = gpu.labels(ctx.node) if gpu else (ctx.node, "", uuid, "")
             sink.add("gpu_xid_errors_total", (*labels, str(xid)), count)
             sink.add("gpu_xid_last_timestamp_seconds", (*labels, str(xid)), last)
+        return 0
 
     def close(self) -> None:
         self.watcher.close()

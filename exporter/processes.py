@@ -1,41 +1,34 @@
-"""GPU processes with memory and SM utilisation. Emits nothing itself: it fills
-ctx.processes for the attribution collector, which owns the per-container and per-process
-families (they need pod labels)."""
+"""The GPU process list: a stage of the sample cycle, like the inventory. The sampler runs it
+before the collectors when one of them reads processes (attribution), so no collector depends
+on another having run first and no flag can switch it off under attribution's feet."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from exporter.collectors.base import NvmlCollector, mark_lost
-from exporter.core import CycleContext, GpuRef, ProcessSample, SampleSink
-from exporter.nvmlcall import GpuLost, Reader, text
+from exporter.collectors.base import answering
+from exporter.core import CycleContext, GpuRef, ProcessSample
+from exporter.nvmlcall import GpuLost, NvmlOutcome, Reader, classify, text
 
 _NOT_MIG = 0xFFFFFFFF
 
 
-class ProcessesCollector(NvmlCollector):
-    name = "processes"
-
-    def __init__(self, options: Any, nvml: Any) -> None:
-        super().__init__(options, nvml)
+class ProcessLister:
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
         # NVML returns utilisation samples newer than the timestamp we pass; remembering the
         # newest one seen per GPU gives each cycle exactly the samples since the last cycle.
         self._last_seen: dict[str, int] = {}
 
-    def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
+    def fill(self, ctx: CycleContext) -> None:
+        """Fill ctx.processes (and ctx.process_failures) for every GPU that answers."""
         r = Reader(self.nvml)
         mig_by_ids: dict[tuple[str, int, int], str] = {
             (m.parent.uuid, m.gpu_instance_id, m.compute_instance_id): m.uuid for m in ctx.migs
         }
         for gpu in ctx.gpus:
-            if gpu.uuid in ctx.lost:
-                continue
-            try:
-                ctx.processes.extend(self._read_gpu(r, gpu, mig_by_ids))
-            except GpuLost:
-                mark_lost(ctx, gpu)
-        self.failed_calls = r.failures
-        del sink
+            answering(ctx, gpu, lambda g: ctx.processes.extend(self._read_gpu(r, g, mig_by_ids)))
+        ctx.process_failures = r.failures
 
     def _read_gpu(self, r: Reader, gpu: GpuRef,
                   mig_by_ids: dict[tuple[str, int, int], str]) -> list[ProcessSample]:
@@ -43,7 +36,7 @@ class ProcessesCollector(NvmlCollector):
         procs = r.call(nv.nvmlDeviceGetComputeRunningProcesses, gpu.handle) or []
         util: dict[int, float] | None = None
         if not gpu.mig_enabled:
-            util = self._utilisation(gpu)
+            util = self._utilisation(r, gpu)
         out = []
         for p in procs:
             mig_uuid = ""
@@ -56,7 +49,7 @@ class ProcessesCollector(NvmlCollector):
                                      float(mem or 0), sm))
         return out
 
-    def _utilisation(self, gpu: GpuRef) -> dict[int, float] | None:
+    def _utilisation(self, r: Reader, gpu: GpuRef) -> dict[int, float] | None:
         """pid -> SM utilisation (0-1) of its newest sample since the last cycle. NOT_FOUND
         means no process ran a kernel since then: every process is idle (0), not unknown."""
         nv = self.nvml
@@ -64,10 +57,13 @@ class ProcessesCollector(NvmlCollector):
             samples = nv.nvmlDeviceGetProcessUtilization(gpu.handle,
                                                          self._last_seen.get(gpu.uuid, 0))
         except nv.NVMLError as err:
-            if err.value == nv.NVML_ERROR_NOT_FOUND:
+            outcome = classify(err)
+            if outcome is NvmlOutcome.NO_DATA:
                 return {}
-            if err.value == nv.NVML_ERROR_GPU_IS_LOST:
+            if outcome is NvmlOutcome.LOST:
                 raise GpuLost(str(err)) from err
+            if not outcome.absent:
+                r.failures += 1
             return None
         newest: dict[int, tuple[int, float]] = {}
         top = self._last_seen.get(gpu.uuid, 0)
