@@ -26,12 +26,15 @@ class HostileLabels:
     value: str
     name: str = "hostile"
     calls: int = 0
+    needs_nvml: bool = False
+    reads_processes: bool = False
 
-    def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
+    def collect(self, ctx: CycleContext, sink: SampleSink) -> int:
         self.calls += 1
         sink.add("gpu_container_memory_used_bytes",
                  ("node-a", "ml", "p\udc80d", "main", "GPU-1", ""), 1.0,
                  (("team", self.value),))
+        return 0
 
     def close(self) -> None:
         pass
@@ -39,7 +42,7 @@ class HostileLabels:
 
 def with_collector(collector: object, threaded: bool = False) -> Sampler:
     sampler, _, _ = make_sampler(threaded=threaded)
-    spec = CollectorSpec("hostile", True, "test", lambda o, n: collector)  # type: ignore[arg-type,return-value]
+    spec = CollectorSpec("hostile", True, "test", lambda deps: collector)  # type: ignore[arg-type,return-value]
     specs = [s for s in REGISTRY if s.name != "attribution"] + [spec]
     return Sampler(sampler.nvml, sampler.options, specs, clock=sampler.clock,
                    threaded=threaded)
@@ -72,10 +75,13 @@ class Hang:
     name: str = "hang"
     release: threading.Event = field(default_factory=threading.Event)
     entered: threading.Event = field(default_factory=threading.Event)
+    needs_nvml: bool = False
+    reads_processes: bool = False
 
-    def collect(self, ctx: CycleContext, sink: SampleSink) -> None:
+    def collect(self, ctx: CycleContext, sink: SampleSink) -> int:
         self.entered.set()
         self.release.wait(10)
+        return 0
 
     def close(self) -> None:
         self.release.set()
