@@ -63,6 +63,11 @@ class Thresholds:
     stale_sample_for: str = "2m"
     attribution_lost_for: str = "10m"
     nvml_down_for: str = "5m"
+    # The exporter's resident memory grew this much within one process's lifetime (a leak).
+    exporter_memory_growth_window: str = "6h"
+    exporter_memory_growth_ratio: float = 1.5
+    exporter_memory_growth_min_bytes: int = 32 * 1024 * 1024
+    exporter_memory_growth_for: str = "15m"
 
 
 T = Thresholds()
@@ -293,6 +298,21 @@ EXPORTER_ALERTS = (
           f"{EXPORTER} cannot initialise NVML" + "{{ with query (printf "
           "`gpu_exporter_source_error_info{instance=\"%s\",source=\"nvml\"}` $labels.instance) }}"
           " ({{ (index . 0).Labels.reason }}){{ end }}; no GPU of its node is observed."),
+    Alert("GpuExporterMemoryGrowing", "warning",
+          f"process_resident_memory_bytes{{{JOB}}}\n"
+          f"  > {T.exporter_memory_growth_ratio} * "
+          f"(process_resident_memory_bytes{{{JOB}}} offset {T.exporter_memory_growth_window})\n"
+          f"and process_resident_memory_bytes{{{JOB}}}\n"
+          f"  - (process_resident_memory_bytes{{{JOB}}} offset "
+          f"{T.exporter_memory_growth_window}) > {T.exporter_memory_growth_min_bytes}\n"
+          f"and process_start_time_seconds{{{JOB}}}\n"
+          f"  == (process_start_time_seconds{{{JOB}}} offset "
+          f"{T.exporter_memory_growth_window})",
+          T.exporter_memory_growth_for,
+          "GPU Ledger exporter memory keeps growing",
+          f"{EXPORTER} now uses " + "{{ $value | humanize1024 }}B"
+          f" of resident memory, more than {T.exporter_memory_growth_ratio}x what the same process"
+          f" used {T.exporter_memory_growth_window} ago: a leak will get it OOM-killed."),
 )
 
 ALERT_GROUPS = (

@@ -24,6 +24,7 @@ from exporter.core import (
 from exporter.inventory import Inventory, discover
 from exporter.processes import ProcessLister
 from exporter.render import Rendering
+from exporter.selfstats import read_process_stats
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,13 @@ class Sampler:
             sink.add("gpu_exporter_source_up", (name,), 1 if up else 0)
             if not up:
                 sink.add("gpu_exporter_source_error_info", (name, reason or "unknown"), 1)
+        stats = read_process_stats()
+        for family, value in (("process_resident_memory_bytes", stats.resident_memory_bytes),
+                              ("process_cpu_seconds_total", stats.cpu_seconds),
+                              ("process_open_fds", stats.open_fds),
+                              ("process_start_time_seconds", stats.start_time_seconds)):
+            if value is not None:
+                sink.add(family, (), value)
 
     # --- serving (exporter.web.MetricsSource) -------------------------------------------------
     def exposition(self, openmetrics: bool, gzipped: bool) -> bytes:

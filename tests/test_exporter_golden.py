@@ -17,9 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
 SCENARIOS = sorted((ROOT / "gpusim" / "scenarios").glob("*.yaml"))
 T0 = 1_790_000_000.0
-# Values that legitimately change run to run: how long a collector took, the Python version.
+# Values that legitimately change run to run: how long a collector took, the Python version,
+# the test process's own memory, CPU, descriptors and start time.
 _VOLATILE = [
     (re.compile(r"^(gpu_exporter_collector_duration_seconds\{[^}]*\}) .*$", re.M), r"\1 0"),
+    (re.compile(r"^(process_[a-z_]+) .*$", re.M), r"\1 0"),
     (re.compile(r'python_version="[^"]*"'), 'python_version="<py>"'),
 ]
 
