@@ -250,6 +250,17 @@ def node_detail() -> Board:
           [("time() - gpu_exporter_last_sample_timestamp_seconds", "{{instance}}")], width=8)
     b.add(tab("Sources"),
           [("gpu_exporter_source_up", ""), ("gpu_exporter_build_info", "")], width=24, height=6)
+    # The standard process_* families: every exporter serves them, so select this job's.
+    own = '{job="gpu-ledger-exporter"}'
+    b.add(ts("Exporter resident memory", "bytes"),
+          [(f"process_resident_memory_bytes{own}", "{{instance}}")], width=6)
+    b.add(ts("Exporter CPU", "percentunit"),
+          [(f"rate(process_cpu_seconds_total{own}[$__rate_interval])", "{{instance}}")],
+          width=6)
+    b.add(ts("Exporter open file descriptors", "none"),
+          [(f"process_open_fds{own}", "{{instance}}")], width=6)
+    b.add(ts("Exporter uptime", "s"),
+          [(f"time() - process_start_time_seconds{own}", "{{instance}}")], width=6)
     # Non-zero only when the API server or kubelet sent text that is not valid Unicode.
     b.add(ts("Label values repaired (per hour)", "none"),
           [("increase(gpu_exporter_label_values_replaced_total[1h])", "{{instance}}")],
