@@ -273,7 +273,7 @@ def test_index_and_cdi_device_ids(sockdir: Path, proc_root: Path) -> None:
     k = FakeKubelet(str(sockdir / "kubelet.sock"), lambda: allocations, lambda: allocatable)
     k.start()
     opts = options(sockdir, proc_root)
-    collector = AttributionCollector(opts, None)
+    collector = AttributionCollector(opts)
     try:
         _, sink = collect(collector, opts)
     finally:
