@@ -533,7 +533,7 @@ def test_dra_claims_through_resource_slices(sockdir: Path, proc_root: Path,
     server = FakeApiServer([api_pod(*p) for p in PODS], slices=DRA_SLICES)
     server.start()
     opts = options(sockdir, proc_root, server.kubeconfig(str(tmp_path / "kubeconfig")))
-    collector = AttributionCollector(opts, None)
+    collector = AttributionCollector(opts)
     try:
         wait_until(lambda: len(watch_of(collector).pods) == len(PODS)
                    and collector._slices is not None and collector._slices.status.up,
@@ -571,7 +571,7 @@ def test_dra_fallback_without_resource_slices(sockdir: Path, proc_root: Path) ->
     k = FakeKubelet(str(sockdir / "kubelet.sock"), lambda: claims, lambda: [])
     k.start()
     opts = options(sockdir, proc_root, sharing_modes=((DRA, "mps"),))
-    collector = AttributionCollector(opts, None)
+    collector = AttributionCollector(opts)
     try:
         ctx, sink = collect(collector, opts)
     finally:
