@@ -636,7 +636,7 @@ def test_fractional_grants_from_annotations(sockdir: Path, proc_root: Path,
     server = FakeApiServer(pods)
     server.start()
     opts = options(sockdir, proc_root, server.kubeconfig(str(tmp_path / "kubeconfig")))
-    collector = AttributionCollector(opts, None)
+    collector = AttributionCollector(opts)
     try:
         wait_until(lambda: len(watch_of(collector).pods) == len(pods), "the pod watch")
         ctx = CycleContext(nvml=nvml, options=opts, now=time.time(), gpus=gpus)
