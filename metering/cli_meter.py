@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-interval", type=float, default=None, metavar="SECONDS",
                    help="seconds between exporter samples (default: detected per node)")
     p.add_argument("--no-price", action="store_true", help="ingest only")
+    p.add_argument("--replace", action="store_true",
+                   help="overwrite hours even where the source has fewer device-hours than "
+                        "the ledger holds (refused by default)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="per-chunk query counts and detected sample interval")
@@ -177,7 +180,7 @@ def _run(args: argparse.Namespace) -> int:
         say(f"meter: {period.label()} ({period.hours} h) from {source.name} into {args.db}")
         try:
             result = ingest(con, source, period, chunk, args.sample_interval, progress,
-                            verbose=args.verbose)
+                            verbose=args.verbose, replace=args.replace)
         except IngestError as exc:
             raise _Fail(str(exc)) from None
         rows = ", ".join(f"{n} {t}" for t, n in result.rows.items())

@@ -134,7 +134,11 @@ def _naive(t: datetime) -> datetime:
 
 def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_CHUNK_HOURS,
            sample_interval: float | None = None, progress: Progress | None = None,
-           verbose: bool = False) -> IngestResult:
+           verbose: bool = False, replace: bool = False) -> IngestResult:
+    """Meter `period` from `source` chunk by chunk. A chunk whose source yields fewer
+    device-hours than the ledger already holds for those hours is refused (nothing written)
+    unless `replace`: a Prometheus past its retention or an empty source never wipes a
+    metered month."""
     if not 1 <= chunk_hours <= MAX_CHUNK_HOURS:
         raise IngestError(f"--chunk: expected 1 to {MAX_CHUNK_HOURS} hours, got {chunk_hours}")
     chunks = list(period.chunks(chunk_hours))
@@ -151,8 +155,15 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
         start, end = _naive(chunk.start), _naive(chunk.end)
         con.execute("BEGIN TRANSACTION")
         try:
+            held = con.execute("SELECT count(*) FROM device_hours WHERE hour >= $s AND "
+                               "hour < $e", {"s": start, "e": end}).fetchall()[0][0]
             delete_hours(con, start, end)
             counts = write_facts(con, signals, start, end, sample_interval)
+            if counts.device_hours < held and not replace:
+                raise FactError(
+                    f"the source has {counts.device_hours} device-hours where the ledger holds "
+                    f"{held}; metering would lose {held - counts.device_hours} (pass --replace "
+                    "to overwrite them with what the source has)")
             empty = write_coverage(con, start, end, source.name,
                                    datetime.now(UTC).replace(tzinfo=None))
             con.execute("COMMIT")

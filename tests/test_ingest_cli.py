@@ -170,3 +170,30 @@ def test_progress_bar_on_a_terminal_and_lines_elsewhere() -> None:
     quiet = io.StringIO()
     Progress(2, stream=quiet, quiet=True).chunk_done("x")
     assert quiet.getvalue() == ""
+
+
+def test_rerun_from_a_poorer_source_refuses_unless_replace(
+        fleet_om_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 13 point 6: re-metering a metered day from an empty source (a Prometheus past
+    its retention) must not wipe it. The day holds 6 GPUs x 24 h = 144 device-hours; the empty
+    source has 0, so the run refuses, says it would lose 144, and the ledger is unchanged."""
+    db = tmp_path / "m.duckdb"
+    assert main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db), "-q"]) == 0
+    con = connect(db, read_only=True)
+    before = con.execute("SELECT count(*), sum(cost) FROM charges").fetchone()
+    con.close()
+    empty = tmp_path / "empty.om"
+    empty.write_text("# EOF\n")
+    capsys.readouterr()
+    rc = main(["--openmetrics", str(empty), *DAY, "--db", str(db), "-q"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "would lose 144" in err and "--replace" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    con = connect(db, read_only=True)
+    assert con.execute("SELECT count(*) FROM device_hours").fetchone() == (144,)
+    assert con.execute("SELECT count(*), sum(cost) FROM charges").fetchone() == before
+    con.close()
+    assert main(["--openmetrics", str(empty), *DAY, "--db", str(db), "-q", "--replace"]) == 0
+    con = connect(db, read_only=True)
+    assert con.execute("SELECT count(*) FROM device_hours").fetchone() == (0,)
+    con.close()
