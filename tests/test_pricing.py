@@ -596,3 +596,25 @@ def test_charges_plus_idle_equal_fleet_cost_for_any_fleet(
         assert over == []
     finally:
         c.close()
+
+
+def test_fractional_and_dra_shares_price_by_head_count(con: Any, tmp_path: Path) -> None:
+    """What docs/cost-model.md says of DRA and fractional rows today. H100s at 4.00/h:
+    GPU-f holds two HAMi grants (units 1 of replicas 2): 4.00 x 1/2 = 2.00 each; GPU-g one
+    gpushare grant alone: 4.00; GPU-c one DRA claim consumed by two pods (time-slicing, 2
+    replicas) for half an hour each: 4.00 x 1/2 x 0.5 = 1.00 each, idle 2.00. Fleet 12.00 =
+    2 + 2 + 4 + 1 + 1 + 2."""
+    for uuid in ("GPU-f", "GPU-g", "GPU-c"):
+        device(con, uuid)
+    alloc(con, "hami-a", "GPU-f", sharing="fractional", replicas=2)
+    alloc(con, "hami-b", "GPU-f", sharing="fractional", replicas=2, ns="ml-x")
+    alloc(con, "share", "GPU-g", sharing="fractional", replicas=1)
+    alloc(con, "claim-a", "GPU-c", sharing="time-slicing", replicas=2, seconds=1800)
+    alloc(con, "claim-b", "GPU-c", sharing="time-slicing", replicas=2, seconds=1800, ns="ml-y")
+    result = price(con, model(tmp_path))
+    assert charges(con) == {
+        ("science", "hami-a"): d("2"), ("ml", "hami-b"): d("2"), ("science", "share"): d("4"),
+        ("science", "claim-a"): d("1"), ("ml", "claim-b"): d("1"), ("idle", "GPU-c"): d("2")}
+    assert (result.fleet_cost, result.idle) == (d("12"), d("2"))
+    modes = {r[0] for r in con.execute("SELECT DISTINCT sharing FROM charges").fetchall()}
+    assert "fractional" in modes
