@@ -56,6 +56,7 @@ class Thresholds:
     gpu_lost_for: str = "1m"
     gpu_gone_lookback: str = "1h"
     gpu_gone_for: str = "5m"
+    gpu_not_answering_for: str = "5m"
     exporter_down_for: str = "5m"
     exporter_absent_for: str = "15m"
     collector_failing_for: str = "10m"
@@ -212,6 +213,17 @@ DEVICE_ALERTS = (
           "A GPU vanished from its node",
           f"{GPU} was reported in the last {T.gpu_gone_lookback} but the exporter at "
           "{{ $labels.instance }}, which is up, no longer lists it. " + PODS),
+    # Counts from sysfs, not from memory of earlier scrapes: holds across exporter restarts and
+    # catches a GPU that was already dead when the exporter started.
+    Alert("GpuNotAnswering", "critical",
+          'gpu_expected_devices{source="pci"}\n'
+          "  > ignoring (source) gpu_answering_devices", T.gpu_not_answering_for,
+          "A GPU of the node does not answer NVML",
+          "Node {{ $labels.node }} has {{ $value }} NVIDIA GPU(s) on its PCI bus but fewer "
+          "answer NVML{{ with query (printf `gpu_answering_devices{instance=\"%s\"}` "
+          "$labels.instance) }} (only {{ (index . 0).Value }}){{ end }}, for "
+          f"{T.gpu_not_answering_for}: a GPU is lost or fell off the bus, possibly before the "
+          "exporter started."),
 )
 
 RELIABILITY_ALERTS = (

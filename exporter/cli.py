@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                    default="/var/lib/kubelet/pod-resources/kubelet.sock",
                    help="kubelet PodResources API socket")
     p.add_argument("--proc-root", default="/proc", help="where /proc/<pid>/cgroup is read")
+    p.add_argument("--sysfs-root", default="/sys",
+                   help="where the PCI devices are read to count the node's NVIDIA GPUs "
+                        "without NVML (gpu_expected_devices; default /sys)")
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
                    help="kubeconfig for the pod watch (default: $KUBECONFIG, else the in-cluster "
                         "service account, else ~/.kube/config)")
@@ -111,6 +114,7 @@ def options_from(args: argparse.Namespace) -> ExporterOptions:
     return ExporterOptions(
         node=args.node_name, interval=args.interval, process_metrics=args.process_metrics,
         pod_resources_socket=args.pod_resources_socket, proc_root=args.proc_root,
+        sysfs_root=args.sysfs_root,
         kubeconfig=args.kubeconfig, kubernetes=not args.no_kubernetes,
         pod_label_allowlist=tuple(sorted({x.strip() for x in args.pod_labels.split(",")
                                           if x.strip()})),

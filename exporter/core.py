@@ -83,6 +83,7 @@ class ExporterOptions:
     process_metrics: bool = False
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     proc_root: str = "/proc"
+    sysfs_root: str = "/sys"  # PCI functions: the GPUs the node has, without NVML
     kubeconfig: str | None = None
     kubernetes: bool = True
     pod_label_allowlist: tuple[str, ...] = ()

@@ -77,6 +77,13 @@ FAMILIES: tuple[Family, ...] = (
        DEVICE, "device"),
     _g("gpu_sm_clock_hertz", "Current SM clock.", DEVICE, "device"),
     _g("gpu_memory_clock_hertz", "Current memory clock.", DEVICE, "device"),
+    _g("gpu_expected_devices",
+       "NVIDIA GPUs the node has by a source that does not need NVML (source pci: GPU "
+       "functions in sysfs); absent when that source cannot be read.", ("node", "source"),
+       "inventory"),
+    _g("gpu_answering_devices",
+       "GPUs that answered NVML on the last sample; below gpu_expected_devices while a GPU is "
+       "lost, also one that was lost before the exporter started.", ("node",), "inventory"),
     # --- clocks events and violation time -------------------------------------------------------
     _g("gpu_clock_event_active",
        "1 while a clock event (throttle) reason is active, else 0.", (*DEVICE, "reason"),

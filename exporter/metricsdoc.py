@@ -52,7 +52,12 @@ def generate() -> str:
               " `gpu_container_*` usage empty while attribution reports success. If NVML fails"
               " while listing processes,"
               " `gpu_exporter_collector_success{collector=\"attribution\"}` is 0 for that"
-              " cycle.", ""]
+              " cycle.", "",
+              "`gpu_expected_devices{source=\"pci\"}` counts the NVIDIA PCI functions of class"
+              " VGA or 3D controller under `--sysfs-root` (default `/sys`, which every container"
+              " sees read-only), so a GPU that is already lost when the exporter starts, and"
+              " never appears in NVML's device list, still shows as expected but not answering"
+              " (`gpu_answering_devices`); the `GpuNotAnswering` alert compares the two.", ""]
     return "\n".join(lines)
 
 

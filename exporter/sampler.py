@@ -22,6 +22,7 @@ from exporter.core import (
     SampleSink,
 )
 from exporter.inventory import Inventory, discover
+from exporter.pcidevices import nvidia_gpu_functions
 from exporter.processes import ProcessLister
 from exporter.render import Rendering
 from exporter.selfstats import read_process_stats
@@ -52,6 +53,8 @@ class Sampler:
         self._init_backoff = 1.0
         self._inventory: Inventory | None = None
         self._inventory_at = 0.0
+        self._pci_gpus: list[str] | None = None
+        self._pci_at = -INVENTORY_REFRESH_SECONDS
         self._last_cycle_end = 0.0
         # What the cycle is doing now and since when, and why the last one failed: /healthz
         # names the real cause of a stall instead of guessing.
@@ -128,6 +131,7 @@ class Sampler:
         self._replaced_total += sink.replaced
         if sink.replaced:
             log.warning("%d label values were not valid Unicode; replaced", sink.replaced)
+        self._device_counts(ctx, sink, now)
         self._self_metrics(ctx, sink, now)
         self._enter("rendering")
         rendering = Rendering(sink.samples, eager=self.eager_render)
@@ -138,6 +142,15 @@ class Sampler:
 
     def _enter(self, stage: str) -> None:
         self._stage, self._stage_since = stage, self.clock()
+
+    def _device_counts(self, ctx: CycleContext, sink: SampleSink, now: float) -> None:
+        """Expected (PCI, read at the inventory's cadence, NVML or not) vs answering GPUs."""
+        if now - self._pci_at >= INVENTORY_REFRESH_SECONDS or now < self._pci_at:
+            self._pci_gpus, self._pci_at = nvidia_gpu_functions(self.options.sysfs_root), now
+        if self._pci_gpus is not None:
+            sink.add("gpu_expected_devices", (ctx.node, "pci"), len(self._pci_gpus))
+        answering = sum(1 for g in ctx.gpus if g.uuid not in ctx.lost) if self._nvml_ok else 0
+        sink.add("gpu_answering_devices", (ctx.node,), answering)
 
     def _self_metrics(self, ctx: CycleContext, sink: SampleSink, now: float) -> None:
         sink.add("gpu_exporter_last_sample_timestamp_seconds", (), now)

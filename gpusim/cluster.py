@@ -35,6 +35,7 @@ from gpusim.node import (
     pods_at,
     sharing_modes,
     write_proc_tree,
+    write_sysfs_tree,
 )
 from gpusim.nvml import SimNVML
 from gpusim.scenario import load_scenario
@@ -158,12 +159,15 @@ class SimCluster:
             proc_root = self.workdir / sc.node / "proc"
             sock = str(self.workdir / sc.node / "kubelet.sock")
             proc_root.mkdir(parents=True, exist_ok=True)
+            sysfs_root = self.workdir / sc.node / "sys"
+            write_sysfs_tree(sc, sysfs_root)
             node = SimNode(sc, clock, start, nvml, None, proc_root, None)  # type: ignore[arg-type]
             node.kubelet = FakeKubelet(sock, node.allocations,
                                        functools.partial(device_ids, sc)).start()
             options = ExporterOptions(
                 node=sc.node, interval=interval, process_metrics=process_metrics,
                 pod_resources_socket=sock, proc_root=str(proc_root), kubeconfig=kubeconfig,
+                sysfs_root=str(sysfs_root),
                 pod_label_allowlist=tuple(sorted(pod_labels)),
                 sharing_modes=mode_overrides(sc))
             node.sampler = Sampler(nvml, options, specs, clock=clock, threaded=live,

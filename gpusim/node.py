@@ -351,6 +351,20 @@ def pods_at(scenario: Scenario, t: float) -> list[SimPod]:
     return out
 
 
+def write_sysfs_tree(scenario: Scenario, root: Path) -> None:
+    """Write `<root>/bus/pci/devices/<address>/{vendor,class}` for every GPU of the scenario,
+    lost or not (a GPU that fell off the bus keeps its PCI function), plus an NVSwitch and a
+    non-NVIDIA device that must not be counted as GPUs."""
+    devices = Path(root) / "bus" / "pci" / "devices"
+    entries = [(gpu.pci_bus_id[4:].lower(), "0x10de", "0x030200") for gpu in scenario.gpus]
+    entries += [("0000:c1:00.0", "0x10de", "0x068000"), ("0000:00:1f.0", "0x8086", "0x060100")]
+    for address, vendor, klass in entries:
+        d = devices / address
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "vendor").write_text(vendor + "\n")
+        (d / "class").write_text(klass + "\n")
+
+
 def write_proc_tree(scenario: Scenario, root: Path, t: float) -> list[int]:
     """Write `<root>/<pid>/cgroup` (and `comm`) for every GPU process alive at t and remove
     numeric entries for processes no longer alive. Returns the live PIDs, sorted.

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collectors import REGISTRY
 from exporter.core import ExporterOptions
 from exporter.sampler import Sampler
 from gpusim.cluster import ManualClock
+from gpusim.node import write_sysfs_tree
 from gpusim.nvml import SimNVML
 from gpusim.scenario import loads_scenario
 
 T0 = 1_790_000_000.0
+_SYSFS_TREES: list[tempfile.TemporaryDirectory[str]] = []
 
 SCENARIO = """
 node: node-a
@@ -53,10 +58,15 @@ xids:
 def make_sampler(text: str = SCENARIO, *, without: tuple[str, ...] = ("attribution",),
                  threaded: bool = False) -> tuple[Sampler, ManualClock, SimNVML]:
     clock = ManualClock(T0)
-    nvml = SimNVML(loads_scenario(text, "test.yaml"), clock=clock, start=T0)
+    scenario = loads_scenario(text, "test.yaml")
+    nvml = SimNVML(scenario, clock=clock, start=T0)
     specs = [s for s in REGISTRY if s.name not in without]
-    sampler = Sampler(nvml, ExporterOptions(node="node-a", interval=1.0), specs, clock=clock,
-                      threaded=threaded)
+    sysfs = tempfile.TemporaryDirectory(prefix="gpu-ledger-sysfs-")
+    _SYSFS_TREES.append(sysfs)  # removed at interpreter exit
+    write_sysfs_tree(scenario, Path(sysfs.name))
+    sampler = Sampler(nvml, ExporterOptions(node="node-a", interval=1.0,
+                                            sysfs_root=sysfs.name),
+                      specs, clock=clock, threaded=threaded)
     return sampler, clock, nvml
 
 

@@ -73,7 +73,7 @@ def test_alert_metadata(rule: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("rule", _alerts(), ids=lambda r: r["alert"])
 def test_gpu_alerts_name_gpu_node_and_pods(rule: dict[str, Any]) -> None:
-    if any(m in rule["expr"] for m in ("gpu_exporter", "up{", "process_")):
+    if any(m in rule["expr"] for m in ("gpu_exporter", "up{", "process_", "gpu_expected_devices")):
         return  # alerts on the exporter itself name its instance instead
     desc = rule["annotations"]["description"]
     for part in ("$labels.gpu", "$labels.node", "$labels.uuid", "gpu_container_allocation"):
