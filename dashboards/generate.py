@@ -250,6 +250,10 @@ def node_detail() -> Board:
           [("time() - gpu_exporter_last_sample_timestamp_seconds", "{{instance}}")], width=8)
     b.add(tab("Sources"),
           [("gpu_exporter_source_up", ""), ("gpu_exporter_build_info", "")], width=24, height=6)
+    # PCI functions (no NVML needed) against GPUs answering NVML: a gap is a lost GPU.
+    b.add(ts("GPUs expected (PCI) vs answering (NVML)", "none"),
+          [("gpu_expected_devices", "{{node}} expected ({{source}})"),
+           ("gpu_answering_devices", "{{node}} answering")], width=24, height=6)
     # The standard process_* families: every exporter serves them, so select this job's.
     own = '{job="gpu-ledger-exporter"}'
     b.add(ts("Exporter resident memory", "bytes"),
