@@ -57,7 +57,21 @@ def generate() -> str:
               " VGA or 3D controller under `--sysfs-root` (default `/sys`, which every container"
               " sees read-only), so a GPU that is already lost when the exporter starts, and"
               " never appears in NVML's device list, still shows as expected but not answering"
-              " (`gpu_answering_devices`); the `GpuNotAnswering` alert compares the two.", ""]
+              " (`gpu_answering_devices`); the `GpuNotAnswering` alert compares the two.", "",
+              "## What per-process SM utilisation can and cannot show", "",
+              "`gpu_container_sm_utilization_ratio` and `gpu_process_sm_utilization_ratio` come"
+              " from `nvmlDeviceGetProcessUtilization`: the driver keeps a short buffer of"
+              " per-process samples, each the share of one sample period in which that process"
+              " had a kernel running, in whole percent. Each cycle the exporter reads the samples"
+              " newer than the previous cycle and keeps every process's newest one. So a process"
+              " that computes lightly (one short kernel every few hundred ms) can read 0: its share"
+              " of a period rounds down to 0 %, or its newest sample fell between bursts. A"
+              " process with no sample since the last cycle reads 0 (idle), not absent. On MIG"
+              " NVML gives no per-process figure, so the series is absent rather than 0. The sum"
+              " over containers of a device is a sum of such rounded samples; it is not forced"
+              " to equal `gpu_utilization_ratio`, which the driver measures over its own window:"
+              " read the device figure for how busy the GPU is and the per-container figures for"
+              " how that use splits.", ""]
     return "\n".join(lines)
 
 
