@@ -15,6 +15,7 @@ import pytest
 from test_report_fixtures import HASH, charge, insert_charges, make_db
 
 from gpu_ledger.cli import main as gpu_ledger
+from metering.cli_meter import main as meter_main
 from metering.costmodel import default_path
 from metering.db import connect
 from metering.report import cli, writer
@@ -54,14 +55,16 @@ def test_format_option_and_rerun_is_byte_identical(tmp_path: Path) -> None:
     assert first == second
 
 
-def test_empty_month_writes_a_report_saying_so(
+def test_empty_month_is_an_error_not_an_empty_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Issue 13: `report --month 2030-01` wrote empty reports and exited 0."""
     db = tmp_path / "empty.duckdb"
     connect(db).close()
-    assert run("--db", str(db), "--out", str(tmp_path / "out")) == 0
-    assert "No data for 2026-10" in capsys.readouterr().out
-    assert "No data for 2026-10" in (tmp_path / "out" / "chargeback-2026-10.html").read_text()
+    assert run("--db", str(db), "--out", str(tmp_path / "out")) == 1
+    err = capsys.readouterr().err
+    assert "no metered data for 2026-10" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_failed_write_leaves_previous_report_intact(
@@ -187,12 +190,16 @@ def _ingested_not_priced(db: Path) -> None:
     con.close()
 
 
-def test_ingested_month_is_priced_first(tmp_path: Path) -> None:
+def test_report_never_prices_pricing_is_an_explicit_step(tmp_path: Path) -> None:
     db, out = tmp_path / "m.duckdb", tmp_path / "out"
     _ingested_not_priced(db)
+    assert run("--db", str(db), "--out", str(out), "--format", "md") == 1
+    con = connect(db, read_only=True)
+    assert con.execute("SELECT count(*) FROM charges").fetchone() == (0,)  # read only
+    con.close()
+    assert meter_main(["--price-only", "--month", "2026-10", "--db", str(db), "-q"]) == 0
     assert run("--db", str(db), "--out", str(out), "--format", "md") == 0
     md = (out / "chargeback-2026-10.md").read_text()
-    assert "Charges for 2026-10 were priced by this run." in md
     con = connect(db, read_only=True)
     total = con.execute("SELECT sum(cost), any_value(cost_model_hash) FROM charges").fetchone()
     con.close()
@@ -205,7 +212,6 @@ def test_ingested_month_without_pricing_says_what_to_run(
 ) -> None:
     db = tmp_path / "m.duckdb"
     _ingested_not_priced(db)
-    monkeypatch.setattr(cli, "_price", lambda con, month, cm: False)
     assert run("--db", str(db), "--out", str(tmp_path / "out")) == 1
     err = capsys.readouterr().err
     assert "2026-10 has GPU usage but no charges" in err
@@ -217,6 +223,7 @@ def test_re_pricing_advice_is_a_command_that_works(
 ) -> None:
     db, out = tmp_path / "m.duckdb", tmp_path / "out"
     _ingested_not_priced(db)
+    assert meter_main(["--price-only", "--month", "2026-10", "--db", str(db), "-q"]) == 0
     assert run("--db", str(db), "--out", str(out), "--format", "csv") == 0  # default model
     changed = tmp_path / "changed.yaml"
     changed.write_bytes(default_path().read_bytes() + b"\n# edited\n")

@@ -145,15 +145,6 @@ def _connect(path: str, read_only: bool) -> Any:
         raise ReportError(str(e), 2) from None
 
 
-def _price(con: Any, month: Month, cost_model: Any) -> bool:
-    """Price a month that has facts but no charges; False when pricing is not available."""
-    pricing = _optional("metering.pricing")
-    if pricing is None or not hasattr(pricing, "price_period") or cost_model is None:
-        return False
-    pricing.price_period(con, cost_model, month.start, month.end)
-    return True
-
-
 def meter_command(month: Month, db_path: str, cost_model: str | None = None) -> str:
     """The command that (re-)prices a month from the facts already in the database."""
     cmd = f"gpu-ledger meter --price-only --month {month} --db {db_path}"
@@ -225,16 +216,17 @@ def make_report(
                 f"charges, coverage), got one without them",
                 2,
             ) from None
+        # The report only reads: pricing is the explicit `meter --price-only` step.
         if not hashes and facts:
-            con.close()
-            con = _connect(db_path, read_only=False)
-            if not _price(con, month, cm):
-                raise ReportError(
-                    f"{db_path}: {month} has GPU usage but no charges (it was ingested, not "
-                    f"priced); price it first: {meter_command(month, db_path, cost_model_path)}"
-                )
-            hashes = model.priced_hashes(con, month)
-            notes.append(f"Charges for {month} were priced by this run.")
+            raise ReportError(
+                f"{db_path}: {month} has GPU usage but no charges (it was ingested, not "
+                f"priced); price it first: {meter_command(month, db_path, cost_model_path)}"
+            )
+        if not hashes:
+            raise ReportError(
+                f"{db_path}: no metered data for {month}; meter it first: gpu-ledger meter "
+                f"--prometheus URL --month {month} --db {db_path}"
+            )
         info = _cost_model_info(month, hashes, cost_model_path, cm, db_path)
         same = cm is not None and info.hash == cm.hash
         prices = price_lookup(cm) if same else None
