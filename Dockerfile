@@ -39,6 +39,11 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
 # Non-root by default. The exporter DaemonSet sets runAsUser 0 (no capabilities) where the
 # kubelet's PodResources socket admits only root; the metering CronJob runs as this user.
 USER 65532:65532
+# OCI image annotations; the DaemonSet's pod template carries the same ones.
+LABEL org.opencontainers.image.title="gpu-ledger" \
+      org.opencontainers.image.source="https://github.com/gpu-ledger/gpu-ledger" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="0.1.0"
 EXPOSE 9847
 ENTRYPOINT ["gpu-ledger"]
 CMD ["--help"]

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck pytest generate check-generated bench clean lock
+.PHONY: demo test lint typecheck pytest generate check-generated bench clean refresh-crd-schemas lock
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ lock:
 	build/lock-venv/bin/python -m pip install -q pip-tools
 	build/lock-venv/bin/pip-compile --quiet --generate-hashes --strip-extras --no-emit-index-url \
 		--output-file requirements.lock pyproject.toml
+
+# Re-download the Prometheus Operator CRD schemas tests/test_deploy_render.py validates against
+# (the version is in deploy/schemas/refresh.py).
+refresh-crd-schemas: $(STAMP)
+	$(BIN)/python deploy/schemas/refresh.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.exporter_scrape

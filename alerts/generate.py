@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import yaml
 
@@ -25,15 +25,20 @@ RECORDING_FILE = HERE / "gpu-ledger-recording.yml"
 
 # --- the one place to change ------------------------------------------------------------------
 # The exporter's scrape job: the ServiceMonitor's Service name, or job_name in a static config.
-EXPORTER_JOB = "gpu-ledger-exporter"
-JOB = f'job="{EXPORTER_JOB}"'
 RUNBOOK_BASE = "https://github.com/gpu-ledger/gpu-ledger/blob/main/docs/runbooks.md"
 # Pod label that names a team, as the exporter renders it (allow-listed pod label `team`).
 TEAM_LABEL = "label_team"
 
 
 @dataclass(frozen=True)
-class Thresholds:
+class Config:
+    """Selectors and thresholds of the alerts. A user changes them with an override file
+    (`python -m alerts.generate --config my.yaml --out DIR`, docs/runbooks.md "Configuring
+    the alerts"), never by editing the generated rule files."""
+    # Label matchers of the exporter's scrape targets (`up{...}`): the job the ServiceMonitor
+    # takes from the Service's gpu-ledger.io/job label, or job_name in a static config. Add
+    # matchers (cluster="a") to scope the alerts; keep the job matcher.
+    exporter_selector: str = 'job="gpu-ledger-exporter"'
     gpu_temp_warning_c: float = 85
     gpu_temp_warning_for: str = "5m"
     gpu_temp_critical_c: float = 90
@@ -71,7 +76,7 @@ class Thresholds:
     exporter_memory_growth_for: str = "15m"
 
 
-T = Thresholds()
+DEFAULT_CONFIG = Config()
 
 CRITICAL_XIDS = (48, 63, 64, 74, 79, 94, 95, 119, 120)
 # Raised by the application's own faults (illegal address, MMU fault, context reset): noise
@@ -160,178 +165,187 @@ class Alert:
 CRIT = xid_regex(CRITICAL_XIDS)
 NOT_OPERATOR = xid_regex(CRITICAL_XIDS + APPLICATION_XIDS)
 
-DEVICE_ALERTS = (
-    Alert("GpuTemperatureHigh", "warning",
-          f"gpu_temperature_celsius > {T.gpu_temp_warning_c:g}", T.gpu_temp_warning_for,
-          "GPU temperature is high",
-          f"{GPU} has been above {T.gpu_temp_warning_c:g} °C for {T.gpu_temp_warning_for}: "
-          "{{ $value }} °C. " + PODS),
-    Alert("GpuTemperatureCritical", "critical",
-          f"gpu_temperature_celsius > {T.gpu_temp_critical_c:g}", T.gpu_temp_critical_for,
-          "GPU temperature is critical",
-          f"{GPU} has been above {T.gpu_temp_critical_c:g} °C for {T.gpu_temp_critical_for}: "
-          "{{ $value }} °C; the GPU will slow down or shut off. " + PODS),
-    Alert("GpuMemoryTemperatureHigh", "warning",
-          f"gpu_memory_temperature_celsius > {T.memory_temp_warning_c:g}",
-          T.memory_temp_warning_for,
-          "GPU memory temperature is high",
-          f"The memory of {GPU} has been above {T.memory_temp_warning_c:g} °C for "
-          f"{T.memory_temp_warning_for}: " + "{{ $value }} °C. " + PODS),
-    Alert("GpuMemoryNearlyFull", "info",
-          f"gpu_memory_used_bytes / gpu_memory_total_bytes > {T.memory_full_ratio:g}",
-          T.memory_full_for,
-          "GPU memory is nearly full",
-          f"{GPU} has used more than {T.memory_full_ratio:.0%} of its memory for "
-          f"{T.memory_full_for}: " + "{{ $value | humanizePercentage }}. " + PODS),
-    Alert("GpuMigMemoryNearlyFull", "info",
-          f"gpu_mig_memory_used_bytes / gpu_mig_memory_total_bytes > {T.memory_full_ratio:g}",
-          T.memory_full_for,
-          "MIG instance memory is nearly full",
-          f"{MIG} has used more than {T.memory_full_ratio:.0%} of its memory for "
-          f"{T.memory_full_for}: " + "{{ $value | humanizePercentage }}. " + pods_on("mig_uuid")),
-    Alert("GpuHardwareThermalSlowdown", "warning",
-          'gpu_clock_event_active{reason="hw_thermal"} == 1', T.thermal_slowdown_for,
-          "GPU clocks are cut by hardware thermal slowdown",
-          f"{GPU} has been in hardware thermal slowdown for {T.thermal_slowdown_for}; "
-          "its work runs at reduced clocks. " + PODS),
-    Alert("GpuPowerBrakeSlowdown", "warning",
-          'gpu_clock_event_active{reason="hw_power_brake"} == 1', T.power_brake_for,
-          "GPU clocks are cut by the power brake",
-          f"{GPU} has had its external power brake asserted for {T.power_brake_for}; "
-          "its work runs at reduced clocks. " + PODS),
-    Alert("GpuLost", "critical",
-          "gpu_up == 0", T.gpu_lost_for,
-          "GPU stopped answering",
-          f"{GPU} does not answer NVML (lost or fallen off the bus) for {T.gpu_lost_for}. "
-          + PODS),
-    Alert("GpuDisappeared", "critical",
-          "(\n  max by (cluster, node, gpu, uuid, model, job, instance) "
-          f"(max_over_time(gpu_info[{T.gpu_gone_lookback}]))\n"
-          "  unless on (node, uuid) gpu_info\n)\n"
-          f"and on (instance) (up{{{JOB}}} == 1)",
-          T.gpu_gone_for,
-          "A GPU vanished from its node",
-          f"{GPU} was reported in the last {T.gpu_gone_lookback} but the exporter at "
-          "{{ $labels.instance }}, which is up, no longer lists it. " + PODS),
-    # Counts from sysfs, not from memory of earlier scrapes: holds across exporter restarts and
-    # catches a GPU that was already dead when the exporter started.
-    Alert("GpuNotAnswering", "critical",
-          'gpu_expected_devices{source="pci"}\n'
-          "  > ignoring (source) gpu_answering_devices", T.gpu_not_answering_for,
-          "A GPU of the node does not answer NVML",
-          "Node {{ $labels.node }} has {{ $value }} NVIDIA GPU(s) on its PCI bus but fewer "
-          "answer NVML{{ with query (printf `gpu_answering_devices{instance=\"%s\"}` "
-          "$labels.instance) }} (only {{ (index . 0).Value }}){{ end }}, for "
-          f"{T.gpu_not_answering_for}: a GPU is lost or fell off the bus, possibly before the "
-          "exporter started."),
-)
+def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Alert, ...]], ...]:
+    """The alert groups with the selectors and thresholds of `config`."""
+    T = config
+    JOB = config.exporter_selector
+    DEVICE_ALERTS = (
+        Alert("GpuTemperatureHigh", "warning",
+              f"gpu_temperature_celsius > {T.gpu_temp_warning_c:g}", T.gpu_temp_warning_for,
+              "GPU temperature is high",
+              f"{GPU} has been above {T.gpu_temp_warning_c:g} °C for {T.gpu_temp_warning_for}: "
+              "{{ $value }} °C. " + PODS),
+        Alert("GpuTemperatureCritical", "critical",
+              f"gpu_temperature_celsius > {T.gpu_temp_critical_c:g}", T.gpu_temp_critical_for,
+              "GPU temperature is critical",
+              f"{GPU} has been above {T.gpu_temp_critical_c:g} °C for {T.gpu_temp_critical_for}: "
+              "{{ $value }} °C; the GPU will slow down or shut off. " + PODS),
+        Alert("GpuMemoryTemperatureHigh", "warning",
+              f"gpu_memory_temperature_celsius > {T.memory_temp_warning_c:g}",
+              T.memory_temp_warning_for,
+              "GPU memory temperature is high",
+              f"The memory of {GPU} has been above {T.memory_temp_warning_c:g} °C for "
+              f"{T.memory_temp_warning_for}: " + "{{ $value }} °C. " + PODS),
+        Alert("GpuMemoryNearlyFull", "info",
+              f"gpu_memory_used_bytes / gpu_memory_total_bytes > {T.memory_full_ratio:g}",
+              T.memory_full_for,
+              "GPU memory is nearly full",
+              f"{GPU} has used more than {T.memory_full_ratio:.0%} of its memory for "
+              f"{T.memory_full_for}: " + "{{ $value | humanizePercentage }}. " + PODS),
+        Alert("GpuMigMemoryNearlyFull", "info",
+              f"gpu_mig_memory_used_bytes / gpu_mig_memory_total_bytes > {T.memory_full_ratio:g}",
+              T.memory_full_for,
+              "MIG instance memory is nearly full",
+              f"{MIG} has used more than {T.memory_full_ratio:.0%} of its memory for "
+              f"{T.memory_full_for}: " + "{{ $value | humanizePercentage }}. "
+              + pods_on("mig_uuid")),
+        Alert("GpuHardwareThermalSlowdown", "warning",
+              'gpu_clock_event_active{reason="hw_thermal"} == 1', T.thermal_slowdown_for,
+              "GPU clocks are cut by hardware thermal slowdown",
+              f"{GPU} has been in hardware thermal slowdown for {T.thermal_slowdown_for}; "
+              "its work runs at reduced clocks. " + PODS),
+        Alert("GpuPowerBrakeSlowdown", "warning",
+              'gpu_clock_event_active{reason="hw_power_brake"} == 1', T.power_brake_for,
+              "GPU clocks are cut by the power brake",
+              f"{GPU} has had its external power brake asserted for {T.power_brake_for}; "
+              "its work runs at reduced clocks. " + PODS),
+        Alert("GpuLost", "critical",
+              "gpu_up == 0", T.gpu_lost_for,
+              "GPU stopped answering",
+              f"{GPU} does not answer NVML (lost or fallen off the bus) for {T.gpu_lost_for}. "
+              + PODS),
+        Alert("GpuDisappeared", "critical",
+              "(\n  max by (cluster, node, gpu, uuid, model, job, instance) "
+              f"(max_over_time(gpu_info[{T.gpu_gone_lookback}]))\n"
+              "  unless on (node, uuid) gpu_info\n)\n"
+              f"and on (instance) (up{{{JOB}}} == 1)",
+              T.gpu_gone_for,
+              "A GPU vanished from its node",
+              f"{GPU} was reported in the last {T.gpu_gone_lookback} but the exporter at "
+              "{{ $labels.instance }}, which is up, no longer lists it. " + PODS),
+        # Counts from sysfs, not from memory of earlier scrapes: holds across exporter restarts
+        # and catches a GPU that was already dead when the exporter started.
+        Alert("GpuNotAnswering", "critical",
+              'gpu_expected_devices{source="pci"}\n'
+              "  > ignoring (source) gpu_answering_devices", T.gpu_not_answering_for,
+              "A GPU of the node does not answer NVML",
+              "Node {{ $labels.node }} has {{ $value }} NVIDIA GPU(s) on its PCI bus but fewer "
+              "answer NVML{{ with query (printf `gpu_answering_devices{instance=\"%s\"}` "
+              "$labels.instance) }} (only {{ (index . 0).Value }}){{ end }}, for "
+              f"{T.gpu_not_answering_for}: a GPU is lost or fell off the bus, possibly before the "
+              "exporter started."),
+    )
 
-RELIABILITY_ALERTS = (
-    Alert("GpuCriticalXid", "critical",
-          f'gpu_xid_errors_total{{xid=~"{CRIT}"}}\n'
-          f'and (time() - gpu_xid_last_timestamp_seconds{{xid=~"{CRIT}"}}) '
-          f"< {T.xid_critical_window_s}",
-          "0m",
-          "GPU reported a critical XID",
-          f"{GPU} reported XID " + "{{ $labels.xid }} within the last "
-          f"{T.xid_critical_window_s // 60} minutes "
-          "({{ $value }} since the exporter started). " + PODS),
-    Alert("GpuRepeatedXid", "warning",
-          "(\n" + new_events(f'gpu_xid_errors_total{{xid!~"{NOT_OPERATOR}"}}',
-                             f"{T.xid_repeat_window_s}s")
-          + f"\n) >= {T.xid_repeat_count}\n"
-          f'and (time() - gpu_xid_last_timestamp_seconds{{xid!~"{NOT_OPERATOR}"}}) '
-          f"< {T.xid_repeat_window_s}",
-          "0m",
-          "GPU repeats a non-critical XID",
-          f"{GPU} reported XID " + "{{ $labels.xid }} {{ $value }} times in the last "
-          f"{T.xid_repeat_window_s // 60} minutes. " + PODS),
-    Alert("GpuUncorrectableEccErrors", "critical",
-          "(\n" + new_events('gpu_ecc_errors_total{type="uncorrected"}', T.ecc_window)
-          + "\n) > 0",
-          "0m",
-          "GPU had uncorrectable ECC errors",
-          f"{GPU} counted " + "{{ $value }} uncorrectable ECC errors in the last "
-          f"{T.ecc_window}. " + PODS),
-    Alert("GpuRowRemapFailure", "critical",
-          "gpu_row_remap_failure == 1", "0m",
-          "GPU failed to remap a memory row",
-          f"{GPU} could not remap a failing memory row; the GPU needs service. " + PODS),
-    Alert("GpuRowRemapPending", "warning",
-          "gpu_row_remap_pending == 1", T.row_remap_pending_for,
-          "GPU has a row remap pending",
-          f"{GPU} has had a memory row remap pending for {T.row_remap_pending_for}; "
-          "it takes effect at the next GPU reset. " + PODS),
-    Alert("GpuNvlinkErrors", "warning",
-          "(\n" + new_events('gpu_nvlink_errors_total{type=~"replay|recovery"}',
-                             T.nvlink_window) + "\n) > 0\nor\n(\n"
-          + new_events('gpu_nvlink_errors_total{type=~"crc_flit|crc_data"}', T.nvlink_window)
-          + f"\n) > {T.nvlink_crc_errors}",
-          "0m",
-          "GPU NVLink errors",
-          f"{GPU} counted " + "{{ $value }} NVLink {{ $labels.type }} errors on link "
-          "{{ $labels.link }} in the last " + f"{T.nvlink_window}. " + PODS),
-)
+    RELIABILITY_ALERTS = (
+        Alert("GpuCriticalXid", "critical",
+              f'gpu_xid_errors_total{{xid=~"{CRIT}"}}\n'
+              f'and (time() - gpu_xid_last_timestamp_seconds{{xid=~"{CRIT}"}}) '
+              f"< {T.xid_critical_window_s}",
+              "0m",
+              "GPU reported a critical XID",
+              f"{GPU} reported XID " + "{{ $labels.xid }} within the last "
+              f"{T.xid_critical_window_s // 60} minutes "
+              "({{ $value }} since the exporter started). " + PODS),
+        Alert("GpuRepeatedXid", "warning",
+              "(\n" + new_events(f'gpu_xid_errors_total{{xid!~"{NOT_OPERATOR}"}}',
+                                 f"{T.xid_repeat_window_s}s")
+              + f"\n) >= {T.xid_repeat_count}\n"
+              f'and (time() - gpu_xid_last_timestamp_seconds{{xid!~"{NOT_OPERATOR}"}}) '
+              f"< {T.xid_repeat_window_s}",
+              "0m",
+              "GPU repeats a non-critical XID",
+              f"{GPU} reported XID " + "{{ $labels.xid }} {{ $value }} times in the last "
+              f"{T.xid_repeat_window_s // 60} minutes. " + PODS),
+        Alert("GpuUncorrectableEccErrors", "critical",
+              "(\n" + new_events('gpu_ecc_errors_total{type="uncorrected"}', T.ecc_window)
+              + "\n) > 0",
+              "0m",
+              "GPU had uncorrectable ECC errors",
+              f"{GPU} counted " + "{{ $value }} uncorrectable ECC errors in the last "
+              f"{T.ecc_window}. " + PODS),
+        Alert("GpuRowRemapFailure", "critical",
+              "gpu_row_remap_failure == 1", "0m",
+              "GPU failed to remap a memory row",
+              f"{GPU} could not remap a failing memory row; the GPU needs service. " + PODS),
+        Alert("GpuRowRemapPending", "warning",
+              "gpu_row_remap_pending == 1", T.row_remap_pending_for,
+              "GPU has a row remap pending",
+              f"{GPU} has had a memory row remap pending for {T.row_remap_pending_for}; "
+              "it takes effect at the next GPU reset. " + PODS),
+        Alert("GpuNvlinkErrors", "warning",
+              "(\n" + new_events('gpu_nvlink_errors_total{type=~"replay|recovery"}',
+                                 T.nvlink_window) + "\n) > 0\nor\n(\n"
+              + new_events('gpu_nvlink_errors_total{type=~"crc_flit|crc_data"}', T.nvlink_window)
+              + f"\n) > {T.nvlink_crc_errors}",
+              "0m",
+              "GPU NVLink errors",
+              f"{GPU} counted " + "{{ $value }} NVLink {{ $labels.type }} errors on link "
+              "{{ $labels.link }} in the last " + f"{T.nvlink_window}. " + PODS),
+    )
 
-EXPORTER_ALERTS = (
-    Alert("GpuExporterDown", "warning",
-          f"up{{{JOB}}} == 0", T.exporter_down_for,
-          "GPU Ledger exporter is down",
-          "Prometheus has failed to scrape the GPU Ledger exporter at {{ $labels.instance }} for "
-          f"{T.exporter_down_for}; "
-          "the GPUs of its node are unobserved."),
-    Alert("GpuExporterAbsent", "warning",
-          f"absent(up{{{JOB}}})", T.exporter_absent_for,
-          "No GPU Ledger exporter is scraped",
-          "Prometheus has had no target for job {{ $labels.job }} for "
-          f"{T.exporter_absent_for}."),
-    Alert("GpuExporterCollectorFailing", "warning",
-          "gpu_exporter_collector_success == 0", T.collector_failing_for,
-          "GPU Ledger exporter collector is failing",
-          f"{EXPORTER}: collector " + "{{ $labels.collector }} has failed for "
-          f"{T.collector_failing_for}; its metric families are missing."),
-    Alert("GpuExporterSamplesStale", "warning",
-          f"time() - gpu_exporter_last_sample_timestamp_seconds > {T.stale_sample_s}",
-          T.stale_sample_for,
-          "GPU Ledger exporter samples are stale",
-          f"{EXPORTER} last completed a sample " + "{{ $value | humanizeDuration }} ago; "
-          "the sampler is stuck (a hung NVML call?)."),
-    Alert("GpuAttributionLost", "warning",
-          'gpu_exporter_source_up{source=~"podresources|kubernetes"} == 0',
-          T.attribution_lost_for,
-          "GPU usage is no longer attributed to pods",
-          f"{EXPORTER} cannot reach its " + "{{ $labels.source }} source"
-          + "{{ with query (printf `gpu_exporter_source_error_info{instance=\"%s\",source=\"%s\"}` "
-          "$labels.instance $labels.source) }} ({{ (index . 0).Labels.reason }}){{ end }}; "
-          "GPU series are served without pod labels."),
-    Alert("GpuExporterNvmlUnavailable", "warning",
-          'gpu_exporter_source_up{source="nvml"} == 0', T.nvml_down_for,
-          "GPU Ledger exporter cannot reach NVML",
-          f"{EXPORTER} cannot initialise NVML" + "{{ with query (printf "
-          "`gpu_exporter_source_error_info{instance=\"%s\",source=\"nvml\"}` $labels.instance) }}"
-          " ({{ (index . 0).Labels.reason }}){{ end }}; no GPU of its node is observed."),
-    Alert("GpuExporterMemoryGrowing", "warning",
-          f"process_resident_memory_bytes{{{JOB}}}\n"
-          f"  > {T.exporter_memory_growth_ratio} * "
-          f"(process_resident_memory_bytes{{{JOB}}} offset {T.exporter_memory_growth_window})\n"
-          f"and process_resident_memory_bytes{{{JOB}}}\n"
-          f"  - (process_resident_memory_bytes{{{JOB}}} offset "
-          f"{T.exporter_memory_growth_window}) > {T.exporter_memory_growth_min_bytes}\n"
-          f"and process_start_time_seconds{{{JOB}}}\n"
-          f"  == (process_start_time_seconds{{{JOB}}} offset "
-          f"{T.exporter_memory_growth_window})",
-          T.exporter_memory_growth_for,
-          "GPU Ledger exporter memory keeps growing",
-          f"{EXPORTER} now uses " + "{{ $value | humanize1024 }}B"
-          f" of resident memory, more than {T.exporter_memory_growth_ratio}x what the same process"
-          f" used {T.exporter_memory_growth_window} ago: a leak will get it OOM-killed."),
-)
+    EXPORTER_ALERTS = (
+        Alert("GpuExporterDown", "warning",
+              f"up{{{JOB}}} == 0", T.exporter_down_for,
+              "GPU Ledger exporter is down",
+              "Prometheus has failed to scrape the GPU Ledger exporter at "
+              "{{ $labels.instance }} for "
+              f"{T.exporter_down_for}; "
+              "the GPUs of its node are unobserved."),
+        Alert("GpuExporterAbsent", "warning",
+              f"absent(up{{{JOB}}})", T.exporter_absent_for,
+              "No GPU Ledger exporter is scraped",
+              "Prometheus has had no target for job {{ $labels.job }} for "
+              f"{T.exporter_absent_for}."),
+        Alert("GpuExporterCollectorFailing", "warning",
+              "gpu_exporter_collector_success == 0", T.collector_failing_for,
+              "GPU Ledger exporter collector is failing",
+              f"{EXPORTER}: collector " + "{{ $labels.collector }} has failed for "
+              f"{T.collector_failing_for}; its metric families are missing."),
+        Alert("GpuExporterSamplesStale", "warning",
+              f"time() - gpu_exporter_last_sample_timestamp_seconds > {T.stale_sample_s}",
+              T.stale_sample_for,
+              "GPU Ledger exporter samples are stale",
+              f"{EXPORTER} last completed a sample " + "{{ $value | humanizeDuration }} ago; "
+              "the sampler is stuck (a hung NVML call?)."),
+        Alert("GpuAttributionLost", "warning",
+              'gpu_exporter_source_up{source=~"podresources|kubernetes"} == 0',
+              T.attribution_lost_for,
+              "GPU usage is no longer attributed to pods",
+              f"{EXPORTER} cannot reach its " + "{{ $labels.source }} source"
+              + "{{ with query (printf "
+              "`gpu_exporter_source_error_info{instance=\"%s\",source=\"%s\"}` "
+              "$labels.instance $labels.source) }} ({{ (index . 0).Labels.reason }}){{ end }}; "
+              "GPU series are served without pod labels."),
+        Alert("GpuExporterNvmlUnavailable", "warning",
+              'gpu_exporter_source_up{source="nvml"} == 0', T.nvml_down_for,
+              "GPU Ledger exporter cannot reach NVML",
+              f"{EXPORTER} cannot initialise NVML" + "{{ with query (printf "
+              "`gpu_exporter_source_error_info{instance=\"%s\",source=\"nvml\"}` "
+              "$labels.instance) }}"
+              " ({{ (index . 0).Labels.reason }}){{ end }}; no GPU of its node is observed."),
+        Alert("GpuExporterMemoryGrowing", "warning",
+              f"process_resident_memory_bytes{{{JOB}}}\n"
+              f"  > {T.exporter_memory_growth_ratio} * "
+              f"(process_resident_memory_bytes{{{JOB}}} offset {T.exporter_memory_growth_window})\n"
+              f"and process_resident_memory_bytes{{{JOB}}}\n"
+              f"  - (process_resident_memory_bytes{{{JOB}}} offset "
+              f"{T.exporter_memory_growth_window}) > {T.exporter_memory_growth_min_bytes}\n"
+              f"and process_start_time_seconds{{{JOB}}}\n"
+              f"  == (process_start_time_seconds{{{JOB}}} offset "
+              f"{T.exporter_memory_growth_window})",
+              T.exporter_memory_growth_for,
+              "GPU Ledger exporter memory keeps growing",
+              f"{EXPORTER} now uses " + "{{ $value | humanize1024 }}B"
+              f" of resident memory, more than {T.exporter_memory_growth_ratio}x what the same "
+              f"process used {T.exporter_memory_growth_window} ago: "
+              "a leak will get it OOM-killed."),
+    )
 
-ALERT_GROUPS = (
-    ("gpu-ledger.device", DEVICE_ALERTS),
-    ("gpu-ledger.reliability", RELIABILITY_ALERTS),
-    ("gpu-ledger.exporter", EXPORTER_ALERTS),
-)
+    return (
+        ("gpu-ledger.device", DEVICE_ALERTS),
+        ("gpu-ledger.reliability", RELIABILITY_ALERTS),
+        ("gpu-ledger.exporter", EXPORTER_ALERTS),
+    )
 
 
 # --- recording rules -------------------------------------------------------------------------
@@ -477,9 +491,9 @@ def _dump(doc: dict[str, Any]) -> str:
                               width=4096)
 
 
-def alerts_yaml() -> str:
+def alerts_yaml(config: Config = DEFAULT_CONFIG) -> str:
     return _dump({"groups": [{"name": name, "rules": [a.rule() for a in alerts]}
-                             for name, alerts in ALERT_GROUPS]})
+                             for name, alerts in alert_groups(config)]})
 
 
 def recording_yaml() -> str:
@@ -487,20 +501,69 @@ def recording_yaml() -> str:
                               "rules": [r.rule() for r in RECORDS]}]})
 
 
-def outputs() -> dict[Path, str]:
-    return {ALERTS_FILE: alerts_yaml(), RECORDING_FILE: recording_yaml()}
+def outputs(config: Config = DEFAULT_CONFIG, directory: Path = HERE) -> dict[Path, str]:
+    return {directory / ALERTS_FILE.name: alerts_yaml(config),
+            directory / RECORDING_FILE.name: recording_yaml()}
 
 
-def all_alerts() -> tuple[Alert, ...]:
-    return tuple(a for _, alerts in ALERT_GROUPS for a in alerts)
+def all_alerts(config: Config = DEFAULT_CONFIG) -> tuple[Alert, ...]:
+    return tuple(a for _, alerts in alert_groups(config) for a in alerts)
+
+
+class ConfigError(Exception):
+    pass
+
+
+def load_config(path: Path) -> Config:
+    """DEFAULT_CONFIG with the keys of a YAML mapping replaced (same names as Config's
+    fields, same types: numbers for thresholds, Prometheus durations as strings)."""
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: cannot read the alert configuration: {err}") from err
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a mapping of setting: value")
+    types = get_type_hints(Config)
+    defaults = {f.name: types[f.name] for f in fields(Config)}
+    changes: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key not in defaults:
+            raise ConfigError(f"{path}: unknown setting {key!r} (known: "
+                              + ", ".join(sorted(defaults)) + ")")
+        want = defaults[key]
+        ok = (isinstance(value, want) and not isinstance(value, bool)) or (
+            want is float and isinstance(value, int) and not isinstance(value, bool))
+        if not ok:
+            raise ConfigError(f"{path}: {key}: expected {want.__name__}, got {value!r}")
+        changes[key] = value
+    return replace(DEFAULT_CONFIG, **changes)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m alerts.generate", description=__doc__)
     parser.add_argument("--check", action="store_true",
                         help="exit 1 if a committed rule file differs from the tables")
+    parser.add_argument("--config", type=Path,
+                        help="YAML file overriding selectors and thresholds (Config's fields)")
+    parser.add_argument("--out", type=Path, default=HERE,
+                        help="directory to write the rule files to (default: alerts/)")
     args = parser.parse_args(argv)
-    return sync(outputs(), args.check, "python -m alerts.generate")
+    config = DEFAULT_CONFIG
+    if args.config is not None:
+        if args.out.resolve() == HERE:
+            parser.error("--config writes customised rules: give --out DIR, not alerts/")
+        try:
+            config = load_config(args.config)
+        except ConfigError as err:
+            print(f"alerts.generate: {err}", file=sys.stderr)
+            return 2
+    if not args.out.is_dir():
+        print(f"alerts.generate: {args.out}: not a directory", file=sys.stderr)
+        return 2
+    return sync(outputs(config, args.out.resolve()), args.check, "python -m alerts.generate")
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -113,7 +113,7 @@ def test_expressions_use_only_contract_metrics() -> None:
 
 
 def test_thresholds_come_from_one_table() -> None:
-    """The job matcher appears in the rules only as generated from EXPORTER_JOB."""
+    """The job matcher appears in the rules only as generated from Config.exporter_selector."""
     text = ALERTS.read_text(encoding="utf-8")
     assert 'up{job="gpu-ledger-exporter"}' in text
     assert text.count("job=") == text.count('job="gpu-ledger-exporter"')

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from alerts.generate import EXPORTER_JOB
+from alerts.generate import DEFAULT_CONFIG
 from exporter.cli import build_parser as exporter_parser
 from exporter.cli import parse_listen
 from gpu_ledger.cli import COMMANDS
@@ -41,6 +41,7 @@ MODELS = {
     "ClusterRole": "V1ClusterRole", "ClusterRoleBinding": "V1ClusterRoleBinding",
     "CronJob": "V1CronJob", "PersistentVolumeClaim": "V1PersistentVolumeClaim",
     "ConfigMap": "V1ConfigMap", "Namespace": "V1Namespace", "NetworkPolicy": "V1NetworkPolicy",
+    "PriorityClass": "V1PriorityClass",
 }
 
 
@@ -197,7 +198,7 @@ def test_every_namespaced_object_is_in_the_namespace() -> None:
     namespace = one("Namespace")["metadata"]["name"]
     assert namespace == kustomization(BASE)["namespace"] == "gpu-ledger"
     for obj in OBJECTS:
-        if obj["kind"] in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+        if obj["kind"] in ("Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"):
             assert "namespace" not in obj["metadata"]
         else:
             assert obj["metadata"]["namespace"] == namespace, obj["metadata"]["name"]
@@ -221,15 +222,18 @@ def test_service_selects_the_daemonset_pods() -> None:
     (cport,) = DS_CONTAINER["ports"]
     assert (port["name"], port["port"], port["targetPort"]) == ("metrics", 9847, cport["name"])
     assert cport["containerPort"] == 9847
-    # the scrape job's name is the Service's: alerts match job="gpu-ledger-exporter"
-    assert svc["metadata"]["name"] == EXPORTER_JOB
+    # the ServiceMonitor takes the job from this label: the alerts' job matcher
+    job = svc["metadata"]["labels"][one("ServiceMonitor")["spec"]["jobLabel"]]
+    assert f'job="{job}"' in DEFAULT_CONFIG.exporter_selector
 
 
 def test_servicemonitor_selects_the_service() -> None:
     svc, sm = one("Service"), one("ServiceMonitor")
     assert sm["apiVersion"] == "monitoring.coreos.com/v1"
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    assert svc["metadata"]["namespace"] in sm["spec"]["namespaceSelector"]["matchNames"]
+    # no namespaceSelector: the Operator looks in the ServiceMonitor's own namespace
+    assert "namespaceSelector" not in sm["spec"]
+    assert svc["metadata"]["namespace"] == sm["metadata"]["namespace"]
     port_names = {p["name"] for p in svc["spec"]["ports"]}
     for endpoint in sm["spec"]["endpoints"]:
         assert endpoint["port"] in port_names

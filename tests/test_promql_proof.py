@@ -53,7 +53,7 @@ RULE_FILES = [ROOT / "alerts" / "gpu-ledger-alerts.yml",
               ROOT / "alerts" / "gpu-ledger-recording.yml"]
 NODE = "proof-node"
 CLUSTER = "proof"
-JOB = "gpu-ledger-exporter"  # alerts/generate.py EXPORTER_JOB
+JOB = "gpu-ledger-exporter"  # alerts/generate.py Config.exporter_selector
 
 SCENARIO = f"""
 node: {NODE}

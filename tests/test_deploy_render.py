@@ -1,0 +1,204 @@
+"""deploy/ through the real tools: `kubectl kustomize` renders the base and every overlay,
+kubernetes-validate checks each core object strictly against the Kubernetes OpenAPI schemas,
+and the ServiceMonitor and PrometheusRule are checked against the Prometheus Operator's CRD
+schemas (vendored in deploy/schemas/). Overlays that move the namespace or prefix the names
+must keep scraping and alerting: the ServiceMonitor finds the Service, and the job label
+Prometheus gives the targets is the one the alert rules select."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from alerts.generate import DEFAULT_CONFIG
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+SCHEMAS = DEPLOY / "schemas"
+# Oldest and newest Kubernetes minor the manifests must be valid for (CronJob timeZone is GA
+# from 1.27).
+K8S_VERSIONS = ("1.27.0", "1.37.0")
+CRD_SCHEMAS = {"ServiceMonitor": "servicemonitor-v1.json",
+               "PrometheusRule": "prometheusrule-v1.json"}
+
+KUBECTL = shutil.which("kubectl")
+if KUBECTL is None:
+    raise RuntimeError("kubectl is needed to render deploy/ (README.md, Prerequisites)")
+
+
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    out = subprocess.run([str(KUBECTL), "kustomize", str(directory)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d is not None]
+
+
+def overlay(tmp: Path, name: str, body: str) -> Path:
+    """A user's overlay on the base, the way docs/operations.md shows it."""
+    directory = tmp / name
+    directory.mkdir()
+    rel = Path("../" * len(directory.relative_to("/").parts)) / DEPLOY.relative_to("/") / "base"
+    (directory / "kustomization.yaml").write_text(f"resources:\n  - {rel}\n{body}")
+    return directory
+
+
+@cache
+def rendered(directory: Path) -> tuple[dict[str, Any], ...]:
+    return tuple(kustomize(directory))
+
+
+SHIPPED = [DEPLOY / "base", *sorted(p for p in (DEPLOY / "overlays").iterdir() if p.is_dir())]
+
+
+@pytest.mark.parametrize("directory", SHIPPED, ids=lambda p: p.name)
+def test_every_kustomization_renders(directory: Path) -> None:
+    objects = rendered(directory)
+    assert {o["kind"] for o in objects} >= {"DaemonSet", "Service", "CronJob"}
+
+
+@pytest.mark.parametrize("directory", SHIPPED, ids=lambda p: p.name)
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_core_objects_validate_strictly(directory: Path, version: str) -> None:
+    core = [o for o in rendered(directory) if o["kind"] not in CRD_SCHEMAS]
+    assert core
+    for obj in core:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            raise AssertionError(f"{obj['kind']} {obj['metadata']['name']}: {err.message} "
+                                 f"at {list(err.path)}") from err
+
+
+@cache
+def crd_schema(kind: str) -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads((SCHEMAS / CRD_SCHEMAS[kind]).read_text())
+    return schema
+
+
+def strict(schema: Any) -> Any:
+    """The CRD schema with unknown fields refused, as the API server prunes them (a typo in
+    a ServiceMonitor field would otherwise pass and then silently vanish)."""
+    if isinstance(schema, dict):
+        out = {k: strict(v) for k, v in schema.items()}
+        if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+            out.setdefault("additionalProperties", False)
+        if isinstance(out.get("pattern"), str):
+            # RE2 takes `^(?i)...`; Python wants inline flags first (same meaning)
+            out["pattern"] = re.sub(r"^\^\(\?(\w+)\)", r"(?\1)^", out["pattern"])
+        return out
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+def validate(obj: dict[str, Any], schema: dict[str, Any]) -> None:
+    """OpenAPI v3 schemas are JSON Schema draft 4 with extensions (x-kubernetes-*), which
+    jsonschema ignores as unknown keywords."""
+    jsonschema.Draft4Validator(schema).validate(obj)
+
+
+@pytest.mark.parametrize("kind", sorted(CRD_SCHEMAS))
+def test_operator_objects_validate_against_the_crd_schemas(kind: str) -> None:
+    (obj,) = [o for o in rendered(DEPLOY / "base") if o["kind"] == kind]
+    schema = strict(crd_schema(kind))
+    # metadata is the API server's ObjectMeta, not part of the CRD's schema
+    schema["properties"]["metadata"] = {"type": "object"}
+    validate(obj, schema)
+
+
+def test_crd_validation_catches_a_misspelt_field() -> None:
+    (sm,) = [o for o in rendered(DEPLOY / "base") if o["kind"] == "ServiceMonitor"]
+    bad = json.loads(json.dumps(sm))
+    bad["spec"]["endpoints"][0]["honourLabels"] = True
+    schema = strict(crd_schema("ServiceMonitor"))
+    schema["properties"]["metadata"] = {"type": "object"}
+    with pytest.raises(jsonschema.ValidationError, match="honourLabels"):
+        validate(bad, schema)
+
+
+def test_vendored_schemas_keep_their_licence_and_refresh_command() -> None:
+    assert "Apache License" in (SCHEMAS / "LICENSE").read_text()
+    for name in CRD_SCHEMAS.values():
+        comment = json.loads((SCHEMAS / name).read_text())["$comment"]
+        assert "deploy/schemas/refresh.py" in comment
+    assert "deploy/schemas/refresh.py" in (ROOT / "Makefile").read_text()
+
+
+# --- overrides a platform engineer applies ---------------------------------------------------
+
+
+def one(objects: tuple[dict[str, Any], ...], kind: str) -> dict[str, Any]:
+    (obj,) = [o for o in objects if o["kind"] == kind]
+    return obj
+
+
+def scrape_job(objects: tuple[dict[str, Any], ...]) -> tuple[str, str]:
+    """(namespace, job) of the targets Prometheus Operator makes from the ServiceMonitor:
+    it looks in the namespaces of namespaceSelector (its own when absent), for Services whose
+    labels match; the job is the Service label named by jobLabel, else the Service name."""
+    sm, svc = one(objects, "ServiceMonitor"), one(objects, "Service")
+    sel = sm["spec"].get("namespaceSelector", {})
+    namespaces = sel.get("matchNames", [sm["metadata"]["namespace"]])
+    assert sel.get("any") or svc["metadata"]["namespace"] in namespaces, "Service not watched"
+    labels = svc["metadata"]["labels"]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= labels.items(), "Service not selected"
+    job_label = sm["spec"].get("jobLabel")
+    job = labels[job_label] if job_label in labels else svc["metadata"]["name"]
+    return svc["metadata"]["namespace"], job
+
+
+def alert_job_values(objects: tuple[dict[str, Any], ...]) -> set[str]:
+    rule = one(objects, "PrometheusRule")
+    exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    return set(re.findall(r'job="([^"]*)"', "\n".join(exprs)))
+
+
+OVERRIDES = {
+    "namespace": "namespace: monitoring\n",
+    "name-prefix": "namePrefix: acme-\n",
+    "both": "namespace: monitoring\nnamePrefix: acme-\nnameSuffix: -v2\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVERRIDES))
+def test_overrides_keep_scraping_and_alerting(tmp_path: Path, name: str) -> None:
+    objects = tuple(kustomize(overlay(tmp_path, name, OVERRIDES[name])))
+    namespace, job = scrape_job(objects)
+    if "namespace:" in OVERRIDES[name]:
+        assert namespace == "monitoring"
+    # the alerts select exactly the job the targets get
+    assert alert_job_values(objects) == {job}
+    assert f'job="{job}"' in DEFAULT_CONFIG.exporter_selector
+    # the exporter's ServiceAccount is the one bound to its ClusterRole
+    binding, ds = one(objects, "ClusterRoleBinding"), one(objects, "DaemonSet")
+    (subject,) = binding["subjects"]
+    pod = ds["spec"]["template"]["spec"]
+    assert subject == {"kind": "ServiceAccount", "name": pod["serviceAccountName"],
+                       "namespace": ds["metadata"]["namespace"]}
+    assert binding["roleRef"]["name"] == one(objects, "ClusterRole")["metadata"]["name"]
+    assert pod["priorityClassName"] == one(objects, "PriorityClass")["metadata"]["name"]
+
+
+def test_daemonset_carries_priority_and_image_annotations() -> None:
+    objects = rendered(DEPLOY / "base")
+    ds = one(objects, "DaemonSet")
+    template = ds["spec"]["template"]
+    assert template["spec"]["priorityClassName"] == "gpu-ledger-node"
+    pc = one(objects, "PriorityClass")
+    assert 0 < pc["value"] < 1_000_000_000 and pc["globalDefault"] is False
+    annotations = template["metadata"]["annotations"]
+    assert annotations["org.opencontainers.image.source"].startswith("https://")
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for key, value in annotations.items():
+        if key.startswith("org.opencontainers.image."):
+            assert f'{key}="{value}"' in dockerfile
