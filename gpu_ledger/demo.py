@@ -15,17 +15,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import json
+import signal
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from exporter.cli import parse_seconds
+from exporter.errors import ConfigError
 from exporter.history import OpenMetricsHistory
 from gpu_ledger import promserver
 
+# The alert and recording rules the demo's Prometheus loads (a source checkout has them).
+RULES_DIR = Path(__file__).resolve().parent.parent / "alerts"
+RULE_FILES = ("gpu-ledger-alerts.yml", "gpu-ledger-recording.yml")
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "gpusim" / "scenarios"
 DEMO_SCENARIOS = ("h100-mig.yaml", "a100-timeslice.yaml", "mixed.yaml", "rightsizing.yaml")
 # What metering and the dashboards read; the demo history keeps to these to stay small.
@@ -66,6 +73,53 @@ def scenario_paths(names: list[str] | None) -> list[Path]:
     if names:
         return [Path(n) if Path(n).exists() else SCENARIO_DIR / n for n in names]
     return [SCENARIO_DIR / n for n in DEMO_SCENARIOS]
+
+
+def days_arg(text: str) -> int:
+    """--days: 1..31 (more than the month has means the whole month)."""
+    try:
+        days = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of days, got {text!r}") from None
+    if not 1 <= days <= 31:
+        raise argparse.ArgumentTypeError(f"expected 1 to 31 days of the month, got {days}")
+    return days
+
+
+class Terminated(SystemExit):
+    """SIGTERM, raised in the main thread so every `with` block below cleans up (Prometheus
+    stopped, temporary directory removed) exactly as on Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated(128 + signum)
+
+
+def firing_alerts(url: str) -> list[dict[str, str]]:
+    """Labels of the alerts firing in the demo's Prometheus (empty when it cannot answer)."""
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/alerts", timeout=5) as resp:
+            alerts = json.load(resp)["data"]["alerts"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return [a["labels"] for a in alerts if a.get("state") == "firing"]
+
+
+def watch_alerts(url: str) -> None:
+    """--keep-running: say where the alerts are, then each alert as it starts firing."""
+    print(f"Alerts: {url}/alerts (the simulated faults' alerts fire once their `for` has "
+          "passed; each is listed below as it starts)\nPress Ctrl-C to stop.", flush=True)
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    while True:
+        for labels in firing_alerts(url):
+            key = tuple(sorted(labels.items()))
+            if key not in seen:
+                seen.add(key)
+                where = ", ".join(f"{k}={labels[k]}" for k in ("node", "gpu", "uuid")
+                                  if k in labels)
+                print(f"  firing: {labels.get('alertname', '?')} ({where}) -> {url}/alerts",
+                      flush=True)
+        time.sleep(5)
 
 
 def simulate_history(scenarios: list[Path], start: datetime, end: datetime, step: float,
@@ -126,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu-ledger demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="demo-output", help="output directory (default ./demo-output)")
     p.add_argument("--month", help="month to simulate and report, YYYY-MM (default: last month)")
-    p.add_argument("--days", type=int, default=None,
+    p.add_argument("--days", type=days_arg, default=None,
                    help="simulate only the first N days of the month (quicker; the report "
                         "then names the hours without data)")
     p.add_argument("--step", type=parse_seconds, default=600.0,
@@ -152,6 +206,20 @@ def default_month(now: datetime) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(args)
+    except KeyboardInterrupt:
+        print("gpu-ledger demo: interrupted", file=sys.stderr)
+        return 130
+    except Terminated as stop:
+        print("gpu-ledger demo: terminated", file=sys.stderr)
+        return int(stop.code or 143)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("gpusim") is None:  # the image ships the product, not the simulator
         print("gpu-ledger demo: needs the simulator package gpusim, which this installation lacks "
               "(run it from a source checkout: make demo)", file=sys.stderr)
@@ -162,15 +230,26 @@ def main(argv: list[str]) -> int:
     except ValueError:
         print(f"gpu-ledger demo: --month: expected YYYY-MM, got {month!r}", file=sys.stderr)
         return 2
-    if args.days:
+    if args.days is not None:
         end = min(end, start + timedelta(days=args.days))
     if end.timestamp() > time.time() - 3 * 3600:
         print("gpu-ledger demo: the month must have ended at least 3 hours ago "
               "(Prometheus backfill cannot write into its live head)", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        print(f"gpu-ledger demo: --out {args.out}: cannot create it: {err.strerror}",
+              file=sys.stderr)
+        return 2
     scenarios = scenario_paths(args.scenario)
+    missing = [str(p) for p in scenarios if not p.is_file()]
+    if missing:
+        print(f"gpu-ledger demo: --scenario: no such file: {', '.join(missing)} (the examples: "
+              f"{', '.join(sorted(p.name for p in SCENARIO_DIR.glob('*.yaml')))})",
+              file=sys.stderr)
+        return 2
     use_prometheus = not args.no_prometheus
     if use_prometheus:
         try:
@@ -187,18 +266,25 @@ def main(argv: list[str]) -> int:
         work = Path(tmp)
         say.step(f"Simulating {len(scenarios)} GPU nodes for {start:%Y-%m-%d} .. {end:%Y-%m-%d}"
                  f" every {args.step:g}s through the exporter's code path")
-        n = simulate_history(scenarios, start, end, args.step, history_file, work / "sim", say)
+        try:
+            n = simulate_history(scenarios, start, end, args.step, history_file, work / "sim",
+                                 say)
+        except ConfigError as err:
+            print(f"gpu-ledger demo: {err}", file=sys.stderr)
+            return 2
         say.note(f"{n:,} samples written to {history_file}")
         meter_args = ["--month", month, "--db", str(db)]
         if use_prometheus:
             say.step("Backfilling the history into Prometheus with promtool, then serving it "
                      "with the nodes' exporters live")
             data_dir = work / "prometheus-data"
+            rules = [RULES_DIR / name for name in RULE_FILES if (RULES_DIR / name).is_file()]
             promserver.backfill(history_file, data_dir)
             with live_exporters(scenarios, start.timestamp(), work / "live", 5.0) as targets, \
                     promserver.running_prometheus(
-                        data_dir, promserver.scrape_config(targets)) as url:
-                say.note(f"Prometheus {url} scraping {', '.join(targets)}")
+                        data_dir, promserver.scrape_config(targets, rule_files=rules)) as url:
+                say.note(f"Prometheus {url} scraping {', '.join(targets)}, with "
+                         f"{len(rules)} rule files")
                 time.sleep(max(0.0, args.live_seconds))
                 say.step(f"Metering {month} from Prometheus into {db}")
                 rc = run_meter(["--prometheus", url, *meter_args])
@@ -207,11 +293,9 @@ def main(argv: list[str]) -> int:
                 rc = _report(say, month, db, out)
                 if rc == 0 and args.keep_running:
                     print(f"\nPrometheus: {url}   exporters: "
-                          + ", ".join(f"http://{t}/metrics" for t in targets)
-                          + "\nPress Ctrl-C to stop.", flush=True)
+                          + ", ".join(f"http://{t}/metrics" for t in targets), flush=True)
                     with contextlib.suppress(KeyboardInterrupt):
-                        while True:
-                            time.sleep(3600)
+                        watch_alerts(url)
         else:
             say.step("Skipping Prometheus: metering reads the OpenMetrics file instead")
             say.step(f"Metering {month} from {history_file} into {db}")

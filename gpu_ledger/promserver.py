@@ -100,8 +100,11 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: flo
 
 
 def scrape_config(targets: list[str], interval: str = "5s",
-                  job: str = "gpu-ledger-exporter") -> str:
+                  job: str = "gpu-ledger-exporter",
+                  rule_files: list[Path] | None = None) -> str:
     quoted = ", ".join(f"'{t}'" for t in targets)
+    rules = "".join(f"  - '{p.resolve()}'\n" for p in rule_files or [])
     return (f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
-            f"scrape_configs:\n  - job_name: {job}\n    static_configs:\n"
+            + (f"rule_files:\n{rules}" if rules else "")
+            + f"scrape_configs:\n  - job_name: {job}\n    static_configs:\n"
             f"      - targets: [{quoted}]\n")

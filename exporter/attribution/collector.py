@@ -45,7 +45,6 @@ from exporter.core import (
     PodLabels,
     ProcessSample,
     SampleSink,
-    SourceStatus,
 )
 from exporter.kube.watch import NodeScopedWatch
 
@@ -157,8 +156,10 @@ class AttributionCollector:
         index = self._device_index(ctx.gpus, ctx.migs)
         allocations = self._client.poll() or []
         ctx.sources["podresources"] = self._client.status
-        ctx.sources["kubernetes"] = (self._watch.status if self._watch is not None
-                                     else SourceStatus(False, "disabled"))
+        # --no-kubernetes turns the source off: it has no gpu_exporter_source_up series at all,
+        # so GpuAttributionLost (source_up == 0) does not fire for a choice the operator made.
+        if self._watch is not None:
+            ctx.sources["kubernetes"] = self._watch.status
         units, holders = self._allocations(allocations, index)
         uuids = self._resource_slice_uuids()
         ctx.sources["resourceslices"] = (self._slices.status if self._slices is not None
