@@ -9,9 +9,9 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
-import shutil
 import sys
 import tempfile
 import threading
