@@ -56,6 +56,15 @@ class Config:
     row_remap_pending_for: str = "5m"
     thermal_slowdown_for: str = "5m"
     power_brake_for: str = "1m"
+    # Power far from its hourly mean: this many standard deviations away, and at least this
+    # many watts (a flat series has a deviation of zero), for this long.
+    power_anomaly_stddevs: float = 3
+    power_anomaly_min_watts: float = 50
+    power_anomaly_for: str = "2m"
+    # Sustained full use is information (capacity planning), not a fault.
+    full_utilization_ratio: float = 0.95
+    full_utilization_for: str = "1h"
+    sw_power_cap_for: str = "30m"
     nvlink_window: str = "15m"
     nvlink_crc_errors: int = 100  # CRC errors per window; replay/recovery alert on the first
     gpu_lost_for: str = "1m"
@@ -209,6 +218,26 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
               "GPU clocks are cut by the power brake",
               f"{GPU} has had its external power brake asserted for {T.power_brake_for}; "
               "its work runs at reduced clocks. " + PODS),
+        Alert("GpuPowerAnomalous", "warning",
+              "abs(gpu_power_watts - avg_over_time(gpu_power_watts[1h]))\n"
+              f"> {T.power_anomaly_stddevs:g} * stddev_over_time(gpu_power_watts[1h])\n"
+              "and abs(gpu_power_watts - avg_over_time(gpu_power_watts[1h])) "
+              f"> {T.power_anomaly_min_watts:g}", T.power_anomaly_for,
+              "GPU power draw is far from its hourly mean",
+              f"{GPU} has drawn power more than {T.power_anomaly_stddevs:g} standard deviations "
+              f"(and {T.power_anomaly_min_watts:g} W) away from its mean of the last hour for "
+              f"{T.power_anomaly_for}: " + "{{ $value | printf \"%.0f\" }} W off. " + PODS),
+        Alert("GpuFullyUtilized", "info",
+              f"gpu_utilization_ratio >= {T.full_utilization_ratio:g}", T.full_utilization_for,
+              "GPU has been fully used for a long time",
+              f"{GPU} has been at least {T.full_utilization_ratio:.0%} utilised for "
+              f"{T.full_utilization_for}. Information for capacity planning, not a fault. "
+              + PODS),
+        Alert("GpuSoftwarePowerCapping", "warning",
+              'gpu_clock_event_active{reason="sw_power_cap"} == 1', T.sw_power_cap_for,
+              "GPU clocks are held down by its software power cap",
+              f"{GPU} has been held at its power limit (sw_power_cap) for {T.sw_power_cap_for}; "
+              "its work runs below full clocks. " + PODS),
         Alert("GpuLost", "critical",
               "gpu_up == 0", T.gpu_lost_for,
               "GPU stopped answering",
