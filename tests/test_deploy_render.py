@@ -202,3 +202,18 @@ def test_daemonset_carries_priority_and_image_annotations() -> None:
     for key, value in annotations.items():
         if key.startswith("org.opencontainers.image."):
             assert f'{key}="{value}"' in dockerfile
+
+
+def test_packaging_metadata_has_no_setuptools_deprecation() -> None:
+    """`pip install` printed a deprecation warning for a `project.license` table; an SPDX
+    string (setuptools >= 77) is the current form."""
+    import warnings
+
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist = apply_configuration(Distribution(), ROOT / "pyproject.toml")
+    assert [str(w.message) for w in caught if "license" in str(w.message).lower()] == []
+    assert dist.metadata.license_expression == "Apache-2.0"
