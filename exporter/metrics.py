@@ -166,7 +166,7 @@ FAMILIES: tuple[Family, ...] = (
     _g("gpu_exporter_build_info", "Exporter build; always 1.", ("version", "python_version"),
        "exporter"),
     _g("gpu_exporter_source_up", "1 if the data source answered on the last sample; no series "
-       "for a source turned off (kubernetes with --no-kubernetes).",
+       "for a source turned off (kubernetes, resourceslices with --no-kubernetes).",
        ("source",), "exporter"),
     _g("gpu_exporter_source_error_info",
        "Why a data source is down; present (=1) only while it is down.",

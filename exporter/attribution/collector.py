@@ -162,8 +162,8 @@ class AttributionCollector:
             ctx.sources["kubernetes"] = self._watch.status
         units, holders = self._allocations(allocations, index)
         uuids = self._resource_slice_uuids()
-        ctx.sources["resourceslices"] = (self._slices.status if self._slices is not None
-                                         else SourceStatus(False, "disabled"))
+        if self._slices is not None:  # off with --no-kubernetes: no series, as for kubernetes
+            ctx.sources["resourceslices"] = self._slices.status
         self._claims(self._client.claim_devices, index, uuids, units, holders)
         watch = self._watch
         fractions = self._fractional(watch.pods.values() if watch is not None else (), index,
