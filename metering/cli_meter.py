@@ -12,9 +12,12 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metering.period import Period, PeriodError, resolve
+
+if TYPE_CHECKING:
+    from metering.queryplan import Limits
 
 DEFAULT_DB = "gpu-ledger.duckdb"
 
@@ -56,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first backoff, doubled on each retry (default 0.5)")
     p.add_argument("--chunk", type=int, default=None, metavar="HOURS",
                    help="hours per range query and transaction (default 72)")
+    p.add_argument("--max-samples", type=int, default=None, metavar="N",
+                   help="samples one query may touch; queries are split by node and time to "
+                        "stay under it (default 50,000,000, Prometheus' --query.max-samples)")
+    p.add_argument("--max-series", type=int, default=None, metavar="N",
+                   help="series one query may select (default 300,000, VictoriaMetrics' "
+                        "-search.maxUniqueTimeseries)")
     p.add_argument("--sample-interval", type=float, default=None, metavar="SECONDS",
                    help="seconds between exporter samples (default: detected per node)")
     p.add_argument("--no-price", action="store_true", help="ingest only")
@@ -148,7 +157,7 @@ def _run(args: argparse.Namespace) -> int:
                                 retries=args.retries, backoff=args.retry_delay)
         except PromError as exc:
             raise _Fail(str(exc)) from None
-        source = PrometheusSource(client)
+        source = PrometheusSource(client, _limits(args))
     else:
         try:
             source = OpenMetricsSource(args.openmetrics, period)
@@ -177,6 +186,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         chunk = args.chunk or DEFAULT_CHUNK_HOURS
         progress = Progress(-(-period.hours // chunk), quiet=args.quiet)
+        if isinstance(source, PrometheusSource) and args.verbose:
+            source.planner.on_split = progress.message  # a store refused a query: say so
         say(f"meter: {period.label()} ({period.hours} h) from {source.name} into {args.db}")
         try:
             result = ingest(con, source, period, chunk, args.sample_interval, progress,
@@ -185,6 +196,8 @@ def _run(args: argparse.Namespace) -> int:
             raise _Fail(str(exc)) from None
         rows = ", ".join(f"{n} {t}" for t, n in result.rows.items())
         say(f"meter: {result.chunks} chunks, {result.queries} queries, {rows}")
+        if isinstance(source, PrometheusSource):
+            say(f"meter: queries: {source.planner.stats.describe()}")
         if result.empty_hours:
             gaps = ", ".join(f"{_fmt(a)} .. {_fmt(b)}" for a, b in hour_ranges(result.empty_hours))
             say(f"meter: no device data for {len(result.empty_hours)} hour(s): {gaps}")
@@ -200,6 +213,16 @@ def _run(args: argparse.Namespace) -> int:
         if isinstance(source, OpenMetricsSource):
             source.close()
     return 0
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    from metering.queryplan import DEFAULT_MAX_SAMPLES, DEFAULT_MAX_SERIES, Limits
+
+    for name, value in (("--max-samples", args.max_samples), ("--max-series", args.max_series)):
+        if value is not None and value < 1:
+            raise _Usage(f"{name}: expected a whole number >= 1, got {value}")
+    return Limits(max_samples=args.max_samples or DEFAULT_MAX_SAMPLES,
+                  max_series=args.max_series or DEFAULT_MAX_SERIES)
 
 
 def _price_only(args: argparse.Namespace, period: Period, say: Callable[[str], None]) -> int:

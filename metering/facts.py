@@ -53,17 +53,18 @@ class SignalSpec:
     # series keeps only the MIG ones); both sources apply it, so their rows stay equal.
     nonempty: tuple[str, ...] = ()
 
-    def selector(self) -> str:
-        if not self.nonempty:
-            return self.family
-        return self.family + "{" + ",".join(f'{label}!=""' for label in self.nonempty) + "}"
+    def selector(self, match: str = "") -> str:
+        """The family with its nonempty matchers and `match` (more matchers, e.g. a node
+        shard from metering.queryplan)."""
+        matchers = [f'{label}!=""' for label in self.nonempty] + ([match] if match else [])
+        return self.family + ("{" + ",".join(matchers) + "}" if matchers else "")
 
-    def promql(self, window: str, step_s: float = TLAST_STEP_S) -> str:
+    def promql(self, window: str, step_s: float = TLAST_STEP_S, match: str = "") -> str:
         if self.func == "tlast":
             # Latest sample time at grid points every step_s: the hour's last sample time,
             # exact while a grid point falls between it and its staleness marker.
-            return f"max_over_time(timestamp({self.selector()})[{window}:{step_s:g}s])"
-        return f"{self.func}_over_time({self.selector()}[{window}])"
+            return f"max_over_time(timestamp({self.selector(match)})[{window}:{step_s:g}s])"
+        return f"{self.func}_over_time({self.selector(match)}[{window}])"
 
     def keeps(self, labels: Mapping[str, str]) -> bool:
         return all(labels.get(label) for label in self.nonempty)

@@ -27,6 +27,7 @@ from metering.facts import (
 from metering.period import HOUR, Period
 from metering.progress import Progress
 from metering.promclient import PromClient, PromError
+from metering.queryplan import Limits, QueryPlanner
 
 # Prometheus answers at most 11,000 points per series; a chunk of N hours asks for N+1.
 MAX_CHUNK_HOURS = 10_000
@@ -50,9 +51,11 @@ class PrometheusSource:
     """One range query per signal per chunk (step 1h): the query count depends on hours and
     families only; every series comes back in the same answer."""
 
-    def __init__(self, client: PromClient) -> None:
+    def __init__(self, client: PromClient, limits: Limits | None = None) -> None:
         self.client = client
         self.name = client.url
+        # Splits each signal's chunk query by node shard and time to fit the store's limits.
+        self.planner = QueryPlanner(client, limits)
         self._window: str | None = None
         self.dropped = 0  # points whose value was not a finite number: never priced
 
@@ -104,10 +107,9 @@ class PrometheusSource:
         window = self.window()
         # Evaluation at T covers hour T-1h: T = start covers the hour before the chunk, which
         # the energy counter difference needs.
-        start, end = chunk.start.timestamp(), chunk.end.timestamp()
         out: dict[str, pa.Table] = {}
         for spec in SIGNALS:
-            result = self.client.query_range(spec.promql(window), start, end, 3600)
+            result = self.planner.fetch(spec, window, chunk)
             if not result:
                 continue
             series, sid, ts, values = self._points(result, spec.promql(window))

@@ -69,6 +69,17 @@ class PromClient:
         self.queries += 1
         return _result(data, self.url, promql)
 
+    def label_values(self, label: str, match: list[str], start: float, end: float
+                     ) -> list[str]:
+        """Values of `label` on the series matching any of `match` within [start, end]: an
+        index lookup (no samples read); stores may answer a superset of the range."""
+        params = urllib.parse.urlencode(
+            [*(("match[]", m) for m in match), ("start", _ts(start)), ("end", _ts(end))])
+        data = self._api(f"/api/v1/label/{urllib.parse.quote(label)}/values?{params}", {})
+        if not isinstance(data, list):
+            raise PromError(f"{self.url}: label values of {label!r} is not a list")
+        return [str(v) for v in data]
+
     def major_version(self) -> int | None:
         """Prometheus major version from /api/v1/status/buildinfo; None where it is not served
         (some Prometheus-compatible servers lack it)."""

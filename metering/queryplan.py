@@ -1,0 +1,345 @@
+"""Query planning: keep every range query inside the limits a PromQL store enforces.
+
+A store refuses a query that would touch too much: Prometheus `--query.max-samples` (points
+held in memory, 50M by default), VictoriaMetrics `-search.maxSamplesPerQuery` (raw samples
+read, 1e9), `-search.maxUniqueTimeseries` (series selected, 300k) and `-search.maxQueryLen`
+(16 KiB of PromQL). One query per signal per chunk stops fitting somewhere between a thousand
+and ten thousand nodes, so each signal's chunk query is split, before it is sent:
+
+- by series, into node shards: the chunk's node names (one label-values call per chunk, an
+  index lookup in both stores) are packed, in name order, into shards whose estimated cost
+  fits the budget, each queried with `node=~"a|b|..."` (the first shard also matches series
+  without a node label, so every series is in exactly one shard);
+- by time, into consecutive runs of evaluation hours, when even one node's series do not fit.
+
+Estimates come from what earlier answers showed (series per node and family, samples per
+series-hour from the count signals), starting from conservative priors. A store that still
+answers with a limit error gets the failing query split in two (nodes first, then hours) and
+retried, and that signal's later plans keep under half the refused query's estimate. The
+answers of a signal's pieces are merged per series, so the facts do not depend on how a chunk
+was split.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from metering.facts import SIGNALS, SignalSpec
+from metering.period import Period
+from metering.promclient import PromClient, PromError
+
+HOUR_S = 3600
+# Prometheus's default --query.max-samples: the smallest default among the stores we target.
+DEFAULT_MAX_SAMPLES = 50_000_000
+DEFAULT_MAX_SERIES = 300_000  # VictoriaMetrics -search.maxUniqueTimeseries default
+# VictoriaMetrics -search.maxQueryLen is 16 KiB; the node regex gets most of it.
+DEFAULT_MAX_QUERY_BYTES = 12_000
+# Before any answer: a node has 8 series per family, sampled every 15 s (both on the high
+# side, so a first plan errs towards smaller queries).
+PRIOR_SERIES_PER_NODE = 8.0
+PRIOR_SAMPLES_PER_HOUR = 240.0
+SHARD_LABEL = "node"
+
+# What stores say when a query exceeds a limit (the HTTP status is 422 for both, but so is any
+# other execution error, so the message is what tells them apart).
+_LIMIT_ERROR = re.compile(
+    r"too many samples|maxSamplesPerQuery|maxSamplesPerSeries|maxUniqueTimeseries|"
+    r"matching timeseries exceeds|maxPointsPerTimeseries|too many points|maxQueryLen|"
+    r"query timed out|maxQueryDuration|max-fetched|exceeded the maximum|limit exceeded",
+    re.I)
+_REGEX_META = re.compile(r"([\\.+*?()|\[\]{}^$])")
+
+
+class QueryLimitError(PromError):
+    """A single node-hour of one signal exceeds the store's limit: it cannot be split."""
+
+
+def is_limit_error(exc: PromError) -> bool:
+    return _LIMIT_ERROR.search(str(exc)) is not None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one query may cost. `max_samples` counts the larger of raw samples read and
+    points held (a `[1h:10s]` subquery holds 360 points per series-hour)."""
+
+    max_samples: int = DEFAULT_MAX_SAMPLES
+    max_series: int = DEFAULT_MAX_SERIES
+    max_query_bytes: int = DEFAULT_MAX_QUERY_BYTES
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One range query of a signal: a node shard (None: every series) and evaluation hours
+    first..last (unix seconds, inclusive, step 1h)."""
+
+    nodes: tuple[str, ...] | None
+    first: int
+    last: int
+
+    @property
+    def steps(self) -> int:
+        return (self.last - self.first) // HOUR_S + 1
+
+    def matcher(self) -> str:
+        if self.nodes is None:
+            return ""
+        alternatives = "|".join(_REGEX_META.sub(r"\\\1", n) for n in self.nodes)
+        quoted = alternatives.replace("\\", "\\\\").replace('"', '\\"')
+        return f'{SHARD_LABEL}=~"{quoted}"'
+
+
+@dataclass
+class SplitStats:
+    """How queries were split, for the run's output."""
+
+    signal_queries: int = 0  # signal x chunk pairs planned
+    queries: int = 0  # range queries answered
+    max_shards: int = 1
+    max_time_pieces: int = 1
+    refused: int = 0  # queries the store refused with a limit error (then split)
+    lookups: int = 0  # label-values calls
+    nodes: int = 0  # nodes in the last chunk
+    no_discovery: str = ""  # why nodes could not be listed (then no node shards)
+
+    def describe(self) -> str:
+        if self.max_shards == 1 and self.max_time_pieces == 1 and not self.refused:
+            split = "no split needed (one query per signal and chunk)"
+        else:
+            split = (f"split into up to {self.max_shards} node shard(s) x "
+                     f"{self.max_time_pieces} time range(s) per signal and chunk")
+        extra = f"; {self.refused} query(ies) refused by the store's limits and split again" \
+            if self.refused else ""
+        why = f"; {self.no_discovery}" if self.no_discovery else ""
+        return (f"{self.queries} range queries for {self.signal_queries} signal-chunks over "
+                f"{self.nodes} node(s): {split}{extra}{why}")
+
+
+@dataclass
+class _Learned:
+    # family -> node -> series seen in the last answer
+    series: dict[str, dict[str, int]] = field(default_factory=dict)
+    rate: dict[str, float] = field(default_factory=dict)  # node -> samples per series-hour
+    # signal -> budget learned from refusals: half the estimate of the last refused query
+    budget: dict[str, float] = field(default_factory=dict)
+
+
+class QueryPlanner:
+    """Plans, sends and merges the range queries of one signal over one chunk."""
+
+    def __init__(self, client: PromClient, limits: Limits | None = None,
+                 on_split: Callable[[str], None] | None = None) -> None:
+        self.client = client
+        self.limits = limits or Limits()
+        self.stats = SplitStats()
+        self.on_split = on_split  # told about each split forced by a store error
+        self._learned = _Learned()
+        self._nodes: tuple[str, ...] | None = None
+        self._chunk: Period | None = None
+
+    # --- nodes ----------------------------------------------------------------------------
+
+    def nodes(self, chunk: Period) -> tuple[str, ...] | None:
+        """Node names with series of any metered family in the chunk (and the hour before);
+        None where the store cannot list them (then only time splits are possible)."""
+        if self._chunk == chunk:
+            return self._nodes
+        self._chunk = chunk
+        families = "|".join(sorted({s.family for s in SIGNALS}))
+        try:
+            values = self.client.label_values(
+                SHARD_LABEL, [f'{{__name__=~"{families}"}}'],
+                chunk.start.timestamp() - HOUR_S, chunk.end.timestamp())
+        except PromError as exc:
+            self.stats.no_discovery = f"node names not listed ({exc})"
+            self._nodes = None
+            return None
+        self.stats.lookups += 1
+        self._nodes = tuple(sorted({v for v in values if v}))
+        self.stats.nodes = len(self._nodes)
+        return self._nodes
+
+    # --- estimates ------------------------------------------------------------------------
+
+    def _series(self, family: str, node: str) -> float:
+        seen = self._learned.series.get(family)
+        if seen is None:
+            return PRIOR_SERIES_PER_NODE
+        if node in seen:
+            return float(seen[node])
+        return sum(seen.values()) / len(seen) if seen else PRIOR_SERIES_PER_NODE
+
+    def _per_step(self, spec: SignalSpec, node: str) -> float:
+        """Samples one series costs per evaluation hour."""
+        rate = self._learned.rate.get(node)
+        if rate is None:
+            rates = self._learned.rate.values()
+            rate = max(rates) if rates else PRIOR_SAMPLES_PER_HOUR
+        if spec.func == "tlast":  # a [1h:10s] subquery holds 360 points per series-hour
+            rate = max(rate, HOUR_S / 10)
+        return rate
+
+    # --- planning -------------------------------------------------------------------------
+
+    def plan(self, spec: SignalSpec, first: int, last: int,
+             nodes: Sequence[str] | None) -> list[Piece]:
+        """Pieces covering every series and every evaluation hour first..last once."""
+        steps = (last - first) // HOUR_S + 1
+        if not nodes:  # unknown (or no) nodes: one query; a limit error splits it by time
+            return [Piece(None, first, last)]
+        budget = self._budget(spec)
+        series = {n: self._series(spec.family, n) for n in nodes}
+        weight = {n: series[n] * self._per_step(spec, n) for n in nodes}
+        total_series = sum(series.values())
+        if (sum(weight.values()) * steps <= budget
+                and total_series <= self.limits.max_series):
+            return [Piece(None, first, last)]
+        heaviest = max(weight.values())
+        hours = max(1, min(steps, int(budget // max(heaviest, 1.0))))
+        shards = self._pack(nodes, weight, series, hours, budget)
+        pieces: list[Piece] = []
+        for shard in shards:
+            for a, b in _time_ranges(first, last, hours):
+                pieces.append(Piece(shard, a, b))
+        return pieces
+
+    def _budget(self, spec: SignalSpec) -> float:
+        return min(float(self.limits.max_samples),
+                   self._learned.budget.get(spec.name, float("inf")))
+
+    def _cost(self, spec: SignalSpec, piece: Piece, nodes: Sequence[str]) -> float:
+        members = nodes if piece.nodes is None else [n for n in piece.nodes if n]
+        return sum(self._series(spec.family, n) * self._per_step(spec, n)
+                   for n in members) * piece.steps
+
+    def _pack(self, nodes: Sequence[str], weight: dict[str, float], series: dict[str, float],
+              hours: int, budget: float) -> list[tuple[str, ...]]:
+        """Nodes in name order into shards within the sample, series and length budgets.
+        The first shard also matches an empty node label (series without one)."""
+        shards: list[tuple[str, ...]] = []
+        cur: list[str] = [""]
+        cost = n_series = 0.0
+        length = 0
+        for node in nodes:
+            w, s, ln = weight[node] * hours, series[node], len(node) * 2 + 1
+            if len(cur) > (1 if not shards else 0) and (
+                    cost + w > budget
+                    or n_series + s > self.limits.max_series
+                    or length + ln > self.limits.max_query_bytes):
+                shards.append(tuple(cur))
+                cur, cost, n_series, length = [], 0.0, 0.0, 0
+            cur.append(node)
+            cost, n_series, length = cost + w, n_series + s, length + ln
+        if cur:
+            shards.append(tuple(cur))
+        return shards
+
+    # --- running --------------------------------------------------------------------------
+
+    def fetch(self, spec: SignalSpec, window: str, chunk: Period) -> list[dict[str, Any]]:
+        """Every series of the signal over the chunk's evaluation hours (chunk start to end),
+        one entry per series with its points in time order."""
+        first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
+        nodes = self.nodes(chunk)
+        pieces = self.plan(spec, first, last, nodes)
+        self.stats.signal_queries += 1
+        answered: list[Piece] = []
+        merged: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+        todo = list(reversed(pieces))
+        while todo:
+            piece = todo.pop()
+            try:
+                result = self.client.query_range(spec.promql(window, match=piece.matcher()),
+                                                 piece.first, piece.last, HOUR_S)
+            except PromError as exc:
+                if not is_limit_error(exc):
+                    raise
+                halves = self._halve(piece, nodes)
+                if halves is None:
+                    raise QueryLimitError(
+                        f"{exc} (one node-hour of {spec.name} is over the store's limit: "
+                        "raise the limit)") from None
+                self.stats.refused += 1
+                cost = self._cost(spec, piece, nodes or ())
+                if cost > 0:
+                    self._learned.budget[spec.name] = min(self._budget(spec), cost / 2)
+                if self.on_split:
+                    self.on_split(f"{spec.name}: the store refused a query "
+                                  f"({_describe(piece)}); splitting it in two")
+                todo.extend(reversed(halves))
+                continue
+            self.stats.queries += 1
+            answered.append(piece)
+            self._learn(spec, result)
+            for r in result:
+                metric = r.get("metric") if isinstance(r, dict) else None
+                if not isinstance(metric, dict):
+                    merged[(("", str(len(merged))),)] = r  # malformed: the parser names it
+                    continue
+                key = tuple(sorted((str(k), str(v)) for k, v in metric.items()))
+                if key in merged:
+                    merged[key] = {"metric": metric,
+                                   "values": [*merged[key].get("values", []),
+                                              *r.get("values", [])]}
+                else:
+                    merged[key] = r
+        shards = {p.nodes for p in answered}
+        self.stats.max_shards = max(self.stats.max_shards, len(shards))
+        self.stats.max_time_pieces = max(
+            [self.stats.max_time_pieces,
+             *(sum(1 for p in answered if p.nodes == s) for s in shards)])
+        return list(merged.values())
+
+    def _halve(self, piece: Piece, nodes: tuple[str, ...] | None) -> list[Piece] | None:
+        shard = piece.nodes
+        if shard is None and nodes:
+            shard = ("", *nodes)
+        real = tuple(n for n in (shard or ()) if n)
+        if len(real) > 1:  # the empty name (series without a node) stays in the first half
+            mid = len(real) // 2
+            head = ("",) if shard is not None and "" in shard else ()
+            return [Piece((*head, *real[:mid]), piece.first, piece.last),
+                    Piece(real[mid:], piece.first, piece.last)]
+        if piece.steps > 1:
+            mid = piece.first + (piece.steps // 2 - 1) * HOUR_S
+            return [Piece(shard, piece.first, mid), Piece(shard, mid + HOUR_S, piece.last)]
+        return None
+
+    def _learn(self, spec: SignalSpec, result: list[dict[str, Any]]) -> None:
+        """Series per node for the family; samples per series-hour from count signals."""
+        per_node = self._learned.series.setdefault(spec.family, {})
+        counted: dict[str, int] = {}
+        for r in result:
+            metric = r.get("metric") if isinstance(r, dict) else None
+            if not isinstance(metric, dict):
+                continue
+            node = str(metric.get(SHARD_LABEL, ""))
+            counted[node] = counted.get(node, 0) + 1
+            if spec.func == "count":
+                values = r.get("values")
+                try:
+                    top = max(float(p[1]) for p in values) if isinstance(values, list) \
+                        and values else None
+                except (TypeError, ValueError, IndexError):
+                    top = None
+                if top is not None and top > self._learned.rate.get(node, 0.0):
+                    self._learned.rate[node] = top
+        per_node.update(counted)
+
+
+def _time_ranges(first: int, last: int, hours: int) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    a = first
+    while a <= last:
+        b = min(a + (hours - 1) * HOUR_S, last)
+        out.append((a, b))
+        a = b + HOUR_S
+    return out
+
+
+def _describe(piece: Piece) -> str:
+    who = "every node" if piece.nodes is None else f"{len([n for n in piece.nodes if n])} node(s)"
+    return f"{who}, {piece.steps} hour(s)"

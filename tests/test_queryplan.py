@@ -1,0 +1,200 @@
+"""Query splitting under store limits: a real Prometheus started with a tiny
+`--query.max-samples` and a real VictoriaMetrics with a tiny `-search.maxSamplesPerQuery`
+refuse the unsplit queries; metering splits them by node and by time and writes the same
+facts and the same bill as an unsplit run."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import conftest_prom
+import pytest
+from conftest_prom import expected_facts, fact_rows
+from promtools import backfill, free_port, running_prometheus
+
+from gpu_ledger.procutil import stop
+from metering.cli_meter import main
+from metering.db import connect
+from metering.facts import SIGNALS
+from metering.promclient import PromClient
+from metering.queryplan import HOUR_S, Limits, Piece, QueryPlanner, _time_ranges
+
+fleet_om_file = conftest_prom.fleet_om_file
+fleet_prom_url = conftest_prom.fleet_prom_url
+DAY_ARGS = ["--from", "2026-10-05", "--to", "2026-10-06"]
+FACTS = ("device_hours", "mig_hours", "allocation_hours", "workload_hours")
+
+
+def _meter(url: str, db: Path, *extra: str) -> str:
+    import io
+    from contextlib import redirect_stderr
+
+    err = io.StringIO()
+    with redirect_stderr(err):
+        rc = main(["--prometheus", url, *DAY_ARGS, "--db", str(db), "--retries", "0", *extra])
+    assert rc == 0, err.getvalue()
+    return err.getvalue()
+
+
+def _same_ledger(a: Path, b: Path) -> None:
+    ca, cb = connect(a, read_only=True), connect(b, read_only=True)
+    try:
+        for table in FACTS:
+            assert fact_rows(ca, table) == fact_rows(cb, table), table
+        assert fact_rows(ca, "device_hours")  # not vacuously equal
+        cols = [r[0] for r in ca.execute("DESCRIBE charges").fetchall()]
+        keep = ", ".join(c for c in cols if c not in ("priced_at", "ingested_at"))
+        sql = f"SELECT {keep} FROM charges ORDER BY ALL"
+        assert ca.execute(sql).fetchall() == cb.execute(sql).fetchall()
+        assert ca.execute("SELECT count(*) FROM charges").fetchone()[0] > 0  # type: ignore[index]
+    finally:
+        ca.close()
+        cb.close()
+
+
+# --- the plan on its own ------------------------------------------------------------------
+
+
+def test_node_shards_cover_every_series_once() -> None:
+    planner = QueryPlanner(PromClient("http://127.0.0.1:1"), Limits(max_samples=100_000))
+    nodes = tuple(f"ip-10-0-{i}.ec2.internal" for i in range(50))
+    spec = next(s for s in SIGNALS if s.name == "up_count")
+    pieces = planner.plan(spec, 0, 71 * HOUR_S, nodes)
+    shards = {p.nodes for p in pieces}
+    assert len(shards) > 1
+    members = [n for shard in shards for n in shard or ()]
+    # Every node in exactly one shard; the first one also takes series without a node label.
+    assert sorted(members) == sorted(("", *nodes))
+    for shard in shards:  # 8 series x 240 samples per node-hour (priors) x hours <= budget
+        hours = {p.steps for p in pieces if p.nodes == shard}
+        assert all(len([n for n in shard or () if n]) * 8 * 240 * h <= 100_000 for h in hours)
+    # Evaluation hours of each shard: a partition of the chunk's 72.
+    for shard in shards:
+        got = sorted((p.first, p.last) for p in pieces if p.nodes == shard)
+        hours_seen = [t for a, b in got for t in range(a, b + 1, HOUR_S)]
+        assert hours_seen == list(range(0, 72 * HOUR_S, HOUR_S))
+
+
+def test_small_fleets_are_not_split() -> None:
+    planner = QueryPlanner(PromClient("http://127.0.0.1:1"))
+    for spec in SIGNALS:
+        assert planner.plan(spec, 0, 72 * HOUR_S, ("node-a", "node-b")) == [
+            Piece(None, 0, 72 * HOUR_S)]
+
+
+def test_node_names_are_regex_escaped() -> None:
+    piece = Piece(("", "a.b", 'q"x'), 0, 0)
+    assert piece.matcher() == 'node=~"|a\\\\.b|q\\"x"'
+
+
+def test_time_ranges_partition_hours() -> None:
+    assert _time_ranges(0, 4 * HOUR_S, 2) == [(0, HOUR_S), (2 * HOUR_S, 3 * HOUR_S),
+                                               (4 * HOUR_S, 4 * HOUR_S)]
+
+
+# --- real stores that refuse big queries --------------------------------------------------
+
+
+def test_prometheus_max_samples_splits_to_the_same_bill(
+        fleet_prom_url: str, fleet_om_file: Path, tmp_path: Path) -> None:
+    plain = tmp_path / "plain.duckdb"
+    out = _meter(fleet_prom_url, plain)
+    assert "no split needed" in out
+    data = tmp_path / "limited"
+    backfill(fleet_om_file.read_text(), data)
+    # The tlast subqueries hold 360 points per series-hour: 54,000 for the day's 6 GPUs.
+    with running_prometheus(data, extra_args=("--query.max-samples=3000",)) as url:
+        split = tmp_path / "split.duckdb"
+        out = _meter(url, split, "--verbose")
+    assert "refused by the store's limits" in out and "node shard(s)" in out, out
+    assert "time range(s)" in out
+    _same_ledger(plain, split)
+    con = connect(split, read_only=True)
+    try:
+        assert fact_rows(con, "device_hours") == expected_facts()["device_hours"]
+        assert fact_rows(con, "allocation_hours") == expected_facts()["allocation_hours"]
+    finally:
+        con.close()
+
+
+def test_planned_split_needs_no_refusal(fleet_prom_url: str, tmp_path: Path) -> None:
+    plain, split = tmp_path / "plain.duckdb", tmp_path / "split.duckdb"
+    _meter(fleet_prom_url, plain)
+    out = _meter(fleet_prom_url, split, "--max-samples", "20000", "--max-series", "4")
+    assert "refused" not in out and "node shard(s)" in out, out
+    _same_ledger(plain, split)
+
+
+@contextmanager
+def _victoria(path: Path, *flags: str) -> Iterator[str]:
+    binary = shutil.which("victoria-metrics")
+    assert binary, "victoria-metrics is not installed: apt-get install -y victoria-metrics"
+    port = free_port()
+    log = (path.parent / f"{path.name}.log").open("wb")
+    proc = subprocess.Popen([binary, f"-storageDataPath={path}",
+                             f"-httpListenAddr=127.0.0.1:{port}", "-retentionPeriod=100y",
+                             "-search.disableCache", *flags],
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None, (path.parent / f"{path.name}.log").read_text()
+                assert time.monotonic() < deadline, "victoria-metrics did not start"
+                time.sleep(0.1)
+        yield url
+    finally:
+        stop(proc)
+        log.close()
+
+
+def _import(url: str, om: Path) -> None:
+    """OpenMetrics (seconds) as Prometheus text with millisecond timestamps."""
+    lines = []
+    for line in om.read_text().splitlines():
+        if line and not line.startswith("#"):
+            head, _, ts = line.rpartition(" ")
+            lines.append(f"{head} {int(ts) * 1000}")
+    req = urllib.request.Request(f"{url}/api/v1/import/prometheus",
+                                 data="\n".join(lines).encode() + b"\n", method="POST")
+    with urllib.request.urlopen(req, timeout=60):
+        pass
+    with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=30):
+        pass
+
+
+def test_victoria_metrics_max_samples_splits_to_the_same_bill(
+        fleet_om_file: Path, tmp_path: Path) -> None:
+    plain, split = tmp_path / "plain.duckdb", tmp_path / "split.duckdb"
+    with _victoria(tmp_path / "vm-plain") as url:
+        _import(url, fleet_om_file)
+        assert "no split needed" in _meter(url, plain)
+    # VictoriaMetrics counts the samples of every data block it reads; the whole day of one
+    # node's series fits 10,000, all six GPUs do not.
+    with _victoria(tmp_path / "vm-limited", "-search.maxSamplesPerQuery=10000") as url:
+        _import(url, fleet_om_file)
+        out = _meter(url, split)
+    assert "refused by the store's limits" in out and "node shard(s)" in out, out
+    _same_ledger(plain, split)
+
+
+def test_one_node_hour_over_the_limit_is_a_one_line_error(
+        fleet_om_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with _victoria(tmp_path / "vm", "-search.maxSamplesPerQuery=10") as url:
+        _import(url, fleet_om_file)
+        rc = main(["--prometheus", url, *DAY_ARGS, "--db", str(tmp_path / "m.duckdb"),
+                   "--retries", "0", "-q"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err
+    assert "maxSamplesPerQuery" in err and "raise the limit" in err
+    assert len(err.strip().splitlines()) == 1
