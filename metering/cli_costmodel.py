@@ -51,7 +51,8 @@ def show(model: CostModel, name: str, models: list[str]) -> str:
         mig += " (table: " + ", ".join(f"{k}={v}" for k, v in model.mig_table.items()) + ")"
     out.append(f"mig fraction: {mig}")
     eff = ", ".join(f"{k}={v}" for k, v in model.sharing_efficiency.items()) or "none"
-    out.append(f"shared GPUs: split by {model.sharing_split}; efficiency factors: {eff}")
+    out.append(f"shared GPUs: split by {model.sharing_split}; fractional grants priced by "
+               f"{model.fractional_basis}; efficiency factors: {eff}")
     basis = model.basis + (f" (usage weight {model.usage_weight})" if model.basis == "blend"
                            else "")
     out.append(f"basis: {basis}")

@@ -24,7 +24,10 @@ from gpu_ledger import safeyaml
 MICRO: Final = Decimal("0.000001")
 # Names the pricing engine gives its own rows; a team may not be called any of these.
 RESERVED_TEAMS: Final = frozenset({"idle", "down", "adjustment"})
-SHARING_MODES: Final = ("exclusive", "mig", "time-slicing", "mps")
+SHARING_MODES: Final = ("exclusive", "mig", "time-slicing", "mps", "fractional")
+# What a fractional grant (HAMi, gpushare) pays: its memory fraction, its core fraction, or
+# the larger of the two (docs/cost-model.md, `sharing.fractional`).
+FRACTIONAL_BASES: Final = ("memory", "cores", "larger")
 MIG_FRACTIONS: Final = ("slices", "memory", "table")
 SHARING_SPLITS: Final = ("replicas", "memory", "sm")
 BASES: Final = ("allocation", "usage", "blend")
@@ -166,6 +169,7 @@ class CostModel:
     mig_table: Mapping[str, Decimal]
     sharing_split: str
     sharing_efficiency: Mapping[str, Decimal]
+    fractional_basis: str
     basis: str
     usage_weight: Decimal
     tiers: tuple[Tier, ...]
@@ -338,7 +342,7 @@ class _Parser:
                 if rule.memory_gb is None:
                     raise self.fail(f"{rule.key}.memory_gb",
                                     "the GPU's memory in GB, needed by mig.fraction: memory")
-        split, efficiency = self.sharing(top.get("sharing"))
+        split, efficiency, fractional = self.sharing(top.get("sharing"))
         basis, usage_weight = self.basis(top.get("basis"))
         tiers = self.tiers(top.get("utilization_tiers"))
         label, rules, default_team = self.teams(top.get("teams"))
@@ -347,7 +351,8 @@ class _Parser:
         budgets = self.budgets(top.get("budgets"))
         return CostModel(path=path, hash=digest, currency=currency, default_price=default,
                          gpus=gpus, mig_fraction=mig_fraction, mig_table=mig_table,
-                         sharing_split=split, sharing_efficiency=efficiency, basis=basis,
+                         sharing_split=split, sharing_efficiency=efficiency,
+                         fractional_basis=fractional, basis=basis,
                          usage_weight=usage_weight, tiers=tiers, team_label=label,
                          namespace_rules=rules, default_team=default_team,
                          team_discounts=team_disc, model_discounts=model_disc,
@@ -446,16 +451,18 @@ class _Parser:
             raise self.fail("mig.table", "at least one profile when mig.fraction is table")
         return fraction, table
 
-    def sharing(self, value: object) -> tuple[str, dict[str, Decimal]]:
-        sec = self.mapping(value, "sharing", ("split", "efficiency"))
+    def sharing(self, value: object) -> tuple[str, dict[str, Decimal], str]:
+        sec = self.mapping(value, "sharing", ("split", "efficiency", "fractional"))
         split = self.choice(sec.get("split", "replicas"), "sharing.split", SHARING_SPLITS)
+        fractional = self.choice(sec.get("fractional", "memory"), "sharing.fractional",
+                                 FRACTIONAL_BASES)
         eff_raw = sec.get("efficiency")
         if not isinstance(eff_raw, dict | None):
             raise self.fail("sharing.efficiency", "a mapping of sharing mode to factor", eff_raw)
         eff = self.mapping(eff_raw, "sharing.efficiency", SHARING_MODES)
         efficiency = {mode: self.number(v, f"sharing.efficiency.{mode}", lo_open=True,
                                         hi=Decimal(1)) for mode, v in eff.items()}
-        return split, efficiency
+        return split, efficiency, fractional
 
     def basis(self, value: object) -> tuple[str, Decimal]:
         sec = self.mapping(value, "basis", ("mode", "usage_weight"))

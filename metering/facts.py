@@ -102,6 +102,12 @@ SIGNALS: tuple[SignalSpec, ...] = (
                CONTAINER_KEY),
     SignalSpec("csm_sum", "gpu_container_sm_utilization_ratio", "sum", CONTAINER_COLS,
                CONTAINER_KEY),
+    # Fractional grants (HAMi, gpushare): the memory / core fraction a container was granted.
+    # A grant is fixed for the pod's life; max is also blind to duplicate series.
+    SignalSpec("cmemfrac_max", "gpu_container_memory_fraction", "max", CONTAINER_COLS,
+               CONTAINER_KEY),
+    SignalSpec("ccorefrac_max", "gpu_container_core_fraction", "max", CONTAINER_COLS,
+               CONTAINER_KEY),
 )
 FAMILIES: frozenset[str] = frozenset(s.family for s in SIGNALS)
 
@@ -163,11 +169,13 @@ class FactCounts:
     mig_hours: int = 0
     allocation_hours: int = 0
     workload_hours: int = 0
+    grant_hours: int = 0
     spacing: dict[str, float] = field(default_factory=dict)  # node -> seconds per sample
 
     @property
     def total(self) -> int:
-        return self.device_hours + self.mig_hours + self.allocation_hours + self.workload_hours
+        return (self.device_hours + self.mig_hours + self.allocation_hours
+                + self.workload_hours + self.grant_hours)
 
 
 # Seconds per sample for each series: its node's detected spacing, else the chunk's.
@@ -348,6 +356,29 @@ JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
 LEFT JOIN mx ON mx.hour = k.hour AND mx.key = k.key
 """
 
+# Per allocation fact with a fractional grant: the granted memory and core fractions (the
+# largest seen in the hour; NULL where the grant gives none, e.g. no core limit).
+GRANT_SQL = f"""
+INSERT INTO grant_hours (hour, namespace, pod, container, uuid, mig_uuid, memory_fraction,
+                         core_fraction)
+WITH k AS (
+    SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh
+    FROM alloc_count c WHERE {_in("c")} GROUP BY c.hour, c.key),
+m AS (SELECT hour, key, max(value) AS v FROM cmemfrac_max WHERE {_IN_CHUNK}
+      GROUP BY hour, key),
+cf AS (SELECT hour, key, max(value) AS v FROM ccorefrac_max WHERE {_IN_CHUNK}
+       GROUP BY hour, key)
+SELECT k.hour, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid,
+       -- clamped to 0-1; greatest() would turn a missing figure (NULL) into 0
+       CASE WHEN m.v IS NOT NULL THEN least(greatest(m.v, 0), 1) END,
+       CASE WHEN cf.v IS NOT NULL THEN least(greatest(cf.v, 0), 1) END
+FROM k
+JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
+LEFT JOIN m ON m.hour = k.hour AND m.key = k.key
+LEFT JOIN cf ON cf.hour = k.hour AND cf.key = k.key
+WHERE m.v IS NOT NULL OR cf.v IS NOT NULL
+"""
+
 # Integer labels that pricing divides by: a bad value is an error, never a silent 0.
 _INT_LABELS = (("mig_count", "gpu_mig_info", ("slices", "parent_slices")),
                ("alloc_count", "gpu_container_allocation", ("replicas",)))
@@ -420,7 +451,8 @@ def write_facts(con: Any, signals: Mapping[str, pa.Table], start: datetime, end:
         params["dflt"] = default
         counts = FactCounts(spacing=spacing or {"*": default})
         for sql, attr in ((DEVICE_SQL, "device_hours"), (MIG_SQL, "mig_hours"),
-                          (ALLOC_SQL, "allocation_hours"), (WORKLOAD_SQL, "workload_hours")):
+                          (ALLOC_SQL, "allocation_hours"), (WORKLOAD_SQL, "workload_hours"),
+                          (GRANT_SQL, "grant_hours")):
             # DuckDB refuses named parameters a statement does not use
             used = {k: v for k, v in params.items() if f"${k}" in sql}
             rows = con.execute(sql, used).fetchall()
@@ -431,7 +463,8 @@ def write_facts(con: Any, signals: Mapping[str, pa.Table], start: datetime, end:
             con.unregister(name)
 
 
-FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "coverage")
+FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours",
+               "coverage")
 
 
 def delete_hours(con: Any, start: datetime, end: datetime) -> None:

@@ -112,7 +112,8 @@ def _load_config(con: duckdb.DuckDBPyConnection, model: CostModel,
     variables: dict[str, object] = {
         "gl_start": start, "gl_end": end, "gl_label": model.team_label,
         "gl_default_team": model.default_team, "gl_mig_fraction": model.mig_fraction,
-        "gl_split": model.sharing_split, "gl_basis": model.basis,
+        "gl_split": model.sharing_split, "gl_fractional": model.fractional_basis,
+        "gl_basis": model.basis,
         "gl_usage_weight": float(model.usage_weight), "gl_idle_policy": model.idle_policy,
         "gl_hash": model.hash,
     }

@@ -180,7 +180,11 @@ pricing:
      "cost-model.yaml: mig.table.3g.40gb: expected a number > 0 and <= 1, got 1.5"),
     (VALID + "sharing: {efficiency: {time_slicing: 0.9}}\n",
      "cost-model.yaml: sharing.efficiency.time_slicing: expected a known key: exclusive, mig, "
-     'time-slicing, mps, got unknown key "time_slicing" (did you mean "time-slicing"?)'),
+     'time-slicing, mps, fractional, got unknown key "time_slicing" (did you mean '
+     '"time-slicing"?)'),
+    (VALID + "sharing: {fractional: both}\n",
+     "cost-model.yaml: sharing.fractional: expected one of memory | cores | larger, "
+     'got "both"'),
     (VALID + "discounts: {teams: {a: 2}}\n",
      "cost-model.yaml: discounts.teams.a: expected a number >= 0 and <= 1, got 2"),
     (VALID + "basis: {mode: blend, usage_weight: -0.1}\n",

@@ -157,3 +157,27 @@ def test_escaped_label_values_and_other_families(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(OpenMetricsError, match=r"nope\.om: cannot read"):
         OpenMetricsSource(str(tmp_path / "nope.om"), resolve("2026-10", None, None))
+
+
+def test_fractional_grants_become_grant_facts(tmp_path: Path) -> None:
+    """A HAMi grant (memory 0.25, cores 0.3) and a gpushare grant (memory only) scraped twice
+    (two jobs): one grant_hours row per allocation, the fractions as exported; an allocation
+    without a grant has no row."""
+    lines = _gpu_up(60)
+    other = KEY.replace('pod="p"', 'pod="q"')
+    plain = KEY.replace('pod="p"', 'pod="r"')
+    alloc = ("gpu_container_allocation{%s,resource=\"nvidia.com/gpumem\",sharing=\"fractional\","
+             "replicas=\"2\",job=\"%s\"} 1 %d")
+    for job in ("a", "b"):
+        for key in (KEY, other, plain):
+            lines += [alloc % (key, job, T0 + t) for t in range(60, 3601, 60)]
+        lines += [f'gpu_container_memory_fraction{{{KEY},job="{job}"}} 0.25 {T0 + t}'
+                  for t in range(60, 3601, 60)]
+        lines += [f'gpu_container_core_fraction{{{KEY},job="{job}"}} 0.3 {T0 + t}'
+                  for t in range(60, 3601, 60)]
+        lines += [f'gpu_container_memory_fraction{{{other},job="{job}"}} 0.75 {T0 + t}'
+                  for t in range(60, 3601, 60)]
+    con = _run(tmp_path, "\n".join(lines) + "\n# EOF\n")
+    rows = con.execute("SELECT pod, memory_fraction, core_fraction FROM grant_hours "  # type: ignore[attr-defined]
+                       "ORDER BY pod").fetchall()
+    assert rows == [("p", 0.25, 0.3), ("q", 0.75, None)]

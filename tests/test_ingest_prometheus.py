@@ -112,7 +112,7 @@ def test_cli_ingests_prices_and_reports_queries(fleet_prom_url: str, tmp_path: P
                "--verbose"])
     err = capsys.readouterr().err
     assert rc == 0, err
-    assert "2 chunks, 34 queries" in err and "node-a=60s" in err
+    assert f"2 chunks, {2 * len(SIGNALS)} queries" in err and "node-a=60s" in err
     assert "chunk 2/2" in err and "Traceback" not in err
     con = connect(db, read_only=True)
     assert con.execute("SELECT count(*) FROM device_hours").fetchone() == (144,)

@@ -75,6 +75,13 @@ def alloc(con: Any, pod: str, uuid: str, *, ns: str = "research", mig_uuid: str 
          labels or {}])
 
 
+def grant(con: Any, pod: str, uuid: str, memory: float | None, cores: float | None, *,
+          ns: str = "research", hour: datetime = T0, container: str = "main") -> None:
+    """A fractional grant's memory and core fractions (HAMi, gpushare) for an allocation."""
+    con.execute("INSERT INTO grant_hours VALUES (?, ?, ?, ?, ?, '', ?, ?)",
+                [hour, ns, pod, container, uuid, memory, cores])
+
+
 def charges(con: Any) -> dict[tuple[str, str], Decimal]:
     """(team, pod or uuid) -> cost; idle/down rows are keyed by device uuid."""
     out: dict[tuple[str, str], Decimal] = {}
@@ -503,6 +510,7 @@ _policies = st.sampled_from(["separate", "proportional", "even", "weights"])
 _splits = st.sampled_from(["replicas", "memory", "sm"])
 _bases = st.sampled_from(["allocation", "usage", "blend"])
 _fractions = st.sampled_from(["slices", "memory", "table"])
+_grant_bases = st.sampled_from(["memory", "cores", "larger"])
 
 
 @st.composite
@@ -512,7 +520,7 @@ def _fleets(draw: st.DrawFn) -> list[tuple[str, Any]]:
     for g in range(draw(st.integers(1, 5))):
         uuid = f"GPU-{g}"
         name = draw(st.sampled_from([H100, A100, "Tesla T4"]))
-        kind = draw(st.sampled_from(["exclusive", "time-slicing", "mps", "mig"]))
+        kind = draw(st.sampled_from(["exclusive", "time-slicing", "mps", "mig", "fractional"]))
         replicas = 1 if kind in ("exclusive", "mig") else draw(st.integers(2, 8))
         for h in range(draw(st.integers(1, 3))):
             hour = T0 + timedelta(hours=h)
@@ -533,6 +541,10 @@ def _fleets(draw: st.DrawFn) -> list[tuple[str, Any]]:
                     gpm = draw(st.one_of(st.none(), st.floats(0, 4000, allow_nan=False)))
                     facts.append(("mig", (uuid, mig_uuid, profile, slices, hour, gpm)))
                 units = 1 if kind in ("exclusive", "mig") else draw(st.integers(1, replicas))
+                if kind == "fractional" and draw(st.booleans()):
+                    fracs = st.one_of(st.none(), st.floats(0, 1))
+                    facts.append(("grant", dict(pod=f"p{p}", uuid=uuid, ns=ns, hour=hour,
+                                                memory=draw(fracs), cores=draw(fracs))))
                 facts.append(("alloc", dict(pod=f"p{p}", uuid=uuid, ns=ns, mig_uuid=mig_uuid,
                                             sharing=kind, replicas=replicas, units=units,
                                             seconds=seconds, sm=sm, mem=mem, labels=labels,
@@ -543,13 +555,14 @@ def _fleets(draw: st.DrawFn) -> list[tuple[str, Any]]:
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(facts=_fleets(), policy=_policies, split=_splits, basis=_bases, fraction=_fractions,
-       discount=st.sampled_from([0, 0.15, 1]), tier=st.booleans())
+       discount=st.sampled_from([0, 0.15, 1]), tier=st.booleans(), grants=_grant_bases)
 def test_charges_plus_idle_equal_fleet_cost_for_any_fleet(
         tmp_path: Path, facts: list[tuple[str, Any]], policy: str, split: str, basis: str,
-        fraction: str, discount: float, tier: bool) -> None:
+        fraction: str, discount: float, tier: bool, grants: str) -> None:
     extra = (f"idle: {{policy: {policy}"
              + (", weights: {science: 0.3, ops: 0.7}" if policy == "weights" else "") + "}\n"
-             f"sharing: {{split: {split}, efficiency: {{mps: 0.7}}}}\n"
+             f"sharing: {{split: {split}, fractional: {grants}, "
+             "efficiency: {mps: 0.7, fractional: 0.9}}\n"
              f"basis: {{mode: {basis}, usage_weight: 0.3}}\n"
              f"mig: {{fraction: {fraction}, table: {{2g.20gb: 0.3}}}}\n"
              f"discounts: {{teams: {{vision: {discount}}}}}\n")
@@ -568,6 +581,9 @@ def test_charges_plus_idle_equal_fleet_cost_for_any_fleet(
                 if (mig_uuid, hour) not in seen_mig:
                     seen_mig.add((mig_uuid, hour))
                     mig(c, uuid, mig_uuid, profile, slices, hour, gpm)
+            elif kind == "grant":
+                grant(c, f["pod"], f["uuid"], f["memory"], f["cores"], ns=f["ns"],
+                      hour=f["hour"])
             else:
                 alloc(c, f.pop("pod"), f.pop("uuid"), **f)
         result = price(c, cm, T0, T0 + timedelta(hours=3))
@@ -618,3 +634,62 @@ def test_fractional_and_dra_shares_price_by_head_count(con: Any, tmp_path: Path)
     assert (result.fleet_cost, result.idle) == (d("12"), d("2"))
     modes = {r[0] for r in con.execute("SELECT DISTINCT sharing FROM charges").fetchall()}
     assert "fractional" in modes
+
+
+@pytest.mark.parametrize(("basis", "a_cost", "idle_h"), [
+    ("memory", "1.00", "2.50"), ("cores", "2.40", "1.10"), ("larger", "2.40", "1.10")])
+def test_fractional_grants_pay_their_fraction(con: Any, tmp_path: Path, basis: str,
+                                              a_cost: str, idle_h: str) -> None:
+    """sharing.fractional prices a grant by its fraction of the GPU. H100s at 4.00/h.
+    GPU-h: HAMi pod `a` granted 20 GiB of 80 (memory 0.25) and 60% of the cores, all hour;
+    HAMi pod `b` granted memory 0.25 with no core limit, for 30 minutes.
+      memory: a 4.00 x 0.25 = 1.00; b 4.00 x 0.25 x 30/60 = 0.50; idle 4.00 - 1.50 = 2.50.
+      cores:  a 4.00 x 0.6 = 2.40; b has no core fraction, so its memory: 0.50; idle 1.10.
+      larger: a max(0.25, 0.6) = 0.6 -> 2.40; b 0.50; idle 1.10.
+    GPU-s: gpushare pod `c` granted 6 of 8 GiB units (memory 0.75, never a core figure):
+      3.00 under every basis; idle 1.00.
+    GPU-o: two grants of memory 0.75 each all hour (over-committed, 1.5 of the GPU): scaled
+      down together to the device-hour, 2.00 each; idle 0.
+    GPU-n: a fractional holder with no grant figures (an exporter that could not read the
+      GPU's memory): head count, 1 of 2 replicas = 2.00; idle 2.00.
+    Fleet 16.00 = every row together."""
+    for uuid in ("GPU-h", "GPU-s", "GPU-o", "GPU-n"):
+        device(con, uuid)
+    alloc(con, "a", "GPU-h", sharing="fractional", replicas=2)
+    grant(con, "a", "GPU-h", 0.25, 0.6)
+    alloc(con, "b", "GPU-h", sharing="fractional", replicas=2, seconds=1800, ns="ml-x")
+    grant(con, "b", "GPU-h", 0.25, None, ns="ml-x")
+    alloc(con, "c", "GPU-s", sharing="fractional")
+    grant(con, "c", "GPU-s", 0.75, None)
+    for pod in ("o1", "o2"):
+        alloc(con, pod, "GPU-o", sharing="fractional", replicas=2)
+        grant(con, pod, "GPU-o", 0.75, None)
+    alloc(con, "n", "GPU-n", sharing="fractional", replicas=2)
+    result = price(con, model(tmp_path, f"sharing: {{fractional: {basis}}}\n"))
+    assert charges(con) == {
+        ("science", "a"): d(a_cost), ("ml", "b"): d("0.5"), ("idle", "GPU-h"): d(idle_h),
+        ("science", "c"): d("3"), ("idle", "GPU-s"): d("1"),
+        ("science", "o1"): d("2"), ("science", "o2"): d("2"),
+        ("science", "n"): d("2"), ("idle", "GPU-n"): d("2")}
+    assert result.fleet_cost == d("16")
+    fractions = dict(con.execute(
+        "SELECT pod, allocated_gpu_hours FROM charges WHERE pod IN ('a', 'b', 'c')").fetchall())
+    assert fractions == pytest.approx(
+        {"a": 0.25 if basis == "memory" else 0.6, "b": 0.125, "c": 0.75})
+
+
+def test_a_fractional_grant_is_not_split_by_use(con: Any, tmp_path: Path) -> None:
+    """sharing.split sm splits time-sliced shares by SM use, never a priced grant: `g` holds
+    memory 0.5 of an H100 (4.00) and used no SM, `t` has one of 2 time-slicing replicas and
+    used 1800 SM-seconds. g pays 4.00 x 0.5 = 2.00 and t 4.00 x 1/2 = 2.00 (the only holder
+    of the time-sliced shares pays its own share); an efficiency factor for fractional 0.5
+    halves g's charge: 1.00, and 1.00 goes to the adjustment row."""
+    device(con, "GPU-0")
+    alloc(con, "g", "GPU-0", sharing="fractional", replicas=2, sm=0)
+    grant(con, "g", "GPU-0", 0.5, None)
+    alloc(con, "t", "GPU-0", sharing="time-slicing", replicas=2, sm=1800)
+    price(con, model(tmp_path, "sharing: {split: sm, efficiency: {fractional: 0.5}}\n"))
+    got = charges(con)
+    assert (got[("science", "g")], got[("science", "t")]) == (d("1"), d("2"))
+    assert con.execute("SELECT cost FROM charges WHERE team = 'adjustment'").fetchall() == \
+        [(d("1"),)]

@@ -35,9 +35,13 @@ WITH a AS (
                     getvariable('gl_default_team')) AS team,
            -- device time held while the GPU was up: a GPU that is down cannot be used.
            least(greatest(a.allocated_seconds, 0), 3600 * d.up_frac) / 3600.0 AS held_hours,
-           -- the share of the device (or MIG instance) held: 2 of 4 replicas = 2/4.
-           least(greatest(a.units, 0) / greatest(a.replicas, 1), 1.0) AS share,
-           greatest(a.replicas, 1) > 1 AS shared,
+           -- the share of the device (or MIG instance) held: a fractional grant's fraction
+           -- (sharing.fractional picks memory, cores or the larger; the other figure when the
+           -- picked one is absent), else units of replicas: 2 of 4 replicas = 2/4.
+           CASE WHEN gr.fraction IS NOT NULL THEN least(greatest(gr.fraction, 0), 1.0)
+                ELSE least(greatest(a.units, 0) / greatest(a.replicas, 1), 1.0) END AS share,
+           -- a priced grant is not split by use with the device's other holders
+           gr.fraction IS NULL AND greatest(a.replicas, 1) > 1 AS shared,
            a.mig_uuid <> '' AS is_mig,
            CASE getvariable('gl_split') WHEN 'memory' THEN greatest(a.memory_byte_seconds, 0)
                 WHEN 'sm' THEN greatest(coalesce(a.sm_seconds, 0), 0) ELSE 0 END AS split_w,
@@ -61,6 +65,18 @@ WITH a AS (
     LEFT JOIN _p_ns ns ON ns.namespace = a.namespace
     LEFT JOIN mig_hours mh
            ON a.mig_uuid <> '' AND mh.hour = a.hour AND mh.mig_uuid = a.mig_uuid
+    LEFT JOIN (
+        SELECT hour, namespace, pod, container, uuid, mig_uuid,
+               CASE getvariable('gl_fractional')
+                    WHEN 'memory' THEN coalesce(memory_fraction, core_fraction)
+                    WHEN 'cores' THEN coalesce(core_fraction, memory_fraction)
+                    -- greatest() skips a NULL: the larger of the figures there are
+                    ELSE greatest(memory_fraction, core_fraction) END AS fraction
+        FROM grant_hours
+        WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
+    ) gr ON a.sharing = 'fractional' AND gr.hour = a.hour AND gr.namespace = a.namespace
+        AND gr.pod = a.pod AND gr.container = a.container AND gr.uuid = a.uuid
+        AND gr.mig_uuid = a.mig_uuid
     WHERE a.hour >= getvariable('gl_start') AND a.hour < getvariable('gl_end')
 ), f AS (
     SELECT a.*,

@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS allocation_hours (
     uuid              VARCHAR   NOT NULL,
     mig_uuid          VARCHAR   NOT NULL,   -- '' for a whole (or time-sliced) GPU
     resource          VARCHAR   NOT NULL,   -- e.g. nvidia.com/gpu, nvidia.com/mig-3g.40gb
-    sharing           VARCHAR   NOT NULL,   -- exclusive | mig | time-slicing | mps | ...
+    sharing           VARCHAR   NOT NULL,   -- exclusive | mig | time-slicing | mps | fractional | ...
     replicas          INTEGER   NOT NULL,   -- shares the device is cut into (1 if exclusive)
     units             DOUBLE    NOT NULL,   -- shares of the device this container holds (avg)
     allocated_seconds DOUBLE    NOT NULL,   -- samples of gpu_container_allocation x spacing
@@ -69,6 +69,22 @@ CREATE TABLE IF NOT EXISTS workload_hours (
     owner_name        VARCHAR   NOT NULL,
     memory_max_bytes  DOUBLE                -- max of gpu_container_memory_used_bytes in the hour;
                                             -- NULL without samples: unknown
+);
+
+-- Per allocation fact (same key as allocation_hours) of a fractional grant (HAMi, gpushare):
+-- the fraction of the device's memory and compute the scheduler granted, 0-1; NULL where the
+-- grant gives none (gpushare and unlimited HAMi cores have no core fraction). Pricing reads it
+-- for sharing 'fractional' (cost model `sharing.fractional`). A table of its own so
+-- allocation_hours keeps its shape.
+CREATE TABLE IF NOT EXISTS grant_hours (
+    hour              TIMESTAMP NOT NULL,
+    namespace         VARCHAR   NOT NULL,
+    pod               VARCHAR   NOT NULL,
+    container         VARCHAR   NOT NULL,
+    uuid              VARCHAR   NOT NULL,
+    mig_uuid          VARCHAR   NOT NULL,
+    memory_fraction   DOUBLE,
+    core_fraction     DOUBLE
 );
 
 -- One row per hour that an ingest covered; hours of the period absent here had no data.
@@ -98,7 +114,7 @@ CREATE TABLE IF NOT EXISTS charges (
     uuid              VARCHAR   NOT NULL,
     mig_uuid          VARCHAR   NOT NULL,
     model             VARCHAR   NOT NULL,
-    sharing           VARCHAR   NOT NULL,   -- exclusive | mig | time-slicing | mps | idle | down | adjustment
+    sharing           VARCHAR   NOT NULL,   -- exclusive | mig | time-slicing | mps | fractional | idle | down | adjustment
     profile           VARCHAR   NOT NULL,   -- MIG profile or ''
     basis             VARCHAR   NOT NULL,   -- allocation | usage | blend | idle | idle-share | down | adjustment | allocation (no SM data on MIG) | allocation (no SM data)
     fraction          DOUBLE    NOT NULL,   -- share of the device-hour charged to this row
