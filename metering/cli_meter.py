@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "Prometheus or an OpenMetrics file into DuckDB, then price them; "
                             "or, with --price-only, price the facts already in the database.")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL")
+    src.add_argument("--prometheus", metavar="URL",
+                     help="Prometheus base URL; http://user:pass@host is basic auth (the "
+                          "password is never printed)")
     src.add_argument("--openmetrics", metavar="FILE",
                      help="OpenMetrics file of timestamped samples (promtool backfill format)")
     src.add_argument("--price-only", action="store_true",
@@ -52,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     auth.add_argument("--basic-auth-file", metavar="FILE", help="file holding USER:PASS")
     p.add_argument("--ca-file", metavar="FILE", help="CA bundle for an https:// Prometheus")
     p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
-                   help="per request (default 30)")
+                   help="deadline of one request, connect to last byte (default 30)")
     p.add_argument("--retries", type=int, default=4,
                    help="retries on timeouts, 5xx and refused connections (default 4)")
     p.add_argument("--retry-delay", type=float, default=0.5, metavar="SECONDS",

@@ -1,18 +1,25 @@
 """A small Prometheus HTTP API client: instant and range queries with auth, TLS and retries.
 
 Only the standard library: the metering job runs as a CronJob and should not need an HTTP stack
-beyond urllib. Every failure is a PromError whose message names the URL and what went wrong.
+beyond http.client. Every failure is a PromError whose message names the URL (never with its
+password) and what went wrong, in one line.
+
+Each request has one deadline (`timeout`) covering connect, headers and the whole body; transport
+failures (refused, reset, cut mid-body, timeout) and 429/5xx are retried with exponential backoff.
+HTTP(S) proxies from the environment are not used: Prometheus is reached directly.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import http.client
 import json
+import socket
 import ssl
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,35 +27,73 @@ from typing import Any
 
 # Statuses worth another try: the server or a proxy in front of it is overloaded or restarting.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# One answer larger than this is refused: a 72-hour chunk of 100,000 series is ~40 MiB.
+MAX_BODY = 1 << 30
 
 
 class PromError(Exception):
     """Prometheus could not answer, or the URL is not a Prometheus API."""
 
 
+def redact(url: str) -> str:
+    """`url` with any password replaced by `***`, for messages and logs."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None and "@" not in parts.netloc:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    userinfo = f"{user}:***" if parts.password is not None else user
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo}@{host}"))
+
+
 @dataclass
 class PromClient:
+    """`url` may carry credentials (`http://user:pass@host:9090`): they become basic auth and
+    are removed from `url`, which is what every message shows."""
+
     url: str
-    bearer_token: str | None = None
-    basic_auth: tuple[str, str] | None = None
+    bearer_token: str | None = field(default=None, repr=False)
+    basic_auth: tuple[str, str] | None = field(default=None, repr=False)
     ca_file: str | None = None
-    timeout: float = 30.0
+    timeout: float = 30.0  # seconds for a whole request: connect, headers and body
     retries: int = 4
     backoff: float = 0.5  # first wait; doubles on every retry
     sleep: Callable[[float], None] = time.sleep
     queries: int = 0  # PromQL queries answered successfully (instant + range)
+    max_body: int = MAX_BODY
     _ssl: ssl.SSLContext | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self.url = self.url.rstrip("/")
-        parsed = urllib.parse.urlparse(self.url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise PromError(f"{self.url}: expected an http:// or https:// URL of Prometheus")
+        shown = redact(self.url.rstrip("/"))
+        try:
+            parsed = urllib.parse.urlsplit(self.url.rstrip("/"))
+            port = parsed.port
+        except ValueError:
+            raise PromError(f"{shown}: expected an http:// or https:// URL of Prometheus "
+                            "with a valid host and port") from None
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise PromError(f"{shown}: expected an http:// or https:// URL of Prometheus")
+        if parsed.username is not None or parsed.password is not None:
+            if self.bearer_token or self.basic_auth is not None:
+                raise PromError(f"{shown}: credentials in the URL and another authentication "
+                                "option: expected one of them")
+            self.basic_auth = (urllib.parse.unquote(parsed.username or ""),
+                               urllib.parse.unquote(parsed.password or ""))
+        self._scheme = parsed.scheme
+        self._host = parsed.hostname
+        self._port = port
+        self._base_path = parsed.path
+        host = f"[{parsed.hostname}]" if ":" in parsed.hostname else parsed.hostname
+        netloc = host if port is None else f"{host}:{port}"
+        self.url = urllib.parse.urlunsplit((parsed.scheme, netloc, parsed.path, "", ""))
         if self.ca_file is not None:
             try:
                 self._ssl = ssl.create_default_context(cafile=self.ca_file)
             except (OSError, ssl.SSLError) as exc:
-                raise PromError(f"{self.ca_file}: cannot load CA certificates: {exc}") from exc
+                raise PromError(f"{self.ca_file}: cannot load CA certificates: {exc}") from None
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -94,7 +139,8 @@ class PromClient:
     # --- transport ----------------------------------------------------------------------------
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "gpu-ledger-meter"}
+        headers = {"Accept": "application/json", "User-Agent": "gpu-ledger-meter",
+                   "Accept-Encoding": "identity"}
         if self.bearer_token:
             headers["Authorization"] = f"Bearer {self.bearer_token}"
         elif self.basic_auth is not None:
@@ -105,11 +151,11 @@ class PromClient:
     def _api(self, path: str, params: dict[str, str]) -> Any:
         """GET an API path, retrying transient failures with exponential backoff; returns the
         envelope's `data`."""
-        url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        target = self._base_path + path + ("?" + urllib.parse.urlencode(params) if params else "")
         attempt = 0
         while True:
             try:
-                return self._get_once(url)
+                return self._get_once(target)
             except _Transient as exc:
                 if attempt >= self.retries:
                     raise PromError(f"{self.url}: {exc} (gave up after {attempt + 1} attempts)"
@@ -117,29 +163,84 @@ class PromClient:
                 self.sleep(self.backoff * (2 ** attempt))
                 attempt += 1
 
-    def _get_once(self, url: str) -> Any:
-        req = urllib.request.Request(url, headers=self._headers())
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self._scheme == "https":
+            ctx = self._ssl or ssl.create_default_context()
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
+                                               context=ctx)
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+    def _get_once(self, target: str) -> Any:
+        """One request under one deadline: `timeout` bounds connect + headers + the whole
+        body, not each read, so a server that drips a byte every few seconds cannot hold the
+        run. A watchdog shuts the socket down at the deadline; every read also waits at most
+        the time left."""
+        deadline = time.monotonic() + self.timeout
+        conn = self._connection(self.timeout)
+        expired = threading.Event()
+
+        def cut() -> None:
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        watchdog = threading.Timer(self.timeout, cut)
+        watchdog.daemon = True
+        watchdog.start()
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl) as resp:
-                body = resp.read()
-                ctype = resp.headers.get("Content-Type", "")
-                status = resp.status
-        except urllib.error.HTTPError as exc:
-            body = exc.read()
-            if exc.code in RETRY_STATUSES:
-                raise _Transient(f"HTTP {exc.code} {exc.reason}") from None
-            ctype = exc.headers.get("Content-Type", "") if exc.headers else ""
-            status = exc.code
+            conn.request("GET", target, headers=self._headers())
+            resp = conn.getresponse()
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                if conn.sock is not None:
+                    conn.sock.settimeout(left)
+                block = resp.read1(1 << 16)
+                if not block:
+                    if resp.length:  # read1 ends quietly where the Content-Length is unmet
+                        raise http.client.IncompleteRead(b"".join(chunks), resp.length)
+                    break
+                size += len(block)
+                if size > self.max_body:
+                    raise PromError(f"{self.url}: answer larger than {self.max_body >> 20} MiB; "
+                                    "meter a shorter --chunk")
+                chunks.append(block)
+            if expired.is_set():
+                raise TimeoutError
+            body = b"".join(chunks)
+            status = resp.status
+            ctype = resp.getheader("Content-Type", "") or ""
+        except PromError:
+            raise
+        except ssl.SSLCertVerificationError as exc:
+            raise PromError(f"{self.url}: TLS error: {exc.verify_message or exc}") from None
+        except ssl.SSLError as exc:
+            if expired.is_set():
+                raise _Transient(f"no complete answer within {self.timeout:g}s") from None
+            raise PromError(f"{self.url}: TLS error: {exc}") from None
         except TimeoutError:
-            raise _Transient(f"no answer within {self.timeout:g}s") from None
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, ssl.SSLError):
-                raise PromError(f"{self.url}: TLS error: {exc.reason}") from None
-            if isinstance(exc.reason, TimeoutError):
-                raise _Transient(f"no answer within {self.timeout:g}s") from None
-            raise _Transient(f"cannot connect: {exc.reason}") from None
-        except (ConnectionError, OSError) as exc:  # reset mid-body, etc.
-            raise _Transient(f"connection failed: {exc}") from None
+            raise _Transient(f"no complete answer within {self.timeout:g}s") from None
+        except http.client.IncompleteRead as exc:
+            if expired.is_set():
+                raise _Transient(f"no complete answer within {self.timeout:g}s") from None
+            raise _Transient(f"connection cut mid-answer ({len(exc.partial)} bytes read)"
+                             ) from None
+        except (http.client.HTTPException, ConnectionError, OSError) as exc:
+            if expired.is_set():
+                raise _Transient(f"no complete answer within {self.timeout:g}s") from None
+            if isinstance(exc, ConnectionRefusedError | socket.gaierror):
+                raise _Transient(f"cannot connect: {_reason(exc)}") from None
+            raise _Transient(f"connection failed: {_reason(exc)}") from None
+        finally:
+            watchdog.cancel()
+            conn.close()
+        if status in RETRY_STATUSES:
+            raise _Transient(f"HTTP {status} {http.client.responses.get(status, '')}".rstrip())
         return self._envelope(body, ctype, status)
 
     def _envelope(self, body: bytes, ctype: str, status: int) -> Any:
@@ -162,6 +263,11 @@ class PromClient:
             raise PromError(f"{self.url}: Prometheus error ({doc.get('errorType', 'unknown')}): "
                             f"{doc.get('error', 'no message')}")
         return doc.get("data")
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class _Transient(Exception):

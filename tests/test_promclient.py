@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import socket
+import threading
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from promtools import http_server
@@ -77,7 +82,7 @@ def test_timeout_is_retried_then_reported() -> None:
 
     with http_server(slow) as url:
         c = client(url, timeout=0.2, retries=1)
-        with pytest.raises(PromError, match=r"no answer within 0.2s .*2 attempts"):
+        with pytest.raises(PromError, match=r"no complete answer within 0.2s .*2 attempts"):
             c.query("up")
     assert c.waits == [0.5]  # type: ignore[attr-defined]
 
@@ -146,3 +151,136 @@ def test_non_numeric_and_non_finite_values_are_dropped_and_counted() -> None:
         signals = src.fetch(Period(start, start.replace(hour=6)))
     assert src.dropped == 4 * len(signals)
     assert all(t.num_rows == 2 for t in signals.values())
+
+
+@contextlib.contextmanager
+def raw_server(handle: Callable[[socket.socket, int], None]) -> Iterator[str]:
+    """A loopback TCP server whose connections are handed to `handle(conn, n)` (n counts
+    connections from 0): for answers no HTTP server library would send."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                with contextlib.suppress(OSError):
+                    handle(conn, n)
+            n += 1
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        listener.close()
+
+
+def test_dripping_server_cannot_hold_the_run_past_the_deadline() -> None:
+    """Issue 13: --timeout applied per read, so a byte every 2 s hung the run. One deadline per
+    request: 2 attempts x 1 s deadline end in about 2 s, not 2 s x body length."""
+    def drip(conn: socket.socket, n: int) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(OK))
+        for byte in OK:
+            conn.sendall(bytes([byte]))
+            time.sleep(2)
+
+    with raw_server(drip) as url:
+        c = client(url, timeout=1.0, retries=1)
+        t0 = time.monotonic()
+        with pytest.raises(PromError, match=r"no complete answer within 1s .*2 attempts"):
+            c.query("up")
+        took = time.monotonic() - t0
+    assert took < 5, took
+
+
+def test_dripping_headers_are_under_the_same_deadline() -> None:
+    def drip(conn: socket.socket, n: int) -> None:
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100:
+            conn.sendall(bytes([byte]))
+            time.sleep(0.5)
+
+    with raw_server(drip) as url:
+        t0 = time.monotonic()
+        with pytest.raises(PromError, match="no complete answer within 1s"):
+            client(url, timeout=1.0, retries=0).query("up")
+    assert time.monotonic() - t0 < 4
+
+
+def test_connection_cut_mid_body_is_retried() -> None:
+    """Issue 13: IncompleteRead was not retried. The first answer stops after half its body;
+    the retry gets the whole answer."""
+    def cut_first(conn: socket.socket, n: int) -> None:
+        head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(OK))
+        conn.sendall(head + (OK[: len(OK) // 2] if n == 0 else OK))
+
+    with raw_server(cut_first) as url:
+        c = client(url, retries=2)
+        result = c.query("up")
+    assert result[0]["metric"] == {"uuid": "GPU-1"}
+    assert c.waits == [0.5]  # type: ignore[attr-defined]
+
+
+def test_connection_cut_every_time_is_one_line_error() -> None:
+    def cut(conn: socket.socket, n: int) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n{\"status\"")
+
+    with raw_server(cut) as url, \
+            pytest.raises(PromError, match=r"connection cut mid-answer .*3 attempts") as exc:
+        client(url, retries=2).query("up")
+    assert "\n" not in str(exc.value)
+
+
+def test_credentials_in_the_url_become_basic_auth_and_are_never_shown() -> None:
+    seen: list[str] = []
+
+    def respond(path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+        seen.append(headers.get("Authorization", ""))
+        return (200, JSON, OK) if len(seen) == 1 else (401, "text/plain", b"no")
+
+    with http_server(respond) as url:
+        with_creds = url.replace("http://", "http://meter:p%40ss-Hunter2@")
+        c = client(with_creds)
+        assert "Hunter2" not in c.url and "Hunter2" not in repr(c)
+        c.query("up")
+        with pytest.raises(PromError) as exc:
+            c.query("up")
+    assert base64.b64decode(seen[0].removeprefix("Basic ")) == b"meter:p@ss-Hunter2"
+    assert "Hunter2" not in str(exc.value)
+    with pytest.raises(PromError, match="cannot connect") as exc:
+        client(with_creds, retries=0).query("up")  # the server is gone
+    assert "Hunter2" not in str(exc.value)
+    for bad in ("ftp://meter:Hunter2@host", "http://meter:Hunter2@host:99999"):
+        with pytest.raises(PromError) as exc:
+            PromClient(bad)
+        assert "Hunter2" not in str(exc.value) and "***" in str(exc.value)
+    with pytest.raises(PromError, match="expected one of them") as exc:
+        PromClient("http://meter:Hunter2@host", bearer_token="t")
+    assert "Hunter2" not in str(exc.value)
+
+
+def test_meter_never_prints_the_password(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`meter --prometheus http://user:pass@host` printed the password to stderr."""
+    from metering.cli_meter import main
+
+    with http_server(lambda p, h: (200, JSON, OK)) as url:
+        pass  # nothing listens there now
+    rc = main(["--prometheus", url.replace("http://", "http://meter:Hunter2@"), "--from",
+               "2026-10-05T00:00", "--to", "2026-10-05T01:00", "--db",
+               str(tmp_path / "m.duckdb"), "--retries", "0", "-v"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "cannot connect" in err
+    assert "Hunter2" not in err and "meter@" not in err.replace("meter:***@", "")
