@@ -14,6 +14,7 @@ never expands a value either. Only PyYAML is imported: exporter and metering bot
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -211,11 +212,31 @@ class _UniqueLoader(_Loader):
 _UniqueLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                               _construct_mapping_unique)
 
+# YAML 1.2 floats that YAML 1.1 (PyYAML) reads as strings: `1e12`, `1.0e12`, `2E-3` (1.1 wants
+# a dot and a signed exponent). Plain scalars only: a quoted "1e12" stays a string.
+_FLOAT_12 = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
 
-def load(text: str, file: str, *, unique_keys: bool = False) -> Any:
+
+class _Loader12(_Loader):
+    pass
+
+
+class _UniqueLoader12(_UniqueLoader):
+    pass
+
+
+for _cls in (_Loader12, _UniqueLoader12):
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+
+
+def load(text: str, file: str, *, unique_keys: bool = False, exponent_floats: bool = False
+         ) -> Any:
     """Parse one YAML document with SafeLoader semantics; YamlError on anything wrong.
-    `unique_keys` refuses a key given twice in one mapping (PyYAML keeps the last)."""
-    loader = (_UniqueLoader if unique_keys else _Loader)(text)
+    `unique_keys` refuses a key given twice in one mapping (PyYAML keeps the last);
+    `exponent_floats` reads plain `1e12` / `1.0e12` as numbers, as YAML 1.2 does."""
+    classes = {(False, False): _Loader, (True, False): _UniqueLoader,
+               (False, True): _Loader12, (True, True): _UniqueLoader12}
+    loader = classes[unique_keys, exponent_floats](text)
     loader.file = file
     try:
         try:

@@ -33,6 +33,17 @@ SHARING_SPLITS: Final = ("replicas", "memory", "sm")
 BASES: Final = ("allocation", "usage", "blend")
 IDLE_POLICIES: Final = ("separate", "proportional", "even", "weights")
 _MISSING: Final = object()
+# Sane bounds, so a typo fails `cost-model check` instead of pricing (docs/cost-model.md,
+# "Bounds"): a device-hour costs at most a million currency units (charges are DECIMAL(18, 6),
+# under 10^12 per row, and an hour x model row may hold ~10^5 devices), and a GPU is written off
+# over 1 to 240 months.
+MAX_HOURLY: Final = Decimal(1_000_000)
+MAX_PURCHASE: Final = Decimal(10) ** 12
+MAX_WATTS: Final = Decimal(100_000)
+MAX_DEPRECIATION_MONTHS: Final = Decimal(240)
+MAX_PUE: Final = Decimal(10)
+MAX_MEMORY_GB: Final = Decimal(1_000_000)
+MAX_BUDGET: Final = Decimal(10) ** 12 - 1
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
 _TEAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _LABEL = re.compile(r"^([A-Za-z0-9.-]+/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
@@ -235,7 +246,7 @@ def load_cost_model(path: str | Path | None) -> CostModel:
     except UnicodeDecodeError:
         raise CostModelError(name, "", "UTF-8 text") from None
     try:  # the shared loader: duplicate keys, alias bombs and deep nesting are refused
-        doc = safeyaml.load(text, name, unique_keys=True)
+        doc = safeyaml.load(text, name, unique_keys=True, exponent_floats=True)
     except safeyaml.YamlError as e:
         raise CostModelError(name, e.key or e.where, "valid YAML", hint=e.problem) from None
     return _Parser(name).model(doc, p, hashlib.sha256(raw).hexdigest())
@@ -272,7 +283,14 @@ class _Parser:
         bound = f"> {lo}" if lo_open else f">= {lo}"
         expected = f"a number {bound}" + (f" and <= {hi}" if hi is not None else "")
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(key, expected, value)
+            hint = ""
+            if isinstance(value, str):
+                try:
+                    float(value.replace("_", ""))
+                    hint = "a quoted string; write the number without quotes"
+                except ValueError:
+                    pass
+            raise self.fail(key, expected, value, hint)
         d = Decimal(str(value))
         if not d.is_finite() or d < lo or (lo_open and d == lo) or (hi is not None and d > hi):
             raise self.fail(key, expected, value)
@@ -397,7 +415,7 @@ class _Parser:
                             sorted(sec))
         derived = None
         if "hourly" in sec:
-            hourly = self.number(sec["hourly"], f"{key}.hourly")
+            hourly = self.number(sec["hourly"], f"{key}.hourly", hi=MAX_HOURLY)
             if hourly != hourly.quantize(MICRO):
                 raise self.fail(f"{key}.hourly", "a price with at most 6 decimal places",
                                 sec["hourly"])
@@ -406,7 +424,7 @@ class _Parser:
             hourly = derived.hourly
         memory = sec.get("memory_gb")
         memory_gb = None if memory is None else \
-            self.number(memory, f"{key}.memory_gb", lo_open=True)
+            self.number(memory, f"{key}.memory_gb", lo_open=True, hi=MAX_MEMORY_GB)
         return PriceRule(key, model, pattern, hourly, derived, memory_gb)
 
     def derivation(self, value: object, key: str) -> Derivation:
@@ -420,19 +438,27 @@ class _Parser:
         for name in required:
             if name not in sec:
                 raise self.fail(f"{key}.{name}", "a number >= 0 (required for a derived price)")
-        return Derivation(
-            purchase_price=self.number(sec["purchase_price"], f"{key}.purchase_price"),
+        d = Derivation(
+            purchase_price=self.number(sec["purchase_price"], f"{key}.purchase_price",
+                                       hi=MAX_PURCHASE),
             depreciation_months=self.number(sec["depreciation_months"],
-                                            f"{key}.depreciation_months", lo_open=True),
+                                            f"{key}.depreciation_months", lo=Decimal(1),
+                                            hi=MAX_DEPRECIATION_MONTHS),
             hours_per_month=self.number(sec.get("hours_per_month", 730),
                                         f"{key}.hours_per_month", lo_open=True,
                                         hi=Decimal(744)),
-            power_watts=self.number(sec["power_watts"], f"{key}.power_watts"),
+            power_watts=self.number(sec["power_watts"], f"{key}.power_watts", hi=MAX_WATTS),
             electricity_per_kwh=self.number(sec["electricity_per_kwh"],
-                                            f"{key}.electricity_per_kwh"),
-            pue=self.number(sec.get("pue", 1), f"{key}.pue", lo=Decimal(1)),
-            overhead_hourly=self.number(sec.get("overhead_hourly", 0), f"{key}.overhead_hourly"),
+                                            f"{key}.electricity_per_kwh", hi=MAX_HOURLY),
+            pue=self.number(sec.get("pue", 1), f"{key}.pue", lo=Decimal(1), hi=MAX_PUE),
+            overhead_hourly=self.number(sec.get("overhead_hourly", 0), f"{key}.overhead_hourly",
+                                        hi=MAX_HOURLY),
         )
+        total = d.capital_hourly + d.energy_hourly + d.overhead_hourly
+        if total > MAX_HOURLY:
+            raise self.fail(key, f"a derived price <= {MAX_HOURLY} per device-hour",
+                            _Raw(f"{total:.6E}"))
+        return d
 
     def mig(self, value: object) -> tuple[str, dict[str, Decimal]]:
         sec = self.mapping(value, "mig", ("fraction", "table"))
@@ -572,7 +598,7 @@ class _Parser:
         monthly: dict[str, Decimal] = {}
         for team, amount in raw.items():
             k = f"budgets.monthly.{team}"
-            monthly[self.team(team, k)] = self.number(amount, k, lo_open=True)
+            monthly[self.team(team, k)] = self.number(amount, k, lo_open=True, hi=MAX_BUDGET)
         warn_at = self.number(sec.get("warn_at", 1), "budgets.warn_at", lo_open=True,
                               hi=Decimal(1))
         return Budgets(monthly, warn_at)

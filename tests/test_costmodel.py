@@ -6,6 +6,7 @@ import hashlib
 import re
 import subprocess
 import sys
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from hypothesis import strategies as st
 
 from metering import cli_costmodel
 from metering.costmodel import CostModelError, default_path, load_cost_model
+from metering.db import connect
+from metering.pricing import price_period
 
 ROOT = Path(__file__).resolve().parent.parent
 VALID = """
@@ -131,11 +134,11 @@ pricing:
 
 @pytest.mark.parametrize(("text", "message"), [
     (VALID.replace("hourly: 3", "hourly: abc"),
-     'cost-model.yaml: pricing.gpus[2].hourly: expected a number >= 0, got "abc"'),
+     'cost-model.yaml: pricing.gpus[2].hourly: expected a number >= 0 and <= 1000000, got "abc"'),
     (VALID.replace("hourly: 2", "hourly: -2"),
-     "cost-model.yaml: pricing.gpus[1].hourly: expected a number >= 0, got -2"),
+     "cost-model.yaml: pricing.gpus[1].hourly: expected a number >= 0 and <= 1000000, got -2"),
     (VALID.replace("hourly: 2", "hourly: true"),
-     "cost-model.yaml: pricing.gpus[1].hourly: expected a number >= 0, got true"),
+     "cost-model.yaml: pricing.gpus[1].hourly: expected a number >= 0 and <= 1000000, got true"),
     (VALID.replace("hourly: 2", "hourly: 0.0000001"),
      "cost-model.yaml: pricing.gpus[1].hourly: expected a price with at most 6 decimal "
      "places, got 1e-07"),
@@ -204,8 +207,8 @@ pricing:
      'pricing.gpus[0], got "a"'),
     ("pricing:\n  default:\n    derived: {purchase_price: 1, depreciation_months: 0, "
      "power_watts: 1, electricity_per_kwh: 1}\n",
-     "cost-model.yaml: pricing.default.derived.depreciation_months: expected a number > 0, "
-     "got 0"),
+     "cost-model.yaml: pricing.default.derived.depreciation_months: expected a number >= 1 "
+     "and <= 240, got 0"),
     ("pricing:\n  default:\n    derived: {purchase_price: 1}\n",
      "cost-model.yaml: pricing.default.derived.depreciation_months: expected a number >= 0 "
      "(required for a derived price)"),
@@ -270,8 +273,8 @@ def test_cli_check_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert cli_costmodel.main(["check", str(bad)]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == f'error: {bad}: pricing.gpus[2].hourly: expected a number >= 0, ' \
-        'got "abc"\n'
+    assert captured.err == f'error: {bad}: pricing.gpus[2].hourly: expected a number >= 0 ' \
+        'and <= 1000000, got "abc"\n'
 
 
 def test_console_script_exit_codes(tmp_path: Path) -> None:
@@ -283,3 +286,67 @@ def test_console_script_exit_codes(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "gpu_ledger.cli", "cost-model", "check"],
                          capture_output=True, text=True, check=False)
     assert run.returncode == 0 and "packaged default" in run.stdout
+
+
+DERIVED = ("pricing:\n  default:\n    derived: {{purchase_price: {price}, depreciation_months: "
+           "{months}, power_watts: 400, electricity_per_kwh: 0.12}}\n")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    # Issue 13: a decimal.InvalidOperation traceback from the derived price.
+    (DERIVED.format(price=30000, months="1.0e-300"),
+     "pricing.default.derived.depreciation_months: expected a number >= 1 and <= 240, "
+     "got 1e-300"),
+    # Issue 13: passed `check`, then failed in pricing (charges are DECIMAL(18, 6)).
+    ("pricing:\n  default: {hourly: 1e12}\n",
+     "pricing.default.hourly: expected a number >= 0 and <= 1000000, got 1000000000000.0"),
+    ("pricing:\n  default: {hourly: 1.0e12}\n",
+     "pricing.default.hourly: expected a number >= 0 and <= 1000000, got 1000000000000.0"),
+    (DERIVED.format(price="1e12", months=1),
+     "pricing.default.derived: expected a derived price <= 1000000 per device-hour, "
+     "got 1.369863E+9"),
+    ("pricing:\n  default: {hourly: \"2.5\"}\n",
+     'pricing.default.hourly: expected a number >= 0 and <= 1000000, got "2.5" (a quoted '
+     "string; write the number without quotes)"),
+    (VALID + "budgets: {monthly: {ml: 1e13}}\n",
+     "budgets.monthly.ml: expected a number > 0 and <= 999999999999, got 10000000000000.0"),
+])
+def test_out_of_range_fails_check_not_pricing(tmp_path: Path, text: str, message: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, text)
+    assert cli_costmodel.main(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {path}: {message}\n"
+
+
+def test_yaml_1_2_exponents_are_numbers(tmp_path: Path) -> None:
+    """YAML 1.1 reads `2.5e0` and `1e3` as strings; the cost model reads them as numbers."""
+    cm = load_cost_model(write(tmp_path, "pricing:\n  default: {hourly: 2.5e0}\n  gpus:\n"
+                                         "    - {model: a, hourly: 1E1}\nbudgets:\n"
+                                         "  monthly: {ml: 1e3}\n"))
+    assert cm.price_for("b").hourly == Decimal("2.5")
+    assert cm.price_for("a").hourly == Decimal(10)
+    assert cm.budgets.monthly["ml"] == Decimal(1000)
+
+
+def test_the_largest_price_allowed_prices_a_large_fleet(tmp_path: Path) -> None:
+    """At the bound (1,000,000 per device-hour, tier multiplier 10) an hour of 100,000 GPUs
+    held by one team prices without overflow: each row 10^7, the hour's adjustment row
+    100,000 x (10^6 - 10^7) = -9 x 10^11, both within DECIMAL(18, 6)."""
+    cm = load_cost_model(write(tmp_path, "pricing:\n  default: {hourly: 1000000}\n"
+                                         "utilization_tiers:\n"
+                                         "  - {up_to: 1, multiplier: 10}\n"))
+    con = connect(":memory:")
+    hour = datetime(2026, 10, 1)
+    con.execute("INSERT INTO device_hours SELECT $h, 'n', '0', 'GPU-' || i, 'X', false, 3600, "
+                "3600, 3600, NULL FROM range(100000) t(i)", {"h": hour})
+    con.execute("INSERT INTO allocation_hours SELECT $h, 'n', 'ns', 'p' || i, 'c', "
+                "'GPU-' || i, '', 'nvidia.com/gpu', 'exclusive', 1, 1, 3600, 0, 3600, MAP {} "
+                "FROM range(100000) t(i)", {"h": hour})
+    result = price_period(con, cm, hour.replace(tzinfo=UTC),
+                          hour.replace(hour=1, tzinfo=UTC))
+    assert result.fleet_cost == Decimal(10) ** 11
+    assert result.total == result.fleet_cost
+    row = con.execute("SELECT max(cost), min(cost) FROM charges").fetchone()
+    assert row is not None and row[0] == Decimal(10) ** 7 and row[1] == Decimal(-9) * 10 ** 11
+    con.close()
