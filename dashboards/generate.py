@@ -16,12 +16,26 @@ from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
-from grafana_foundation_sdk.builders.common import ReduceDataOptions
+from grafana_foundation_sdk.builders.common import (
+    ReduceDataOptions,
+    StackingConfig,
+    VizLegendOptions,
+    VizTooltipOptions,
+)
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.common import BigValueGraphMode, StackingMode
+from grafana_foundation_sdk.models.common import (
+    BigValueGraphMode,
+    LegendDisplayMode,
+    LegendPlacement,
+    SortOrder,
+    StackingMode,
+    TableCellHeight,
+    TooltipDisplayMode,
+)
 from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
     DataSourceRef,
+    DataTransformerConfig,
     VariableOption,
     VariableRefresh,
     VariableSort,
@@ -32,6 +46,12 @@ from gpu_ledger.generated import sync
 
 HERE = Path(__file__).resolve().parent
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
+# Grafana's latest dashboard schema version (LATEST_VERSION in grafana/grafana
+# apps/dashboard/pkg/migration/schemaversion/migrations.go, Grafana 12). The SDK's model still
+# defaults to 36; the migrations 37-42 touch nothing these boards contain (boolean legends,
+# table displayMode, non-string refresh, timepicker time_options, hideFrom overrides), which
+# tests/test_dashboards.py checks, so declaring 42 is what Grafana itself would write.
+SCHEMA_VERSION = 42
 TAGS = ["gpu", "gpu-ledger"]
 
 # Label matchers shared by panels. `cluster` comes from relabelling or external labels in
@@ -80,7 +100,9 @@ class Board:
         return self.next_id - 1
 
     def json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads(json.dumps(self.builder.build(), cls=JSONEncoder))
+        board = self.builder.build()
+        board.schema_version = SCHEMA_VERSION
+        doc: dict[str, Any] = json.loads(json.dumps(board, cls=JSONEncoder))
         return doc
 
 
@@ -109,15 +131,14 @@ VARIABLES: dict[str, Callable[[], Any]] = {
 
 # --- panel shorthands ----------------------------------------------------------------------
 
+# Explicit options on every panel: Grafana's dashboard validator rejects `"options": null`,
+# which the SDK writes for a time series or table panel given no option.
 def ts(title: str, unit: str, stack: bool = False) -> timeseries.Panel:
-    p = timeseries.Panel().title(title).unit(unit).fill_opacity(10)
-    return p.stacking(_stacking()) if stack else p
-
-
-def _stacking() -> Any:
-    from grafana_foundation_sdk.builders.common import StackingConfig
-
-    return StackingConfig().mode(StackingMode.NORMAL)
+    p = (timeseries.Panel().title(title).unit(unit).fill_opacity(10)
+         .legend(VizLegendOptions().display_mode(LegendDisplayMode.LIST)
+                 .placement(LegendPlacement.BOTTOM).show_legend(True))
+         .tooltip(VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.DESCENDING)))
+    return p.stacking(StackingConfig().mode(StackingMode.NORMAL)) if stack else p
 
 
 def st(title: str, unit: str = "none") -> stat.Panel:
@@ -125,8 +146,11 @@ def st(title: str, unit: str = "none") -> stat.Panel:
             .reduce_options(ReduceDataOptions().calcs(["lastNotNull"])))
 
 
-def tab(title: str) -> table.Panel:
-    return table.Panel().title(title)
+def tab(title: str, merge: bool = False) -> table.Panel:
+    """A table; `merge` joins its queries' frames into one row per label set (Grafana's
+    "merge" transformation), so several instant queries read as columns of one table."""
+    p = table.Panel().title(title).show_header(True).cell_height(TableCellHeight.SM)
+    return p.with_transformation(DataTransformerConfig(id_val="merge", options={})) if merge else p
 
 
 # --- the boards ----------------------------------------------------------------------------
@@ -272,6 +296,21 @@ def node_detail() -> Board:
     return b
 
 
+# Allocation sources and sharing modes (docs/attribution.md): the exporter's `sharing` label,
+# and DRA claims, whose `resource` is the DRA driver's name (no slash, unlike device-plugin
+# resource names such as nvidia.com/gpu).
+SHARING_PANELS = (
+    ("holding whole GPUs", "Exclusive", 'sharing="exclusive"'),
+    ("on MIG instances", "MIG", 'sharing="mig"'),
+    ("on time-sliced GPUs", "Time-slicing", 'sharing="time-slicing"'),
+    ("on MPS GPUs", "MPS", 'sharing="mps"'),
+    ("with fractional grants (HAMi, gpushare)", "Fractional", 'sharing="fractional"'),
+    ("through DRA ResourceClaims", "DRA", 'resource!~".+/.+"'),
+)
+AVG_ALLOC = f"avg_over_time(pod:gpu_allocated:gpus{{{NS}}}[$__range])"
+AVG_USED = f"avg_over_time(pod:gpu_used:gpus{{{NS}}}[$__range])"
+
+
 def workloads() -> Board:
     b = Board("gpu-ledger-workloads", "GPU Ledger / Workloads",
               "GPU allocation, use, memory and power per namespace, pod and team; efficiency "
@@ -309,6 +348,28 @@ def workloads() -> Board:
            (f"gpu_container_processes{{{NS}}}", "")], width=12)
     b.add(ts("Container memory", "bytes"),
           [(f"gpu_container_memory_used_bytes{{{NS}}}", "{{namespace}}/{{pod}}/{{container}}")])
+    b.row("Waste")
+    b.add(tab("Top waste: pods holding GPUs they don't use", merge=True),
+          [(f"topk(20, {AVG_ALLOC} - {AVG_USED})", ""),
+           (f"({AVG_USED} / {AVG_ALLOC})\nand on (cluster, namespace, pod)\n"
+            f"topk(20, {AVG_ALLOC} - {AVG_USED})", ""),
+           (f"avg_over_time(pod:gpu_cost:usd_per_hour{{{NS}}}[$__range])\n"
+            f"* (1 - {AVG_USED} / {AVG_ALLOC})\nand on (cluster, namespace, pod)\n"
+            f"topk(20, {AVG_ALLOC} - {AVG_USED})", "")],
+          width=24,
+          description="The 20 pods with the most allocated GPU-equivalents left idle, averaged "
+                      "over the selected range while each pod ran. A: idle GPUs (allocated - "
+                      "used), B: efficiency (used / allocated), C: idle cost per hour (USD, "
+                      "example rates).")
+    b.row("Sharing modes")
+    for mode, title, selector in SHARING_PANELS:
+        alloc = f"container:gpu_allocated:gpus{{{NS}, {selector}}}"
+        b.add(ts(f"{title}: allocated vs used", "none"),
+              [(f"sum({alloc})", "allocated"),
+               (f"sum(container:gpu_used:gpus{{{NS}}}\n"
+                f"and on (cluster, namespace, pod, container, uuid, mig_uuid) {alloc})", "used")],
+              width=8, description=f"GPU-equivalents held by containers {mode} and what they "
+                                   "keep busy.")
     b.row("Teams")
     b.add(ts("GPUs used by team", "none", stack=True),
           [(f"team:gpu_used:gpus{{{CL}}}", "{{team}}")])

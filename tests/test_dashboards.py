@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 import yaml
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import Dashboard as SdkDashboard
 
-from dashboards.generate import BOARDS, expressions, outputs
-from exporter.metrics import FAMILIES
+from dashboards.generate import BOARDS, SCHEMA_VERSION, expressions, outputs
+from exporter.metrics import FAMILIES, SHARING_MODES
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "alerts" / "gpu-ledger-recording.yml"
@@ -96,3 +98,74 @@ def test_boards_cover_every_device_and_mig_family() -> None:
               if f.collector not in ("attribution",) and f.name != "gpu_exporter_source_error_info"]
     missing = [n for n in wanted if not re.search(rf"(?<![:\w]){n}(?![:\w])", text)]
     assert missing == []
+
+
+# --- what Grafana accepts ----------------------------------------------------------------------
+
+def _all_panels(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [inner for p in doc["panels"] for inner in [p, *p.get("panels", [])]]
+
+
+@pytest.mark.parametrize("name", sorted(BOARDS))
+def test_no_null_options(name: str) -> None:
+    """Grafana's dashboard validator rejects `"options": null` (grafana-foundation-sdk #1203):
+    every visualisation carries an options object; rows carry none."""
+    for panel in _all_panels(_docs()[name]):
+        if panel["type"] == "row":
+            assert "options" not in panel, panel["title"]
+        else:
+            assert isinstance(panel.get("options"), dict) and panel["options"], panel["title"]
+
+
+@pytest.mark.parametrize("name", sorted(BOARDS))
+def test_current_schema_version_with_nothing_left_to_migrate(name: str) -> None:
+    """schemaVersion is Grafana's latest, and the boards contain none of what Grafana's
+    migrations 37-42 would still rewrite (so declaring 42 is honest)."""
+    doc = _docs()[name]
+    assert doc["schemaVersion"] == SCHEMA_VERSION == 42
+    assert isinstance(doc["refresh"], str)                                     # V40
+    assert "time_options" not in (doc.get("timepicker") or {})                 # V41
+    for panel in _all_panels(doc):
+        legend = (panel.get("options") or {}).get("legend")
+        if legend is not None:                                                 # V37
+            assert isinstance(legend, dict) and legend["showLegend"] is True
+            assert legend["displayMode"] in ("list", "table")
+        custom = panel.get("fieldConfig", {}).get("defaults", {}).get("custom", {})
+        assert "displayMode" not in custom                                     # V38
+        assert all(t["id"] not in ("timeSeriesTable", "formatTime")            # V39, V43
+                   for t in panel.get("transformations") or [])
+        for override in panel.get("fieldConfig", {}).get("overrides", []):     # V42
+            assert all(p["id"] != "custom.hideFrom" for p in override["properties"])
+
+
+@pytest.mark.parametrize("name", sorted(BOARDS))
+def test_round_trip_through_the_sdk(name: str) -> None:
+    """grafana-foundation-sdk reads the committed JSON back (`Dashboard.from_json`) and
+    writes exactly the same document."""
+    doc = _docs()[name]
+    model = SdkDashboard.from_json(doc)
+    assert model.schema_version == SCHEMA_VERSION
+    assert json.loads(json.dumps(model, cls=JSONEncoder)) == doc
+
+
+def test_a_panel_per_sharing_mode_and_dra() -> None:
+    """Workloads shows allocated vs used for every sharing mode the exporter labels
+    (exporter.metrics.SHARING_MODES) and for DRA claims."""
+    doc = _docs()["workloads.json"]
+    exprs = {p["title"]: " ".join(t["expr"] for t in p["targets"])
+             for p in _all_panels(doc) if p["type"] == "timeseries"}
+    for mode in SHARING_MODES:
+        titled = [t for t, e in exprs.items() if f'sharing="{mode}"' in e]
+        assert len(titled) == 1, (mode, titled)
+        assert "container:gpu_allocated:gpus" in exprs[titled[0]]
+        assert "container:gpu_used:gpus" in exprs[titled[0]]
+    assert any('resource!~".+/.+"' in e for t, e in exprs.items() if t.startswith("DRA"))
+
+
+def test_top_waste_table() -> None:
+    doc = _docs()["workloads.json"]
+    [panel] = [p for p in _all_panels(doc) if p["title"].startswith("Top waste")]
+    assert panel["type"] == "table"
+    assert [t["id"] for t in panel["transformations"]] == ["merge"]
+    assert all(t.get("instant") and t.get("format") == "table" for t in panel["targets"])
+    assert panel["targets"][0]["expr"].startswith("topk(20, ")

@@ -42,7 +42,7 @@ from exporter.metrics import FAMILIES
 from gpu_ledger.procutil import stop
 from gpusim.apiserver import FakeApiServer
 from gpusim.cluster import SimNode, pod_objects
-from gpusim.kubelet import FakeKubelet
+from gpusim.kubelet import ClaimAllocation, ContainerAllocation, FakeKubelet, PodAllocation
 from gpusim.node import device_ids, sharing_modes
 from gpusim.scenario import load_scenario
 
@@ -80,6 +80,17 @@ gpus:
     power_limit_watts: 700
     nvlink_links: 4
     gpm: true
+  - model: NVIDIA L4
+    memory: 24GiB
+    power_limit_watts: 72
+    sharing: {{mode: mps, replicas: 2, resource: nvidia.com/gpu.mps}}
+  # GPU 4: granted fractionally by HAMi, GPU 5: claimed through DRA (both set up in the fixture)
+  - model: NVIDIA L4
+    memory: 24GiB
+    power_limit_watts: 72
+  - model: NVIDIA L4
+    memory: 24GiB
+    power_limit_watts: 72
 pods:
   - namespace: serving
     name: llama-infer
@@ -109,6 +120,13 @@ pods:
       - name: trainer
         gpus: [2]
         processes: [{{memory: 70GiB, sm_util: 0.9}}]
+  - namespace: serving
+    name: embedder
+    labels: {{team: inference}}
+    containers:
+      - name: svc
+        gpus: [{{gpu: 3, replica: 0}}]
+        processes: [{{memory: 6GiB, sm_util: 0.3}}]
 faults:
   - {{kind: throttle, gpu: 2, at: 0s, duration: 1h, reason: hw_thermal}}
   - {{kind: ecc, gpu: 2, at: 0s, corrected: 3, uncorrected: 1}}
@@ -120,6 +138,21 @@ xids:
   - {{gpu: 1, at: 1s, xid: 13}}
   - {{gpu: 1, at: 1s, xid: 92}}
 """
+
+DRA_DRIVER = "gpu.nvidia.com"
+
+
+def _api_pod(namespace: str, name: str, container: str,
+             annotations: dict[str, str]) -> dict[str, Any]:
+    """A running pod of the node as the API server lists it."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}",
+                         "labels": {"team": "platform"}, "annotations": annotations},
+            "spec": {"nodeName": NODE, "containers": [{"name": container, "image": "sim"}]},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": container, "ready": True,
+                 "containerID": f"containerd://{name}-{container}"}]}}
+
 
 VARIABLES = {"cluster": CLUSTER, "node": NODE, "gpu": ".*", "namespace": ".*",
              "__rate_interval": "15s", "__interval": "5s", "__range_s": "300",
@@ -174,11 +207,26 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc_root = work / "proc"
     proc_root.mkdir()
     sock = str(work / "kubelet.sock")
-    with FakeApiServer(pod_objects(sc, 0.0, 86400.0)) as api:
+    # A HAMi fractional grant on GPU 4 (pod annotation) and a DRA claim of GPU 5 (PodResources
+    # + the DRA driver's ResourceSlice): the scenario format describes device-plugin pods only.
+    hami_pod = _api_pod("notebooks", "lab-alice", "kernel", {
+        "hami.io/vgpu-devices-allocated": f"{sc.gpus[4].uuid},NVIDIA,6144,25:;"})
+    dra_pod = _api_pod("dra-jobs", "sim-solver", "solver", {})
+    dra_slice = {
+        "metadata": {"name": f"{NODE}-gpus", "uid": "uid-slice"},
+        "spec": {"driver": DRA_DRIVER, "nodeName": NODE,
+                 "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "gpu-5", "attributes": {
+                     "uuid": {"string": sc.gpus[5].uuid}, "type": {"string": "gpu"}}}]}}
+    dra_claim = PodAllocation("dra-jobs", "sim-solver", [ContainerAllocation("solver", claims=[
+        ClaimAllocation("dra-jobs", "solver-gpu", [(DRA_DRIVER, NODE, "gpu-5")])])])
+    with FakeApiServer([*pod_objects(sc, 0.0, 86400.0), hami_pod, dra_pod],
+                       slices=[dra_slice]) as api:
         kubeconfig = api.kubeconfig(str(work / "kubeconfig"))
         node = SimNode(sc, time.time, start, None, None, proc_root, None)  # type: ignore[arg-type]
         node.refresh_proc_tree()
-        kubelet = FakeKubelet(sock, node.allocations, functools.partial(device_ids, sc)).start()
+        kubelet = FakeKubelet(sock, lambda: [*node.allocations(), dra_claim],
+                              functools.partial(device_ids, sc)).start()
         port = free_port()
         modes = [f"--sharing-mode={r}={m}" for r, m in sorted(sharing_modes(sc).items())]
         log = (work / "exporter.log").open("wb")
@@ -206,6 +254,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     wait_for("attributed series with team labels", lambda: query(
                         prom, 'gpu_container_sm_utilization_ratio{label_team="nlp"}'))
                     wait_for("XID series", lambda: query(prom, "gpu_xid_errors_total"))
+                    wait_for("the HAMi grant", lambda: query(
+                        prom, 'gpu_container_allocation{sharing="fractional"}'))
+                    wait_for("the DRA claim", lambda: query(
+                        prom, f'gpu_container_allocation{{resource="{DRA_DRIVER}"}}'))
                     time.sleep(6)
                     wait_for("recording rules", lambda: query(
                         prom, "container:gpu_cost:usd_per_hour"))
@@ -309,5 +361,6 @@ def test_shared_gpu_use_is_split_not_copied(prometheus: str) -> None:
     (the time-sliced GPU's is split between its two pods, not copied to each)."""
     rows = query(prometheus, 'sum by (uuid) (container:gpu_used:gpus{mig_uuid=""})'
                              " - on (uuid) gpu_utilization_ratio")
-    assert len(rows) == 2  # the time-sliced GPU and the exclusive one
+    # time-sliced, exclusive, MPS, fractional (HAMi) and DRA-claimed
+    assert len(rows) == 5
     assert all(abs(float(r["value"][1])) < 1e-9 for r in rows), rows
