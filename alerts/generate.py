@@ -22,6 +22,9 @@ from gpu_ledger.generated import sync
 HERE = Path(__file__).resolve().parent
 ALERTS_FILE = HERE / "gpu-ledger-alerts.yml"
 RECORDING_FILE = HERE / "gpu-ledger-recording.yml"
+# Optional, so not under alerts/ directly (deploy/generate.py puts those in the base's
+# PrometheusRule): the deploy/components/dcgm-compat Kustomize component adds it.
+DCGM_FILE = HERE / "optional" / "gpu-ledger-dcgm.yml"
 
 # --- the one place to change ------------------------------------------------------------------
 # The exporter's scrape job: the ServiceMonitor's Service name, or job_name in a static config.
@@ -499,6 +502,82 @@ RECORDS: tuple[Record, ...] = (
 )
 
 
+# --- DCGM-compatible view (optional) ----------------------------------------------------------
+# dcgm-exporter's names, units and labels, so dashboards and tools written for it (NVIDIA's
+# Grafana dashboard 12239, OpenCost's GPU queries) read GPU Ledger. Device properties are one
+# series per GPU. Usage that belongs to workloads (utilisation, engine activity, decoder, power)
+# is one series per container holding the device, carrying the container's share of the device
+# (the share container:gpu_used:gpus uses), plus a series without pod labels for what no
+# container holds: on a shared GPU the series add up to the device's value instead of repeating
+# it per pod as dcgm-exporter does.
+
+DCGM_LABELS = ("cluster, job, instance, gpu, device, UUID, modelName, Hostname, "
+               "GPU_I_PROFILE, GPU_I_ID, namespace, pod, container")
+MIB = 1024 * 1024
+
+
+def dcgm_labels(expr: str, agg: str = "max") -> str:
+    """`expr` with dcgm-exporter's label names (UUID, modelName, Hostname, device nvidia<i>,
+    GPU_I_PROFILE, GPU_I_ID) and only those plus the pod's and the scrape's. Device
+    properties take `max` (one series each anyway); split usage takes `sum` (a container's
+    parts of one device add up)."""
+    renames = (("UUID", "$1", "uuid"), ("modelName", "$1", "model"), ("Hostname", "$1", "node"),
+               ("device", "nvidia$1", "gpu"), ("GPU_I_PROFILE", "$1", "profile"),
+               ("GPU_I_ID", "$1", "gpu_instance_id"))
+    out = expr
+    for dst, repl, src in renames:
+        out = f'label_replace({out}, "{dst}", "{repl}", "{src}", "(.+)")'
+    return f"{agg} by ({DCGM_LABELS}) (\n  {out}\n)"
+
+
+def split_whole_gpu(device: str) -> str:
+    """A whole-GPU family split between the containers holding the GPU by their share, and
+    the GPU's own value where no container holds it."""
+    share = 'container:gpu_device_share:ratio{mig_uuid=""}'
+    return (f"{share} * on (uuid) group_left (gpu, model, node) {device}\n"
+            f"or ({device} unless on (uuid) {share})")
+
+
+GR_ENGINE_MIG = (
+    'container:gpu_device_share:ratio{mig_uuid!=""}\n'
+    "  * on (mig_uuid) group_left (gpu, model, node, gpu_instance_id, profile)\n"
+    '  gpu_sm_active_ratio{mig_uuid!=""}\n'
+    'or (gpu_sm_active_ratio{mig_uuid!=""} unless on (mig_uuid) container:gpu_device_share:ratio)')
+POWER_SPLIT = (
+    'container:gpu_power:watts{mig_uuid=""}\n'
+    'or container:gpu_power:watts{mig_uuid!=""}\n'
+    "  * on (mig_uuid) group_left (gpu_instance_id) gpu_mig_info\n"
+    # a MIG GPU: what its containers' instances do not account for stays on the device
+    "or (gpu_power_watts - on (uuid) group_left ()\n"
+    '    sum by (uuid) (container:gpu_power:watts{mig_uuid!=""}))\n'
+    "or (gpu_power_watts unless on (uuid) container:gpu_power:watts)")
+
+DCGM_RECORDS: tuple[Record, ...] = (
+    # device properties, one series per GPU
+    Record("DCGM_FI_DEV_GPU_TEMP", dcgm_labels("gpu_temperature_celsius")),
+    Record("DCGM_FI_DEV_MEMORY_TEMP", dcgm_labels("gpu_memory_temperature_celsius")),
+    Record("DCGM_FI_DEV_SM_CLOCK", dcgm_labels("gpu_sm_clock_hertz / 1e6")),
+    Record("DCGM_FI_DEV_MEM_CLOCK", dcgm_labels("gpu_memory_clock_hertz / 1e6")),
+    Record("DCGM_FI_DEV_FB_USED", dcgm_labels(f"gpu_memory_used_bytes / {MIB}")),
+    Record("DCGM_FI_DEV_FB_FREE", dcgm_labels(f"gpu_memory_free_bytes / {MIB}")),
+    Record("DCGM_FI_DEV_MEM_COPY_UTIL", dcgm_labels("gpu_memory_utilization_ratio * 100")),
+    Record("DCGM_FI_DEV_ENC_UTIL", dcgm_labels("gpu_encoder_utilization_ratio * 100")),
+    Record("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", dcgm_labels("gpu_energy_joules_total * 1000")),
+    Record("DCGM_FI_PROF_SM_ACTIVE", dcgm_labels("gpu_sm_active_ratio")),
+    Record("DCGM_FI_PROF_SM_OCCUPANCY", dcgm_labels("gpu_sm_occupancy_ratio")),
+    Record("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", dcgm_labels("gpu_tensor_active_ratio")),
+    Record("DCGM_FI_PROF_DRAM_ACTIVE", dcgm_labels("gpu_dram_active_ratio")),
+    # workload usage, per container holding the device
+    Record("DCGM_FI_DEV_GPU_UTIL", dcgm_labels(
+        "100 * (\n" + split_whole_gpu("gpu_utilization_ratio") + "\n)", "sum")),
+    Record("DCGM_FI_DEV_DEC_UTIL", dcgm_labels(
+        "100 * (\n" + split_whole_gpu("gpu_decoder_utilization_ratio") + "\n)", "sum")),
+    Record("DCGM_FI_PROF_GR_ENGINE_ACTIVE", dcgm_labels(
+        split_whole_gpu("gpu_utilization_ratio") + "\nor\n" + GR_ENGINE_MIG, "sum")),
+    Record("DCGM_FI_DEV_POWER_USAGE", dcgm_labels(POWER_SPLIT, "sum")),
+)
+
+
 # --- rendering -------------------------------------------------------------------------------
 
 class _Dumper(yaml.SafeDumper):
@@ -530,9 +609,17 @@ def recording_yaml() -> str:
                               "rules": [r.rule() for r in RECORDS]}]})
 
 
+def dcgm_yaml() -> str:
+    return _dump({"groups": [{"name": "gpu-ledger.dcgm-compat",
+                              "rules": [r.rule() for r in DCGM_RECORDS]}]})
+
+
 def outputs(config: Config = DEFAULT_CONFIG, directory: Path = HERE) -> dict[Path, str]:
-    return {directory / ALERTS_FILE.name: alerts_yaml(config),
-            directory / RECORDING_FILE.name: recording_yaml()}
+    out = {directory / ALERTS_FILE.name: alerts_yaml(config),
+           directory / RECORDING_FILE.name: recording_yaml()}
+    if directory == HERE:  # the DCGM view takes no configuration: --out DIR leaves it out
+        out[DCGM_FILE] = dcgm_yaml()
+    return out
 
 
 def all_alerts(config: Config = DEFAULT_CONFIG) -> tuple[Alert, ...]:

@@ -217,3 +217,20 @@ def test_packaging_metadata_has_no_setuptools_deprecation() -> None:
         dist = apply_configuration(Distribution(), ROOT / "pyproject.toml")
     assert [str(w.message) for w in caught if "license" in str(w.message).lower()] == []
     assert dist.metadata.license_expression == "Apache-2.0"
+
+
+def test_dcgm_component_adds_its_own_rule_group() -> None:
+    """The optional DCGM-compatible rules come only with the component (the dcgm-compat
+    overlay), as a second PrometheusRule that the Operator's CRD schema accepts."""
+    base_rule = one(rendered(DEPLOY / "base"), "PrometheusRule")
+    assert "gpu-ledger.dcgm-compat" not in [g["name"] for g in base_rule["spec"]["groups"]]
+    rules = {o["metadata"]["name"]: o for o in rendered(DEPLOY / "overlays" / "dcgm-compat")
+             if o["kind"] == "PrometheusRule"}
+    assert sorted(rules) == ["gpu-ledger", "gpu-ledger-dcgm"]
+    dcgm = rules["gpu-ledger-dcgm"]
+    assert [g["name"] for g in dcgm["spec"]["groups"]] == ["gpu-ledger.dcgm-compat"]
+    records = [r["record"] for r in dcgm["spec"]["groups"][0]["rules"]]
+    assert records and all(r.startswith("DCGM_FI_") for r in records)
+    schema = strict(crd_schema("PrometheusRule"))
+    schema["properties"]["metadata"] = {"type": "object"}
+    validate(dcgm, schema)

@@ -35,6 +35,15 @@ from typing import Any
 
 import pytest
 import yaml
+from dcgm_queries import (
+    NVIDIA_12239_PANELS,
+    NVIDIA_12239_VARIABLES,
+    OPENCOST_CLUSTER_FILTER,
+    OPENCOST_CLUSTER_LABEL,
+    OPENCOST_GPU_INFO,
+    OPENCOST_GPU_USAGE_AVG,
+    OPENCOST_GPU_USAGE_MAX,
+)
 from promtools import free_port, running_prometheus
 
 from dashboards.generate import BOARDS, expressions
@@ -50,7 +59,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = [ROOT / "alerts" / "gpu-ledger-alerts.yml",
-              ROOT / "alerts" / "gpu-ledger-recording.yml"]
+              ROOT / "alerts" / "gpu-ledger-recording.yml",
+              ROOT / "alerts" / "optional" / "gpu-ledger-dcgm.yml"]
 NODE = "proof-node"
 CLUSTER = "proof"
 JOB = "gpu-ledger-exporter"  # alerts/generate.py Config.exporter_selector
@@ -172,8 +182,9 @@ def _get(url: str, timeout: float = 10) -> Any:
         return json.loads(resp.read())
 
 
-def query(prom: str, expr: str) -> list[dict[str, Any]]:
-    body = _get(f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+def query(prom: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+    params = {"query": expr} | ({} if at is None else {"time": repr(at)})
+    body = _get(f"{prom}/api/v1/query?" + urllib.parse.urlencode(params))
     assert body["status"] == "success", f"{expr}: {body}"
     result: list[dict[str, Any]] = body["data"]["result"]
     return result
@@ -364,3 +375,140 @@ def test_shared_gpu_use_is_split_not_copied(prometheus: str) -> None:
     # time-sliced, exclusive, MPS, fractional (HAMi) and DRA-claimed
     assert len(rows) == 5
     assert all(abs(float(r["value"][1])) < 1e-9 for r in rows), rows
+
+
+# --- the DCGM-compatible view: the queries of NVIDIA's dashboard 12239 and of OpenCost -------
+
+GPUS = 6  # in SCENARIO
+SHARED_GPU = 1  # time-sliced between nlp/bert-finetune and nlp/tokenizer
+
+
+def rule_time(prom: str, record: str) -> float:
+    """The evaluation time of a recording rule's newest samples: queried at that instant, raw
+    series give what the rule saw, so recorded and raw values compare exactly."""
+    stamps = query(prom, f"timestamp({record})")
+    assert stamps, record
+    return max(float(r["value"][1]) for r in stamps)
+
+
+def by(rows: list[dict[str, Any]], *labels: str) -> dict[tuple[str, ...], float]:
+    out: dict[tuple[str, ...], float] = {}
+    for r in rows:
+        key = tuple(r["metric"].get(label, "") for label in labels)
+        assert key not in out, f"two series for {key}"
+        out[key] = float(r["value"][1])
+    return out
+
+
+def dcgm_12239(expr: str) -> str:
+    return expr.replace("$instance", ".*").replace("$gpu", ".*")
+
+
+def test_12239_variables_find_every_gpu(prometheus: str) -> None:
+    for name, expr in NVIDIA_12239_VARIABLES.items():
+        m = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", expr)
+        assert m, expr
+        values = _get(f"{prometheus}/api/v1/label/{m.group(2)}/values?"
+                      + urllib.parse.urlencode({"match[]": m.group(1)}))["data"]
+        if name == "gpu":
+            assert sorted(values) == [str(i) for i in range(GPUS)]
+        else:
+            assert len(values) == 1  # the one exporter
+
+
+def test_12239_panels_show_each_gpu_once_with_its_value(prometheus: str) -> None:
+    """Device panels: one series per GPU, legend `GPU {{gpu}}` unique, values exactly the
+    exporter's (converted to DCGM's units) at the rule's evaluation time."""
+    raw = {
+        "GPU Temperature": ("DCGM_FI_DEV_GPU_TEMP", "gpu_temperature_celsius"),
+        "GPU SM Clocks": ("DCGM_FI_DEV_SM_CLOCK", "gpu_sm_clock_hertz"),
+        "GPU Framebuffer Mem Used": ("DCGM_FI_DEV_FB_USED", "gpu_memory_used_bytes / 1048576"),
+    }
+    for title, (record, exporter_expr) in raw.items():
+        t = rule_time(prometheus, record)
+        got = by(query(prometheus, dcgm_12239(NVIDIA_12239_PANELS[title]), t), "gpu", "UUID")
+        want = by(query(prometheus, exporter_expr, t), "gpu", "uuid")
+        assert got == pytest.approx(want, rel=1e-9), title
+        assert len(got) == GPUS
+    t = rule_time(prometheus, "DCGM_FI_DEV_GPU_TEMP")
+    [avg] = query(prometheus, dcgm_12239(NVIDIA_12239_PANELS["GPU Avg. Temp"]), t)
+    [want_avg] = query(prometheus, "avg(gpu_temperature_celsius)", t)
+    assert float(avg["value"][1]) == pytest.approx(float(want_avg["value"][1]))
+
+
+def test_12239_power_and_utilisation_are_split_not_copied(prometheus: str) -> None:
+    """Power and utilisation: per GPU, the series (one per container holding it, or one for
+    the GPU alone) add up to the GPU's figure, so the board's totals are the fleet's."""
+    t = rule_time(prometheus, "DCGM_FI_DEV_POWER_USAGE")
+    [total] = query(prometheus, dcgm_12239(NVIDIA_12239_PANELS["GPU Power Total"]), t)
+    [want] = query(prometheus, "sum(gpu_power_watts)", t)
+    assert float(total["value"][1]) == pytest.approx(float(want["value"][1]), rel=1e-9)
+    rows = query(prometheus, dcgm_12239(NVIDIA_12239_PANELS["GPU Power Usage"]), t)
+    per_gpu: dict[str, float] = {}
+    for r in rows:
+        per_gpu[r["metric"]["gpu"]] = per_gpu.get(r["metric"]["gpu"], 0.0) + float(r["value"][1])
+    assert per_gpu == pytest.approx(
+        {k[0]: v for k, v in by(query(prometheus, "gpu_power_watts", t), "gpu").items()},
+        rel=1e-9)
+
+    t = rule_time(prometheus, "DCGM_FI_DEV_GPU_UTIL")
+    rows = query(prometheus, dcgm_12239(NVIDIA_12239_PANELS["GPU Utilization"]), t)
+    util = by(query(prometheus, "100 * gpu_utilization_ratio", t), "gpu")
+    summed: dict[tuple[str], float] = {}
+    for r in rows:
+        key = (r["metric"]["gpu"],)
+        summed[key] = summed.get(key, 0.0) + float(r["value"][1])
+    assert summed == pytest.approx(util, rel=1e-9, abs=1e-9)
+    shared = [r for r in rows if r["metric"]["gpu"] == str(SHARED_GPU)]
+    assert sorted(r["metric"]["pod"] for r in shared) == ["bert-finetune", "tokenizer"]
+    device = util[(str(SHARED_GPU),)]
+    assert device > 0 and all(float(r["value"][1]) < device for r in shared)
+
+
+def test_12239_tensor_panel_per_gpu_and_mig_instance(prometheus: str) -> None:
+    rows = query(prometheus, dcgm_12239(NVIDIA_12239_PANELS["Tensor Core Utilization"]))
+    gpm = query(prometheus, "gpu_tensor_active_ratio")
+    assert len(rows) == len(gpm)
+    mig = [r["metric"] for r in rows if r["metric"].get("GPU_I_ID")]
+    assert {m["GPU_I_PROFILE"] for m in mig} == {"3g.40gb", "2g.20gb"}
+
+
+def _opencost(fmt: str, window: str = "1m") -> str:
+    if fmt == OPENCOST_GPU_INFO:
+        return fmt % (OPENCOST_CLUSTER_FILTER, window, OPENCOST_CLUSTER_LABEL)
+    return fmt % (window, OPENCOST_CLUSTER_LABEL)
+
+
+def test_opencost_gpu_usage_per_container(prometheus: str) -> None:
+    """OpenCost's average and peak GPU use: a row per container holding a GPU (every sharing
+    mode and DRA), and on the time-sliced GPU the two containers' rows are their shares."""
+    holders = {(r["metric"]["namespace"], r["metric"]["pod"], r["metric"]["container"])
+               for r in query(prometheus, "gpu_container_allocation")}
+    for fmt in (OPENCOST_GPU_USAGE_AVG, OPENCOST_GPU_USAGE_MAX):
+        rows = by(query(prometheus, _opencost(fmt)), "namespace", "pod", "container")
+        assert set(rows) == holders
+        assert all(0 <= v <= 1 for v in rows.values())
+    t = rule_time(prometheus, "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+    per_uuid = by(query(prometheus, 'sum by (UUID) (DCGM_FI_PROF_GR_ENGINE_ACTIVE{container!=""})'
+                                    ' and on (UUID) DCGM_FI_DEV_GPU_UTIL', t), "UUID")
+    util = by(query(prometheus, 'gpu_utilization_ratio and on (uuid) gpu_container_allocation',
+                    t), "uuid")
+    assert per_uuid == pytest.approx(util, rel=1e-9, abs=1e-9)
+
+
+def test_opencost_gpu_info_names_each_containers_gpu(prometheus: str) -> None:
+    rows = query(prometheus, _opencost(OPENCOST_GPU_INFO))
+    assert rows
+    whole = query(prometheus, 'gpu_container_allocation{mig_uuid=""}')
+    alloc = {(r["metric"]["namespace"], r["metric"]["pod"], r["metric"]["container"]):
+             r["metric"]["uuid"] for r in whole}
+    info = {r["metric"]["uuid"]: r["metric"] for r in query(prometheus, "gpu_info")}
+    seen = set()
+    for r in rows:
+        m = r["metric"]
+        key = (m["namespace"], m["pod"], m["container"])
+        seen.add(key)
+        gpu = info[alloc[key]]
+        assert (m["UUID"], m["modelName"], m["device"]) == (
+            gpu["uuid"], gpu["model"], "nvidia" + gpu["gpu"])
+    assert seen == set(alloc)  # every container on a whole GPU; MIG has no decoder figure
