@@ -59,7 +59,11 @@ class SignalSpec:
         matchers = [f'{label}!=""' for label in self.nonempty] + ([match] if match else [])
         return self.family + ("{" + ",".join(matchers) + "}" if matchers else "")
 
-    def promql(self, window: str, step_s: float = TLAST_STEP_S, match: str = "") -> str:
+    def promql(self, window: str, step_s: float = TLAST_STEP_S, match: str = "",
+               metricsql: bool = False) -> str:
+        if self.func == "tlast" and metricsql:
+            # MetricsQL (VictoriaMetrics) has the exact function: no 10 s subquery grid.
+            return f"tlast_over_time({self.selector(match)}[{window}])"
         if self.func == "tlast":
             # Latest sample time at grid points every step_s: the hour's last sample time,
             # exact while a grid point falls between it and its staleness marker.

@@ -8,7 +8,6 @@ committed stay when a later one fails.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -69,9 +68,9 @@ class PrometheusSource:
         whose value is not a finite number ("abc", null, NaN, Inf) is dropped and counted; an
         answer that is not a matrix is an error."""
         series: list[dict[str, str]] = []
-        sid: list[int] = []
-        ts: list[float] = []
-        values: list[float] = []
+        sids: list[np.ndarray] = []
+        tss: list[np.ndarray] = []
+        vals: list[np.ndarray] = []
         for r in result:
             metric = r.get("metric") if isinstance(r, dict) else None
             points = r.get("values") if isinstance(r, dict) else None
@@ -80,20 +79,38 @@ class PrometheusSource:
                                 "of {metric, values}")
             i = len(series)
             series.append({str(k): str(v) for k, v in metric.items()})
+            t, v = self._series_points(points)
+            sids.append(np.full(len(t), i, np.int64))
+            tss.append(t)
+            vals.append(v)
+        if not series:
+            return series, np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+        return series, np.concatenate(sids), np.concatenate(tss), np.concatenate(vals)
+
+    def _series_points(self, points: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """(time, value) arrays of one series' points, non-finite ones dropped and counted.
+        numpy parses the whole series at once; a malformed point sends the series through
+        the point-by-point path, which drops just that point."""
+        try:
+            t = np.array([p[0] for p in points], np.float64)
+            v = np.array([p[1] for p in points], np.float64)
+        except (TypeError, ValueError, IndexError, KeyError):
+            ts: list[float] = []
+            values: list[float] = []
             for p in points:
                 try:
-                    t, v = float(p[0]), float(p[1])
+                    ts.append(float(p[0]))
+                    values.append(float(p[1]))
                 except (TypeError, ValueError, IndexError, KeyError):
                     self.dropped += 1
-                    continue
-                if not (math.isfinite(v) and math.isfinite(t)):
-                    self.dropped += 1
-                    continue
-                sid.append(i)
-                ts.append(t)
-                values.append(v)
-        return (series, np.array(sid, np.int64), np.array(ts, np.float64),
-                np.array(values, np.float64))
+                    if len(ts) > len(values):
+                        ts.pop()
+            t, v = np.array(ts, np.float64), np.array(values, np.float64)
+        ok = np.isfinite(t) & np.isfinite(v)
+        if not ok.all():
+            self.dropped += int((~ok).sum())
+            t, v = t[ok], v[ok]
+        return t, v
 
     def window(self) -> str:
         """Range selector covering exactly (T-1h, T]. Prometheus 3 range windows are left-open;
