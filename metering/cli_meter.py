@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replace", action="store_true",
                    help="overwrite hours even where the source has fewer device-hours than "
                         "the ledger holds (refused by default)")
+    p.add_argument("--no-resume", action="store_true",
+                   help="meter every chunk, even those an interrupted run of the same source "
+                        "and period already committed (resumed by default)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="per-chunk query counts and detected sample interval")
@@ -193,7 +196,8 @@ def _run(args: argparse.Namespace) -> int:
         say(f"meter: {period.label()} ({period.hours} h) from {source.name} into {args.db}")
         try:
             result = ingest(con, source, period, chunk, args.sample_interval, progress,
-                            verbose=args.verbose, replace=args.replace)
+                            verbose=args.verbose, replace=args.replace,
+                            resume=not args.no_resume)
         except IngestError as exc:
             raise _Fail(str(exc)) from None
         rows = ", ".join(f"{n} {t}" for t, n in result.rows.items())
@@ -205,7 +209,9 @@ def _run(args: argparse.Namespace) -> int:
             say(f"meter: no device data for {len(result.empty_hours)} hour(s): {gaps}")
         if pricing is not None and model is not None:
             try:
-                pricing.price_period(con, model, period.start, period.end)
+                pricing.price_period(con, model, period.start, period.end,
+                                     progress=Progress(0, quiet=args.quiet, stage="price",
+                                                       unit="week"))
             except Exception as exc:  # any pricing failure: report it, no traceback
                 raise _Fail(f"pricing {period.label()} failed: {type(exc).__name__}: {exc}"
                             ) from None
@@ -232,6 +238,7 @@ def _price_only(args: argparse.Namespace, period: Period, say: Callable[[str], N
     from metering.costmodel import CostModelError, load_cost_model
     from metering.db import DatabaseError, connect
     from metering.pricing import price_period
+    from metering.progress import Progress
 
     try:
         model = load_cost_model(args.cost_model)
@@ -255,7 +262,9 @@ def _price_only(args: argparse.Namespace, period: Period, say: Callable[[str], N
                         f"first: gpu-ledger meter --prometheus URL {_period_args(args)} "
                         f"--db {db}")
         try:
-            result = price_period(con, model, period.start, period.end)
+            result = price_period(con, model, period.start, period.end,
+                                  progress=Progress(0, quiet=args.quiet, stage="price",
+                                                    unit="week"))
         except Exception as exc:  # any pricing failure: report it, no traceback
             raise _Fail(f"pricing {period.label()} failed: {type(exc).__name__}: {exc}"
                         ) from None
@@ -291,5 +300,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-ledger meter: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("gpu-ledger meter: interrupted; committed chunks are kept", file=sys.stderr)
+        print("gpu-ledger meter: interrupted; committed chunks are kept and the same command "
+              "resumes after them", file=sys.stderr)
         return 130

@@ -27,6 +27,7 @@ from metering.period import HOUR, Period
 from metering.progress import Progress
 from metering.promclient import PromClient, PromError
 from metering.queryplan import Limits, QueryPlanner
+from metering.resume import Journal
 
 # Prometheus answers at most 11,000 points per series; a chunk of N hours asks for N+1.
 MAX_CHUNK_HOURS = 10_000
@@ -144,6 +145,7 @@ class IngestResult:
     rows: dict[str, int] = field(default_factory=lambda: {
         "device_hours": 0, "mig_hours": 0, "allocation_hours": 0})
     empty_hours: list[datetime] = field(default_factory=list)  # UTC, naive
+    resumed: int = 0  # chunks an interrupted run had committed, not metered again
     spacing: dict[str, float] = field(default_factory=dict)  # node -> seconds (last chunk)
 
 
@@ -153,17 +155,29 @@ def _naive(t: datetime) -> datetime:
 
 def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_CHUNK_HOURS,
            sample_interval: float | None = None, progress: Progress | None = None,
-           verbose: bool = False, replace: bool = False) -> IngestResult:
+           verbose: bool = False, replace: bool = False, resume: bool = True
+           ) -> IngestResult:
     """Meter `period` from `source` chunk by chunk. A chunk whose source yields fewer
     device-hours than the ledger already holds for those hours is refused (nothing written)
     unless `replace`: a Prometheus past its retention or an empty source never wipes a
-    metered month."""
+    metered month. An earlier run of the same source and period that stopped before its end
+    is resumed after its committed chunks unless not `resume` (metering/resume.py)."""
     if not 1 <= chunk_hours <= MAX_CHUNK_HOURS:
         raise IngestError(f"--chunk: expected 1 to {MAX_CHUNK_HOURS} hours, got {chunk_hours}")
     chunks = list(period.chunks(chunk_hours))
     progress = progress or Progress(len(chunks), quiet=True)
     result = IngestResult(period, source.name)
+    journal = Journal.begin(con, source.name, period, resume)
+    result.resumed = sum(1 for c in chunks if journal.committed(c))
+    if result.resumed and journal.resumed_from is not None:
+        progress.total = len(chunks) - result.resumed
+        began = journal.resumed_from.strftime("%Y-%m-%d %H:%M")
+        progress.message(f"meter: resuming the run started {began} UTC: {result.resumed} of "
+                         f"{len(chunks)} chunk(s) already "
+                         "committed, not metered again (--no-resume meters them again)")
     for i, chunk in enumerate(chunks, 1):
+        if result.resumed and journal.committed(chunk):
+            continue
         where = f"chunk {i}/{len(chunks)} ({chunk.label()})"
         before = source.queries
         try:
@@ -185,6 +199,7 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
                     "to overwrite them with what the source has)")
             empty = write_coverage(con, start, end, source.name,
                                    datetime.now(UTC).replace(tzinfo=None))
+            journal.record(con, chunk)
             con.execute("COMMIT")
         except FactError as exc:
             con.execute("ROLLBACK")
@@ -202,7 +217,9 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
             spacing = ", ".join(f"{n}={s:g}s" for n, s in sorted(counts.spacing.items()))
             progress.message(f"meter: {where}: {source.queries - before} queries, "
                              f"{counts.total} fact rows, sample interval {spacing}")
-        progress.chunk_done(chunk.label(), f"{counts.total} fact rows")
+        progress.chunk_done(chunk.label(), f"{counts.total} fact rows", counts.total,
+                            "fact rows")
+    journal.finish(con)
     return result
 
 

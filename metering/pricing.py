@@ -20,6 +20,7 @@ from typing import Any, Final
 import duckdb
 
 from metering.costmodel import MICRO, CostModel
+from metering.progress import Progress
 
 # Temp tables that carry the resolved cost model into SQL; see the header of pricing.sql.
 _CONFIG_TABLES: Final = {
@@ -147,12 +148,14 @@ def _slices(start: datetime, end: datetime, hours: int) -> list[tuple[datetime, 
 
 def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                  start: datetime, end: datetime,
-                 slice_hours: int = SLICE_HOURS) -> PricingResult:
+                 slice_hours: int = SLICE_HOURS,
+                 progress: Progress | None = None) -> PricingResult:
     """Rebuild `charges` for hours in [start, end) from the facts, in one transaction.
 
     Opens its own transaction, so `con` must not be inside one. On any error the transaction is
     rolled back and the period's previous charges stay as they were. The period is priced
-    `slice_hours` at a time inside that transaction (same rows, bounded memory).
+    `slice_hours` at a time inside that transaction (same rows, bounded memory); `progress`
+    is told about each slice.
     """
     if slice_hours < 1:
         raise ValueError(f"pricing slice: expected at least 1 hour, got {slice_hours}")
@@ -170,7 +173,10 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
         defaults = _load_config(con, model, start, end)
         sums: list[Any] = [0] * 10  # the `totals` row, summed over slices
         orphans = 0
-        for lo, hi in _slices(start, end, slice_hours):
+        slices = _slices(start, end, slice_hours)
+        if progress is not None:
+            progress.total = len(slices)
+        for lo, hi in slices:
             con.execute("SET VARIABLE gl_start = ?", [lo])
             con.execute("SET VARIABLE gl_end = ?", [hi])
             for step in _STEPS:
@@ -181,6 +187,9 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
             orphan_row = con.execute(sql["orphans"]).fetchone()
             assert orphan_row is not None
             orphans += int(orphan_row[0])
+            if progress is not None:
+                progress.chunk_done(f"{lo:%Y-%m-%dT%H:%MZ} .. {hi:%Y-%m-%dT%H:%MZ}",
+                                    f"{int(row[9])} charge rows", int(row[9]), "charge rows")
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

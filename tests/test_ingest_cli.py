@@ -197,3 +197,21 @@ def test_rerun_from_a_poorer_source_refuses_unless_replace(
     con = connect(db, read_only=True)
     assert con.execute("SELECT count(*) FROM device_hours").fetchone() == (0,)
     con.close()
+
+
+def test_progress_has_a_rate_per_stage_and_stays_quiet_in_logs_when_asked() -> None:
+    log = io.StringIO()
+    p = Progress(2, stream=log, tty=False, clock=iter([0.0, 4.0, 8.0]).__next__,
+                 stage="price", unit="week")
+    p.chunk_done("2026-10-01T00:00Z .. 2026-10-08T00:00Z", "2000 charge rows", 2000,
+                 "charge rows")
+    assert log.getvalue() == ("price: week 1/2 2026-10-01T00:00Z .. 2026-10-08T00:00Z "
+                              "(2000 charge rows, 500 charge rows/s), ETA 0:04\n")
+    tty = io.StringIO()
+    p = Progress(2, stream=tty, tty=True, clock=iter([0.0, 2.0, 2.0]).__next__,
+                 stage="meter")
+    p.chunk_done("a", amount=3_000_000, what="fact rows")
+    assert "meter [" in tty.getvalue() and "1.5M fact rows/s" in tty.getvalue()
+    silent = io.StringIO()
+    Progress(3, stream=silent, tty=False, logs=False, stage="report").chunk_done("x")
+    assert silent.getvalue() == ""

@@ -18,6 +18,7 @@ from typing import Any
 
 import metering
 from metering import waste
+from metering.progress import Progress
 from metering.report import focus, model
 from metering.report.csvout import render_csv
 from metering.report.html import render_html
@@ -277,11 +278,16 @@ def main(argv: list[str]) -> int:
                 raise ReportError(f"{opt}: expected a whole number >= 1, got {value}", 2)
         formats = _formats(args.format)
         settings = waste.Settings(min_hours=args.min_hours, idle_hours=args.idle_hours)
+        # A bar on a terminal only: the summary on stdout is what logs want.
+        progress = Progress(3, stage="report", unit="step", logs=False)
         report = make_report(args.db, month, args.cost_model, args.top, "focus" in formats,
                              settings)
+        progress.chunk_done("read the ledger")
         files = _render(report, formats)
+        progress.chunk_done("rendered", amount=len(files), what="files")
         try:
             written = write_files(Path(args.out), files)
+            progress.chunk_done("written")
         except OSError as e:
             raise ReportError(
                 f"{args.out}: cannot write the report ({e.strerror or e}); "

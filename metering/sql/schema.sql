@@ -126,3 +126,22 @@ CREATE TABLE IF NOT EXISTS charges (
     idle_share        DECIMAL(18, 6) NOT NULL, -- part of cost that is shared-out idle
     cost_model_hash   VARCHAR   NOT NULL
 );
+
+-- Ingest runs and the chunks each committed (metering/resume.py): a run that stopped before
+-- its last chunk (killed, Prometheus down) is resumed after its committed chunks. A chunk's
+-- row is written in the chunk's own transaction, so it exists exactly when its facts do.
+CREATE TABLE IF NOT EXISTS ingest_runs (
+    run_id            BIGINT    NOT NULL,
+    source            VARCHAR   NOT NULL,
+    period_start      TIMESTAMP NOT NULL,   -- UTC
+    period_end        TIMESTAMP NOT NULL,
+    started_at        TIMESTAMP NOT NULL,
+    finished_at       TIMESTAMP             -- NULL: stopped before its last chunk
+);
+
+CREATE TABLE IF NOT EXISTS ingest_chunks (
+    run_id            BIGINT    NOT NULL,
+    chunk_start       TIMESTAMP NOT NULL,
+    chunk_end         TIMESTAMP NOT NULL,
+    committed_at      TIMESTAMP NOT NULL
+);
