@@ -1,8 +1,9 @@
 """`gpu-ledger demo`: the whole product on one machine, in minutes.
 
-1. Simulate a small cluster (the example scenarios: MIG, time-slicing, MPS, a GPU that falls
-   off the bus, XIDs) for a month, every --step, through the exporter's own code path
-   (simulated NVML -> Sampler with a real PodResources server, cgroup files and pod watch).
+1. Simulate a small cluster (the example scenarios: MIG, time-slicing, MPS, DRA claims, HAMi
+   and gpushare grants, a GPU that falls off the bus, XIDs) for a month, every --step, through
+   the exporter's own code path (simulated NVML -> Sampler with a real PodResources server,
+   cgroup files, pod and ResourceSlice watches).
 2. Backfill that history into a real Prometheus with promtool, then serve it, with the same
    nodes' exporters running live and scraped.
 3. Run the metering job against that Prometheus into DuckDB, priced with the default cost model.
@@ -34,7 +35,8 @@ from gpu_ledger import promserver
 RULES_DIR = Path(__file__).resolve().parent.parent / "alerts"
 RULE_FILES = ("gpu-ledger-alerts.yml", "gpu-ledger-recording.yml")
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "gpusim" / "scenarios"
-DEMO_SCENARIOS = ("h100-mig.yaml", "a100-timeslice.yaml", "mixed.yaml", "rightsizing.yaml")
+DEMO_SCENARIOS = ("h100-mig.yaml", "a100-timeslice.yaml", "mixed.yaml", "rightsizing.yaml",
+                  "sharing.yaml")
 # What metering and the dashboards read; the demo history keeps to these to stay small.
 HISTORY_FAMILIES = (
     "gpu_info", "gpu_up", "gpu_utilization_ratio", "gpu_energy_joules_total",
@@ -42,6 +44,7 @@ HISTORY_FAMILIES = (
     "gpu_memory_total_bytes", "gpu_mig_info", "gpu_mig_memory_total_bytes",
     "gpu_xid_errors_total", "gpu_container_allocation", "gpu_container_memory_used_bytes",
     "gpu_container_sm_utilization_ratio", "gpu_container_processes", "gpu_sm_active_ratio",
+    "gpu_container_memory_fraction", "gpu_container_core_fraction",
 )
 
 

@@ -24,8 +24,9 @@ from exporter.collectors import REGISTRY
 from exporter.core import CollectorSpec, ExporterOptions
 from exporter.render import Rendering
 from exporter.sampler import Sampler
+from gpusim.allocation import pod_annotations, resource_slices
 from gpusim.apiserver import FakeApiServer
-from gpusim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
+from gpusim.kubelet import ClaimAllocation, ContainerAllocation, FakeKubelet, PodAllocation
 from gpusim.model import PodSpec, Scenario
 from gpusim.node import (
     Window,
@@ -81,10 +82,12 @@ def pod_objects(scenario: Scenario, t0: float, t1: float) -> list[dict[str, Any]
             runs = list(range(first, last + 1))
         for k in runs:
             uid, name = pod_identity(pod, k)
+            annotations = pod_annotations(scenario, pod)
             out.append({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": pod.namespace, "uid": uid,
-                             **_owner_metadata(pod)},
+                             **_owner_metadata(pod),
+                             **({"annotations": annotations} if annotations else {})},
                 "spec": {"nodeName": scenario.node,
                          "containers": [{"name": c.name, "image": "sim"}
                                         for c in pod.containers]},
@@ -122,7 +125,9 @@ class SimNode:
 
     def allocations(self) -> list[PodAllocation]:
         return [PodAllocation(p.namespace, p.name, [
-            ContainerAllocation(c.name, [(r, list(ids)) for r, ids in c.devices])
+            ContainerAllocation(c.name, [(r, list(ids)) for r, ids in c.devices],
+                                [ClaimAllocation(ns, name, list(devs))
+                                 for ns, name, devs in c.claims])
             for c in p.containers]) for p in pods_at(self.scenario, self.scenario_time())]
 
     def refresh_proc_tree(self) -> None:
@@ -144,9 +149,11 @@ class SimCluster:
         self.live = live
         loaded = [s if isinstance(s, Scenario) else load_scenario(s) for s in scenarios]
         pods: list[dict[str, Any]] = []
+        slices: list[dict[str, Any]] = []
         for sc in loaded:
             pods.extend(pod_objects(sc, *window))
-        self.api = FakeApiServer(pods).start()
+            slices.extend(resource_slices(sc))
+        self.api = FakeApiServer(pods, slices=slices).start()
         kubeconfig = self.api.kubeconfig(str(self.workdir / "kubeconfig"))
         specs: list[CollectorSpec] = [s for s in REGISTRY
                                       if collectors is None or s.name in collectors]
@@ -176,13 +183,15 @@ class SimCluster:
         self._wait_for_pod_watch()
 
     def _wait_for_pod_watch(self, timeout: float = 15.0) -> None:
-        """The pod watch runs on its own thread; before stepping a simulated clock, let it
-        finish its first list so the first cycles already carry pod names and labels."""
+        """The pod and ResourceSlice watches run on their own threads; before stepping a
+        simulated clock, let them finish their first list so the first cycles already carry
+        pod names, labels and claimed devices."""
         for node in self.nodes:
             node.refresh_proc_tree()
             node.sampler.cycle()  # starts the collectors' background threads
         watches = [w for n in self.nodes for c in n.sampler.collectors
-                   if (w := getattr(c, "pod_watch", None)) is not None]
+                   for attr in ("pod_watch", "slice_watch")
+                   if (w := getattr(c, attr, None)) is not None]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(w.lists < 1 for w in watches):
             time.sleep(0.02)

@@ -32,6 +32,8 @@ def check_units(file: str, pods: tuple[PodSpec, ...], gpus: tuple[GpuSpec, ...])
     for p in pods:
         for ci, c in enumerate(p.containers):
             for ui, u in enumerate(c.units):
+                if u.claim or u.is_grant:  # claims and grants are made to be shared
+                    continue
                 for other, where in holders.get(u, []):
                     if other is p or _overlap(other, p):
                         raise ConfigError(

@@ -11,6 +11,12 @@ from gpusim.hardware import MigFamily
 from gpusim.signal import Signal
 
 SHARING_MODES = ("exclusive", "time-slicing", "mps")
+# Who hands a GPU to pods: the NVIDIA device plugin (IDs in PodResources), the DRA driver
+# (ResourceClaims), or a fractional scheduler (HAMi, gpushare: grants in pod annotations).
+ALLOCATIONS = ("device-plugin", "dra", "hami", "gpushare")
+# How the device plugin names devices: GPU-<uuid>, 0 / 0::1 / 0:1, or CDI nvidia.com/gpu=0.
+DEVICE_ID_STRATEGIES = ("uuid", "index", "cdi")
+DRA_DRIVER = "gpu.nvidia.com"
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 THROTTLE_REASONS = ("hw_thermal", "sw_thermal", "hw_power_brake", "sw_power_cap",
                     "hw_slowdown", "sync_boost")
@@ -102,6 +108,7 @@ class GpuSpec:
     not_supported: frozenset[str]
     telemetry: Telemetry
     sharing: Sharing
+    allocation: str = "device-plugin"  # one of ALLOCATIONS
 
     @property
     def mig_enabled(self) -> bool:
@@ -110,11 +117,28 @@ class GpuSpec:
 
 @dataclass(frozen=True)
 class UnitRef:
-    """A device unit a container holds: a GPU, a MIG instance, or one replica of either."""
+    """A device unit a container holds: a GPU, a MIG instance, or one replica of either; a
+    device of a DRA claim (`claim`); or a fractional grant of a GPU (`memory`, `cores`)."""
 
     gpu: int
     mig: int | None = None
     replica: int | None = None
+    claim: str = ""  # the ResourceClaim it comes through; '' for device plugin and grants
+    memory: int | None = None  # bytes a HAMi / gpushare grant gives
+    cores: int | None = None  # HAMi core percent; None: compute not limited
+
+    @property
+    def is_grant(self) -> bool:
+        return self.memory is not None
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """A DRA ResourceClaim: its devices; every container that lists it consumes them all."""
+
+    namespace: str
+    name: str
+    units: tuple[UnitRef, ...]
 
 
 @dataclass(frozen=True)
@@ -207,6 +231,9 @@ class Scenario:
     cgroup_driver: str = "systemd"  # systemd | cgroupfs
     container_runtime: str = "containerd"  # containerd | cri-o
     duration: float | None = None  # informative: how long the scenario is meant to run
+    device_id_strategy: str = "uuid"  # one of DEVICE_ID_STRATEGIES
+    claims: tuple[ClaimSpec, ...] = ()
+    resource_slices: bool = True  # the DRA driver publishes ResourceSlices for this node
     process_count: int = field(default=0)  # process slots; for deterministic PIDs
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpusim.allocation import container_claims, plugin_id
 from gpusim.model import (
     HostProcessSpec,
     PodSpec,
@@ -57,6 +58,8 @@ class SimContainer:
     container_id: str  # 64 hex
     devices: tuple[tuple[str, tuple[str, ...]], ...]  # (resource_name, device ids)
     processes: tuple[SimProcess, ...]
+    # DRA claims it consumes: (claim namespace, claim name, ((driver, pool, device), ...))
+    claims: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -268,16 +271,19 @@ def unit_device(scenario: Scenario, unit: UnitRef) -> tuple[str, str]:
         mig = gpu.mig[unit.mig]
         default = f"nvidia.com/mig-{mig.profile}" if scenario.mig_strategy == "mixed" \
             else "nvidia.com/gpu"
-        resource, base = mig.sharing.resource or default, mig.uuid
+        resource, base = mig.sharing.resource or default, plugin_id(scenario, gpu, mig)
     else:
-        resource, base = gpu.sharing.resource or "nvidia.com/gpu", gpu.uuid
+        resource, base = gpu.sharing.resource or "nvidia.com/gpu", plugin_id(scenario, gpu, None)
     return resource, base if unit.replica is None else f"{base}::{unit.replica}"
 
 
 def device_units(scenario: Scenario) -> list[UnitRef]:
-    """Every allocatable unit: whole GPUs, MIG instances, and each replica of shared ones."""
+    """Every unit the device plugin advertises: whole GPUs, MIG instances, and each replica
+    of shared ones (GPUs that DRA, HAMi or gpushare hand out are not the plugin's)."""
     out: list[UnitRef] = []
     for gpu in scenario.gpus:
+        if gpu.allocation != "device-plugin":
+            continue
         if gpu.mig is not None:
             for mig in gpu.mig:
                 if mig.sharing.mode == "exclusive":
@@ -302,6 +308,8 @@ def sharing_modes(scenario: Scenario) -> dict[str, str]:
     `sharing_modes` option would be configured for this node."""
     out: dict[str, str] = {}
     for gpu in scenario.gpus:
+        if gpu.allocation != "device-plugin":
+            continue
         for mig in gpu.mig or ():
             res, _ = unit_device(scenario, UnitRef(gpu.index, mig.index))
             out[res] = "mig" if mig.sharing.mode == "exclusive" else mig.sharing.mode
@@ -337,12 +345,15 @@ def pods_at(scenario: Scenario, t: float) -> list[SimPod]:
         for ci, c in enumerate(pod.containers):
             grouped: dict[str, list[str]] = {}
             for u in c.units:
+                if u.claim or u.is_grant:  # PodResources lists claims apart; grants not at all
+                    continue
                 resource, dev = unit_device(scenario, u)
                 grouped.setdefault(c.resource or resource, []).append(dev)
             containers.append(SimContainer(
                 name=c.name, container_id=container_id(uid, c.name),
                 devices=tuple((r, tuple(ids)) for r, ids in grouped.items()),
                 processes=tuple(procs.get(ci, [])),
+                claims=container_claims(scenario, pod.namespace, c),
             ))
         end = None if pod.end is None else begin + (pod.end - pod.start)
         out.append(SimPod(uid=uid, namespace=pod.namespace, name=name, labels=dict(pod.labels),

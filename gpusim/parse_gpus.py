@@ -5,6 +5,7 @@ from __future__ import annotations
 from exporter.errors import ConfigError
 from gpusim.hardware import GI_POOLS, GPM_MODELS, PCI_BUSES, SM_COUNTS, MigFamily, mig_family
 from gpusim.model import (
+    ALLOCATIONS,
     FIELDS,
     SHARING_MODES,
     VIRTUALIZATION_MODES,
@@ -95,8 +96,15 @@ def parse_gpus(file: str, node: str, entries: list[object]) -> tuple[GpuSpec, ..
                                                 n.get("not_supported", as_list, [])))
         telemetry = _parse_telemetry(file, f"{key}.telemetry", n.raw("telemetry"), limit)
         sharing = n.get("sharing", _parse_sharing, Sharing())
+        allocation = n.get("allocation", one_of(ALLOCATIONS), "device-plugin")
         mig_raw = n.raw("mig")
         n.done()
+        if allocation != "device-plugin" and sharing.mode != "exclusive":
+            raise ConfigError(file, f"{key}.sharing", f"no sharing with allocation "
+                              f"{allocation} (sharing is the device plugin's)", sharing.mode)
+        if allocation in ("hami", "gpushare") and mig_raw is not None:
+            raise ConfigError(file, f"{key}.mig", f"no mig with allocation {allocation} "
+                              "(it grants slices of a whole GPU)", allocation)
         for c in range(count):
             index = len(out)
             uuid = given_uuid or "GPU-" + stable_uuid(node, "gpu", str(index))
@@ -115,7 +123,7 @@ def parse_gpus(file: str, node: str, entries: list[object]) -> tuple[GpuSpec, ..
                 pci_bus_id=pci or _pci_bus_id(index), vbios_version=vbios,
                 virtualization_mode=virt, multiprocessors=int(sms), mig_family=family,
                 mig=migs, gpm=gpm, nvlink_links=int(links), not_supported=not_supported,
-                telemetry=telemetry, sharing=sharing,
+                telemetry=telemetry, sharing=sharing, allocation=allocation,
             ))
             del c
     return tuple(out)

@@ -10,6 +10,7 @@ from gpusim.model import (
     NVLINK_ERROR_TYPES,
     QOS_CLASSES,
     THROTTLE_REASONS,
+    ClaimSpec,
     ContainerSpec,
     Fault,
     GpuSpec,
@@ -19,6 +20,7 @@ from gpusim.model import (
     UnitRef,
     XidSpec,
 )
+from gpusim.parse_sharing import grant_unit
 from gpusim.signal import Signal
 from gpusim.validate import (
     MAX_EXPLICIT_PID,
@@ -45,14 +47,24 @@ def _unit(file: str, key: str, raw: object, gpus: tuple[GpuSpec, ...]) -> UnitRe
         n = None
     else:
         n = Node(file, key, raw)
-        ref = UnitRef(gpu=n.need("gpu", as_int, "a GPU index"),
-                      mig=n.get("mig", as_nonneg_int, None),
+        g = n.need("gpu", as_int, "a GPU index")
+        if 0 <= g < len(gpus) and gpus[g].allocation in ("hami", "gpushare"):
+            ref = grant_unit(file, key, n, gpus[g])
+            n.done()
+            return ref
+        ref = UnitRef(gpu=g, mig=n.get("mig", as_nonneg_int, None),
                       replica=n.get("replica", as_nonneg_int, None))
         n.done()
     gkey = f"{key}.gpu" if n is not None else key
     if not 0 <= ref.gpu < len(gpus):
         raise ConfigError(file, gkey, f"a GPU index 0..{len(gpus) - 1}", ref.gpu)
     gpu = gpus[ref.gpu]
+    if gpu.allocation == "dra":
+        raise ConfigError(file, gkey, f"a device plugin GPU: GPU {ref.gpu} has allocation dra "
+                          "(list it in resource_claims and the claim under claims)", raw)
+    if gpu.allocation != "device-plugin":
+        raise ConfigError(file, key, f"a grant {{gpu: {ref.gpu}, memory: ...}}: GPU {ref.gpu} "
+                          f"has allocation {gpu.allocation}", raw)
     sharing = gpu.sharing
     if ref.mig is not None:
         if gpu.mig is None:
@@ -97,12 +109,20 @@ def _parse_process(file: str, key: str, raw: object, n_units: int) -> ProcessSpe
     return p
 
 
-def _parse_container(file: str, key: str, raw: object,
-                     gpus: tuple[GpuSpec, ...]) -> ContainerSpec:
+def _parse_container(file: str, key: str, raw: object, gpus: tuple[GpuSpec, ...],
+                     namespace: str, claims: dict[tuple[str, str], ClaimSpec]) -> ContainerSpec:
     n = Node(file, key, raw)
     name = n.need("name", k8s_name, "a container name")
     units = tuple(_unit(file, f"{key}.gpus[{i}]", u, gpus)
                   for i, u in enumerate(n.get("gpus", as_list, [])))
+    # A claim's devices follow the container's own units (process `unit` counts them too).
+    for i, c in enumerate(n.get("claims", as_list, [])):
+        claim = claims.get((namespace, c)) if isinstance(c, str) else None
+        if claim is None:
+            known = sorted(name for ns, name in claims if ns == namespace)
+            raise ConfigError(file, f"{key}.claims[{i}]", "the name of a resource_claims entry "
+                              f"in namespace {namespace} ({', '.join(known) or 'none'})", c)
+        units += claim.units
     resource = n.get("resource", as_str, "")
     procs = tuple(_parse_process(file, f"{key}.processes[{i}]", p, len(units))
                   for i, p in enumerate(n.get("processes", as_list, [])))
@@ -113,9 +133,12 @@ def _parse_container(file: str, key: str, raw: object,
     return ContainerSpec(name, units, resource, procs)
 
 
-def parse_pod(file: str, i: int, raw: object, gpus: tuple[GpuSpec, ...]) -> PodSpec:
+def parse_pod(file: str, i: int, raw: object, gpus: tuple[GpuSpec, ...],
+              claims: tuple[ClaimSpec, ...] = ()) -> PodSpec:
     key = f"pods[{i}]"
     n = Node(file, key, raw)
+    namespace = n.need("namespace", k8s_name, "a namespace")
+    by_name = {(c.namespace, c.name): c for c in claims}
     labels_raw = n.get("labels", lambda f, k, v: Node(f, k, v).data, {})
     labels: list[tuple[str, str]] = []
     for lk, lv in labels_raw.items():
@@ -133,13 +156,14 @@ def parse_pod(file: str, i: int, raw: object, gpus: tuple[GpuSpec, ...]) -> PodS
         owner_raw.done()
     pod = PodSpec(
         index=i,
-        namespace=n.need("namespace", k8s_name, "a namespace"),
+        namespace=namespace,
         name=n.need("name", k8s_name, "a pod name"),
         uid=n.get("uid", uuid_with_prefix(""), ""),
         labels=tuple(sorted(labels)),
         qos=n.get("qos", one_of(QOS_CLASSES), "burstable"),
         start=start, end=end, repeat=repeat,
-        containers=tuple(_parse_container(file, f"{key}.containers[{j}]", c, gpus)
+        containers=tuple(_parse_container(file, f"{key}.containers[{j}]", c, gpus, namespace,
+                                          by_name)
                          for j, c in enumerate(n.need("containers", as_list, "a list"))),
         owner=owner,
     )
@@ -157,7 +181,19 @@ def parse_pod(file: str, i: int, raw: object, gpus: tuple[GpuSpec, ...]) -> PodS
                               "its own)", pod.uid)
     if not pod.containers:
         raise ConfigError(file, f"{key}.containers", "at least one container", "[]")
+    _check_gpushare(file, key, pod, gpus)
     return pod
+
+
+def _check_gpushare(file: str, key: str, pod: PodSpec, gpus: tuple[GpuSpec, ...]) -> None:
+    """gpushare records one grant per pod (ALIYUN_COM_GPU_MEM_*), for its first container."""
+    found = [(ci, ui) for ci, c in enumerate(pod.containers) for ui, u in enumerate(c.units)
+             if u.is_grant and gpus[u.gpu].allocation == "gpushare"]
+    if len(found) > 1 or (found and found[0][0] != 0):
+        ci, ui = found[-1]
+        raise ConfigError(file, f"{key}.containers[{ci}].gpus[{ui}]", "one gpushare grant per "
+                          "pod, in its first container (gpushare annotates the pod once)",
+                          f"gpu {pod.containers[ci].units[ui].gpu}")
 
 
 def parse_host_process(file: str, i: int, raw: object,

@@ -12,10 +12,20 @@ from pathlib import Path
 from exporter.errors import ConfigError
 from gpu_ledger import safeyaml
 from gpusim.consistency import check_pids, check_pod_names, check_units, process_slots
-from gpusim.model import Scenario
+from gpusim.model import DEVICE_ID_STRATEGIES, Scenario
 from gpusim.parse_gpus import parse_gpus
+from gpusim.parse_sharing import parse_claims
 from gpusim.parse_workloads import parse_fault, parse_host_process, parse_pod, parse_xid
-from gpusim.validate import Node, as_duration, as_list, as_nonneg_int, as_str, k8s_name, one_of
+from gpusim.validate import (
+    Node,
+    as_bool,
+    as_duration,
+    as_list,
+    as_nonneg_int,
+    as_str,
+    k8s_name,
+    one_of,
+)
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -57,9 +67,12 @@ def parse_scenario(data: object, file: str = "<scenario>") -> Scenario:
         d.done()
     top.read.add("driver")
 
+    strategy = top.get("device_id_strategy", one_of(DEVICE_ID_STRATEGIES), "uuid")
     gpus = parse_gpus(file, node, top.need("gpus", as_list, "a list of GPUs"))
     n_gpus = len(gpus)
-    pods = tuple(parse_pod(file, i, p, gpus)
+    claims = parse_claims(file, top.get("resource_claims", as_list, []), gpus)
+    slices = top.get("resource_slices", as_bool, True)
+    pods = tuple(parse_pod(file, i, p, gpus, claims)
                  for i, p in enumerate(top.get("pods", as_list, [])))
     hosts = tuple(parse_host_process(file, i, p, gpus)
                   for i, p in enumerate(top.get("host_processes", as_list, [])))
@@ -79,5 +92,6 @@ def parse_scenario(data: object, file: str = "<scenario>") -> Scenario:
         gpus=gpus, pods=pods, host_processes=hosts, faults=faults, xids=xids,
         driver_unavailable_until=unavailable, driver_error=driver_error,
         mig_strategy=mig_strategy, cgroup_driver=cgroup_driver, container_runtime=runtime,
-        duration=duration, process_count=slots,
+        duration=duration, process_count=slots, device_id_strategy=strategy, claims=claims,
+        resource_slices=slices,
     )

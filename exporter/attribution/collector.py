@@ -262,6 +262,12 @@ class AttributionCollector:
         """The pod watch (None with --no-kubernetes), for callers that wait on its first list."""
         return self._watch
 
+    @property
+    def slice_watch(self) -> NodeScopedWatch[ResourceSlice] | None:
+        """The ResourceSlice watch (None with --no-kubernetes), for callers that wait on its
+        first list."""
+        return self._slices
+
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()

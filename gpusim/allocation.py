@@ -1,0 +1,95 @@
+"""How the simulated node's GPUs reach pods, in the forms the real allocators publish them:
+the device plugin's IDs under each `device_id_strategy`, the NVIDIA DRA driver's device names
+and ResourceSlice, and the pod annotations of the HAMi and gpushare schedulers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpusim.model import DRA_DRIVER, ContainerSpec, GpuSpec, MigSpec, PodSpec, Scenario
+
+MIB, GIB = 1 << 20, 1 << 30
+
+
+def plugin_id(scenario: Scenario, gpu: GpuSpec, mig: MigSpec | None) -> str:
+    """The device plugin's ID of a GPU or MIG instance (before any `::<replica>` suffix):
+    `GPU-<uuid>` / `MIG-<uuid>` (uuid), `0` / `0:1` (index: GPU, then the MIG device's slot),
+    or the CDI name of the index form, `nvidia.com/gpu=0` (cdi)."""
+    if scenario.device_id_strategy == "uuid":
+        return mig.uuid if mig is not None else gpu.uuid
+    base = str(gpu.index) if mig is None else f"{gpu.index}:{mig.index}"
+    return base if scenario.device_id_strategy == "index" else f"nvidia.com/gpu={base}"
+
+
+def dra_device(gpu: GpuSpec, mig: MigSpec | None) -> str:
+    """The DRA driver's device name: `gpu-<index>`, a MIG instance `gpu-<index>-mig-<slot>`."""
+    return f"gpu-{gpu.index}" if mig is None else f"gpu-{gpu.index}-mig-{mig.index}"
+
+
+def container_claims(scenario: Scenario, namespace: str, c: ContainerSpec
+                     ) -> tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...]:
+    """(claim namespace, claim name, ((driver, pool, device), ...)) per claim the container
+    consumes, as PodResources lists them."""
+    out: list[tuple[str, str, tuple[tuple[str, str, str], ...]]] = []
+    for claim in scenario.claims:
+        if claim.namespace != namespace or not any(u.claim == claim.name for u in c.units):
+            continue
+        devices = []
+        for u in claim.units:
+            gpu = scenario.gpus[u.gpu]
+            mig = gpu.mig[u.mig] if gpu.mig is not None and u.mig is not None else None
+            devices.append((DRA_DRIVER, scenario.node, dra_device(gpu, mig)))
+        out.append((claim.namespace, claim.name, tuple(devices)))
+    return tuple(out)
+
+
+def resource_slices(scenario: Scenario) -> list[dict[str, Any]]:
+    """The DRA driver's ResourceSlice for this node: every GPU with allocation dra and its MIG
+    instances, with the `uuid` (MIG: and `parentUUID`) and `index` attributes. Empty when the
+    scenario has no DRA GPU or says `resource_slices: false`."""
+    devices: list[dict[str, Any]] = []
+    for gpu in scenario.gpus:
+        if gpu.allocation != "dra":
+            continue
+        if gpu.mig is None:
+            devices.append({"name": dra_device(gpu, None), "attributes": {
+                "type": {"string": "gpu"}, "uuid": {"string": gpu.uuid},
+                "index": {"int": gpu.index}, "productName": {"string": gpu.model}}})
+        for mig in gpu.mig or ():
+            devices.append({"name": dra_device(gpu, mig), "attributes": {
+                "type": {"string": "mig"}, "uuid": {"string": mig.uuid},
+                "parentUUID": {"string": gpu.uuid}, "index": {"int": mig.index},
+                "profile": {"string": mig.profile}}})
+    if not devices or not scenario.resource_slices:
+        return []
+    return [{
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": f"{scenario.node}-{DRA_DRIVER}"},
+        "spec": {"driver": DRA_DRIVER, "nodeName": scenario.node,
+                 "pool": {"name": scenario.node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": devices},
+    }]
+
+
+def pod_annotations(scenario: Scenario, pod: PodSpec) -> dict[str, str]:
+    """The scheduler's decision for the pod's fractional grants: HAMi's
+    `hami.io/vgpu-devices-allocated` (one `;`-ended group per container, devices `:`-ended,
+    `<uuid>,NVIDIA,<MiB>,<core %>`), gpushare's `ALIYUN_COM_GPU_MEM_IDX/_POD/_DEV` (GiB)."""
+    out: dict[str, str] = {}
+    groups: list[str] = []
+    for c in pod.containers:
+        devs = ""
+        for u in c.units:
+            gpu = scenario.gpus[u.gpu]
+            if u.memory is None:
+                continue
+            if gpu.allocation == "hami":
+                devs += f"{gpu.uuid},NVIDIA,{u.memory // MIB},{u.cores or 0}:"
+            elif gpu.allocation == "gpushare":
+                out.update({"ALIYUN_COM_GPU_MEM_IDX": str(gpu.index),
+                            "ALIYUN_COM_GPU_MEM_POD": str(u.memory // GIB),
+                            "ALIYUN_COM_GPU_MEM_DEV": str(gpu.memory_bytes // GIB)})
+        groups.append(devs + ";")
+    if any(g != ";" for g in groups):
+        out["hami.io/vgpu-devices-allocated"] = "".join(groups)
+    return out
