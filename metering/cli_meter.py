@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-series", type=int, default=None, metavar="N",
                    help="series one query may select (default 300,000, VictoriaMetrics' "
                         "-search.maxUniqueTimeseries)")
+    p.add_argument("--selector", metavar="MATCHERS", default=None,
+                   help="PromQL label matchers naming the exporter's series; only those are "
+                        "metered (default: job=~\"gpu-ledger-exporter|\", the shipped "
+                        "scrape job, or no job label for backfilled history)")
     p.add_argument("--sample-interval", type=float, default=None, metavar="SECONDS",
                    help="seconds between exporter samples (default: detected per node)")
     p.add_argument("--no-price", action="store_true", help="ingest only")
@@ -152,6 +156,11 @@ def _run(args: argparse.Namespace) -> int:
             raise _Usage("--price-only and --no-price: expected one of them, not both")
         return _price_only(args, period, say)
 
+    from metering.selector import DEFAULT_SELECTOR, Selector, SelectorError
+    try:
+        selector = DEFAULT_SELECTOR if args.selector is None else Selector.parse(args.selector)
+    except SelectorError as exc:
+        raise _Usage(f"--selector: {exc}") from None
     source: Source
     if args.prometheus:
         token = (_read_secret(args.bearer_token_file, "bearer token")
@@ -162,10 +171,10 @@ def _run(args: argparse.Namespace) -> int:
                                 retries=args.retries, backoff=args.retry_delay)
         except PromError as exc:
             raise _Fail(str(exc)) from None
-        source = PrometheusSource(client, _limits(args))
+        source = PrometheusSource(client, _limits(args), selector)
     else:
         try:
-            source = OpenMetricsSource(args.openmetrics, period)
+            source = OpenMetricsSource(args.openmetrics, period, selector)
         except OpenMetricsError as exc:
             raise _Fail(str(exc)) from None
 
@@ -204,6 +213,14 @@ def _run(args: argparse.Namespace) -> int:
         say(f"meter: {result.chunks} chunks, {result.queries} queries, {rows}")
         if isinstance(source, PrometheusSource):
             say(f"meter: queries: {source.planner.stats.describe()}")
+        say(f"meter: coverage: {result.duplicate_seconds:,.0f} duplicate sample-seconds counted "
+            f"once (overlapping series of one GPU, MIG instance or container), "
+            f"{result.dropped:,} values dropped as not plausible (NaN, Inf, out of range)")
+        if source.screened.foreign:
+            say(f"meter: warning: series that look like GPU Ledger's but are outside --selector "
+                f"{selector} were not metered: {source.screened.describe_foreign()}")
+        if source.screened.unchecked:
+            say(f"meter: {source.screened.unchecked}")
         if result.empty_hours:
             gaps = ", ".join(f"{_fmt(a)} .. {_fmt(b)}" for a, b in hour_ranges(result.empty_hours))
             say(f"meter: no device data for {len(result.empty_hours)} hour(s): {gaps}")

@@ -74,6 +74,12 @@ def _drop_primary_key(table: str) -> tuple[str, tuple[str, ...]]:
          f"DROP TABLE {table}__with_key"))
 
 
+_MIGRATIONS += tuple(
+    # What de-duplication removed and what was dropped as not plausible, per hour.
+    ("SELECT count(*) = 0 FROM information_schema.columns WHERE table_catalog = "
+     f"current_database() AND table_name = 'coverage' AND column_name = '{column}'",
+     (f"ALTER TABLE coverage ADD COLUMN IF NOT EXISTS {column} {kind} DEFAULT 0",))
+    for column, kind in (("duplicate_seconds", "DOUBLE"), ("dropped_values", "BIGINT")))
 _MIGRATIONS += tuple(_drop_primary_key(t)
                      for t in ("device_hours", "mig_hours", "allocation_hours"))
 

@@ -115,6 +115,41 @@ SIGNALS: tuple[SignalSpec, ...] = (
 )
 FAMILIES: frozenset[str] = frozenset(s.family for s in SIGNALS)
 
+# What one sample of each family can be (the exporter's contract, docs/metrics.md). A value
+# outside, or not a finite number, is dropped and counted, never priced: it comes from a broken
+# store or a writer that is not the exporter (NaN SM ratios once made a usage charge +244 %).
+MAX_BYTES = float(2 ** 50)  # 1 PiB
+VALUE_RANGE: dict[str, tuple[float, float]] = {
+    "gpu_up": (0.0, 1.0),
+    "gpu_info": (0.0, 1.0),
+    "gpu_utilization_ratio": (0.0, 1.0),
+    "gpu_energy_joules_total": (0.0, 1e15),  # 1 kW for 30 years is 1e12 J
+    "gpu_mig_info": (0.0, 1.0),
+    "gpu_mig_memory_total_bytes": (0.0, MAX_BYTES),
+    "gpu_sm_active_ratio": (0.0, 1.0),
+    "gpu_container_allocation": (0.0, 1e4),  # units of a device held
+    "gpu_container_memory_used_bytes": (0.0, MAX_BYTES),
+    "gpu_container_sm_utilization_ratio": (0.0, 1.0),
+    "gpu_container_memory_fraction": (0.0, 1.0),
+    "gpu_container_core_fraction": (0.0, 1.0),
+}
+MAX_SAMPLES_PER_HOUR = 360_000.0  # one every 10 ms: more is not a scrape
+
+
+def plausible(spec: SignalSpec, values: np.ndarray) -> np.ndarray:
+    """Mask of hourly aggregates (`spec.func` over one series-hour) that plausible samples can
+    give; what the Prometheus source checks, as it sees no raw sample."""
+    lo, hi = VALUE_RANGE[spec.family]
+    if spec.func == "tlast":
+        lo, hi = -np.inf, np.inf
+    elif spec.func == "count":
+        lo, hi = 0.0, MAX_SAMPLES_PER_HOUR
+    elif spec.func == "sum":
+        lo, hi = lo * MAX_SAMPLES_PER_HOUR, hi * MAX_SAMPLES_PER_HOUR
+    with np.errstate(invalid="ignore"):
+        mask: np.ndarray = np.isfinite(values) & (values >= lo) & (values <= hi)
+    return mask
+
 
 def series_key(labels: Mapping[str, str]) -> str:
     """Canonical identity of a series (all labels but __name__), shared by both sources."""
@@ -175,6 +210,13 @@ class FactCounts:
     workload_hours: int = 0
     grant_hours: int = 0
     spacing: dict[str, float] = field(default_factory=dict)  # node -> seconds per sample
+    # hour -> sample-seconds of device, MIG and allocation series counted once instead of
+    # twice or more (overlapping duplicates: two jobs, an HA pair, a store without dedup)
+    duplicates: dict[datetime, float] = field(default_factory=dict)
+
+    @property
+    def duplicate_seconds(self) -> float:
+        return sum(self.duplicates.values())
 
     @property
     def total(self) -> int:
@@ -461,10 +503,32 @@ def write_facts(con: Any, signals: Mapping[str, pa.Table], start: datetime, end:
             used = {k: v for k, v in params.items() if f"${k}" in sql}
             rows = con.execute(sql, used).fetchall()
             setattr(counts, attr, int(rows[0][0]) if rows else 0)
+        counts.duplicates = _duplicates(con, params)
         return counts
     finally:
         for name in names:
             con.unregister(name)
+
+
+def _duplicates(con: Any, params: dict[str, Any]) -> dict[datetime, float]:
+    """Per hour: sample-seconds the sources hold minus those the facts kept, over device, MIG
+    and allocation series, i.e. what de-duplication removed."""
+    def raw(view: str) -> str:
+        return (f"SELECT c.hour, c.value * {_DT} AS s FROM {view} c "
+                f"LEFT JOIN spacing sp ON sp.node = c.node WHERE {_in('c')}")
+
+    def kept(table: str, col: str) -> str:
+        return f"SELECT hour, {col} AS s FROM {table} WHERE {_IN_CHUNK}"
+
+    rows = con.execute(
+        f"""SELECT hour, sum(s) FROM (
+                {raw("up_count")} UNION ALL {raw("mig_count")} UNION ALL {raw("alloc_count")}
+                UNION ALL SELECT hour, -s FROM ({kept("device_hours", "observed_seconds")})
+                UNION ALL SELECT hour, -s FROM ({kept("mig_hours", "observed_seconds")})
+                UNION ALL SELECT hour, -s FROM ({kept("allocation_hours", "allocated_seconds")}))
+            GROUP BY hour HAVING sum(s) > 0.5 ORDER BY hour""",
+        {k: params[k] for k in ("start", "end", "dflt")}).fetchall()
+    return {h: float(v) for h, v in rows}
 
 
 FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours",
@@ -478,16 +542,33 @@ def delete_hours(con: Any, start: datetime, end: datetime) -> None:
 
 
 def write_coverage(con: Any, start: datetime, end: datetime, source: str,
-                   ingested_at: datetime) -> list[datetime]:
-    """One coverage row per hour of [start, end); returns the hours without device data."""
-    con.execute(
-        """INSERT INTO coverage (hour, source, devices, ingested_at)
-           SELECT h.hour, $source, coalesce(d.n, 0), $now
-           FROM (SELECT unnest(generate_series($start, $end - INTERVAL 1 HOUR,
-                                               INTERVAL 1 HOUR)) AS hour) h
-           LEFT JOIN (SELECT hour, count(*) AS n FROM device_hours
-                      WHERE hour >= $start AND hour < $end GROUP BY hour) d ON d.hour = h.hour""",
-        {"start": start, "end": end, "source": source, "now": ingested_at})
+                   ingested_at: datetime, duplicates: Mapping[datetime, float] | None = None,
+                   dropped: Mapping[datetime, int] | None = None) -> list[datetime]:
+    """One coverage row per hour of [start, end), with the sample-seconds de-duplication
+    removed and the values dropped as not plausible; returns the hours without device data."""
+    extra = pa.table({
+        "hour": pa.array([*(duplicates or {}), *(dropped or {})], pa.timestamp("us")),
+        "dup": pa.array([*(duplicates or {}).values(), *(0.0 for _ in dropped or {})],
+                        pa.float64()),
+        "bad": pa.array([*(0 for _ in duplicates or {}), *(dropped or {}).values()],
+                        pa.int64())})
+    con.register("_coverage_extra", extra)
+    try:
+        con.execute(
+            """INSERT INTO coverage (hour, source, devices, ingested_at, duplicate_seconds,
+                                     dropped_values)
+               SELECT h.hour, $source, coalesce(d.n, 0), $now, coalesce(x.dup, 0),
+                      coalesce(x.bad, 0)
+               FROM (SELECT unnest(generate_series($start, $end - INTERVAL 1 HOUR,
+                                                   INTERVAL 1 HOUR)) AS hour) h
+               LEFT JOIN (SELECT hour, count(*) AS n FROM device_hours
+                          WHERE hour >= $start AND hour < $end GROUP BY hour) d
+                      ON d.hour = h.hour
+               LEFT JOIN (SELECT hour, sum(dup) AS dup, sum(bad) AS bad FROM _coverage_extra
+                          GROUP BY hour) x ON x.hour = h.hour""",
+            {"start": start, "end": end, "source": source, "now": ingested_at})
+    finally:
+        con.unregister("_coverage_extra")
     rows = con.execute("SELECT hour FROM coverage WHERE hour >= $start AND hour < $end "
                        "AND devices = 0 ORDER BY hour", {"start": start, "end": end}).fetchall()
     return [r[0] for r in rows]

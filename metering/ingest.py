@@ -8,6 +8,7 @@ committed stay when a later one fails.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -16,10 +17,13 @@ import numpy as np
 import pyarrow as pa
 
 from metering.facts import (
+    FAMILIES,
     SIGNALS,
     FactError,
+    SignalSpec,
     build_signal,
     delete_hours,
+    plausible,
     write_coverage,
     write_facts,
 )
@@ -28,6 +32,7 @@ from metering.progress import Progress
 from metering.promclient import PromClient, PromError
 from metering.queryplan import Limits, QueryPlanner
 from metering.resume import Journal
+from metering.selector import DEFAULT_SELECTOR, Screened, Selector
 
 # Prometheus answers at most 11,000 points per series; a chunk of N hours asks for N+1.
 MAX_CHUNK_HOURS = 10_000
@@ -40,6 +45,7 @@ class IngestError(Exception):
 
 class Source(Protocol):
     name: str  # recorded in coverage.source
+    screened: Screened  # values dropped and foreign series seen, for the run's coverage
 
     @property
     def queries(self) -> int: ...
@@ -51,23 +57,31 @@ class PrometheusSource:
     """One range query per signal per chunk (step 1h): the query count depends on hours and
     families only; every series comes back in the same answer."""
 
-    def __init__(self, client: PromClient, limits: Limits | None = None) -> None:
+    def __init__(self, client: PromClient, limits: Limits | None = None,
+                 selector: Selector = DEFAULT_SELECTOR) -> None:
         self.client = client
         self.name = client.url
+        self.selector = selector  # only these series are metered
         # Splits each signal's chunk query by node shard and time to fit the store's limits.
-        self.planner = QueryPlanner(client, limits)
+        self.planner = QueryPlanner(client, limits, selector=selector.promql())
         self._window: str | None = None
-        self.dropped = 0  # points whose value was not a finite number: never priced
+        self.screened = Screened()
+
+    @property
+    def dropped(self) -> int:
+        """Points whose value was not plausible (not a finite number, out of range)."""
+        return sum(self.screened.dropped.values())
 
     @property
     def queries(self) -> int:
         return self.client.queries
 
-    def _points(self, result: list[dict[str, Any]], promql: str
-                ) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:
+    def _points(self, result: list[dict[str, Any]], spec: SignalSpec, promql: str,
+                chunk: Period) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:
         """Series labels and (series index, time, value) per point of a matrix answer. A point
-        whose value is not a finite number ("abc", null, NaN, Inf) is dropped and counted; an
-        answer that is not a matrix is an error."""
+        whose value is not plausible ("abc", null, NaN, Inf, out of the family's range) is
+        dropped, and counted against its hour when that hour is in the chunk; an answer that
+        is not a matrix is an error."""
         series: list[dict[str, str]] = []
         sids: list[np.ndarray] = []
         tss: list[np.ndarray] = []
@@ -80,38 +94,40 @@ class PrometheusSource:
                                 "of {metric, values}")
             i = len(series)
             series.append({str(k): str(v) for k, v in metric.items()})
-            t, v = self._series_points(points)
+            t, v = _series_points(points)
             sids.append(np.full(len(t), i, np.int64))
             tss.append(t)
             vals.append(v)
         if not series:
             return series, np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
-        return series, np.concatenate(sids), np.concatenate(tss), np.concatenate(vals)
-
-    def _series_points(self, points: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-        """(time, value) arrays of one series' points, non-finite ones dropped and counted.
-        numpy parses the whole series at once; a malformed point sends the series through
-        the point-by-point path, which drops just that point."""
-        try:
-            t = np.array([p[0] for p in points], np.float64)
-            v = np.array([p[1] for p in points], np.float64)
-        except (TypeError, ValueError, IndexError, KeyError):
-            ts: list[float] = []
-            values: list[float] = []
-            for p in points:
-                try:
-                    ts.append(float(p[0]))
-                    values.append(float(p[1]))
-                except (TypeError, ValueError, IndexError, KeyError):
-                    self.dropped += 1
-                    if len(ts) > len(values):
-                        ts.pop()
-            t, v = np.array(ts, np.float64), np.array(values, np.float64)
-        ok = np.isfinite(t) & np.isfinite(v)
+        sid, ts, vs = np.concatenate(sids), np.concatenate(tss), np.concatenate(vals)
+        ok = plausible(spec, vs) & np.isfinite(ts)
         if not ok.all():
-            self.dropped += int((~ok).sum())
-            t, v = t[ok], v[ok]
-        return t, v
+            first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
+            for t in ts[~ok & np.isfinite(ts)].tolist():
+                hour = int(t) - 3600  # evaluation at T covers the hour before it
+                if first <= hour < last:
+                    self.screened.drop(hour)
+            sid, ts, vs = sid[ok], ts[ok], vs[ok]
+        return series, sid, ts, vs
+
+    def _check_foreign(self, chunk: Period) -> None:
+        """List the series of metered families outside the selector (an index lookup per
+        chunk): they are not metered, and the run names who publishes them."""
+        others = self.selector.complement()
+        if not others or self.screened.unchecked:
+            return
+        families = "|".join(sorted(FAMILIES))
+        match = [f'{{__name__=~"{families}",{m.promql()}}}' for m in others]
+        try:
+            found = self.client.series(match, chunk.start.timestamp() - 3600,
+                                       chunk.end.timestamp())
+        except PromError as exc:
+            self.screened.unchecked = f"series outside the selector not listed ({exc})"
+            return
+        for labels in found:
+            family = labels.pop("__name__", "")
+            self.screened.saw_foreign(family, labels)
 
     def window(self) -> str:
         """Range selector covering exactly (T-1h, T]. Prometheus 3 range windows are left-open;
@@ -126,14 +142,40 @@ class PrometheusSource:
         # Evaluation at T covers hour T-1h: T = start covers the hour before the chunk, which
         # the energy counter difference needs.
         out: dict[str, pa.Table] = {}
+        self._check_foreign(chunk)
         for spec in SIGNALS:
             result = self.planner.fetch(spec, window, chunk)
             if not result:
                 continue
-            series, sid, ts, values = self._points(result, spec.promql(window))
+            series, sid, ts, values = self._points(result, spec, spec.promql(window), chunk)
             out[spec.name] = build_signal(spec, series, sid, ts.astype(np.int64) - 3600,
                                           values)
         return out
+
+
+def _series_points(points: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(time, value) arrays of one series' points. numpy parses the whole series at once
+    (null becomes NaN); a malformed point sends the series through the point-by-point path,
+    where a value that is not a number becomes NaN (dropped and counted by the caller) and a
+    point without a time is skipped."""
+    try:
+        return (np.array([p[0] for p in points], np.float64),
+                np.array([p[1] for p in points], np.float64))
+    except (TypeError, ValueError, IndexError, KeyError):
+        ts: list[float] = []
+        values: list[float] = []
+        for p in points:
+            try:
+                t = float(p[0])
+            except (TypeError, ValueError, IndexError, KeyError):
+                continue
+            try:
+                v = float(p[1])
+            except (TypeError, ValueError, IndexError, KeyError):
+                v = math.nan
+            ts.append(t)
+            values.append(v)
+        return np.array(ts, np.float64), np.array(values, np.float64)
 
 
 @dataclass
@@ -147,6 +189,8 @@ class IngestResult:
     empty_hours: list[datetime] = field(default_factory=list)  # UTC, naive
     resumed: int = 0  # chunks an interrupted run had committed, not metered again
     spacing: dict[str, float] = field(default_factory=dict)  # node -> seconds (last chunk)
+    duplicate_seconds: float = 0.0  # sample-seconds de-duplication counted once, not twice+
+    dropped: int = 0  # values dropped as not plausible (NaN, Inf, not a number, out of range)
 
 
 def _naive(t: datetime) -> datetime:
@@ -197,8 +241,12 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
                     f"the source has {counts.device_hours} device-hours where the ledger holds "
                     f"{held}; metering would lose {held - counts.device_hours} (pass --replace "
                     "to overwrite them with what the source has)")
+            first = int(chunk.start.timestamp())
+            dropped = {_naive(datetime.fromtimestamp(h, UTC)): n for h, n in
+                       source.screened.dropped_in(first, int(chunk.end.timestamp())).items()}
             empty = write_coverage(con, start, end, source.name,
-                                   datetime.now(UTC).replace(tzinfo=None))
+                                   datetime.now(UTC).replace(tzinfo=None),
+                                   duplicates=counts.duplicates, dropped=dropped)
             journal.record(con, chunk)
             con.execute("COMMIT")
         except FactError as exc:
@@ -211,6 +259,8 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
         for table in result.rows:
             result.rows[table] += getattr(counts, table)
         result.empty_hours += empty
+        result.duplicate_seconds += counts.duplicate_seconds
+        result.dropped += sum(dropped.values())
         result.spacing = counts.spacing
         result.queries = source.queries
         if verbose:

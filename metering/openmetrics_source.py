@@ -17,8 +17,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from metering.facts import FAMILIES, SIGNALS, build_signal
+from metering.facts import FAMILIES, SIGNALS, VALUE_RANGE, build_signal
 from metering.period import Period
+from metering.selector import DEFAULT_SELECTOR, Screened, Selector
 
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"\s*(,|\})')
 _UNESCAPE = re.compile(r"\\(.)")
@@ -63,8 +64,11 @@ class OpenMetricsSource:
 
     queries = 0  # no PromQL: kept for the same report as the Prometheus source
 
-    def __init__(self, path: str, period: Period) -> None:
+    def __init__(self, path: str, period: Period, selector: Selector = DEFAULT_SELECTOR
+                 ) -> None:
         self.path = path
+        self.selector = selector  # only these series are metered, as from Prometheus
+        self.screened = Screened()
         self.name = f"openmetrics:{Path(path).resolve()}"
         # Hour H needs samples in (H, H+1h]; energy also needs the hour before the period.
         self._lo_ms = int(period.start.timestamp() * 1000) - 3_600_000
@@ -83,6 +87,7 @@ class OpenMetricsSource:
     def _read(self) -> dict[str, _Family]:
         fams: dict[str, _Family] = {name: _Family() for name in FAMILIES}
         # Label text -> (family, series id): labels are parsed once per series, not per line.
+        # A series outside the selector gets id -1: its lines are skipped.
         known: dict[tuple[str, str], int] = {}
         lo, hi = self._lo_ms, self._hi_ms
         try:
@@ -112,15 +117,13 @@ class OpenMetricsSource:
                             key = (name, line[brace:end])
                             sid = known.get(key)
                             if sid is None:
-                                sid = known[key] = len(fam.series)
-                                fam.series.append(labels)
+                                sid = known[key] = self._admit(fam, name, labels)
                         rest = line[len(key[1]) + brace:]
                     else:
                         key = (name, "")
                         sid = known.get(key)
                         if sid is None:
-                            sid = known[key] = len(fam.series)
-                            fam.series.append({})
+                            sid = known[key] = self._admit(fam, name, {})
                         rest = line[sp:]
                     parts = rest.split(None, 2)
                     if len(parts) < 2 or parts[1] == "#":
@@ -130,17 +133,31 @@ class OpenMetricsSource:
                     try:
                         value = float(parts[0])
                         t_ms = round(float(parts[1]) * 1000)
-                    except ValueError:
+                    except (ValueError, OverflowError):
                         raise OpenMetricsError(
                             f"{where}: expected a number for the value and the timestamp "
                             f"(seconds), got {parts[0]!r} {parts[1]!r}") from None
-                    if lo < t_ms <= hi:
+                    if sid < 0 or not lo < t_ms <= hi:
+                        continue
+                    vlo, vhi = VALUE_RANGE[name]
+                    if not vlo <= value <= vhi:  # NaN, Inf, out of range: never priced
+                        if t_ms > self._lo_ms + 3_600_000:  # the hour before is not metered
+                            self.screened.drop(((t_ms + 3_599_999) // 3_600_000 - 1) * 3600)
+                    else:
                         fam.sid.append(sid)
                         fam.t_ms.append(t_ms)
                         fam.value.append(value)
             except UnicodeDecodeError as exc:
                 raise OpenMetricsError(f"{self.path}: expected UTF-8 text: {exc}") from None
         return fams
+
+    def _admit(self, fam: _Family, name: str, labels: dict[str, str]) -> int:
+        """A new series' id, or -1 (skipped, reported) when the selector leaves it out."""
+        if not self.selector.matches(labels):
+            self.screened.saw_foreign(name, labels)
+            return -1
+        fam.series.append(labels)
+        return len(fam.series) - 1
 
     def fetch(self, chunk: Period) -> dict[str, pa.Table]:
         """Signals for the chunk's hours and the hour before it (energy needs it)."""

@@ -125,6 +125,16 @@ class PromClient:
             raise PromError(f"{self.url}: label values of {label!r} is not a list")
         return [str(v) for v in data]
 
+    def series(self, match: list[str], start: float, end: float) -> list[dict[str, str]]:
+        """Label sets of the series matching any of `match` within [start, end] (an index
+        lookup: no samples read)."""
+        params = urllib.parse.urlencode(
+            [*(("match[]", m) for m in match), ("start", _ts(start)), ("end", _ts(end))])
+        data = self._api(f"/api/v1/series?{params}", {})
+        if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+            raise PromError(f"{self.url}: the series list is not a list of label sets")
+        return [{str(k): str(v) for k, v in d.items()} for d in data]
+
     def major_version(self) -> int | None:
         """Prometheus major version from /api/v1/status/buildinfo; None where it is not served
         (some Prometheus-compatible servers lack it)."""

@@ -133,8 +133,9 @@ class QueryPlanner:
     """Plans, sends and merges the range queries of one signal over one chunk."""
 
     def __init__(self, client: PromClient, limits: Limits | None = None,
-                 on_split: Callable[[str], None] | None = None) -> None:
+                 on_split: Callable[[str], None] | None = None, selector: str = "") -> None:
         self.client = client
+        self.selector = selector  # matchers every query carries (metering.selector)
         self.limits = limits or Limits()
         self.stats = SplitStats()
         self.on_split = on_split  # told about each split forced by a store error
@@ -167,7 +168,7 @@ class QueryPlanner:
         families = "|".join(sorted({s.family for s in SIGNALS}))
         try:
             values = self.client.label_values(
-                SHARD_LABEL, [f'{{__name__=~"{families}"}}'],
+                SHARD_LABEL, [self._with_selector(f'__name__=~"{families}"', "")],
                 chunk.start.timestamp() - HOUR_S, chunk.end.timestamp())
         except PromError as exc:
             self.stats.no_discovery = f"node names not listed ({exc})"
@@ -270,7 +271,8 @@ class QueryPlanner:
         while todo:
             piece = todo.pop()
             try:
-                promql = spec.promql(window, match=piece.matcher(), metricsql=metricsql)
+                promql = spec.promql(window, match=self._with_selector("", piece.matcher()),
+                                     metricsql=metricsql)
                 result = self.client.query_range(promql, piece.first, piece.last, HOUR_S)
             except PromError as exc:
                 if not is_limit_error(exc):
@@ -316,6 +318,12 @@ class QueryPlanner:
                 else:
                     merged[key] = r
         return list(merged.values())
+
+    def _with_selector(self, first: str, match: str) -> str:
+        """`first`, the selector's matchers and `match`, comma-joined (braced when `first`
+        is given: a whole series selector)."""
+        joined = ",".join(m for m in (first, self.selector, match) if m)
+        return "{" + joined + "}" if first else joined
 
     def _halve(self, piece: Piece, nodes: tuple[str, ...] | None) -> list[Piece] | None:
         shard = piece.nodes

@@ -22,7 +22,8 @@ def test_creates_the_file_and_every_table_and_reopens_it(tmp_path: Path) -> None
     path = tmp_path / "ledger.duckdb"
     con = connect(path)
     assert tables(con) == TABLES
-    con.execute("INSERT INTO coverage VALUES ('2026-10-01 00:00', 'src', 3, '2026-11-01')")
+    con.execute("INSERT INTO coverage (hour, source, devices, ingested_at) "
+                "VALUES ('2026-10-01 00:00', 'src', 3, '2026-11-01')")
     con.close()
     con = connect(str(path))  # the schema is applied again: IF NOT EXISTS keeps the data
     assert con.execute("SELECT devices FROM coverage").fetchall() == [(3,)]
@@ -163,3 +164,16 @@ def test_a_database_from_the_first_release_is_migrated(tmp_path: Path) -> None:
     ro = connect(old, read_only=True)
     assert ro.execute("SELECT count(*) FROM charges").fetchone() == (2,)
     ro.close()
+
+
+def test_coverage_of_an_earlier_version_gets_the_screening_columns(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE coverage (hour TIMESTAMP NOT NULL PRIMARY KEY, source VARCHAR "
+                "NOT NULL, devices INTEGER NOT NULL, ingested_at TIMESTAMP NOT NULL)")
+    con.execute("INSERT INTO coverage VALUES ('2026-10-01', 's', 2, '2026-11-01')")
+    con.close()
+    con = connect(path)
+    assert con.execute("SELECT devices, duplicate_seconds, dropped_values FROM coverage"
+                       ).fetchall() == [(2, 0.0, 0)]
+    con.close()

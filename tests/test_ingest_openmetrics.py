@@ -14,6 +14,7 @@ from metering.facts import FactError
 from metering.ingest import IngestError, ingest
 from metering.openmetrics_source import OpenMetricsError, OpenMetricsSource
 from metering.period import resolve
+from metering.selector import DEFAULT_SELECTOR, Selector
 
 fleet_om_file = conftest_prom.fleet_om_file  # session fixture
 T0 = int(datetime(2026, 10, 5, tzinfo=UTC).timestamp())
@@ -22,11 +23,12 @@ KEY = 'node="n1",namespace="ns",pod="p",container="c",uuid="GPU-1",mig_uuid=""'
 
 
 def _run(tmp_path: Path, text: str, start: str = "2026-10-05T00:00",
-         end: str = "2026-10-05T01:00", **kw: object) -> object:
+         end: str = "2026-10-05T01:00", selector: Selector = DEFAULT_SELECTOR,
+         **kw: object) -> object:
     f = tmp_path / "in.om"
     f.write_text(text)
     period = resolve(None, start, end)
-    src = OpenMetricsSource(str(f), period)
+    src = OpenMetricsSource(str(f), period, selector)
     con = connect(tmp_path / "m.duckdb")
     try:
         ingest(con, src, period, **kw)  # type: ignore[arg-type]
@@ -69,15 +71,47 @@ def test_exporter_restart_and_replicas_change_combine(tmp_path: Path) -> None:
 
 
 def test_duplicate_scrapes_are_averaged_not_doubled(tmp_path: Path) -> None:
-    """Two scrapers of one exporter: every sample twice, under two `job` labels."""
+    """Two scrapers of one exporter: every sample twice, under two `job` labels, both
+    metered (the selector names both jobs): 3600 s once; the copy's 60 samples x 60 s are
+    reported as 3600 duplicate seconds in the hour's coverage."""
     lines = []
-    for job in ("a", "b"):
+    for job in ("gpu-ledger-exporter", "kubernetes-pods"):
         lines += _gpu_up(60, labels=DEV + f',job="{job}"')
         lines += _gpu_up(60, name="gpu_utilization_ratio", labels=DEV + f',job="{job}"',
                          value="0.5")
-    con = _run(tmp_path, "\n".join(lines) + "\n# EOF\n")
+    both = Selector.parse('job=~"gpu-ledger-exporter|kubernetes-pods"')
+    con = _run(tmp_path, "\n".join(lines) + "\n# EOF\n", selector=both)
     assert con.execute("SELECT observed_seconds, up_seconds, sm_active_seconds "  # type: ignore[attr-defined]
                        "FROM device_hours").fetchall() == [(3600.0, 3600.0, 1800.0)]
+    assert con.execute("SELECT duplicate_seconds FROM coverage").fetchall() == [(3600.0,)]  # type: ignore[attr-defined]
+
+
+def test_default_selector_meters_the_exporter_job_and_reports_the_rest(tmp_path: Path) -> None:
+    """A rogue target publishing gpu_info / gpu_up / gpu_container_allocation under another
+    job is not metered, and is reported; the exporter's own series are."""
+    rogue = 'node="n1",gpu="9",uuid="GPU-FAKE",model="NVIDIA H100 80GB HBM3",job="rogue"'
+    lines = _gpu_up(60, labels=DEV + ',job="gpu-ledger-exporter"') + _gpu_up(60, labels=rogue)
+    f = tmp_path / "in.om"
+    f.write_text("\n".join(lines) + "\n# EOF\n")
+    period = resolve(None, "2026-10-05T00:00", "2026-10-05T01:00")
+    src = OpenMetricsSource(str(f), period)
+    con = connect(tmp_path / "m.duckdb")
+    ingest(con, src, period)
+    src.close()
+    assert con.execute("SELECT uuid FROM device_hours").fetchall() == [("GPU-1",)]
+    assert src.screened.foreign == {("gpu_up", "rogue", ""): 1}
+
+
+def test_non_finite_and_out_of_range_samples_are_dropped_and_counted(tmp_path: Path) -> None:
+    """NaN, +Inf and 7 (a ratio) among 60 utilisation samples: 57 x 0.5 x 60 s are kept and
+    the three are counted in the hour's coverage."""
+    util = _gpu_up(60, name="gpu_utilization_ratio", labels=DEV, value="0.5")
+    for i, bad in ((3, "NaN"), (10, "+Inf"), (20, "7")):
+        util[i] = util[i].replace(" 0.5 ", f" {bad} ")
+    con = _run(tmp_path, "\n".join(_gpu_up(60) + util) + "\n# EOF\n")
+    assert con.execute("SELECT sm_active_seconds FROM device_hours").fetchall() == \
+        [(57 * 0.5 * 60,)]  # type: ignore[attr-defined]
+    assert con.execute("SELECT dropped_values FROM coverage").fetchall() == [(3,)]  # type: ignore[attr-defined]
 
 
 def test_partial_hours_and_sample_interval_override(tmp_path: Path) -> None:
@@ -168,7 +202,7 @@ def test_fractional_grants_become_grant_facts(tmp_path: Path) -> None:
     plain = KEY.replace('pod="p"', 'pod="r"')
     alloc = ("gpu_container_allocation{%s,resource=\"nvidia.com/gpumem\",sharing=\"fractional\","
              "replicas=\"2\",job=\"%s\"} 1 %d")
-    for job in ("a", "b"):
+    for job in ("gpu-ledger-exporter", ""):  # the job-less copy: backfilled history
         for key in (KEY, other, plain):
             lines += [alloc % (key, job, T0 + t) for t in range(60, 3601, 60)]
         lines += [f'gpu_container_memory_fraction{{{KEY},job="{job}"}} 0.25 {T0 + t}'

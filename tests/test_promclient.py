@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -141,7 +142,7 @@ def test_non_numeric_and_non_finite_values_are_dropped_and_counted() -> None:
     from metering.period import Period
 
     values = [[1791162000, "abc"], [1791165600, None], [1791169200, "NaN"],
-              [1791172800, "+Inf"], [1791176400, "60"], [1791180000, "58"]]
+              [1791172800, "+Inf"], [1791176400, "1"], [1791180000, "0.5"]]
     body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
         {"metric": {"node": "n", "uuid": "GPU-1"}, "values": values}]}}).encode()
     with http_server(lambda p, h: (200, JSON, body)) as url:
@@ -151,6 +152,46 @@ def test_non_numeric_and_non_finite_values_are_dropped_and_counted() -> None:
         signals = src.fetch(Period(start, start.replace(hour=6)))
     assert src.dropped == 4 * len(signals)
     assert all(t.num_rows == 2 for t in signals.values())
+    # counted against the hours they belong to (evaluation at T is the hour T-1h)
+    assert sorted(src.screened.dropped) == [1791158400, 1791162000, 1791165600, 1791169200]
+
+
+def test_out_of_range_values_are_dropped_and_counted() -> None:
+    """A count of 1e308 and a ratio of 5 cannot come from the exporter: dropped, counted."""
+    from datetime import UTC, datetime
+
+    from metering.facts import SIGNALS
+    from metering.ingest import PrometheusSource
+    from metering.period import Period
+
+    def respond(path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query).get("query", [""])[0]
+        v = "1e308" if query.startswith("count_over_time") else \
+            "5" if "ratio" in query and query.startswith("sum_over_time") else "0.5"
+        return 200, JSON, json.dumps({"status": "success", "data": {
+            "resultType": "matrix", "result": [{"metric": {"node": "n", "uuid": "G"},
+                                                "values": [[1791162000, v]]}]}}).encode()
+
+    with http_server(respond) as url:
+        src = PrometheusSource(client(url))
+        src._window = "1h"
+        start = datetime(2026, 10, 5, tzinfo=UTC)
+        signals = src.fetch(Period(start, start.replace(hour=6)))
+    counts = [s.name for s in SIGNALS if s.func == "count"]
+    # a sum of 5 ratio samples is plausible (5 samples of 1): only counts are out of range
+    assert src.dropped == len(counts)
+    assert all(signals[c].num_rows == 0 for c in counts)
+    assert signals["util_sum"].num_rows == 1
+
+
+def test_ratio_maxima_above_one_are_dropped() -> None:
+    import numpy as np
+
+    from metering.facts import SIGNALS, plausible
+
+    spec = next(s for s in SIGNALS if s.family == "gpu_container_core_fraction")
+    assert plausible(spec, np.array([0.0, 1.0, 1.5, np.nan, -0.1])).tolist() == \
+        [True, True, False, False, False]
 
 
 @contextlib.contextmanager

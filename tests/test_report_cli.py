@@ -185,7 +185,8 @@ def _ingested_not_priced(db: Path) -> None:
         "'GPU-1', '', 'nvidia.com/gpu', 'exclusive', 1, 1, 3600, 0, 1800, MAP {'team': 'ml'})",
         [datetime(2026, 10, 4, 8)],
     )
-    con.execute("INSERT INTO coverage VALUES (?, 'test', 1, ?)",
+    con.execute("INSERT INTO coverage (hour, source, devices, ingested_at) "
+                "VALUES (?, 'test', 1, ?)",
                 [datetime(2026, 10, 4, 8), datetime(2026, 11, 1)])  # fmt: skip
     con.close()
 

@@ -109,7 +109,8 @@ def insert_charges(con: Any, rows: list[tuple[Any, ...]]) -> None:
 def insert_coverage(con: Any, start: datetime, end: datetime, skip: list[datetime]) -> None:
     """A coverage row for every hour of [start, end) except `skip` (one statement: fast)."""
     con.execute(
-        "INSERT INTO coverage SELECT h, 'http://prometheus.test', 4, TIMESTAMP '2026-11-01' "
+        "INSERT INTO coverage (hour, source, devices, ingested_at) "
+        "SELECT h, 'http://prometheus.test', 4, TIMESTAMP '2026-11-01' "
         "FROM generate_series(CAST(? AS TIMESTAMP), CAST(? AS TIMESTAMP) - INTERVAL 1 HOUR, "
         "INTERVAL 1 HOUR) AS t(h) WHERE NOT list_contains(CAST(? AS TIMESTAMP[]), h)",
         [start, end, skip],

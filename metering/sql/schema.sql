@@ -92,7 +92,11 @@ CREATE TABLE IF NOT EXISTS coverage (
     hour              TIMESTAMP NOT NULL PRIMARY KEY,
     source            VARCHAR   NOT NULL,   -- prometheus URL or openmetrics file
     devices           INTEGER   NOT NULL,   -- devices seen in the hour (0 = no data)
-    ingested_at       TIMESTAMP NOT NULL
+    ingested_at       TIMESTAMP NOT NULL,
+    -- sample-seconds (device, MIG, allocation) counted once instead of twice or more:
+    -- overlapping duplicate series (docs/metering.md, "Several series for one key")
+    duplicate_seconds DOUBLE    DEFAULT 0,
+    dropped_values    BIGINT    DEFAULT 0   -- NaN, Inf, non-numbers, out of range: not priced
 );
 
 -- Priced rows: per hour x team x namespace x pod x device, rebuilt per period by pricing
