@@ -113,6 +113,15 @@ FAMILIES: tuple[Family, ...] = (
     _g("gpu_tensor_active_ratio", "Fraction of cycles a tensor pipe was active (GPM).", MIG,
        "gpm"),
     _g("gpu_dram_active_ratio", "Fraction of peak DRAM bandwidth used (GPM).", MIG, "gpm"),
+    # --- PCIe / NVLink throughput -------------------------------------------------------------
+    _g("gpu_pcie_throughput_bytes_per_second",
+       "PCIe traffic by direction (tx: sent by the GPU, rx: received): with GPM (Hopper+) the "
+       "mean over the sample interval, else the driver's 20 ms reading at sample time.",
+       (*MIG, "direction"), "throughput"),
+    _g("gpu_nvlink_throughput_bytes_per_second",
+       "NVLink data traffic over all links by direction (tx: sent by the GPU, rx: received), "
+       "mean over the sample interval (GPM on Hopper+, else the links' byte counters).",
+       (*MIG, "direction"), "throughput"),
     # --- MIG ------------------------------------------------------------------------------------
     _g("gpu_mig_info", "A MIG instance and its profile; always 1.",
        (*MIG, "slices", "parent_slices"), "mig"),

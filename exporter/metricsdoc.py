@@ -58,6 +58,25 @@ def generate() -> str:
               " sees read-only), so a GPU that is already lost when the exporter starts, and"
               " never appears in NVML's device list, still shows as expected but not answering"
               " (`gpu_answering_devices`); the `GpuNotAnswering` alert compares the two.", "",
+              "## PCIe and NVLink throughput", "",
+              "`gpu_pcie_throughput_bytes_per_second` and `gpu_nvlink_throughput_bytes_per_second`"
+              " are in bytes per second, `direction` `tx` (sent by the GPU) or `rx` (received)."
+              " The source is chosen per GPU:", "",
+              "| GPU | PCIe | NVLink (all links summed) |", "|---|---|---|",
+              "| with GPM (Hopper and later) | GPM `PCIE_TX/RX_PER_SEC` (MiB/s): mean between"
+              " this sample and the previous one | GPM `NVLINK_TOTAL_TX/RX_PER_SEC` (MiB/s),"
+              " same interval |",
+              "| without GPM (Ampere and older) | `nvmlDeviceGetPcieThroughput` (KB/s, taken"
+              " as 1024 bytes): the driver's 20 ms window at sample time, a spot reading, so"
+              " bursty traffic reads noisily | per-link data counters"
+              " `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX` (KiB) differenced between samples"
+              " and summed |", "",
+              "GPM and the NVLink counters need two samples, so those series appear from the"
+              " second cycle. NVLink series exist only for GPUs whose links answer; a GPU"
+              " without NVLink has none. For a MIG instance the series carry its `mig_uuid` and"
+              " are emitted only where NVML answers GPM's PCIe/NVLink metrics for that GPU"
+              " instance (asked once; not asked again when it answers none); the GPU-level"
+              " figure (empty `mig_uuid`) covers all instances.", "",
               "## What per-process SM utilisation can and cannot show", "",
               "`gpu_container_sm_utilization_ratio` and `gpu_process_sm_utilization_ratio` come"
               " from `nvmlDeviceGetProcessUtilization`: the driver keeps a short buffer of"

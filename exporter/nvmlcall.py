@@ -47,7 +47,12 @@ def error_code(err: BaseException) -> int:
 
 
 def classify(err: BaseException) -> NvmlOutcome:
-    return _OUTCOMES.get(error_code(err), NvmlOutcome.FAILED)
+    return classify_code(error_code(err))
+
+
+def classify_code(code: int) -> NvmlOutcome:
+    """The outcome of an NVML return code (a per-entry nvmlReturn of a batched call)."""
+    return _OUTCOMES.get(code, NvmlOutcome.FAILED)
 
 
 class GpuLost(Exception):
@@ -59,6 +64,14 @@ def text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     return str(value)
+
+
+def field_value(fv: Any) -> float:
+    """Decode an nvmlFieldValue_t by its valueType (double, uint, ulong, ulonglong, sll...)."""
+    kind = getattr(fv, "valueType", 1)
+    attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+            6: "usVal"}.get(kind, "uiVal")
+    return float(getattr(fv.value, attr))
 
 
 class Reader:
@@ -79,3 +92,14 @@ class Reader:
                 self.failures += 1
                 log.debug("NVML %s failed: %s", getattr(fn, "__name__", fn), err)
             return None
+
+    def check(self, code: int, what: str) -> bool:
+        """Judge one entry of a batched call (nvmlReturn of a field value or GPM metric) like
+        `call` judges an exception: True when it holds a value."""
+        outcome = classify_code(code)
+        if outcome is NvmlOutcome.LOST:
+            raise GpuLost(f"{what}: GPU is lost")
+        if code != 0 and not outcome.absent:
+            self.failures += 1
+            log.debug("NVML %s failed with code %d", what, code)
+        return code == 0

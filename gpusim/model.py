@@ -41,6 +41,9 @@ FIELDS = {
     "pcie_replay": "nvmlDeviceGetPcieReplayCounter",
     "nvlink": "nvmlDeviceGetNvLinkState / nvmlDeviceGetNvLinkErrorCounter",
     "gpm": "nvmlGpm*",
+    "pcie_throughput": "nvmlDeviceGetPcieThroughput, GPM PCIe metrics",
+    "nvlink_throughput": "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_*), "
+                         "GPM NVLink metrics",
     "process_utilization": "nvmlDeviceGetProcessUtilization",
     "events": "nvmlDeviceRegisterEvents",
 }

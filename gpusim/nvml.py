@@ -14,6 +14,7 @@ import pynvml
 from gpusim.nvml_device import DeviceQueries
 from gpusim.nvml_events import EventQueries
 from gpusim.nvml_gpm import GpmQueries
+from gpusim.nvml_interconnect import InterconnectQueries
 from gpusim.nvml_mig import MigQueries
 from gpusim.nvml_processes import ProcessQueries
 from gpusim.nvml_reliability import ReliabilityQueries
@@ -28,7 +29,7 @@ _EXPORTS = {
 
 
 class SimNVML(DeviceQueries, MigQueries, TelemetryQueries, ReliabilityQueries, ProcessQueries,
-              GpmQueries, EventQueries):
+              GpmQueries, InterconnectQueries, EventQueries):
     """pynvml's API over a scenario. `no_driver_until` (scenario seconds) overrides the
     scenario's `driver.unavailable_until`: nvmlInit fails until then."""
 

@@ -16,6 +16,7 @@ import pynvml
 from gpusim.model import Fault, GpuSpec, MigSpec, Scenario
 from gpusim.node import SimProcess, Timeline, timeline
 from gpusim.signal import FloatArray
+from gpusim.traffic import Traffic
 
 INTEGRATION_STEP_S = 15.0  # grid for energy / low-utilisation time: pure in t, any cadence
 
@@ -49,8 +50,9 @@ class Reading:
 
 
 class Integrator:
-    """Cumulative power (J) and idle time (s) of one GPU on a fixed grid, so the integral at
-    t is a pure function of t: monotonic, and the same whatever the call cadence."""
+    """Integrals of two rates of one GPU (power in W and idle 0/1 -> J and idle s; or
+    utilisation -> busy s) on a fixed grid, so the integral at t is a pure function of t:
+    monotonic, and the same whatever the call cadence."""
 
     def __init__(self, power_many: Callable[[FloatArray], tuple[FloatArray, FloatArray]]) -> None:
         self._power_many = power_many
@@ -105,6 +107,8 @@ class NvmlCore:
         self._init_count = 0
         self._reading_cache: dict[int, tuple[float, Reading]] = {}
         self._integrators = {g.index: Integrator(self._power_many_fn(g)) for g in scenario.gpus}
+        busy = {g.index: Integrator(self._busy_many_fn(g)) for g in scenario.gpus}
+        self.traffic = Traffic(scenario, lambda gpu, t: busy[gpu].at(t)[0])
         self._lost_at: dict[int, float] = {}
         for f in scenario.faults:
             if f.kind == "lost":
@@ -193,10 +197,9 @@ class NvmlCore:
             return min(tel.power_watts.at(t), gpu.power_limit_watts)
         return tel.idle_power_watts + (0.9 * gpu.power_limit_watts - tel.idle_power_watts) * util
 
-    def _power_many_fn(self, gpu: GpuSpec) -> Callable[[FloatArray],
-                                                        tuple[FloatArray, FloatArray]]:
-        def power_many(ts: FloatArray) -> tuple[FloatArray, FloatArray]:
-            tel = gpu.telemetry
+    def _util_many_fn(self, gpu: GpuSpec) -> Callable[[FloatArray], FloatArray]:
+        """Device utilisation (0-1) at many instants, as _reading computes it at one."""
+        def util_many(ts: FloatArray) -> FloatArray:
             if gpu.mig is not None:
                 # slice-weighted, like _reading; per-instance sums clamp separately
                 parent = gpu.mig_family.parent_slices if gpu.mig_family else 7
@@ -208,9 +211,23 @@ class NvmlCore:
                             alive, since = s.window.alive_many(ts)
                             inst += alive * s.sm_util.at_many(since)
                     util += np.minimum(inst, 1.0) * m.slices / parent
-            else:
-                util = np.minimum(1.0, tel.utilization.at_many(ts)
-                                  + self._timeline.gpu_util_many(gpu.index, ts))
+                return util
+            return np.minimum(1.0, gpu.telemetry.utilization.at_many(ts)
+                              + self._timeline.gpu_util_many(gpu.index, ts))
+        return util_many
+
+    def _busy_many_fn(self, gpu: GpuSpec) -> Callable[[FloatArray],
+                                                       tuple[FloatArray, FloatArray]]:
+        util_many = self._util_many_fn(gpu)
+        return lambda ts: (util_many(ts), np.zeros(ts.shape))
+
+    def _power_many_fn(self, gpu: GpuSpec) -> Callable[[FloatArray],
+                                                        tuple[FloatArray, FloatArray]]:
+        util_many = self._util_many_fn(gpu)
+
+        def power_many(ts: FloatArray) -> tuple[FloatArray, FloatArray]:
+            tel = gpu.telemetry
+            util = util_many(ts)
             if tel.power_watts is not None:
                 power = np.minimum(tel.power_watts.at_many(ts), gpu.power_limit_watts)
             else:

@@ -13,6 +13,7 @@ import pynvml
 
 from gpusim.model import GpuSpec, Scenario
 from gpusim.nvml_core import NvmlCore, SimDevice, nvml_error
+from gpusim.traffic import MIB, Direction
 
 _GPM_METRICS = (pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
                 pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
@@ -101,6 +102,8 @@ class GpmQueries(NvmlCore):
         for t in points:
             for metric, value in self._gpm_values(gpu, mig, t).items():
                 totals[metric] += value / len(points)
+        if mig is None:  # the simulator gives no per-instance PCIe/NVLink figures
+            totals.update(self._gpm_traffic(gpu, lo, hi))
         for i in range(int(request.numMetrics)):
             m = request.metrics[i]
             if m.metricId in totals:
@@ -110,6 +113,24 @@ class GpmQueries(NvmlCore):
                 m.value = 0.0
                 m.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
         return request
+
+    def _gpm_traffic(self, gpu: GpuSpec, lo: float, hi: float) -> dict[int, float]:
+        """Mean PCIe/NVLink rates between two samples, in MiB/s as NVML gives them."""
+        if hi <= lo:
+            return {}
+        out: dict[int, float] = {}
+        tr = self.traffic
+        if not self._unsupported(gpu, "pcie_throughput", hi):
+            for metric, d in ((pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, Direction.TX),
+                              (pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, Direction.RX)):
+                out[metric] = (tr.pcie_bytes(gpu.index, d, hi)
+                               - tr.pcie_bytes(gpu.index, d, lo)) / (hi - lo) / MIB
+        if gpu.nvlink_links and not self._unsupported(gpu, "nvlink_throughput", hi):
+            for metric, d in ((pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, Direction.TX),
+                              (pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, Direction.RX)):
+                out[metric] = (tr.nvlink_bytes(gpu.index, d, hi)
+                               - tr.nvlink_bytes(gpu.index, d, lo)) / (hi - lo) / MIB
+        return out
 
     def _gpm_values(self, gpu: GpuSpec, mig: int | None, t: float) -> dict[int, float]:
         r = self._reading(gpu, t, mig)

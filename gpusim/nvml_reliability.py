@@ -10,6 +10,10 @@ import pynvml
 
 from gpusim.model import GpuSpec
 from gpusim.nvml_core import NvmlCore, SimDevice, nvml_error
+from gpusim.traffic import Direction
+
+_NVLINK_DATA = {pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: Direction.TX,
+                pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: Direction.RX}
 
 
 class ReliabilityQueries(NvmlCore):
@@ -64,6 +68,14 @@ class ReliabilityQueries(NvmlCore):
         return sum(f.count for f in self._faults(gpu.index, "nvlink_error", t)
                    if f.link == link and f.error_type == names[counter])
 
+    def _nvlink_data(self, gpu: GpuSpec, direction: Direction, link: int,
+                     t: float) -> tuple[int, float] | None:
+        """Data bytes over one link since the driver loaded, in KiB (scopeId = the link)."""
+        if not 0 <= link < gpu.nvlink_links or self._unsupported(gpu, "nvlink_throughput", t):
+            return None
+        kib = self.traffic.link_bytes(gpu.index, link, direction, t) // 1024
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, kib
+
     def nvmlDeviceGetFieldValues(self, handle: SimDevice,
                                  field_ids: Sequence[int | tuple[int, int]]) -> Any:
         gpu, _, t = self._dev(handle)
@@ -92,7 +104,8 @@ class ReliabilityQueries(NvmlCore):
         return values
 
     def _field(self, gpu: GpuSpec, fid: int, scope: int, t: float) -> tuple[int, float] | None:
-        del scope
+        if fid in _NVLINK_DATA:
+            return self._nvlink_data(gpu, _NVLINK_DATA[fid], scope, t)
         uint, ull = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
         readers: dict[int, tuple[str, int, Callable[[], float]]] = {
             pynvml.NVML_FI_DEV_MEMORY_TEMP:

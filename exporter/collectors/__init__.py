@@ -9,6 +9,7 @@ from exporter.collectors.device import DeviceCollector
 from exporter.collectors.gpm import GpmCollector
 from exporter.collectors.mig import MigCollector
 from exporter.collectors.reliability import EccCollector, NvlinkCollector
+from exporter.collectors.throughput import ThroughputCollector
 from exporter.collectors.xid import XidCollector
 from exporter.core import Collector, CollectorDeps, CollectorSpec
 
@@ -29,6 +30,9 @@ REGISTRY: tuple[CollectorSpec, ...] = (
     CollectorSpec("nvlink", True, "NVLink error counters", NvlinkCollector),
     CollectorSpec("gpm", True, "GPM SM/tensor/DRAM activity (Hopper+), per GPU and MIG",
                   GpmCollector),
+    CollectorSpec("throughput", True, "PCIe and NVLink throughput (GPM on Hopper+, NVML "
+                  "counters elsewhere), per GPU and MIG where NVML gives it",
+                  ThroughputCollector),
     CollectorSpec("mig", True, "MIG instances and their memory", MigCollector),
     CollectorSpec("xid", True, "XID error events from the NVML event set", XidCollector),
     CollectorSpec("attribution", True, "pod attribution: GPU allocations (kubelet PodResources) "

@@ -52,3 +52,15 @@ def answering(ctx: CycleContext, gpu: GpuRef, read: Callable[[GpuRef], None]) ->
         ctx.lost.add(gpu.uuid)
         return False
     return True
+
+
+def nvlink_count(r: Reader, handle: object) -> int:
+    """How many NVLink links the GPU has: NVML answers for links 0..n-1 (up or down) and
+    NOT_SUPPORTED / INVALID_ARGUMENT beyond them. Probe once per GPU."""
+    nv = r.nvml
+    n = 0
+    for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
+        if r.call(nv.nvmlDeviceGetNvLinkState, handle, link) is None:
+            break
+        n = link + 1
+    return n

@@ -6,7 +6,7 @@ from typing import Any
 
 from exporter.collectors.base import NvmlCollector
 from exporter.core import CycleContext, GpuRef, GpuStatic, SampleSink
-from exporter.nvmlcall import Reader
+from exporter.nvmlcall import Reader, field_value
 
 MHZ = 1_000_000.0
 
@@ -35,7 +35,7 @@ class DeviceCollector(NvmlCollector):
         if fields:
             fv = fields[0]
             if getattr(fv, "nvmlReturn", 1) == 0:
-                sink.add("gpu_memory_temperature_celsius", labels, _field_value(fv))
+                sink.add("gpu_memory_temperature_celsius", labels, field_value(fv))
         power = r.call(nv.nvmlDeviceGetPowerUsage, h)
         if power is not None:
             sink.add("gpu_power_watts", labels, power / 1000.0)
@@ -73,11 +73,3 @@ class DeviceCollector(NvmlCollector):
         if memclk is not None:
             sink.add("gpu_memory_clock_hertz", labels, memclk * MHZ)
 
-
-def _field_value(fv: Any) -> float:
-    """Decode an nvmlFieldValue_t by its valueType (double, uint, ulong, ulonglong, sll...)."""
-    kind = getattr(fv, "valueType", 1)
-    v = fv.value
-    attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
-            6: "usVal"}.get(kind, "uiVal")
-    return float(getattr(v, attr))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.collectors.base import NvmlCollector
+from exporter.collectors.base import NvmlCollector, nvlink_count
 from exporter.core import CollectorDeps, CycleContext, GpuRef, SampleSink
 from exporter.nvmlcall import Reader
 
@@ -50,20 +50,11 @@ class NvlinkCollector(NvmlCollector):
         self._links: dict[str, int] = {}  # uuid -> number of links that exist (probed once)
         self._active: dict[str, set[int]] = {}  # uuid -> links seen active since start
 
-    def _link_count(self, r: Reader, handle: object) -> int:
-        nv = self.nvml
-        n = 0
-        for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
-            if r.call(nv.nvmlDeviceGetNvLinkState, handle, link) is None:
-                break
-            n = link + 1
-        return n
-
     def read_gpu(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
         nv = self.nvml
         enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
         if gpu.uuid not in self._links:
-            self._links[gpu.uuid] = self._link_count(r, gpu.handle)
+            self._links[gpu.uuid] = nvlink_count(r, gpu.handle)
         active = self._active.setdefault(gpu.uuid, set())
         labels = gpu.labels(ctx.node)
         for link in range(self._links[gpu.uuid]):
