@@ -234,3 +234,35 @@ def test_dcgm_component_adds_its_own_rule_group() -> None:
     schema = strict(crd_schema("PrometheusRule"))
     schema["properties"]["metadata"] = {"type": "object"}
     validate(dcgm, schema)
+
+
+# docs/performance.md, "DaemonSet resources" and "Memory": RSS in the production configuration
+# on the machine without a GPU, and the one GPU-node measurement against this machine's figure
+# taken the same way then; CPU at the 5 s interval on the big node (percent of a core).
+PRODUCTION_RSS_MIB = 32.7
+H100_RSS_MIB, SAME_CONFIG_HERE_MIB = 167.6, 87
+BIG_NODE_CPU_PERCENT = 1.63
+
+
+def _quantity(text: str) -> float:
+    """A Kubernetes quantity as MiB (memory) or millicores (cpu)."""
+    units = {"Mi": 1.0, "Gi": 1024.0, "m": 1.0}
+    for suffix, scale in units.items():
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * scale
+    return float(text) * 1000  # whole cores
+
+
+def test_daemonset_resources_follow_the_measured_figures() -> None:
+    perf = (ROOT / "docs" / "performance.md").read_text()
+    for figure in (f"**{PRODUCTION_RSS_MIB} MiB**", f"{H100_RSS_MIB} MiB on the H100 node",
+                   f"~{SAME_CONFIG_HERE_MIB} MiB", f"{BIG_NODE_CPU_PERCENT} %"):
+        assert figure in perf, figure
+    gpu_node_worst = PRODUCTION_RSS_MIB + (H100_RSS_MIB - SAME_CONFIG_HERE_MIB)
+    (container,) = [c for c in one(rendered(DEPLOY / "base"), "DaemonSet")["spec"]["template"]
+                    ["spec"]["containers"] if c["name"] == "exporter"]
+    res = container["resources"]
+    assert _quantity(res["requests"]["memory"]) >= gpu_node_worst
+    assert _quantity(res["limits"]["memory"]) >= 1.5 * gpu_node_worst
+    assert _quantity(res["requests"]["cpu"]) >= 3 * BIG_NODE_CPU_PERCENT * 10  # % -> millicores
+    assert _quantity(res["limits"]["cpu"]) >= _quantity(res["requests"]["cpu"])
