@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -37,6 +38,9 @@ RULE_FILES = ("gpu-ledger-alerts.yml", "gpu-ledger-recording.yml")
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "gpusim" / "scenarios"
 DEMO_SCENARIOS = ("h100-mig.yaml", "a100-timeslice.yaml", "mixed.yaml", "rightsizing.yaml",
                   "sharing.yaml")
+# A unix socket path is at most 107 bytes (sun_path is 108 with its NUL); the simulated
+# kubelets listen at <temporary directory>/{sim,live}/<node>/kubelet.sock.
+SOCKET_PATH_MAX = 107
 # What metering and the dashboards read; the demo history keeps to these to stay small.
 HISTORY_FAMILIES = (
     "gpu_info", "gpu_up", "gpu_utilization_ratio", "gpu_energy_joules_total",
@@ -111,7 +115,10 @@ def firing_alerts(url: str) -> list[dict[str, str]]:
 def watch_alerts(url: str) -> None:
     """--keep-running: say where the alerts are, then each alert as it starts firing."""
     print(f"Alerts: {url}/alerts (the simulated faults' alerts fire once their `for` has "
-          "passed; each is listed below as it starts)\nPress Ctrl-C to stop.", flush=True)
+          "passed; each is listed below as it starts). A GPU a scenario loses before the live "
+          "exporters start (mixed.yaml's GPU 2) shows as GpuNotAnswering after 5 minutes (PCI "
+          "lists more GPUs than answer NVML), not as GpuLost, which needs an exporter that saw "
+          "the GPU answer.\nPress Ctrl-C to stop.", flush=True)
     seen: set[tuple[tuple[str, str], ...]] = set()
     while True:
         for labels in firing_alerts(url):
@@ -123,6 +130,16 @@ def watch_alerts(url: str) -> None:
                 print(f"  firing: {labels.get('alertname', '?')} ({where}) -> {url}/alerts",
                       flush=True)
         time.sleep(5)
+
+
+def longest_socket_path(scenarios: list[Path], work: Path) -> int:
+    """Bytes in the longest simulated-kubelet socket path the demo will create under `work`.
+    Raises ConfigError for a scenario that does not load."""
+    from gpusim.scenario import load_scenario
+
+    nodes = [load_scenario(p).node for p in scenarios]
+    return max(len(os.fsencode(work / part / node / "kubelet.sock"))
+               for part in ("sim", "live") for node in nodes)
 
 
 def simulate_history(scenarios: list[Path], start: datetime, end: datetime, step: float,
@@ -267,6 +284,16 @@ def _main(args: argparse.Namespace) -> int:
     history_file = out / "history.om"
     with tempfile.TemporaryDirectory(prefix="gpu-ledger-demo-") as tmp:
         work = Path(tmp)
+        try:
+            longest = longest_socket_path(scenarios, work)
+        except ConfigError as err:
+            print(f"gpu-ledger demo: {err}", file=sys.stderr)
+            return 2
+        if longest > SOCKET_PATH_MAX:
+            print(f"gpu-ledger demo: the temporary directory {tmp} is too long for the simulated "
+                  f"kubelets' unix sockets ({longest} bytes > {SOCKET_PATH_MAX}); set TMPDIR to "
+                  "a shorter directory, e.g. TMPDIR=/tmp", file=sys.stderr)
+            return 2
         say.step(f"Simulating {len(scenarios)} GPU nodes for {start:%Y-%m-%d} .. {end:%Y-%m-%d}"
                  f" every {args.step:g}s through the exporter's code path")
         try:

@@ -136,3 +136,39 @@ def test_keep_running_names_firing_alerts_and_sigterm_cleans_up(tmp_path: Path) 
         urllib.request.urlopen(f"{url}/-/ready", timeout=2)
     # no GpuAttributionLost: the demo's exporters run with the kubernetes source on and up
     assert not any("GpuAttributionLost" in s for s in seen)
+
+
+def test_too_long_tmpdir_is_one_line(tmp_path: Path) -> None:
+    """The simulated kubelets listen on unix sockets under the temporary directory; a path
+    over 107 bytes cannot be bound, which used to end in a grpc traceback."""
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    result = run(*SMALL, "--no-prometheus", "--out", str(tmp_path / "o"), tmp=deep)
+    one_line_error(result, "TMPDIR", "107")
+    assert list(deep.glob("gpu-ledger-demo-*")) == []
+
+
+def test_demo_lost_gpu_is_visible_to_gpu_not_answering(tmp_path: Path) -> None:
+    """The live exporters start weeks into mixed.yaml, after its GPU 2 was lost: that GPU has
+    no gpu_up series (so GpuLost cannot fire), and the PCI count exceeds the NVML count, which
+    is what GpuNotAnswering alerts on (the README and --keep-running say so)."""
+    from gpu_ledger.demo import SCENARIO_DIR, live_exporters
+
+    work = Path(tempfile.mkdtemp(prefix="gl-", dir="/tmp"))  # short: unix sockets inside
+    try:
+        month_start = time.time() - 20 * 86400
+        with live_exporters([SCENARIO_DIR / "mixed.yaml"], month_start, work, 1.0) as targets:
+            deadline = time.monotonic() + 60
+            text = ""
+            while time.monotonic() < deadline and "gpu_answering_devices" not in text:
+                time.sleep(1)
+                with urllib.request.urlopen(f"http://{targets[0]}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    up_gpus = re.findall(r'^gpu_up\{[^}]*gpu="(\d+)"', text, re.M)
+    assert sorted(up_gpus) == ["0", "1", "3"], up_gpus
+    expected = re.search(r'^gpu_expected_devices\{[^}]*source="pci"[^}]*\} (\S+)', text, re.M)
+    answering = re.search(r"^gpu_answering_devices\{[^}]*\} (\S+)", text, re.M)
+    assert expected and answering, text[-2000:]
+    assert float(expected.group(1)) == 4 and float(answering.group(1)) == 3
