@@ -12,18 +12,24 @@ Backfilled samples must be older than the TSDB head (a few hours), so fixtures u
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import tempfile
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from gpu_ledger import promserver
+from gpu_ledger.procutil import stop
 from gpu_ledger.promserver import free_port, running_prometheus
 
-__all__ = ["backfill", "free_port", "http_server", "proxy_to", "running_prometheus"]
+__all__ = ["backfill", "free_port", "http_server", "proxy_to", "running_prometheus",
+           "running_victoria", "vm_import"]
 
 
 def backfill(openmetrics_text: str, data_dir: str | os.PathLike[str]) -> None:
@@ -80,3 +86,42 @@ def proxy_to(url: str, path: str, headers: dict[str, str]) -> tuple[int, str, by
             return resp.status, resp.headers.get("Content-Type", ""), resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers.get("Content-Type", ""), exc.read()
+
+
+@contextmanager
+def running_victoria(path: Path, *flags: str) -> Iterator[str]:
+    """A real single-node VictoriaMetrics (Debian package `victoria-metrics`) storing under
+    `path` on 127.0.0.1:<free port>; yields its base URL, stops it when the block exits."""
+    binary = shutil.which("victoria-metrics")
+    assert binary, "victoria-metrics is not installed: apt-get install -y victoria-metrics"
+    port = free_port()
+    log_path = path.parent / f"{path.name}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([binary, f"-storageDataPath={path}",
+                                 f"-httpListenAddr=127.0.0.1:{port}", "-retentionPeriod=100y",
+                                 "-search.disableCache", *flags],
+                                stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, "victoria-metrics did not start"
+                time.sleep(0.1)
+        yield url
+    finally:
+        stop(proc)
+
+
+def vm_import(url: str, prometheus_text: str) -> None:
+    """Prometheus text with millisecond timestamps into VictoriaMetrics, flushed for queries."""
+    req = urllib.request.Request(f"{url}/api/v1/import/prometheus",
+                                 data=prometheus_text.encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=60):
+        pass
+    with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=30):
+        pass

@@ -5,20 +5,14 @@ facts and the same bill as an unsplit run."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import conftest_prom
 import pytest
 from conftest_prom import expected_facts, fact_rows
-from promtools import backfill, free_port, running_prometheus
+from promtools import backfill, running_prometheus, running_victoria, vm_import
 
-from gpu_ledger.procutil import stop
 from metering.cli_meter import main
 from metering.db import connect
 from metering.facts import SIGNALS
@@ -131,31 +125,8 @@ def test_planned_split_needs_no_refusal(fleet_prom_url: str, tmp_path: Path) -> 
     _same_ledger(plain, split)
 
 
-@contextmanager
-def _victoria(path: Path, *flags: str) -> Iterator[str]:
-    binary = shutil.which("victoria-metrics")
-    assert binary, "victoria-metrics is not installed: apt-get install -y victoria-metrics"
-    port = free_port()
-    log = (path.parent / f"{path.name}.log").open("wb")
-    proc = subprocess.Popen([binary, f"-storageDataPath={path}",
-                             f"-httpListenAddr=127.0.0.1:{port}", "-retentionPeriod=100y",
-                             "-search.disableCache", *flags],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2):
-                    break
-            except OSError:
-                assert proc.poll() is None, (path.parent / f"{path.name}.log").read_text()
-                assert time.monotonic() < deadline, "victoria-metrics did not start"
-                time.sleep(0.1)
-        yield url
-    finally:
-        stop(proc)
-        log.close()
+def _victoria(path: Path, *flags: str) -> AbstractContextManager[str]:
+    return running_victoria(path, *flags)
 
 
 def _import(url: str, om: Path) -> None:
@@ -165,12 +136,7 @@ def _import(url: str, om: Path) -> None:
         if line and not line.startswith("#"):
             head, _, ts = line.rpartition(" ")
             lines.append(f"{head} {int(ts) * 1000}")
-    req = urllib.request.Request(f"{url}/api/v1/import/prometheus",
-                                 data="\n".join(lines).encode() + b"\n", method="POST")
-    with urllib.request.urlopen(req, timeout=60):
-        pass
-    with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=30):
-        pass
+    vm_import(url, "\n".join(lines) + "\n")
 
 
 def test_victoria_metrics_max_samples_splits_to_the_same_bill(
