@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import shutil
@@ -197,6 +198,12 @@ class Victoria:
         m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
         return float(m.group(1)) if m else 0.0
 
+    def cpu_s(self) -> float:
+        """CPU seconds the store has used (user + system), from /proc."""
+        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def rss_mib(self) -> float:
         return self.counter("process_resident_memory_bytes") / 2**20
 
@@ -215,8 +222,9 @@ def _disk_mib(path: Path) -> float:
 _CHILD = ("import resource, sys\n"
           "from gpu_ledger.cli import main\n"
           "try:\n    rc = main()\n"
-          "finally:\n    sys.stderr.write('\\nBENCH_MAXRSS_KIB %d\\n' % "
-          "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+          "finally:\n    u = resource.getrusage(resource.RUSAGE_SELF)\n"
+          "    sys.stderr.write('\\nBENCH_MAXRSS_KIB %d\\nBENCH_CPU_S %.2f\\n' % "
+          "(u.ru_maxrss, u.ru_utime + u.ru_stime))\n"
           "raise SystemExit(rc)\n")
 
 
@@ -230,8 +238,9 @@ def run_stage(args: list[str]) -> dict[str, Any]:
         raise SystemExit(f"gpu-ledger {' '.join(args)} failed ({proc.returncode}):\n"
                          f"{proc.stderr[-3000:]}")
     m = re.search(r"BENCH_MAXRSS_KIB (\d+)", proc.stderr)
+    c = re.search(r"BENCH_CPU_S ([\d.]+)", proc.stderr)
     return {"wall_s": wall, "maxrss_mib": int(m.group(1)) / 1024 if m else float("nan"),
-            "stderr": proc.stderr}
+            "cpu_s": float(c.group(1)) if c else float("nan"), "stderr": proc.stderr}
 
 
 def naive(vm: Victoria, fleet: Fleet, pods: int, window: str) -> dict[str, Any]:
@@ -301,10 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         period = ["--month", args.month, "--db", str(db)]
         read0 = vm.counter("vm_rows_read_per_query_sum")
         scanned0 = vm.counter("vm_rows_scanned_per_query_sum")
+        vm_cpu0 = vm.cpu_s()
         ing = run_stage(["meter", "--prometheus", vm.url, *period, "--no-price", "--verbose"])
         ing["vm_samples_read"] = vm.counter("vm_rows_read_per_query_sum") - read0
         ing["vm_samples_scanned"] = vm.counter("vm_rows_scanned_per_query_sum") - scanned0
         ing["vm_rss_mib"] = vm.rss_mib()
+        ing["vm_cpu_s"] = vm.cpu_s() - vm_cpu0
         m = re.search(r"(\d+) chunks, (\d+) queries", ing["stderr"])
         ing["queries"] = int(m.group(2)) if m else None
         split = re.search(r"meter: queries: (.*)", ing["stderr"])
@@ -346,18 +357,20 @@ def report(res: dict[str, Any]) -> str:
                   f"{imp['samples']:,} samples (every {res['interval_s']} s)"],
         ["import into VictoriaMetrics", f"{imp['wall_s']:.0f} s, {imp['vm_disk_mib']:,.0f} MiB "
                                         "on disk"],
-        ["ingest (`meter --no-price`): wall / peak RSS",
-         f"{ing['wall_s']:.0f} s / {ing['maxrss_mib']:,.0f} MiB"],
+        ["ingest (`meter --no-price`): wall / CPU / peak RSS",
+         f"{ing['wall_s']:.0f} s / {ing['cpu_s']:.0f} s / {ing['maxrss_mib']:,.0f} MiB"],
+        ["ingest: the store's CPU while answering", f"{ing['vm_cpu_s']:.0f} s"],
         ["ingest: range queries", f"{ing['queries']:,}"],
         ["ingest: how queries split", ing["split"]],
         ["ingest: samples read by the store", f"{ing['vm_samples_read']:,.0f} (scanned "
                                               f"{ing['vm_samples_scanned']:,.0f})"],
-        ["pricing (`meter --price-only`): wall / peak RSS",
-         f"{pr['wall_s']:.0f} s / {pr['maxrss_mib']:,.0f} MiB"],
-        ["report (all formats): wall / peak RSS",
-         f"{rp['wall_s']:.0f} s / {rp['maxrss_mib']:,.0f} MiB"],
-        ["whole path (ingest + pricing + report)",
-         f"{ing['wall_s'] + pr['wall_s'] + rp['wall_s']:.0f} s"],
+        ["pricing (`meter --price-only`): wall / CPU / peak RSS",
+         f"{pr['wall_s']:.0f} s / {pr['cpu_s']:.0f} s / {pr['maxrss_mib']:,.0f} MiB"],
+        ["report (all formats): wall / CPU / peak RSS",
+         f"{rp['wall_s']:.0f} s / {rp['cpu_s']:.0f} s / {rp['maxrss_mib']:,.0f} MiB"],
+        ["whole path (ingest + pricing + report): wall / CPU of the metering processes",
+         f"{ing['wall_s'] + pr['wall_s'] + rp['wall_s']:.0f} s / "
+         f"{ing['cpu_s'] + pr['cpu_s'] + rp['cpu_s']:.0f} s"],
         ["ledger file", f"{res['ledger_mib']:,.0f} MiB"],
         ["naive per-pod queries, measured", f"{nv['queries']:,} queries for {nv['pods']} pods "
                                             f"in {nv['wall_s']:.1f} s "
