@@ -127,6 +127,22 @@ FAMILIES: tuple[Family, ...] = (
        (*MIG, "slices", "parent_slices"), "mig"),
     _g("gpu_mig_memory_total_bytes", "Memory of a MIG instance.", MIG, "mig"),
     _g("gpu_mig_memory_used_bytes", "Memory in use in a MIG instance.", MIG, "mig"),
+    # --- vGPU ---------------------------------------------------------------------------------
+    _g("gpu_vgpu_license_state",
+       "In a vGPU guest: 1 while the GPU holds a licence for the feature, 0 while it does not "
+       "(nvmlDeviceGetGridLicensableFeatures); absent where NVML does not license the GPU.",
+       (*DEVICE, "feature", "product"), "vgpu"),
+    _g("gpu_vgpu_info",
+       "On a vGPU host: an active vGPU instance of the GPU; always 1. vgpu_uuid is its mdev "
+       "UUID (the device ID the KubeVirt device plugin hands a virt-launcher pod), vgpu_type "
+       "the NVML type name, vm_id the VM it serves.",
+       (*DEVICE, "vgpu_uuid", "vgpu_type", "vm_id"), "vgpu"),
+    _g("gpu_vgpu_framebuffer_bytes", "Framebuffer of a vGPU instance's type.",
+       (*DEVICE, "vgpu_uuid"), "vgpu"),
+    _g("gpu_vgpu_memory_used_bytes", "Framebuffer a vGPU instance uses.",
+       (*DEVICE, "vgpu_uuid"), "vgpu"),
+    _g("gpu_vgpu_utilization_ratio", "SM utilisation of a vGPU instance, 0-1 of the GPU.",
+       (*DEVICE, "vgpu_uuid"), "vgpu"),
     # --- attribution ----------------------------------------------------------------------------
     _g("gpu_container_allocation",
        "1 per GPU unit the kubelet allocated to a container; replicas is how many shares the "

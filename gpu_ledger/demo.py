@@ -1,9 +1,9 @@
 """`gpu-ledger demo`: the whole product on one machine, in minutes.
 
 1. Simulate a small cluster (the example scenarios: MIG, time-slicing, MPS, DRA claims, HAMi
-   and gpushare grants, a GPU that falls off the bus, XIDs) for a month, every --step, through
-   the exporter's own code path (simulated NVML -> Sampler with a real PodResources server,
-   cgroup files, pod and ResourceSlice watches).
+   and gpushare grants, a vGPU host and guest, a GPU that falls off the bus, XIDs) for a
+   month, every --step, through the exporter's own code path (simulated NVML -> Sampler with
+   a real PodResources server, cgroup files, pod and ResourceSlice watches).
 2. Backfill that history into a real Prometheus with promtool, then serve it, with the same
    nodes' exporters running live and scraped.
 3. Run the metering job against that Prometheus into DuckDB, priced with the default cost model.
@@ -37,7 +37,7 @@ RULES_DIR = Path(__file__).resolve().parent.parent / "alerts"
 RULE_FILES = ("gpu-ledger-alerts.yml", "gpu-ledger-recording.yml")
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "gpusim" / "scenarios"
 DEMO_SCENARIOS = ("h100-mig.yaml", "a100-timeslice.yaml", "mixed.yaml", "rightsizing.yaml",
-                  "sharing.yaml")
+                  "sharing.yaml", "vgpu-host.yaml", "vgpu-guest.yaml")
 # A unix socket path is at most 107 bytes (sun_path is 108 with its NUL); the simulated
 # kubelets listen at <temporary directory>/{sim,live}/<node>/kubelet.sock.
 SOCKET_PATH_MAX = 107

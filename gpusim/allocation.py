@@ -21,6 +21,12 @@ def plugin_id(scenario: Scenario, gpu: GpuSpec, mig: MigSpec | None) -> str:
     return base if scenario.device_id_strategy == "index" else f"nvidia.com/gpu={base}"
 
 
+def vgpu_resource(type_name: str) -> str:
+    """The KubeVirt device plugin's resource for a vGPU type: `NVIDIA A100-4C` ->
+    `nvidia.com/NVIDIA_A100-4C`."""
+    return "nvidia.com/" + type_name.replace(" ", "_")
+
+
 def dra_device(gpu: GpuSpec, mig: MigSpec | None) -> str:
     """The DRA driver's device name: `gpu-<index>`, a MIG instance `gpu-<index>-mig-<slot>`."""
     return f"gpu-{gpu.index}" if mig is None else f"gpu-{gpu.index}-mig-{mig.index}"

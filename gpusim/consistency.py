@@ -51,6 +51,8 @@ def _unit_text(u: UnitRef) -> str:
         s += f" mig {u.mig}"
     if u.replica is not None:
         s += f" replica {u.replica}"
+    if u.vgpu is not None:
+        s += f" vgpu {u.vgpu}"
     return s
 
 

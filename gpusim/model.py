@@ -48,6 +48,7 @@ FIELDS = {
     "events": "nvmlDeviceRegisterEvents",
 }
 VIRTUALIZATION_MODES = {"none": 0, "passthrough": 1, "vgpu": 2, "host_vgpu": 3, "host_vsga": 4}
+LICENSE_FEATURES = ("vgpu", "nvidia_rtx", "gaming", "compute")
 NOT_MIG = 0xFFFFFFFF
 
 
@@ -93,6 +94,28 @@ class MigSpec:
 
 
 @dataclass(frozen=True)
+class VgpuSpec:
+    """An active vGPU instance on a vGPU host GPU (virtualization_mode host_vgpu)."""
+
+    index: int  # place in the GPU's vgpus list
+    type_name: str  # nvmlVgpuTypeGetName, e.g. NVIDIA A100-4C
+    framebuffer: int  # bytes, nvmlVgpuTypeGetFramebufferSize
+    uuid: str  # nvmlVgpuInstanceGetMdevUUID: the ID the KubeVirt device plugin hands out
+    vm: str  # nvmlVgpuInstanceGetVmID (UUID form)
+    memory: Signal  # framebuffer in use, bytes
+    sm_util: Signal  # 0-1 of the GPU
+
+
+@dataclass(frozen=True)
+class LicenseSpec:
+    """A vGPU guest's licence (nvmlDeviceGetGridLicensableFeatures)."""
+
+    feature: str = "compute"  # one of LICENSE_FEATURES
+    product: str = "NVIDIA Virtual Compute Server"
+    lapses_at: float | None = None  # scenario seconds: unlicensed from then on
+
+
+@dataclass(frozen=True)
 class GpuSpec:
     index: int
     model: str
@@ -112,6 +135,8 @@ class GpuSpec:
     telemetry: Telemetry
     sharing: Sharing
     allocation: str = "device-plugin"  # one of ALLOCATIONS
+    vgpus: tuple[VgpuSpec, ...] = ()  # host_vgpu: the active vGPU instances
+    license: LicenseSpec | None = None  # vgpu (guest): its licence
 
     @property
     def mig_enabled(self) -> bool:
@@ -126,6 +151,7 @@ class UnitRef:
     gpu: int
     mig: int | None = None
     replica: int | None = None
+    vgpu: int | None = None  # a vGPU instance of the GPU (index into its vgpus)
     claim: str = ""  # the ResourceClaim it comes through; '' for device plugin and grants
     memory: int | None = None  # bytes a HAMi / gpushare grant gives
     cores: int | None = None  # HAMi core percent; None: compute not limited

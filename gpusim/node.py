@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpusim.allocation import container_claims, plugin_id
+from gpusim.allocation import container_claims, plugin_id, vgpu_resource
 from gpusim.model import (
     HostProcessSpec,
     PodSpec,
@@ -267,6 +267,9 @@ def cgroup_line(scenario: Scenario, qos: str, uid: str, cid: str) -> str:
 def unit_device(scenario: Scenario, unit: UnitRef) -> tuple[str, str]:
     """(resource name, device id) of a device unit, in the NVIDIA device plugin's forms."""
     gpu = scenario.gpus[unit.gpu]
+    if unit.vgpu is not None:  # KubeVirt: resource nvidia.com/<type>, ID the mdev UUID
+        v = gpu.vgpus[unit.vgpu]
+        return vgpu_resource(v.type_name), v.uuid
     if unit.mig is not None and gpu.mig is not None:
         mig = gpu.mig[unit.mig]
         default = f"nvidia.com/mig-{mig.profile}" if scenario.mig_strategy == "mixed" \
@@ -283,6 +286,9 @@ def device_units(scenario: Scenario) -> list[UnitRef]:
     out: list[UnitRef] = []
     for gpu in scenario.gpus:
         if gpu.allocation != "device-plugin":
+            continue
+        if gpu.vgpus:  # a vGPU host hands out its vGPU instances, not the GPU
+            out.extend(UnitRef(gpu.index, vgpu=v.index) for v in gpu.vgpus)
             continue
         if gpu.mig is not None:
             for mig in gpu.mig:
@@ -308,7 +314,7 @@ def sharing_modes(scenario: Scenario) -> dict[str, str]:
     `sharing_modes` option would be configured for this node."""
     out: dict[str, str] = {}
     for gpu in scenario.gpus:
-        if gpu.allocation != "device-plugin":
+        if gpu.allocation != "device-plugin" or gpu.vgpus:
             continue
         for mig in gpu.mig or ():
             res, _ = unit_device(scenario, UnitRef(gpu.index, mig.index))

@@ -19,6 +19,7 @@ from gpusim.nvml_mig import MigQueries
 from gpusim.nvml_processes import ProcessQueries
 from gpusim.nvml_reliability import ReliabilityQueries
 from gpusim.nvml_telemetry import TelemetryQueries
+from gpusim.nvml_vgpu import VgpuQueries
 
 # Copy pynvml's constants, struct classes and exception classes, never its functions: those
 # would call the real library.
@@ -29,7 +30,7 @@ _EXPORTS = {
 
 
 class SimNVML(DeviceQueries, MigQueries, TelemetryQueries, ReliabilityQueries, ProcessQueries,
-              GpmQueries, InterconnectQueries, EventQueries):
+              GpmQueries, InterconnectQueries, EventQueries, VgpuQueries):
     """pynvml's API over a scenario. `no_driver_until` (scenario seconds) overrides the
     scenario's `driver.unavailable_until`: nvmlInit fails until then."""
 

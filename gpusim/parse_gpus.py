@@ -15,6 +15,7 @@ from gpusim.model import (
     Telemetry,
     stable_uuid,
 )
+from gpusim.parse_vgpu import parse_license, parse_vgpus
 from gpusim.signal import Signal
 from gpusim.validate import (
     Node,
@@ -98,7 +99,18 @@ def parse_gpus(file: str, node: str, entries: list[object]) -> tuple[GpuSpec, ..
         sharing = n.get("sharing", _parse_sharing, Sharing())
         allocation = n.get("allocation", one_of(ALLOCATIONS), "device-plugin")
         mig_raw = n.raw("mig")
+        vgpus_raw = n.get("vgpus", as_list, [])
+        license_raw = n.raw("license") if n.has("license") else None
+        n.read.add("license")
         n.done()
+        if vgpus_raw and virt != VIRTUALIZATION_MODES["host_vgpu"]:
+            raise ConfigError(file, f"{key}.vgpus", "vgpus only with virtualization_mode: "
+                              "host_vgpu", "[...]")
+        if n.has("license") and virt != VIRTUALIZATION_MODES["vgpu"]:
+            raise ConfigError(file, f"{key}.license", "license only with virtualization_mode: "
+                              "vgpu (a vGPU guest)", "{...}")
+        license = parse_license(file, f"{key}.license", license_raw) \
+            if virt == VIRTUALIZATION_MODES["vgpu"] else None
         if allocation != "device-plugin" and sharing.mode != "exclusive":
             raise ConfigError(file, f"{key}.sharing", f"no sharing with allocation "
                               f"{allocation} (sharing is the device plugin's)", sharing.mode)
@@ -124,6 +136,8 @@ def parse_gpus(file: str, node: str, entries: list[object]) -> tuple[GpuSpec, ..
                 virtualization_mode=virt, multiprocessors=int(sms), mig_family=family,
                 mig=migs, gpm=gpm, nvlink_links=int(links), not_supported=not_supported,
                 telemetry=telemetry, sharing=sharing, allocation=allocation,
+                vgpus=parse_vgpus(file, f"{key}.vgpus", vgpus_raw, node, index, memory),
+                license=license,
             ))
             del c
     return tuple(out)

@@ -78,3 +78,13 @@ def grant_unit(file: str, key: str, n: Node, gpu: GpuSpec) -> UnitRef:
             raise ConfigError(file, f"{key}.memory", "whole GiB (gpushare's unit)",
                               n.data.get("memory"))
     return UnitRef(gpu=gpu.index, memory=memory, cores=cores or None)
+
+
+def vgpu_unit(file: str, key: str, n: Node, gpu: GpuSpec) -> UnitRef:
+    """`{gpu, vgpu}`: one active vGPU instance of a vGPU host GPU, as the KubeVirt device
+    plugin hands it to a virt-launcher pod."""
+    v = n.need("vgpu", as_nonneg_int, "a vGPU instance index")
+    if v >= len(gpu.vgpus):
+        raise ConfigError(file, f"{key}.vgpu", f"a vGPU instance index 0..{len(gpu.vgpus) - 1} "
+                          f"of GPU {gpu.index}", v)
+    return UnitRef(gpu=gpu.index, vgpu=v)

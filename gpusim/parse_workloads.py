@@ -20,7 +20,7 @@ from gpusim.model import (
     UnitRef,
     XidSpec,
 )
-from gpusim.parse_sharing import grant_unit
+from gpusim.parse_sharing import grant_unit, vgpu_unit
 from gpusim.signal import Signal
 from gpusim.validate import (
     MAX_EXPLICIT_PID,
@@ -52,6 +52,10 @@ def _unit(file: str, key: str, raw: object, gpus: tuple[GpuSpec, ...]) -> UnitRe
             ref = grant_unit(file, key, n, gpus[g])
             n.done()
             return ref
+        if 0 <= g < len(gpus) and gpus[g].vgpus:
+            ref = vgpu_unit(file, key, n, gpus[g])
+            n.done()
+            return ref
         ref = UnitRef(gpu=g, mig=n.get("mig", as_nonneg_int, None),
                       replica=n.get("replica", as_nonneg_int, None))
         n.done()
@@ -65,6 +69,9 @@ def _unit(file: str, key: str, raw: object, gpus: tuple[GpuSpec, ...]) -> UnitRe
     if gpu.allocation != "device-plugin":
         raise ConfigError(file, key, f"a grant {{gpu: {ref.gpu}, memory: ...}}: GPU {ref.gpu} "
                           f"has allocation {gpu.allocation}", raw)
+    if gpu.vgpus:
+        raise ConfigError(file, key, f"a vGPU instance {{gpu: {ref.gpu}, vgpu: N}}: GPU "
+                          f"{ref.gpu} is a vGPU host", raw)
     sharing = gpu.sharing
     if ref.mig is not None:
         if gpu.mig is None:
@@ -130,6 +137,9 @@ def _parse_container(file: str, key: str, raw: object, gpus: tuple[GpuSpec, ...]
     if procs and not units:
         raise ConfigError(file, f"{key}.gpus", "at least one GPU for a container with processes",
                           "[]")
+    if procs and any(u.vgpu is not None for u in units):
+        raise ConfigError(file, f"{key}.processes", "no processes with a vGPU (they run in the "
+                          "VM, where the host's NVML does not see them)", "[...]")
     return ContainerSpec(name, units, resource, procs)
 
 

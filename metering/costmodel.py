@@ -24,7 +24,7 @@ from gpu_ledger import safeyaml
 MICRO: Final = Decimal("0.000001")
 # Names the pricing engine gives its own rows; a team may not be called any of these.
 RESERVED_TEAMS: Final = frozenset({"idle", "down", "adjustment"})
-SHARING_MODES: Final = ("exclusive", "mig", "time-slicing", "mps", "fractional")
+SHARING_MODES: Final = ("exclusive", "mig", "time-slicing", "mps", "fractional", "vgpu")
 # What a fractional grant (HAMi, gpushare) pays: its memory fraction, its core fraction, or
 # the larger of the two (docs/cost-model.md, `sharing.fractional`).
 FRACTIONAL_BASES: Final = ("memory", "cores", "larger")
@@ -181,6 +181,7 @@ class CostModel:
     sharing_split: str
     sharing_efficiency: Mapping[str, Decimal]
     fractional_basis: str
+    vgpu_table: Mapping[str, Decimal]  # vGPU type (resource name after nvidia.com/) -> fraction
     basis: str
     usage_weight: Decimal
     tiers: tuple[Tier, ...]
@@ -344,8 +345,8 @@ class _Parser:
         if not isinstance(doc, dict):
             raise self.fail("", "a mapping of cost model sections at the top level", doc)
         top = self.mapping(doc, "", ("version", "currency", "pricing", "mig", "sharing",
-                                     "basis", "utilization_tiers", "teams", "discounts", "idle",
-                                     "budgets"))
+                                     "vgpu", "basis", "utilization_tiers", "teams", "discounts",
+                                     "idle", "budgets"))
         if top.get("version", 1) != 1 or isinstance(top.get("version", 1), bool):
             raise self.fail("version", "1", top.get("version"))
         currency = top.get("currency", "USD")
@@ -370,7 +371,8 @@ class _Parser:
         return CostModel(path=path, hash=digest, currency=currency, default_price=default,
                          gpus=gpus, mig_fraction=mig_fraction, mig_table=mig_table,
                          sharing_split=split, sharing_efficiency=efficiency,
-                         fractional_basis=fractional, basis=basis,
+                         fractional_basis=fractional,
+                         vgpu_table=self.vgpu(top.get("vgpu")), basis=basis,
                          usage_weight=usage_weight, tiers=tiers, team_label=label,
                          namespace_rules=rules, default_team=default_team,
                          team_discounts=team_disc, model_discounts=model_disc,
@@ -489,6 +491,20 @@ class _Parser:
         efficiency = {mode: self.number(v, f"sharing.efficiency.{mode}", lo_open=True,
                                         hi=Decimal(1)) for mode, v in eff.items()}
         return split, efficiency, fractional
+
+    def vgpu(self, value: object) -> dict[str, Decimal]:
+        sec = self.mapping(value, "vgpu", ("table",))
+        raw = sec.get("table") or {}
+        if not isinstance(raw, dict):
+            raise self.fail("vgpu.table", "a mapping of vGPU type to fraction of the GPU", raw)
+        table: dict[str, Decimal] = {}
+        for name, frac in raw.items():
+            k = f"vgpu.table.{name}"
+            if not isinstance(name, str) or not name.strip() or "/" in name:
+                raise self.fail(k, "a vGPU type as in its resource name after nvidia.com/, "
+                                "like NVIDIA_A100-4C", name)
+            table[name] = self.number(frac, k, lo_open=True, hi=Decimal(1))
+        return table
 
     def basis(self, value: object) -> tuple[str, Decimal]:
         sec = self.mapping(value, "basis", ("mode", "usage_weight"))

@@ -28,6 +28,7 @@ _CONFIG_TABLES: Final = {
     "_p_ns": "namespace VARCHAR, team VARCHAR",
     "_p_team_disc": "team VARCHAR, discount DOUBLE",
     "_p_mig_table": "profile VARCHAR, fraction DOUBLE",
+    "_p_vgpu_table": "profile VARCHAR, fraction DOUBLE",
     "_p_eff": "sharing VARCHAR, factor DOUBLE",
     "_p_tiers": "lo DOUBLE, hi DOUBLE, multiplier DOUBLE",
     "_p_idle_weights": "team VARCHAR, weight DOUBLE",
@@ -104,6 +105,7 @@ def _load_config(con: duckdb.DuckDBPyConnection, model: CostModel,
     _insert(con, "_p_ns", [(ns, model.team_for_namespace(ns)) for ns in namespaces])
     _insert(con, "_p_team_disc", [(t, float(d)) for t, d in model.team_discounts.items()])
     _insert(con, "_p_mig_table", [(p, float(f)) for p, f in model.mig_table.items()])
+    _insert(con, "_p_vgpu_table", [(p, float(f)) for p, f in model.vgpu_table.items()])
     _insert(con, "_p_eff", [(m, float(f)) for m, f in model.sharing_efficiency.items()])
     # Tier i covers utilisation in (previous up_to, up_to]; the first starts below 0.
     lows = [-1.0, *(float(t.up_to) for t in model.tiers)][:len(model.tiers)]

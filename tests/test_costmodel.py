@@ -147,7 +147,7 @@ pricing:
      'memory_gb, got unknown key "hourley" (did you mean "hourly"?)'),
     (VALID + "idel: {policy: even}\n",
      'cost-model.yaml: idel: expected a known key: version, currency, pricing, mig, sharing, '
-     'basis, utilization_tiers, teams, discounts, idle, budgets, got unknown key "idel" '
+     'vgpu, basis, utilization_tiers, teams, discounts, idle, budgets, got unknown key "idel" '
      '(did you mean "idle"?)'),
     (VALID + "idle: {policy: proportionate}\n",
      "cost-model.yaml: idle.policy: expected one of separate | proportional | even | weights "
@@ -183,8 +183,13 @@ pricing:
      "cost-model.yaml: mig.table.3g.40gb: expected a number > 0 and <= 1, got 1.5"),
     (VALID + "sharing: {efficiency: {time_slicing: 0.9}}\n",
      "cost-model.yaml: sharing.efficiency.time_slicing: expected a known key: exclusive, mig, "
-     'time-slicing, mps, fractional, got unknown key "time_slicing" (did you mean '
+     'time-slicing, mps, fractional, vgpu, got unknown key "time_slicing" (did you mean '
      '"time-slicing"?)'),
+    (VALID + "vgpu: {table: {nvidia.com/NVIDIA_A100-4C: 0.2}}\n",
+     "cost-model.yaml: vgpu.table.nvidia.com/NVIDIA_A100-4C: expected a vGPU type as in its "
+     'resource name after nvidia.com/, like NVIDIA_A100-4C, got "nvidia.com/NVIDIA_A100-4C"'),
+    (VALID + "vgpu: {table: {NVIDIA_A100-4C: 0}}\n",
+     "cost-model.yaml: vgpu.table.NVIDIA_A100-4C: expected a number > 0 and <= 1, got 0"),
     (VALID + "sharing: {fractional: both}\n",
      "cost-model.yaml: sharing.fractional: expected one of memory | cores | larger, "
      'got "both"'),

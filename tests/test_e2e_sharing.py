@@ -1,8 +1,9 @@
-"""Every sharing mode on one node, end to end with real parts: gpusim/scenarios/sharing.yaml
-simulated through the exporter's code path (real PodResources gRPC server serving device IDs
-by index and DRA dynamic_resources, the real `kubernetes` client watching pods with HAMi and
-gpushare annotations and the DRA driver's ResourceSlices on an API-speaking server), 6 h every
-60 s, backfilled into a real Prometheus, metered over PromQL into DuckDB, priced, reported.
+"""Every sharing mode, end to end with real parts: gpusim/scenarios/sharing.yaml (every
+allocation on one node) and vgpu-host.yaml (a KubeVirt vGPU host) simulated through the
+exporter's code path (real PodResources gRPC server serving device IDs by index, mdev UUIDs and
+DRA dynamic_resources, the real `kubernetes` client watching pods with HAMi and gpushare
+annotations and the DRA driver's ResourceSlices on an API-speaking server), 6 h every 60 s,
+backfilled into a real Prometheus, metered over PromQL into DuckDB, priced, reported.
 
 Hand computation (H100 = 4.00 per device-hour, 6 h = 24.00 per GPU; fractional: memory):
   alpha : whole (GPU 0, device plugin ID "0")                 24.00
@@ -17,8 +18,11 @@ Hand computation (H100 = 4.00 per device-hour, 6 h = 24.00 per GPU; fractional: 
           share-a (GPU 7, gpushare 60 of 80 GiB = 0.75)                              18.00
   idle  : GPU 1 24 - 10.28571 = 13.71429; GPU 2 12; GPU 3 12; GPU 6 6; GPU 7 6 = 49.71429
   fleet : 8 GPUs x 24 = 192.00 = 34.28571 + 24 + 48 + 36 + 49.71429
-By model and sharing mode: exclusive 48, mig 10.28571, time-slicing 36 (12 beta, 24 gamma),
-mps 12, fractional 36.
+vGPU host (2 A100s at the default 1.00 per device-hour, 6 h = 6.00 per GPU; vGPU priced by
+framebuffer share): vm-train A100-20C 20/80 x 6 = 1.50 (ml-research), vm-notebook 1.50 (data),
+vm-infer A100-40C 40/80 x 6 = 3.00 (product); idle 3.00 + 3.00 = 6.00; fleet 12.00.
+By sharing mode: exclusive 48, mig 10.28571, time-slicing 36 (12 beta, 24 gamma), mps 12,
+fractional 36, vgpu 6.
 """
 
 from __future__ import annotations
@@ -37,22 +41,25 @@ from metering.report.cli import main as report_main
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = ROOT / "gpusim" / "scenarios" / "sharing.yaml"
+VGPU_HOST = ROOT / "gpusim" / "scenarios" / "vgpu-host.yaml"
 COST_MODEL = Path(__file__).resolve().parent / "fixtures" / "e2e" / "sharing-cost-model.yaml"
-EXPECTED_TEAMS = {"alpha": 34.28571, "beta": 24.0, "gamma": 48.0, "delta": 36.0}
+EXPECTED_TEAMS = {"alpha": 34.28571, "beta": 24.0, "gamma": 48.0, "delta": 36.0,
+                  "ml-research": 1.5, "data": 1.5, "product": 3.0}
 EXPECTED_MODES = {"exclusive": 48.0, "mig": 10.28571, "time-slicing": 36.0, "mps": 12.0,
-                  "fractional": 36.0}
+                  "fractional": 36.0, "vgpu": 6.0}
 EXPECTED_PODS = {"whole": 24.0, "mig": 10.28571, "ts-a": 6.0, "ts-b": 6.0, "mps-a": 12.0,
                  "dra-one": 24.0, "dra-s1": 12.0, "dra-s2": 12.0, "hami-a": 6.0,
-                 "hami-b": 12.0, "share-a": 18.0}
-EXPECTED_IDLE = 49.71429
-EXPECTED_FLEET = 192.0
+                 "hami-b": 12.0, "share-a": 18.0, "virt-launcher-vm-train": 1.5,
+                 "virt-launcher-vm-notebook": 1.5, "virt-launcher-vm-infer": 3.0}
+EXPECTED_IDLE = 49.71429 + 6.0
+EXPECTED_FLEET = 192.0 + 12.0
 
 
 def test_every_sharing_mode_priced_through_prometheus(tmp_path: Path) -> None:
     start = (datetime.now(UTC) - timedelta(days=2)).replace(minute=0, second=0, microsecond=0)
     end = start + timedelta(hours=6)
     history = tmp_path / "history.om"
-    simulate_history([NODE], start, end, 60.0, history, tmp_path / "sim", Say(0))
+    simulate_history([NODE, VGPU_HOST], start, end, 60.0, history, tmp_path / "sim", Say(0))
     data = tmp_path / "prom-data"
     promserver.backfill(history, data)
     db = tmp_path / "ledger.duckdb"
@@ -73,7 +80,10 @@ def test_every_sharing_mode_priced_through_prometheus(tmp_path: Path) -> None:
             "GROUP BY sharing").fetchall())
     finally:
         con.close()
-    assert grants == {"hami-a": (0.25, 0.6), "hami-b": (0.5, None), "share-a": (0.75, None)}
+    assert grants == {"hami-a": (0.25, 0.6), "hami-b": (0.5, None), "share-a": (0.75, None),
+                      "virt-launcher-vm-train": (0.25, None),
+                      "virt-launcher-vm-notebook": (0.25, None),
+                      "virt-launcher-vm-infer": (0.5, None)}
     assert {p: float(c) for p, c in pods.items()} == pytest.approx(EXPECTED_PODS, abs=1e-5)
     assert {m: float(c) for m, c in modes.items()} == pytest.approx(EXPECTED_MODES, abs=1e-5)
 

@@ -67,12 +67,12 @@ def alloc(con: Any, pod: str, uuid: str, *, ns: str = "research", mig_uuid: str 
           sharing: str = "exclusive", replicas: int = 1, units: float = 1,
           seconds: float = 3600, sm: float | None = 0, mem: float = 0,
           labels: dict[str, str] | None = None, hour: datetime = T0,
-          container: str = "main") -> None:
+          container: str = "main", resource: str = "nvidia.com/gpu") -> None:
     con.execute(
-        "INSERT INTO allocation_hours VALUES (?, 'n1', ?, ?, ?, ?, ?, 'nvidia.com/gpu', ?, ?, ?,"
+        "INSERT INTO allocation_hours VALUES (?, 'n1', ?, ?, ?, ?, ?, ?, ?, ?, ?,"
         " ?, ?, ?, ?)",
-        [hour, ns, pod, container, uuid, mig_uuid, sharing, replicas, units, seconds, mem, sm,
-         labels or {}])
+        [hour, ns, pod, container, uuid, mig_uuid, resource, sharing, replicas, units, seconds,
+         mem, sm, labels or {}])
 
 
 def grant(con: Any, pod: str, uuid: str, memory: float | None, cores: float | None, *,
@@ -693,3 +693,31 @@ def test_a_fractional_grant_is_not_split_by_use(con: Any, tmp_path: Path) -> Non
     assert (got[("science", "g")], got[("science", "t")]) == (d("1"), d("2"))
     assert con.execute("SELECT cost FROM charges WHERE team = 'adjustment'").fetchall() == \
         [(d("1"),)]
+
+
+@pytest.mark.parametrize(("table", "b_cost", "idle_v"), [
+    ("", "1", "0.5"), ("vgpu: {table: {NVIDIA_A100-40C: 0.6}}\n", "1.2", "0.3")])
+def test_vgpu_instances_pay_their_profile_share(con: Any, tmp_path: Path, table: str,
+                                                b_cost: str, idle_v: str) -> None:
+    """A vGPU costs its profile's share of the physical GPU. A100s at 2.00/h. GPU-v: vm-a's
+    virt-launcher holds an A100-20C (framebuffer 20 of 80 GiB: 0.25), vm-b's an A100-40C
+    (0.5), all hour; the GPU's third of a share is idle.
+      framebuffer share (default): a 2.00 x 0.25 = 0.50, b 2.00 x 0.5 = 1.00, idle 0.50.
+      vgpu.table {NVIDIA_A100-40C: 0.6}: b 2.00 x 0.6 = 1.20, a (not listed) 0.50, idle 0.30.
+    GPU-w: a vGPU whose framebuffer share is unknown, one of 2 holders' shares: 1.00, idle
+    1.00. Fleet 4.00."""
+    for uuid in ("GPU-v", "GPU-w"):
+        device(con, uuid, A100)
+    alloc(con, "vm-a", "GPU-v", sharing="vgpu", replicas=2,
+          resource="nvidia.com/NVIDIA_A100-20C")
+    grant(con, "vm-a", "GPU-v", 0.25, None)
+    alloc(con, "vm-b", "GPU-v", sharing="vgpu", replicas=2,
+          resource="nvidia.com/NVIDIA_A100-40C")
+    grant(con, "vm-b", "GPU-v", 0.5, None)
+    alloc(con, "vm-c", "GPU-w", sharing="vgpu", replicas=2,
+          resource="nvidia.com/NVIDIA_A100-10C")
+    result = price(con, model(tmp_path, table))
+    assert charges(con) == {
+        ("science", "vm-a"): d("0.5"), ("science", "vm-b"): d(b_cost),
+        ("idle", "GPU-v"): d(idle_v), ("science", "vm-c"): d("1"), ("idle", "GPU-w"): d("1")}
+    assert result.fleet_cost == d("4")

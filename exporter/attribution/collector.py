@@ -26,6 +26,7 @@ from exporter.attribution.deviceids import (
     FRACTIONAL,
     MIG,
     TIME_SLICING,
+    VGPU,
     DeviceIndex,
     DeviceRef,
     UnknownIds,
@@ -37,6 +38,7 @@ from exporter.attribution.fractional import FractionalGrant
 from exporter.attribution.podresources import Allocation, PodResourcesClient
 from exporter.attribution.podwatch import PodInfo, PodWatch
 from exporter.attribution.resourceslices import ResourceSlice, resource_slice_watch
+from exporter.attribution.vgpu import VgpuInstance, vgpu_instances
 from exporter.core import (
     CycleContext,
     ExporterOptions,
@@ -160,7 +162,8 @@ class AttributionCollector:
         # so GpuAttributionLost (source_up == 0) does not fire for a choice the operator made.
         if self._watch is not None:
             ctx.sources["kubernetes"] = self._watch.status
-        units, holders = self._allocations(allocations, index)
+        vgpus = vgpu_instances(ctx)
+        units, holders, vgpu_grants = self._allocations(allocations, index, vgpus)
         uuids = self._resource_slice_uuids()
         if self._slices is not None:  # off with --no-kubernetes: no series, as for kubernetes
             ctx.sources["resourceslices"] = self._slices.status
@@ -168,6 +171,7 @@ class AttributionCollector:
         watch = self._watch
         fractions = self._fractional(watch.pods.values() if watch is not None else (), index,
                                      units, holders)
+        fractions.update(vgpu_grants)
         pods = PodDirectory(watch.pods if watch is not None else {},
                             watch.by_name if watch is not None else {},
                             watch.by_container if watch is not None else {}, holders)
@@ -185,7 +189,7 @@ class AttributionCollector:
                 sink.add("gpu_container_core_fraction", k.labels(ctx.node), grant.core_fraction,
                          plabels)
         usage, per_process = self._usage(ctx.processes, pods)
-        self._emit_usage(ctx.node, sink, usage)
+        self._emit_usage(ctx.node, sink, usage, frozenset(vgpu_grants))
         for resource in sorted(self.unknown_ids.by_resource):
             sink.add("gpu_exporter_unresolved_device_ids_total", (resource,),
                      self.unknown_ids.by_resource[resource])
@@ -241,7 +245,8 @@ class AttributionCollector:
         return usage, per_process
 
     @staticmethod
-    def _emit_usage(node: str, sink: SampleSink, usage: dict[UsageKey, Usage]) -> None:
+    def _emit_usage(node: str, sink: SampleSink, usage: dict[UsageKey, Usage],
+                    vgpu_holders: frozenset[UsageKey] = frozenset()) -> None:
         ordered = sorted(usage)
         for k in ordered:
             sink.add("gpu_container_memory_used_bytes", k.labels(node), usage[k].memory_bytes,
@@ -249,8 +254,10 @@ class AttributionCollector:
         for k in ordered:
             u = usage[k]
             # SM figures exist per process only outside MIG; an idle holder of a whole GPU
-            # uses 0 of it, while an idle MIG holder's figure is unknown, not 0.
-            if u.processes_with_sm or (u.processes == 0 and not k.mig_uuid):
+            # uses 0 of it, while an idle MIG holder's figure is unknown, not 0, and so is a
+            # vGPU holder's (its VM's processes are out of the host NVML's sight).
+            if u.processes_with_sm or (u.processes == 0 and not k.mig_uuid
+                                       and k not in vgpu_holders):
                 sink.add("gpu_container_sm_utilization_ratio", k.labels(node), u.sm_util,
                          u.labels)
         for k in ordered:
@@ -283,18 +290,33 @@ class AttributionCollector:
             self._replicas_from = None  # IDs may resolve differently now
         return self._index
 
-    def _allocations(self, allocations: Iterable[Allocation], index: DeviceIndex) -> tuple[
-            dict[UnitKey, int], dict[DeviceKey, list[Holder]]]:
+    def _allocations(self, allocations: Iterable[Allocation], index: DeviceIndex,
+                     vgpus: dict[str, VgpuInstance]) -> tuple[
+            dict[UnitKey, int], dict[DeviceKey, list[Holder]], dict[UsageKey, FractionalGrant]]:
+        """Device plugin units per container, the holders of each device, and the vGPU
+        instances held (as grants of their framebuffer share)."""
         units: dict[UnitKey, int] = {}
         holders: dict[DeviceKey, list[Holder]] = {}
+        grants: dict[UsageKey, FractionalGrant] = {}
         for a in allocations:
             if not is_gpu_resource(a.resource, self._overrides):
                 continue
             for device_id in a.device_ids:
+                holder = Holder(a.namespace, a.pod, a.container)
                 refs = index.resolve_all(device_id)
+                vgpu = vgpus.get(device_id.strip().lower()) if not refs else None
+                if vgpu is not None:  # a KubeVirt vGPU: its mdev UUID
+                    k = UnitKey(holder, vgpu.gpu_uuid, "", a.resource, VGPU)
+                    units[k] = units.get(k, 0) + 1
+                    grants[UsageKey(holder, vgpu.gpu_uuid, "")] = FractionalGrant(
+                        holder.container, device_id, a.resource,
+                        memory_fraction=vgpu.framebuffer_fraction)
+                    hs = holders.setdefault((vgpu.gpu_uuid, ""), [])
+                    if holder not in hs:
+                        hs.append(holder)
+                    continue
                 if not refs:
                     self.unknown_ids.report(a.resource, device_id)
-                holder = Holder(a.namespace, a.pod, a.container)
                 for ref in refs:
                     mode = sharing_mode(a.resource, ref, self._overrides)
                     k = UnitKey(holder, ref.uuid, ref.mig_uuid, a.resource, mode)
@@ -302,7 +324,7 @@ class AttributionCollector:
                     hs = holders.setdefault(ref.key, [])
                     if holder not in hs:
                         hs.append(holder)
-        return units, holders
+        return units, holders, grants
 
     def _resource_slice_uuids(self) -> dict[SliceKey, str] | None:
         """Device name → UUID from this node's ResourceSlices; None while they cannot be read

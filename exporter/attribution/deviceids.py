@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 EXCLUSIVE, MIG, TIME_SLICING, MPS = "exclusive", "mig", "time-slicing", "mps"
 FRACTIONAL = "fractional"  # a scheduler's memory / core grant (HAMi, gpushare)
+VGPU = "vgpu"  # an NVIDIA vGPU instance (KubeVirt), a profile's share of the GPU
 
 _REPLICA = re.compile(r"^(?P<base>.+?)::(?P<n>\d+)$")
 _GKE = re.compile(r"^nvidia(?P<index>\d+)(?:/(?P<kind>gi|vgpu)(?P<n>\d+))?$")

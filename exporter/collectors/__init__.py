@@ -10,6 +10,7 @@ from exporter.collectors.gpm import GpmCollector
 from exporter.collectors.mig import MigCollector
 from exporter.collectors.reliability import EccCollector, NvlinkCollector
 from exporter.collectors.throughput import ThroughputCollector
+from exporter.collectors.vgpu import VgpuCollector
 from exporter.collectors.xid import XidCollector
 from exporter.core import Collector, CollectorDeps, CollectorSpec
 
@@ -35,6 +36,8 @@ REGISTRY: tuple[CollectorSpec, ...] = (
                   ThroughputCollector),
     CollectorSpec("mig", True, "MIG instances and their memory", MigCollector),
     CollectorSpec("xid", True, "XID error events from the NVML event set", XidCollector),
+    CollectorSpec("vgpu", True, "NVIDIA vGPU: a guest's licence state, a host's vGPU "
+                  "instances", VgpuCollector),
     CollectorSpec("attribution", True, "pod attribution: GPU allocations (kubelet PodResources) "
                   "and GPU process usage (NVML process list, cgroups, the pod watch)",
                   _attribution),

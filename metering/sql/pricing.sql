@@ -3,7 +3,7 @@
 --
 -- The cost model arrives as session variables (getvariable('gl_*')) and small temp tables that
 -- pricing.py fills from the resolved cost model: _p_models (price per GPU model), _p_ns (team
--- per namespace), _p_team_disc, _p_mig_table, _p_eff, _p_tiers, _p_idle_weights.
+-- per namespace), _p_team_disc, _p_mig_table, _p_vgpu_table, _p_eff, _p_tiers, _p_idle_weights.
 --
 -- Money is integer millionths of the currency ("micros") until the final INSERT, so that
 --   fleet cost = down + charged list amounts + idle      (per device-hour, exactly)
@@ -35,13 +35,16 @@ WITH a AS (
                     getvariable('gl_default_team')) AS team,
            -- device time held while the GPU was up: a GPU that is down cannot be used.
            least(greatest(a.allocated_seconds, 0), 3600 * d.up_frac) / 3600.0 AS held_hours,
-           -- the share of the device (or MIG instance) held: a fractional grant's fraction
-           -- (sharing.fractional picks memory, cores or the larger; the other figure when the
-           -- picked one is absent), else units of replicas: 2 of 4 replicas = 2/4.
-           CASE WHEN gr.fraction IS NOT NULL THEN least(greatest(gr.fraction, 0), 1.0)
+           -- the share of the device (or MIG instance) held: a vGPU type's vgpu.table
+           -- fraction; a fractional grant's or vGPU's fraction (sharing.fractional picks
+           -- memory, cores or the larger, the other figure when the picked one is absent; a
+           -- vGPU has its framebuffer share); else units of replicas: 2 of 4 replicas = 2/4.
+           CASE WHEN vt.fraction IS NOT NULL THEN least(greatest(vt.fraction, 0), 1.0)
+                WHEN gr.fraction IS NOT NULL THEN least(greatest(gr.fraction, 0), 1.0)
                 ELSE least(greatest(a.units, 0) / greatest(a.replicas, 1), 1.0) END AS share,
            -- a priced grant is not split by use with the device's other holders
-           gr.fraction IS NULL AND greatest(a.replicas, 1) > 1 AS shared,
+           gr.fraction IS NULL AND vt.fraction IS NULL AND greatest(a.replicas, 1) > 1
+               AS shared,
            a.mig_uuid <> '' AS is_mig,
            CASE getvariable('gl_split') WHEN 'memory' THEN greatest(a.memory_byte_seconds, 0)
                 WHEN 'sm' THEN greatest(coalesce(a.sm_seconds, 0), 0) ELSE 0 END AS split_w,
@@ -74,9 +77,13 @@ WITH a AS (
                     ELSE greatest(memory_fraction, core_fraction) END AS fraction
         FROM grant_hours
         WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
-    ) gr ON a.sharing = 'fractional' AND gr.hour = a.hour AND gr.namespace = a.namespace
+    ) gr ON a.sharing IN ('fractional', 'vgpu') AND gr.hour = a.hour
+        AND gr.namespace = a.namespace
         AND gr.pod = a.pod AND gr.container = a.container AND gr.uuid = a.uuid
         AND gr.mig_uuid = a.mig_uuid
+    -- a vGPU's type is its resource name after the vendor: nvidia.com/NVIDIA_A100-4C
+    LEFT JOIN _p_vgpu_table vt
+           ON a.sharing = 'vgpu' AND vt.profile = regexp_extract(a.resource, '[^/]+$')
     WHERE a.hour >= getvariable('gl_start') AND a.hour < getvariable('gl_end')
 ), f AS (
     SELECT a.*,

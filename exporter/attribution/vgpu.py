@@ -1,0 +1,49 @@
+"""NVIDIA vGPU instances on a vGPU host, for attributing them to the pods that hold them.
+
+KubeVirt's device plugin hands a virt-launcher pod a vGPU as a device of resource
+`nvidia.com/<vGPU type>` whose ID is the instance's mdev UUID. NVML lists the GPU's active
+instances (nvmlDeviceGetActiveVgpus) with that UUID and the type's framebuffer, so the ID
+resolves to the physical GPU and the instance's share of it (framebuffer over the GPU's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.core import CycleContext
+from exporter.nvmlcall import GpuLost, Reader, text
+
+
+@dataclass(frozen=True)
+class VgpuInstance:
+    gpu_uuid: str  # the physical GPU
+    framebuffer_fraction: float | None  # the type's framebuffer / the GPU's; None: unknown
+
+
+def vgpu_instances(ctx: CycleContext) -> dict[str, VgpuInstance]:
+    """mdev UUID (lower case) -> instance, for every GPU of the node in host_vgpu mode; empty
+    elsewhere (no NVML call is made for other GPUs)."""
+    out: dict[str, VgpuInstance] = {}
+    nv = ctx.nvml
+    if nv is None:
+        return out
+    r = Reader(nv)
+    for gpu in ctx.gpus:
+        static = ctx.static.get(gpu.uuid)
+        if static is None or static.virtualization_mode != "host_vgpu" or gpu.uuid in ctx.lost:
+            continue
+        try:
+            memory = r.call(nv.nvmlDeviceGetMemoryInfo, gpu.handle)
+            total = int(memory.total) if memory is not None else 0
+            for inst in r.call(nv.nvmlDeviceGetActiveVgpus, gpu.handle) or []:
+                mdev = r.call(nv.nvmlVgpuInstanceGetMdevUUID, inst)
+                if not mdev:
+                    continue
+                type_id = r.call(nv.nvmlVgpuInstanceGetType, inst)
+                fb = r.call(nv.nvmlVgpuTypeGetFramebufferSize, type_id) \
+                    if type_id is not None else None
+                frac = min(int(fb) / total, 1.0) if fb is not None and total else None
+                out[text(mdev).strip().lower()] = VgpuInstance(gpu.uuid, frac)
+        except GpuLost:
+            continue  # the device collector reports the lost GPU
+    return out
