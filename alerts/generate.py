@@ -10,6 +10,7 @@ as strings: alerts/ never imports the exporter.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -38,9 +39,10 @@ class Config:
     """Selectors and thresholds of the alerts. A user changes them with an override file
     (`python -m alerts.generate --config my.yaml --out DIR`, docs/runbooks.md "Configuring
     the alerts"), never by editing the generated rule files."""
-    # Label matchers of the exporter's scrape targets (`up{...}`): the job the ServiceMonitor
-    # takes from the Service's gpu-ledger.io/job label, or job_name in a static config. Add
-    # matchers (cluster="a") to scope the alerts; keep the job matcher.
+    # Label matchers added to every selector of the exporter's series in the alerts (`up`,
+    # `gpu_*`, `process_*`): the job the ServiceMonitor takes from the Service's
+    # gpu-ledger.io/job label, or job_name in a static config. Add matchers (namespace="x",
+    # cluster="a") to scope the alerts further; keep the job matcher.
     exporter_selector: str = 'job="gpu-ledger-exporter"'
     gpu_temp_warning_c: float = 85
     gpu_temp_warning_for: str = "5m"
@@ -126,6 +128,27 @@ def new_events(selector: str, window: str) -> str:
             f"or ({selector} unless {selector} offset {window})")
 
 
+# A vector selector of a series the exporter's scrape produces: its own families (gpu_*,
+# process_*) and `up`, not a function call, a recording rule (name:with:colons) or a label in a
+# template or a string.
+_EXPORTER_SELECTOR = re.compile(
+    r'(?<![\w:"$.])((?:gpu|process)_[a-z_]+|up)\b(?:\{([^}]*)\})?(?!\s*\()')
+
+
+def scoped(expr: str, selector: str) -> str:
+    """`expr` with `selector` (Config.exporter_selector) added to every selector of the
+    exporter's series, as a mixin's selectors are: the alerts then see only that scrape job
+    (and cluster, namespace, ... if the selector names them)."""
+    if not selector:
+        return expr
+
+    def add(m: re.Match[str]) -> str:
+        own = m.group(2)
+        return f"{m.group(1)}{{{selector}{', ' + own if own else ''}}}"
+
+    return _EXPORTER_SELECTOR.sub(add, expr)
+
+
 # --- alert annotations -----------------------------------------------------------------------
 
 GPU = "GPU {{ $labels.gpu }} ({{ $labels.model }}, {{ $labels.uuid }}) on node {{ $labels.node }}"
@@ -180,7 +203,6 @@ NOT_OPERATOR = xid_regex(CRITICAL_XIDS + APPLICATION_XIDS)
 def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Alert, ...]], ...]:
     """The alert groups with the selectors and thresholds of `config`."""
     T = config
-    JOB = config.exporter_selector
     DEVICE_ALERTS = (
         Alert("GpuTemperatureHigh", "warning",
               f"gpu_temperature_celsius > {T.gpu_temp_warning_c:g}", T.gpu_temp_warning_for,
@@ -250,7 +272,7 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
               "(\n  max by (cluster, node, gpu, uuid, model, job, instance) "
               f"(max_over_time(gpu_info[{T.gpu_gone_lookback}]))\n"
               "  unless on (node, uuid) gpu_info\n)\n"
-              f"and on (instance) (up{{{JOB}}} == 1)",
+              "and on (instance) (up == 1)",
               T.gpu_gone_for,
               "A GPU vanished from its node",
               f"{GPU} was reported in the last {T.gpu_gone_lookback} but the exporter at "
@@ -317,14 +339,14 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
 
     EXPORTER_ALERTS = (
         Alert("GpuExporterDown", "warning",
-              f"up{{{JOB}}} == 0", T.exporter_down_for,
+              "up == 0", T.exporter_down_for,
               "GPU Ledger exporter is down",
               "Prometheus has failed to scrape the GPU Ledger exporter at "
               "{{ $labels.instance }} for "
               f"{T.exporter_down_for}; "
               "the GPUs of its node are unobserved."),
         Alert("GpuExporterAbsent", "warning",
-              f"absent(up{{{JOB}}})", T.exporter_absent_for,
+              "absent(up)", T.exporter_absent_for,
               "No GPU Ledger exporter is scraped",
               "Prometheus has had no target for job {{ $labels.job }} for "
               f"{T.exporter_absent_for}."),
@@ -356,14 +378,14 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
               "$labels.instance) }}"
               " ({{ (index . 0).Labels.reason }}){{ end }}; no GPU of its node is observed."),
         Alert("GpuExporterMemoryGrowing", "warning",
-              f"process_resident_memory_bytes{{{JOB}}}\n"
+              "process_resident_memory_bytes\n"
               f"  > {T.exporter_memory_growth_ratio} * "
-              f"(process_resident_memory_bytes{{{JOB}}} offset {T.exporter_memory_growth_window})\n"
-              f"and process_resident_memory_bytes{{{JOB}}}\n"
-              f"  - (process_resident_memory_bytes{{{JOB}}} offset "
+              f"(process_resident_memory_bytes offset {T.exporter_memory_growth_window})\n"
+              "and process_resident_memory_bytes\n"
+              "  - (process_resident_memory_bytes offset "
               f"{T.exporter_memory_growth_window}) > {T.exporter_memory_growth_min_bytes}\n"
-              f"and process_start_time_seconds{{{JOB}}}\n"
-              f"  == (process_start_time_seconds{{{JOB}}} offset "
+              "and process_start_time_seconds\n"
+              "  == (process_start_time_seconds offset "
               f"{T.exporter_memory_growth_window})",
               T.exporter_memory_growth_for,
               "GPU Ledger exporter memory keeps growing",
@@ -373,11 +395,13 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
               "a leak will get it OOM-killed."),
     )
 
-    return (
+    groups = (
         ("gpu-ledger.device", DEVICE_ALERTS),
         ("gpu-ledger.reliability", RELIABILITY_ALERTS),
         ("gpu-ledger.exporter", EXPORTER_ALERTS),
     )
+    return tuple((name, tuple(replace(a, expr=scoped(a.expr, config.exporter_selector))
+                              for a in alerts)) for name, alerts in groups)
 
 
 # --- recording rules -------------------------------------------------------------------------
