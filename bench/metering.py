@@ -43,15 +43,16 @@ def _maxrss_mib() -> float:
 
 
 def child_price(db: str) -> dict[str, Any]:
+    from metering import api
     from metering.costmodel import load_cost_model
     from metering.db import connect
-    from metering.pricing import price_period
+    from metering.period import Period, utc_aware
 
     model = load_cost_model(None)
-    con = connect(db)
     t0 = time.perf_counter()
-    r = price_period(con, model, START, END)
+    r = api.price(db, Period(utc_aware(START), utc_aware(END)), model)  # opens the ledger too
     wall = time.perf_counter() - t0
+    con = connect(db)
     teams = con.execute(
         "SELECT team, sum(cost)::VARCHAR FROM charges WHERE sharing NOT IN ('idle', 'down', "
         "'adjustment') GROUP BY team").fetchall()
@@ -64,8 +65,8 @@ def child_price(db: str) -> dict[str, Any]:
 
 
 def child_report(db: str, out: str) -> dict[str, Any]:
+    from metering.period import Month
     from metering.report.cli import FORMATS, file_name, make_report
-    from metering.report.model import Month
     from metering.report.writer import write_files
 
     month = Month.parse(MONTH)
@@ -179,7 +180,7 @@ def signals_for(nodes: int, hours: int, start: datetime) -> tuple[dict[str, Any]
 
 
 def ingest_throughput(nodes: int, hours: int) -> dict[str, Any]:
-    from metering.db import connect
+    from metering.db import connect, transaction
     from metering.facts import delete_hours, write_facts
 
     start = datetime(2026, 9, 1)
@@ -189,10 +190,9 @@ def ingest_throughput(nodes: int, hours: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         con = connect(str(Path(tmp) / "ingest.duckdb"))
         t0 = time.perf_counter()
-        con.execute("BEGIN TRANSACTION")
-        delete_hours(con, start, end)
-        counts = write_facts(con, tables, start, end)
-        con.execute("COMMIT")
+        with transaction(con):
+            delete_hours(con, start, end)
+            counts = write_facts(con, tables, start, end)
         wall = time.perf_counter() - t0
         con.close()
     return {"nodes": nodes, "hours": hours, "signal_points": points, "fact_rows": counts.total,
@@ -275,8 +275,9 @@ class CountingProxy:
 
 def promql_queries(pods: int, start: datetime, end: datetime, step_s: int) -> dict[str, Any]:
     from gpu_ledger.promserver import backfill, running_prometheus
+    from metering import api
     from metering.db import connect
-    from metering.ingest import PrometheusSource, ingest
+    from metering.ingest import PrometheusSource
     from metering.period import Period
     from metering.promclient import PromClient
 
@@ -290,11 +291,13 @@ def promql_queries(pods: int, start: datetime, end: datetime, step_s: int) -> di
         with running_prometheus(Path(tmp) / "data") as url:
             proxy = CountingProxy(url)
             try:
-                con = connect(str(Path(tmp) / "m.duckdb"))
+                ledger = Path(tmp) / "m.duckdb"
                 t0 = time.perf_counter()
-                result = ingest(con, PrometheusSource(PromClient(proxy.url)),
-                                Period(start.replace(tzinfo=UTC), end.replace(tzinfo=UTC)))
+                result = api.meter(ledger, PrometheusSource(PromClient(proxy.url)),
+                                   Period(start.replace(tzinfo=UTC), end.replace(tzinfo=UTC))
+                                   ).ingest
                 wall = time.perf_counter() - t0
+                con = connect(ledger)
                 pods_seen = con.execute(
                     "SELECT count(DISTINCT (namespace, pod)) FROM allocation_hours").fetchone()
                 con.close()

@@ -31,6 +31,11 @@ from exporter.cli import parse_seconds
 from exporter.errors import ConfigError
 from exporter.history import OpenMetricsHistory
 from gpu_ledger import promserver
+from metering.errors import MeteringError
+from metering.ingest import PrometheusSource, Source
+from metering.openmetrics_source import OpenMetricsSource
+from metering.period import Month, Period, PeriodError, utc_aware
+from metering.promclient import PromClient
 
 # The alert and recording rules the demo's Prometheus loads (a source checkout has them).
 RULES_DIR = Path(__file__).resolve().parent.parent / "alerts"
@@ -52,16 +57,6 @@ HISTORY_FAMILIES = (
 )
 
 
-def previous_month(now: datetime) -> str:
-    year, month = (now.year, now.month - 1) if now.month > 1 else (now.year - 1, 12)
-    return f"{year:04d}-{month:02d}"
-
-
-def month_bounds(month: str) -> tuple[datetime, datetime]:
-    year, mon = (int(x) for x in month.split("-"))
-    start = datetime(year, mon, 1, tzinfo=UTC)
-    end = datetime(year + (mon == 12), mon % 12 + 1, 1, tzinfo=UTC)
-    return start, end
 
 
 class Say:
@@ -184,10 +179,21 @@ def live_exporters(scenarios: list[Path], start: float, workdir: Path,
                 s.shutdown()
 
 
-def run_meter(args: list[str]) -> int:
-    from metering.cli_meter import main as meter_main
+def run_meter(source: Source, period: Period, db: Path) -> int:
+    """Meter and price the period through the metering library, as the CronJob would."""
+    from metering import api
+    from metering.costmodel import load_cost_model
 
-    return meter_main(args)
+    def log(text: str) -> None:
+        print(f"    {text}", flush=True)
+
+    try:
+        with contextlib.closing(source):
+            api.meter(db, source, period, cost_model=load_cost_model(None), say=log)
+    except MeteringError as err:
+        print(f"gpu-ledger demo: {err}", file=sys.stderr)
+        return err.code
+    return 0
 
 
 def run_report(args: list[str]) -> int:
@@ -218,10 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def default_month(now: datetime) -> str:
     """Last month, or the one before while last month ended under 3 h ago (backfill limit)."""
-    month = previous_month(now)
-    if month_bounds(month)[1] > now - timedelta(hours=3):
-        month = previous_month(month_bounds(month)[0])
-    return month
+    month = Month(now.year, now.month).previous()
+    if utc_aware(month.end) > now - timedelta(hours=3):
+        month = month.previous()
+    return str(month)
 
 
 def main(argv: list[str]) -> int:
@@ -246,10 +252,11 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     month = args.month or default_month(datetime.now(UTC))
     try:
-        start, end = month_bounds(month)
-    except ValueError:
+        whole = Month.parse(month).period()
+    except PeriodError:
         print(f"gpu-ledger demo: --month: expected YYYY-MM, got {month!r}", file=sys.stderr)
         return 2
+    start, end = whole.start, whole.end
     if args.days is not None:
         end = min(end, start + timedelta(days=args.days))
     if end.timestamp() > time.time() - 3 * 3600:
@@ -303,7 +310,6 @@ def _main(args: argparse.Namespace) -> int:
             print(f"gpu-ledger demo: {err}", file=sys.stderr)
             return 2
         say.note(f"{n:,} samples written to {history_file}")
-        meter_args = ["--month", month, "--db", str(db)]
         if use_prometheus:
             say.step("Backfilling the history into Prometheus with promtool, then serving it "
                      "with the nodes' exporters live")
@@ -317,7 +323,7 @@ def _main(args: argparse.Namespace) -> int:
                          f"{len(rules)} rule files")
                 time.sleep(max(0.0, args.live_seconds))
                 say.step(f"Metering {month} from Prometheus into {db}")
-                rc = run_meter(["--prometheus", url, *meter_args])
+                rc = run_meter(PrometheusSource(PromClient(url)), whole, db)
                 if rc != 0:
                     return rc
                 rc = _report(say, month, db, out)
@@ -329,7 +335,7 @@ def _main(args: argparse.Namespace) -> int:
         else:
             say.step("Skipping Prometheus: metering reads the OpenMetrics file instead")
             say.step(f"Metering {month} from {history_file} into {db}")
-            rc = run_meter(["--openmetrics", str(history_file), *meter_args])
+            rc = run_meter(OpenMetricsSource(str(history_file), whole), whole, db)
             if rc != 0:
                 return rc
             rc = _report(say, month, db, out)

@@ -1,15 +1,16 @@
 """`gpu-ledger cost-model check|show [FILE]`: validate a cost model, or print what it resolves to.
 
-Exit 0 when the file is valid, 1 with the one-line error (file: key: expected, got) otherwise.
+Exit 0 when the file is valid, 4 (a bad input file, docs/operations.md) with the one-line
+error (file: key: expected, got) otherwise; 2 for bad options.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from decimal import Decimal
 
 from metering.costmodel import CostModel, CostModelError, PriceRule, load_cost_model
+from metering.errors import ArgumentParser, ExitCode
 
 
 def _money(value: Decimal, currency: str) -> str:
@@ -74,23 +75,26 @@ def show(model: CostModel, name: str, models: list[str]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gpu-ledger cost-model",
+    parser = ArgumentParser(prog="gpu-ledger cost-model",
                                      description="Check or show a cost model file.")
     sub = parser.add_subparsers(dest="action", required=True)
-    for action, text in (("check", "validate the file; exit 1 with the error if it is bad"),
+    for action, text in (("check", "validate the file; exit 4 with the error if it is bad"),
                          ("show", "print the resolved prices and rules")):
         p = sub.add_parser(action, help=text, description=text)
         p.add_argument("file", nargs="?", help="cost model YAML (default: the packaged one)")
         if action == "show":
             p.add_argument("--model", action="append", default=[], metavar="NAME",
                            help="also show the price a GPU model name resolves to")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2), already printed
+        return int(e.code) if isinstance(e.code, int) else ExitCode.USAGE
     name = args.file or "cost-model.yaml (packaged default)"
     try:
         model = load_cost_model(args.file)
     except CostModelError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        print(f"gpu-ledger cost-model: {e}", file=sys.stderr)
+        return e.code
     if args.action == "check":
         print(summary(model, name))
     else:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gpu_ledger import safeyaml
+from metering.errors import InputError
 
 MICRO: Final = Decimal("0.000001")
 # Names the pricing engine gives its own rows; a team may not be called any of these.
@@ -68,7 +69,7 @@ def _show(value: object) -> str:
     return safeyaml.describe(value, text=json.dumps)
 
 
-class CostModelError(Exception):
+class CostModelError(InputError):
     """A cost model file is malformed.
 
     str() reads like `cost-model.yaml: pricing.gpus[2].hourly: expected a number >= 0, got "abc"`.

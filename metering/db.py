@@ -8,22 +8,46 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
 import duckdb
+
+from metering.errors import ExitCode, InputError
 
 # A DuckDB file starts with an 8-byte checksum, then this magic.
 _MAGIC = b"DUCK"
 _MAGIC_OFFSET = 8
 
 
-class DatabaseError(Exception):
+class DatabaseError(InputError):
     """The metering database cannot be opened. str() names the file and what was wrong."""
 
     def __init__(self, file: str, problem: str) -> None:
         self.file, self.problem = file, problem
         super().__init__(f"{file}: {problem}")
+
+
+class LedgerLocked(DatabaseError):
+    """Another process has the ledger open for writing (DuckDB's file lock): a second run is
+    refused rather than interleaved with the first."""
+
+    code = ExitCode.LOCKED
+
+
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """BEGIN ... COMMIT around the block; any exception (or a kill) leaves the ledger as it
+    was before BEGIN. The one transaction helper of metering."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
 
 
 def schema_sql() -> str:
@@ -91,14 +115,9 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
         rows = con.execute(check).fetchall()  # all: a pending result blocks register()
         if not (rows and rows[0][0]):
             continue
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with transaction(con):
             for sql in statements:
                 con.execute(sql)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
         done += statements
     return done
 
@@ -154,6 +173,11 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
     try:
         con = duckdb.connect(str(p), read_only=read_only, config=_config())
     except duckdb.Error as e:
+        if "Conflicting lock" in str(e) or "Could not set lock" in str(e):
+            holder = re.search(r"PID (\d+)", str(e))
+            raise LedgerLocked(str(p), "in use by another process" + (
+                f" (PID {holder.group(1)})" if holder else "") + ", e.g. a `gpu-ledger meter` "
+                "run; nothing was written: run again when it has finished") from None
         raise DatabaseError(str(p), f"cannot open as a DuckDB database: {_first_line(e)}") \
             from None
     if not read_only:

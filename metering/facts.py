@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from metering.errors import RefusedError
+
 HOUR_S = 3600
 # Grid of the `tlast` subquery: at most the shortest scrape interval metered (docs/metering.md).
 TLAST_STEP_S = 10.0
@@ -35,7 +37,7 @@ ALLOC_COLS = (*CONTAINER_COLS, "resource", "sharing", "replicas", "owner_kind", 
 POD_LABEL_PREFIX = "label_"
 
 
-class FactError(Exception):
+class FactError(RefusedError):
     """The data cannot be turned into facts (bad label values, no sample spacing)."""
 
 

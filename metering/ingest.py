@@ -16,6 +16,8 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from metering.db import transaction
+from metering.errors import ExitCode, MeteringError
 from metering.facts import (
     FAMILIES,
     SIGNALS,
@@ -27,7 +29,7 @@ from metering.facts import (
     write_coverage,
     write_facts,
 )
-from metering.period import HOUR, Period
+from metering.period import Period, utc_naive
 from metering.progress import Progress
 from metering.promclient import PromClient, PromError
 from metering.queryplan import Limits, QueryPlanner
@@ -39,18 +41,25 @@ MAX_CHUNK_HOURS = 10_000
 DEFAULT_CHUNK_HOURS = 72  # a 31-day month: 11 chunks x 17 queries = 187 queries
 
 
-class IngestError(Exception):
-    """A chunk could not be ingested; earlier chunks are committed, this one wrote nothing."""
+class IngestError(MeteringError):
+    """A chunk could not be ingested; earlier chunks are committed, this one wrote nothing.
+    `code` is that of the cause (source, data, usage)."""
 
 
 class Source(Protocol):
+    """Where samples come from (Prometheus, an OpenMetrics file): hourly signals per chunk."""
+
     name: str  # recorded in coverage.source
+    selector: Selector  # only these series are metered
     screened: Screened  # values dropped and foreign series seen, for the run's coverage
 
     @property
     def queries(self) -> int: ...
 
     def fetch(self, chunk: Period) -> dict[str, pa.Table]: ...
+
+    def close(self) -> None:
+        """Release what the source holds (connections, parsed samples); idempotent."""
 
 
 class PrometheusSource:
@@ -75,6 +84,9 @@ class PrometheusSource:
     @property
     def queries(self) -> int:
         return self.client.queries
+
+    def close(self) -> None:
+        """Nothing held between requests: each query opens and closes its connection."""
 
     def _points(self, result: list[dict[str, Any]], spec: SignalSpec, promql: str,
                 chunk: Period) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:
@@ -193,10 +205,6 @@ class IngestResult:
     dropped: int = 0  # values dropped as not plausible (NaN, Inf, not a number, out of range)
 
 
-def _naive(t: datetime) -> datetime:
-    return t.astimezone(UTC).replace(tzinfo=None)
-
-
 def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_CHUNK_HOURS,
            sample_interval: float | None = None, progress: Progress | None = None,
            verbose: bool = False, replace: bool = False, resume: bool = True
@@ -205,9 +213,12 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
     device-hours than the ledger already holds for those hours is refused (nothing written)
     unless `replace`: a Prometheus past its retention or an empty source never wipes a
     metered month. An earlier run of the same source and period that stopped before its end
-    is resumed after its committed chunks unless not `resume` (metering/resume.py)."""
+    is resumed after its committed chunks unless not `resume` (metering/resume.py). A source
+    with no GPU series at all for the period is refused too: chunks without any fact are only
+    written (as hours without data) once some chunk has facts."""
     if not 1 <= chunk_hours <= MAX_CHUNK_HOURS:
-        raise IngestError(f"--chunk: expected 1 to {MAX_CHUNK_HOURS} hours, got {chunk_hours}")
+        raise IngestError(f"--chunk: expected 1 to {MAX_CHUNK_HOURS} hours, got {chunk_hours}",
+                          ExitCode.USAGE)
     chunks = list(period.chunks(chunk_hours))
     progress = progress or Progress(len(chunks), quiet=True)
     result = IngestResult(period, source.name)
@@ -219,6 +230,9 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
         progress.message(f"meter: resuming the run started {began} UTC: {result.resumed} of "
                          f"{len(chunks)} chunk(s) already "
                          "committed, not metered again (--no-resume meters them again)")
+    # Empty chunks (with their dropped values per hour), written once the run has seen a fact.
+    pending: list[tuple[Period, dict[datetime, int]]] = []
+    seen = result.resumed > 0  # some chunk had a fact (an interrupted run's did)
     for i, chunk in enumerate(chunks, 1):
         if result.resumed and journal.committed(chunk):
             continue
@@ -228,39 +242,44 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
             signals = source.fetch(chunk)
         except PromError as exc:
             raise IngestError(f"{where}: {exc}; nothing written for this chunk"
-                              + (f", {i - 1} earlier chunk(s) kept" if i > 1 else "")) from None
-        start, end = _naive(chunk.start), _naive(chunk.end)
-        con.execute("BEGIN TRANSACTION")
+                              + (f", {i - 1} earlier chunk(s) kept" if i > 1 else ""),
+                              exc.code) from None
+        start, end = chunk.naive()
         try:
-            held = con.execute("SELECT count(*) FROM device_hours WHERE hour >= $s AND "
-                               "hour < $e", {"s": start, "e": end}).fetchall()[0][0]
-            delete_hours(con, start, end)
-            counts = write_facts(con, signals, start, end, sample_interval)
-            if counts.device_hours < held and not replace:
-                raise FactError(
-                    f"the source has {counts.device_hours} device-hours where the ledger holds "
-                    f"{held}; metering would lose {held - counts.device_hours} (pass --replace "
-                    "to overwrite them with what the source has)")
             first = int(chunk.start.timestamp())
-            dropped = {_naive(datetime.fromtimestamp(h, UTC)): n for h, n in
+            dropped = {utc_naive(datetime.fromtimestamp(h, UTC)): n for h, n in
                        source.screened.dropped_in(first, int(chunk.end.timestamp())).items()}
-            empty = write_coverage(con, start, end, source.name,
-                                   datetime.now(UTC).replace(tzinfo=None),
-                                   duplicates=counts.duplicates, dropped=dropped)
-            journal.record(con, chunk)
-            con.execute("COMMIT")
+            with transaction(con):
+                held = con.execute("SELECT count(*) FROM device_hours WHERE hour >= $s AND "
+                                   "hour < $e", {"s": start, "e": end}).fetchall()[0][0]
+                delete_hours(con, start, end)
+                counts = write_facts(con, signals, start, end, sample_interval)
+                if counts.device_hours < held and not replace:
+                    raise FactError(
+                        f"the source has {counts.device_hours} device-hours where the ledger "
+                        f"holds {held}; metering would lose {held - counts.device_hours} (pass "
+                        "--replace to overwrite them with what the source has)")
+                if counts.total == 0 and not seen:
+                    raise _Empty  # nothing seen yet: maybe a source without GPU series
+                result.empty_hours += write_coverage(
+                    con, start, end, source.name, _now(), duplicates=counts.duplicates,
+                    dropped=dropped)
+                journal.record(con, chunk)
+        except _Empty:
+            pending.append((chunk, dropped))
         except FactError as exc:
-            con.execute("ROLLBACK")
-            raise IngestError(f"{where}: {exc}; nothing written for this chunk") from None
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
+            raise IngestError(f"{where}: {exc}; nothing written for this chunk", exc.code
+                              ) from None
+        else:
+            seen = True
+            for empty, lost in pending:  # the run has facts: the empty chunks before are gaps
+                _write_empty(con, empty, source.name, result, journal, lost)
+            pending.clear()
         result.chunks += 1
+        result.dropped += sum(dropped.values())
         for table in result.rows:
             result.rows[table] += getattr(counts, table)
-        result.empty_hours += empty
         result.duplicate_seconds += counts.duplicate_seconds
-        result.dropped += sum(dropped.values())
         result.spacing = counts.spacing
         result.queries = source.queries
         if verbose:
@@ -269,16 +288,27 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
                              f"{counts.total} fact rows, sample interval {spacing}")
         progress.chunk_done(chunk.label(), f"{counts.total} fact rows", counts.total,
                             "fact rows")
+    if pending:
+        raise IngestError(
+            f"{source.name}: no GPU Ledger series (gpu_up, gpu_container_allocation, ...) for "
+            f"{period.label()}; nothing written (a Prometheus past its retention, the wrong "
+            "URL or file, or an exporter not scraped?)", ExitCode.REFUSED)
     journal.finish(con)
     return result
 
 
-def hour_ranges(hours: list[datetime]) -> list[tuple[datetime, datetime]]:
-    """Consecutive hours merged into [first, last+1h) ranges, for naming gaps."""
-    ranges: list[tuple[datetime, datetime]] = []
-    for h in sorted(hours):
-        if ranges and ranges[-1][1] == h:
-            ranges[-1] = (ranges[-1][0], h + HOUR)
-        else:
-            ranges.append((h, h + HOUR))
-    return ranges
+class _Empty(Exception):
+    """A chunk without any fact while the run has seen none: rolled back, decided later."""
+
+
+def _now() -> datetime:
+    return utc_naive(datetime.now(UTC))
+
+
+def _write_empty(con: Any, chunk: Period, source: str, result: IngestResult,
+                 journal: Journal, dropped: dict[datetime, int]) -> None:
+    start, end = chunk.naive()
+    with transaction(con):
+        delete_hours(con, start, end)
+        result.empty_hours += write_coverage(con, start, end, source, _now(), dropped=dropped)
+        journal.record(con, chunk)

@@ -17,6 +17,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from metering.errors import InputError
 from metering.facts import FAMILIES, SIGNALS, VALUE_RANGE, build_signal
 from metering.period import Period
 from metering.selector import DEFAULT_SELECTOR, Screened, Selector
@@ -26,7 +27,7 @@ _UNESCAPE = re.compile(r"\\(.)")
 _ESCAPES = {"n": "\n", "\\": "\\", '"': '"'}
 
 
-class OpenMetricsError(Exception):
+class OpenMetricsError(InputError):
     """The file is unreadable or a line is not an OpenMetrics sample."""
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from functools import cache
 from importlib import resources
@@ -20,6 +20,8 @@ from typing import Any, Final
 import duckdb
 
 from metering.costmodel import MICRO, CostModel
+from metering.db import transaction
+from metering.period import Period, utc_aware, utc_naive
 from metering.progress import Progress
 
 # Temp tables that carry the resolved cost model into SQL; see the header of pricing.sql.
@@ -75,11 +77,6 @@ def statements() -> dict[str, str]:
     text = (resources.files("metering") / "sql" / "pricing.sql").read_text(encoding="utf-8")
     parts = re.split(r"^-- name: (\w+)\s*$", text, flags=re.MULTILINE)
     return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
-
-
-def _utc_naive(t: datetime) -> datetime:
-    """Facts store naive UTC timestamps; accept aware datetimes too."""
-    return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo is not None else t
 
 
 def _load_config(con: duckdb.DuckDBPyConnection, model: CostModel,
@@ -140,14 +137,6 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str,
 SLICE_HOURS: Final = 168
 
 
-def _slices(start: datetime, end: datetime, hours: int) -> list[tuple[datetime, datetime]]:
-    out, t, step = [], start, timedelta(hours=hours)
-    while t < end:
-        out.append((t, min(t + step, end)))
-        t += step
-    return out
-
-
 def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                  start: datetime, end: datetime,
                  slice_hours: int = SLICE_HOURS,
@@ -161,7 +150,7 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
     """
     if slice_hours < 1:
         raise ValueError(f"pricing slice: expected at least 1 hour, got {slice_hours}")
-    start, end = _utc_naive(start), _utc_naive(end)
+    start, end = utc_naive(start), utc_naive(end)
     if end <= start:
         raise ValueError(f"pricing period: expected start before end, got {start} .. {end}")
     sql = statements()
@@ -170,32 +159,29 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
     row = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
     keep_order = bool(row[0]) if row is not None else True
     con.execute("SET preserve_insertion_order = false")
-    con.execute("BEGIN TRANSACTION")
     try:
-        defaults = _load_config(con, model, start, end)
-        sums: list[Any] = [0] * 10  # the `totals` row, summed over slices
-        orphans = 0
-        slices = _slices(start, end, slice_hours)
-        if progress is not None:
-            progress.total = len(slices)
-        for lo, hi in slices:
-            con.execute("SET VARIABLE gl_start = ?", [lo])
-            con.execute("SET VARIABLE gl_end = ?", [hi])
-            for step in _STEPS:
-                con.execute(sql[step])
-            row = con.execute(sql["totals"]).fetchone()
-            assert row is not None
-            sums = [a + b for a, b in zip(sums, row, strict=True)]
-            orphan_row = con.execute(sql["orphans"]).fetchone()
-            assert orphan_row is not None
-            orphans += int(orphan_row[0])
+        with transaction(con):
+            defaults = _load_config(con, model, start, end)
+            sums: list[Any] = [0] * 10  # the `totals` row, summed over slices
+            orphans = 0
+            slices = list(Period(utc_aware(start), utc_aware(end)).chunks(slice_hours))
             if progress is not None:
-                progress.chunk_done(f"{lo:%Y-%m-%dT%H:%MZ} .. {hi:%Y-%m-%dT%H:%MZ}",
-                                    f"{int(row[9])} charge rows", int(row[9]), "charge rows")
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+                progress.total = len(slices)
+            for piece in slices:
+                lo, hi = piece.naive()
+                con.execute("SET VARIABLE gl_start = ?", [lo])
+                con.execute("SET VARIABLE gl_end = ?", [hi])
+                for step in _STEPS:
+                    con.execute(sql[step])
+                row = con.execute(sql["totals"]).fetchone()
+                assert row is not None
+                sums = [a + b for a, b in zip(sums, row, strict=True)]
+                orphan_row = con.execute(sql["orphans"]).fetchone()
+                assert orphan_row is not None
+                orphans += int(orphan_row[0])
+                if progress is not None:
+                    progress.chunk_done(piece.label(), f"{int(row[9])} charge rows",
+                                        int(row[9]), "charge rows")
     finally:
         for table in (*_WORK_TABLES, *_CONFIG_TABLES):
             con.execute(f"DROP TABLE IF EXISTS {table}")

@@ -25,13 +25,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from metering.errors import SourceError
+
 # Statuses worth another try: the server or a proxy in front of it is overloaded or restarting.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # One answer larger than this is refused: a 72-hour chunk of 100,000 series is ~40 MiB.
 MAX_BODY = 1 << 30
 
 
-class PromError(Exception):
+class PromError(SourceError):
     """Prometheus could not answer, or the URL is not a Prometheus API."""
 
 

@@ -18,15 +18,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from metering.period import Period
-
-
-def _naive(t: datetime) -> datetime:
-    return t.astimezone(UTC).replace(tzinfo=None)
+from metering.period import Period, utc_naive
 
 
 def _now() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
+    return utc_naive(datetime.now(UTC))
 
 
 @dataclass
@@ -41,7 +37,7 @@ class Journal:
     def begin(cls, con: Any, source: str, period: Period, resume: bool = True) -> Journal:
         """Take over the latest unfinished run of this source and period (if `resume`), else
         record a new one. Committed before the first chunk."""
-        start, end = _naive(period.start), _naive(period.end)
+        start, end = period.naive()
         row = con.execute(
             "SELECT run_id, started_at, finished_at FROM ingest_runs WHERE source = $src AND "
             "period_start = $s AND period_end = $e ORDER BY started_at DESC, run_id DESC "
@@ -61,7 +57,7 @@ class Journal:
 
     def committed(self, chunk: Period) -> bool:
         """Whether the interrupted run committed every hour of `chunk`."""
-        start, end = _naive(chunk.start), _naive(chunk.end)
+        start, end = chunk.naive()
         cur = start
         for a, b in self.done:  # sorted by start; chunks of one run never overlap
             if a <= cur < b:
@@ -73,7 +69,7 @@ class Journal:
     def record(self, con: Any, chunk: Period) -> None:
         """Inside the chunk's transaction: it is committed exactly when its facts are."""
         con.execute("INSERT INTO ingest_chunks VALUES ($r, $s, $e, $now)",
-                    {"r": self.run_id, "s": _naive(chunk.start), "e": _naive(chunk.end),
+                    {"r": self.run_id, "s": utc_naive(chunk.start), "e": utc_naive(chunk.end),
                      "now": _now()})
 
     def finish(self, con: Any) -> None:

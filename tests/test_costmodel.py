@@ -275,18 +275,18 @@ def test_cli_check_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "'NVIDIA A100-PCIE-40GB' -> pricing.gpus[1]: 0.737976 USD/h" in out
     assert "capital 0.570776" in out and "energy 0.067200" in out
     bad = write(tmp_path, VALID.replace("hourly: 3", "hourly: abc"), "bad.yaml")
-    assert cli_costmodel.main(["check", str(bad)]) == 1
+    assert cli_costmodel.main(["check", str(bad)]) == 4
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == f'error: {bad}: pricing.gpus[2].hourly: expected a number >= 0 ' \
-        'and <= 1000000, got "abc"\n'
+    assert captured.err == (f'gpu-ledger cost-model: {bad}: pricing.gpus[2].hourly: expected a '
+                            'number >= 0 and <= 1000000, got "abc"\n')
 
 
 def test_console_script_exit_codes(tmp_path: Path) -> None:
     bad = write(tmp_path, "pricing: {default: {hourly: 1}}\nidle: {policy: nope}\n")
     run = subprocess.run([sys.executable, "-m", "gpu_ledger.cli", "cost-model", "check",
                           str(bad)], capture_output=True, text=True, check=False)
-    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.returncode == 4 and "Traceback" not in run.stderr
     assert "idle.policy: expected one of" in run.stderr
     run = subprocess.run([sys.executable, "-m", "gpu_ledger.cli", "cost-model", "check"],
                          capture_output=True, text=True, check=False)
@@ -319,9 +319,9 @@ DERIVED = ("pricing:\n  default:\n    derived: {{purchase_price: {price}, deprec
 def test_out_of_range_fails_check_not_pricing(tmp_path: Path, text: str, message: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path, text)
-    assert cli_costmodel.main(["check", str(path)]) == 1
+    assert cli_costmodel.main(["check", str(path)]) == 4
     err = capsys.readouterr().err
-    assert err == f"error: {path}: {message}\n"
+    assert err == f"gpu-ledger cost-model: {path}: {message}\n"
 
 
 def test_yaml_1_2_exponents_are_numbers(tmp_path: Path) -> None:

@@ -80,18 +80,18 @@ def test_price_only_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_price_only_needs_a_database_with_facts(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "m.duckdb"
-    assert main(["--price-only", *DAY, "--db", str(db)]) == 1
+    assert main(["--price-only", *DAY, "--db", str(db)]) == 4
     err = capsys.readouterr().err
     assert f"{db}: expected a metering database written by `gpu-ledger meter`" in err
     assert not db.exists()  # not created empty
     connect(db).close()
-    assert main(["--price-only", *DAY, "--db", str(db)]) == 1
+    assert main(["--price-only", *DAY, "--db", str(db)]) == 6
     err = capsys.readouterr().err
     assert "expected facts for 2026-10-05T00:00Z .. 2026-10-06T00:00Z, found none" in err
     assert "gpu-ledger meter --prometheus URL --from 2026-10-05 --to 2026-10-06" in err
     bad = tmp_path / "bad.yaml"
     bad.write_text("pricing: [\n")
-    assert main(["--price-only", *DAY, "--db", str(db), "--cost-model", str(bad)]) == 1
+    assert main(["--price-only", *DAY, "--db", str(db), "--cost-model", str(bad)]) == 4
     err = capsys.readouterr().err
     assert str(bad) in err and "Traceback" not in err
 
@@ -111,7 +111,7 @@ def test_corrupt_database_is_refused_and_untouched(fleet_om_file: Path, tmp_path
     digest = hashlib.sha256(db.read_bytes()).hexdigest()
     rc = main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db), "--no-price"])
     err = capsys.readouterr().err
-    assert rc == 1
+    assert rc == 4
     assert f"{db}: expected a DuckDB database file" in err and "Traceback" not in err
     assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.duckdb"]
@@ -124,13 +124,13 @@ def test_bad_cost_model_fails_before_ingest(fleet_om_file: Path, tmp_path: Path,
     rc = main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(tmp_path / "m.duckdb"),
                "--cost-model", str(model)])
     err = capsys.readouterr().err
-    assert rc == 1 and str(model) in err and "Traceback" not in err
+    assert rc == 4 and str(model) in err and "Traceback" not in err
     assert not (tmp_path / "m.duckdb").exists()
 
 
 @pytest.mark.parametrize(("args", "code", "message"), [
     (["--basic-auth", "no-colon"], 2, "--basic-auth: expected USER:PASS"),
-    (["--bearer-token-file", "/nonexistent/token"], 1, "/nonexistent/token: cannot read"),
+    (["--bearer-token-file", "/nonexistent/token"], 4, "/nonexistent/token: cannot read"),
     (["--chunk", "0"], 2, "--chunk: expected a whole number"),
     (["--sample-interval", "-5"], 2, "--sample-interval: expected seconds"),
     (["--timeout", "abc"], 2, "invalid float value"),
@@ -149,7 +149,7 @@ def test_bad_openmetrics_file_is_an_error(tmp_path: Path,
     om.write_text('gpu_up{uuid="GPU-1"} 1\n')
     rc = main(["--openmetrics", str(om), *DAY, "--db", str(tmp_path / "m.duckdb")])
     err = capsys.readouterr().err
-    assert rc == 1 and f"{om}:1: expected" in err
+    assert rc == 4 and f"{om}:1: expected" in err
 
 
 def test_progress_bar_on_a_terminal_and_lines_elsewhere() -> None:
@@ -187,15 +187,18 @@ def test_rerun_from_a_poorer_source_refuses_unless_replace(
     capsys.readouterr()
     rc = main(["--openmetrics", str(empty), *DAY, "--db", str(db), "-q"])
     err = capsys.readouterr().err
-    assert rc == 1 and "would lose 144" in err and "--replace" in err
+    assert rc == 6 and "would lose 144" in err and "--replace" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     con = connect(db, read_only=True)
     assert con.execute("SELECT count(*) FROM device_hours").fetchone() == (144,)
     assert con.execute("SELECT count(*), sum(cost) FROM charges").fetchone() == before
     con.close()
-    assert main(["--openmetrics", str(empty), *DAY, "--db", str(db), "-q", "--replace"]) == 0
+    # A source with no GPU series at all is refused even with --replace: nothing to replace with.
+    rc = main(["--openmetrics", str(empty), *DAY, "--db", str(db), "-q", "--replace"])
+    err = capsys.readouterr().err
+    assert rc == 6 and "no GPU Ledger series" in err and len(err.strip().splitlines()) == 1
     con = connect(db, read_only=True)
-    assert con.execute("SELECT count(*) FROM device_hours").fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM device_hours").fetchone() == (144,)
     con.close()
 
 

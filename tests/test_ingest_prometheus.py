@@ -139,7 +139,7 @@ def test_prometheus_down_mid_period_keeps_earlier_chunks(fleet_prom_url: str, tm
         rc = main(["--prometheus", url, *DAY_ARGS, "--db", str(db), "--chunk", "8",
                    "--retries", "2", "--retry-delay", "0.01", "--no-price", "--quiet"])
     err = capsys.readouterr().err
-    assert rc == 1
+    assert rc == 5  # the source could not be read
     assert "chunk 2/3 (2026-10-05T08:00Z .. 2026-10-05T16:00Z)" in err
     assert "HTTP 503" in err and "nothing written for this chunk" in err
     assert "1 earlier chunk(s) kept" in err and "Traceback" not in err
@@ -176,5 +176,5 @@ def test_url_that_is_not_prometheus(tmp_path: Path, capsys: pytest.CaptureFixtur
         rc = main(["--prometheus", url, *DAY_ARGS, "--db", str(tmp_path / "m.duckdb"),
                    "--no-price", "--quiet"])
     err = capsys.readouterr().err
-    assert rc == 1 and "does not look like the Prometheus HTTP API" in err
+    assert rc == 5 and "does not look like the Prometheus HTTP API" in err
     assert "Traceback" not in err

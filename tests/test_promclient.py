@@ -323,5 +323,5 @@ def test_meter_never_prints_the_password(tmp_path: Path,
                "2026-10-05T00:00", "--to", "2026-10-05T01:00", "--db",
                str(tmp_path / "m.duckdb"), "--retries", "0", "-v"])
     err = capsys.readouterr().err
-    assert rc == 1 and "cannot connect" in err
+    assert rc == 5 and "cannot connect" in err
     assert "Hunter2" not in err and "meter@" not in err.replace("meter:***@", "")

@@ -161,6 +161,6 @@ def test_one_node_hour_over_the_limit_is_a_one_line_error(
         rc = main(["--prometheus", url, *DAY_ARGS, "--db", str(tmp_path / "m.duckdb"),
                    "--retries", "0", "-q"])
     err = capsys.readouterr().err
-    assert rc == 1 and "Traceback" not in err
+    assert rc == 5 and "Traceback" not in err
     assert "maxSamplesPerQuery" in err and "raise the limit" in err
     assert len(err.strip().splitlines()) == 1

@@ -61,7 +61,7 @@ def test_empty_month_is_an_error_not_an_empty_report(
     """Issue 13: `report --month 2030-01` wrote empty reports and exited 0."""
     db = tmp_path / "empty.duckdb"
     connect(db).close()
-    assert run("--db", str(db), "--out", str(tmp_path / "out")) == 1
+    assert run("--db", str(db), "--out", str(tmp_path / "out")) == 6
     err = capsys.readouterr().err
     assert "no metered data for 2026-10" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
@@ -131,12 +131,12 @@ def test_bad_options(
 
 def test_missing_or_foreign_database(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nope.duckdb"
-    assert run("--db", str(missing)) == 2
+    assert run("--db", str(missing)) == 4
     assert f"{missing}: expected an existing DuckDB database file" in capsys.readouterr().err
     assert not missing.exists()
     foreign = tmp_path / "other.duckdb"
     duckdb.connect(str(foreign)).close()
-    assert run("--db", str(foreign)) == 2
+    assert run("--db", str(foreign)) == 4
     assert "expected a GPU Ledger metering database" in capsys.readouterr().err
 
 
@@ -151,12 +151,12 @@ def test_cost_model_must_be_the_one_charges_were_priced_with(
     assert f"{same} (hash {HASH})" in capsys.readouterr().out
     changed = tmp_path / "changed.yaml"
     changed.write_bytes(default_path().read_bytes() + b"\n# edited\n")
-    assert run("--db", str(db), "--out", str(out), "--cost-model", str(changed)) == 2
+    assert run("--db", str(db), "--out", str(out), "--cost-model", str(changed)) == 6
     err = capsys.readouterr().err
     assert f"priced with cost model {HASH}" in err and "re-price the month" in err
     broken = tmp_path / "broken.yaml"
     broken.write_text("currency: dollars\n")
-    assert run("--db", str(db), "--cost-model", str(broken)) == 2
+    assert run("--db", str(db), "--cost-model", str(broken)) == 4
     assert f"{broken}: currency: expected a three-letter ISO 4217 code" in capsys.readouterr().err
 
 
@@ -168,7 +168,7 @@ def test_month_priced_with_two_cost_models_is_refused(
     insert_charges(con, [charge("2026-10-09 00:00", "x", "n", "p", "GPU-7", "H100", "exclusive",
                                 1, 4, 1, 1, "4", cost_model_hash="f" * 64)])  # fmt: skip
     con.close()
-    assert run("--db", str(db), "--out", str(tmp_path / "out")) == 1
+    assert run("--db", str(db), "--out", str(tmp_path / "out")) == 6
     assert "priced with 2 different cost models" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -194,7 +194,7 @@ def _ingested_not_priced(db: Path) -> None:
 def test_report_never_prices_pricing_is_an_explicit_step(tmp_path: Path) -> None:
     db, out = tmp_path / "m.duckdb", tmp_path / "out"
     _ingested_not_priced(db)
-    assert run("--db", str(db), "--out", str(out), "--format", "md") == 1
+    assert run("--db", str(db), "--out", str(out), "--format", "md") == 6
     con = connect(db, read_only=True)
     assert con.execute("SELECT count(*) FROM charges").fetchone() == (0,)  # read only
     con.close()
@@ -213,7 +213,7 @@ def test_ingested_month_without_pricing_says_what_to_run(
 ) -> None:
     db = tmp_path / "m.duckdb"
     _ingested_not_priced(db)
-    assert run("--db", str(db), "--out", str(tmp_path / "out")) == 1
+    assert run("--db", str(db), "--out", str(tmp_path / "out")) == 6
     err = capsys.readouterr().err
     assert "2026-10 has GPU usage but no charges" in err
     assert f"gpu-ledger meter --price-only --month 2026-10 --db {db}" in err
@@ -228,7 +228,7 @@ def test_re_pricing_advice_is_a_command_that_works(
     assert run("--db", str(db), "--out", str(out), "--format", "csv") == 0  # default model
     changed = tmp_path / "changed.yaml"
     changed.write_bytes(default_path().read_bytes() + b"\n# edited\n")
-    assert run("--db", str(db), "--out", str(out), "--cost-model", str(changed)) == 2
+    assert run("--db", str(db), "--out", str(out), "--cost-model", str(changed)) == 6
     advice = re.search(r"\((gpu-ledger meter [^)]*)\)", capsys.readouterr().err)
     assert advice is not None
     command = shlex.split(advice.group(1))

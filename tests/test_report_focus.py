@@ -19,11 +19,11 @@ from test_report_fixtures import insert_coverage
 
 from metering.costmodel import load_cost_model
 from metering.db import connect
+from metering.period import Month
 from metering.pricing import price_period
 from metering.report import focus
 from metering.report.cli import main as report_main
 from metering.report.cli import make_report
-from metering.report.model import Month
 
 D = Decimal
 H100 = "NVIDIA H100 80GB HBM3"

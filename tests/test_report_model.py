@@ -18,8 +18,9 @@ from test_report_fixtures import (
 )
 
 from metering.db import connect
+from metering.period import HourRange, Month, hour_ranges
 from metering.report import fmt
-from metering.report.model import CostModelInfo, HourRange, Month, Report, build_report, hour_ranges
+from metering.report.model import CostModelInfo, Report, build_report
 
 D = Decimal
 INFO = CostModelInfo("cost-model.yaml", HASH, "USD")

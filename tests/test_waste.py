@@ -15,8 +15,8 @@ from test_report_fixtures import insert_coverage
 
 from metering.costmodel import load_cost_model
 from metering.db import connect
+from metering.period import Month
 from metering.pricing import price_period
-from metering.report.model import Month
 from metering.waste import Kind, Recommendation, Settings, mig_fraction, recommend, units_for
 
 D = Decimal

@@ -1,29 +1,42 @@
 """`gpu-ledger report`: write the monthly chargeback report from priced charges.
 
-Exit status: 0 report written, 1 the report could not be made or written (nothing changed),
-2 bad options or input files, 3 (with --check-budgets) the report was written and a team is
-over its monthly budget.
+Exit status (`metering.errors.ExitCode`, the table in docs/operations.md): 0 report written,
+1 files could not be written (nothing changed), 2 bad options, 3 (with --check-budgets) the
+report was written and a team is over its monthly budget, 4 a bad cost model or ledger file,
+6 the month is not metered or not priced (or priced with another cost model), 7 the ledger is
+being written by another run.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import sys
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+
+import duckdb
 
 import metering
 from metering import waste
+from metering.costmodel import CostModel, load_cost_model
+from metering.db import connect
+from metering.errors import (
+    ArgumentParser,
+    ExitCode,
+    InputError,
+    MeteringError,
+    RefusedError,
+    UsageError,
+)
+from metering.period import Month
 from metering.progress import Progress
 from metering.report import focus, model
 from metering.report.csvout import render_csv
 from metering.report.html import render_html
 from metering.report.markdown import render_markdown
-from metering.report.model import CostModelInfo, Month, Report
+from metering.report.model import CostModelInfo, Report
 from metering.report.parquetout import render_parquet
 from metering.report.terminal import render_summary
 from metering.report.writer import write_files
@@ -45,15 +58,7 @@ ON_REQUEST: dict[str, list[tuple[str, Callable[[Report], bytes]]]] = {
 }
 
 
-BUDGET_EXCEEDED = 3  # exit status of --check-budgets when a team is over budget
-
-
-class ReportError(Exception):
-    """The report cannot be made; str() says why and what to do. `code` is the exit status."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
+BUDGET_EXCEEDED = ExitCode.OVER_BUDGET  # --check-budgets: a team is over budget
 
 
 def file_name(month: Month, fmt: str) -> str:
@@ -61,7 +66,7 @@ def file_name(month: Month, fmt: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="gpu-ledger report",
         description="Write the monthly GPU chargeback report (CSV, Parquet, Markdown, HTML) "
         "from the charges in the metering database.",
@@ -110,40 +115,10 @@ def _formats(values: list[str] | None) -> list[str]:
         for name in (v.strip().lower() for v in value.split(",")):
             if name not in FORMATS and name not in ON_REQUEST:
                 known = ",".join([*FORMATS, *ON_REQUEST])
-                raise ReportError(f"--format: expected some of {known}, got {name!r}", 2)
+                raise UsageError(f"--format: expected some of {known}, got {name!r}")
             if name not in chosen:
                 chosen.append(name)
     return chosen
-
-
-def _optional(module: str) -> Any:
-    """A sibling module written by another part of metering, or None while it is absent."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name == module:
-            return None
-        raise
-
-
-def _load_cost_model(path: str | None) -> Any:
-    costmodel = _optional("metering.costmodel")
-    if costmodel is None:
-        if path is not None:
-            raise ReportError("--cost-model: metering.costmodel is not installed", 2)
-        return None
-    try:
-        return costmodel.load_cost_model(path)
-    except costmodel.CostModelError as e:
-        raise ReportError(str(e), 2) from None
-
-
-def _connect(path: str, read_only: bool) -> Any:
-    db = importlib.import_module("metering.db")
-    try:
-        return db.connect(path, read_only=read_only)
-    except db.DatabaseError as e:
-        raise ReportError(str(e), 2) from None
 
 
 def meter_command(month: Month, db_path: str, cost_model: str | None = None) -> str:
@@ -153,32 +128,29 @@ def meter_command(month: Month, db_path: str, cost_model: str | None = None) -> 
 
 
 def _cost_model_info(
-    month: Month, hashes: list[str], given: str | None, cm: Any, db_path: str
+    month: Month, hashes: list[str], given: str | None, cm: CostModel, db_path: str
 ) -> CostModelInfo:
     """Which cost model the report states: the one the charges were priced with."""
     if len(hashes) > 1:
-        raise ReportError(
+        raise RefusedError(
             f"charges for {month} were priced with {len(hashes)} different cost models "
             f"({', '.join(h[:12] for h in hashes)}): re-price the month with one cost model "
             f"({meter_command(month, db_path)}) before reporting it"
         )
-    if cm is None:
-        return CostModelInfo("", hashes[0] if hashes else "", "")
     name = given if given is not None else PACKAGED_MODEL
     if not hashes or hashes[0] == cm.hash:
         return CostModelInfo(name, str(cm.hash), str(cm.currency))
     if given is not None:
-        raise ReportError(
+        raise RefusedError(
             f"{given}: charges for {month} were priced with cost model {hashes[0]}, but this "
             f"file has hash {cm.hash}; re-price the month with it "
-            f"({meter_command(month, db_path, given)}) or leave out --cost-model",
-            2,
+            f"({meter_command(month, db_path, given)}) or leave out --cost-model"
         )
     # Priced with a file we cannot name: state the hash the charges carry, and no file.
     return CostModelInfo("", hashes[0], "")
 
 
-def price_lookup(cm: Any) -> model.PriceLookup:
+def price_lookup(cm: CostModel) -> model.PriceLookup:
     """The report's view of a cost model's prices: rate, the entry that set it, fallback."""
     rules = {r.key: r for r in (cm.default_price, *cm.gpus)}
 
@@ -202,34 +174,31 @@ def make_report(
     db_path: str, month: Month, cost_model_path: str | None, top: int, charge_days: bool = False,
     settings: waste.Settings | None = None,
 ) -> Report:
-    cm = _load_cost_model(cost_model_path)
-    con = _connect(db_path, read_only=True)
+    cm = load_cost_model(cost_model_path)
+    con = connect(db_path, read_only=True)
     notes: list[str] = []
     try:
         try:
             hashes = model.priced_hashes(con, month)
             facts = model.has_facts(con, month)
-        except Exception as e:  # a DuckDB file that is not a metering database
-            if type(e).__name__ != "CatalogException":
-                raise
-            raise ReportError(
+        except duckdb.CatalogException:  # a DuckDB file that is not a metering database
+            raise InputError(
                 f"{db_path}: expected a GPU Ledger metering database (tables device_hours, "
-                f"charges, coverage), got one without them",
-                2,
+                f"charges, coverage), got one without them"
             ) from None
         # The report only reads: pricing is the explicit `meter --price-only` step.
         if not hashes and facts:
-            raise ReportError(
+            raise RefusedError(
                 f"{db_path}: {month} has GPU usage but no charges (it was ingested, not "
                 f"priced); price it first: {meter_command(month, db_path, cost_model_path)}"
             )
         if not hashes:
-            raise ReportError(
+            raise RefusedError(
                 f"{db_path}: no metered data for {month}; meter it first: gpu-ledger meter "
                 f"--prometheus URL --month {month} --db {db_path}"
             )
         info = _cost_model_info(month, hashes, cost_model_path, cm, db_path)
-        same = cm is not None and info.hash == cm.hash
+        same = info.hash == cm.hash
         prices = price_lookup(cm) if same else None
         budgets = cm.budgets if same else None
         report = model.build_report(
@@ -257,7 +226,7 @@ def _render(report: Report, formats: list[str]) -> dict[str, bytes]:
             try:
                 files[f"chargeback-{report.month}.{ext}"] = render(report)
             except focus.FocusError as e:
-                raise ReportError(f"--format {f}: {e}", 2) from None
+                raise UsageError(f"--format {f}: {e}") from None
     return files
 
 
@@ -271,11 +240,11 @@ def main(argv: list[str]) -> int:
         try:
             month = Month.parse(args.month)
         except ValueError as e:
-            raise ReportError(f"--month: {e}", 2) from None
+            raise UsageError(f"--month: {e}") from None
         for opt, value in (("--top", args.top), ("--min-hours", args.min_hours),
                            ("--idle-hours", args.idle_hours)):
             if value < 1:
-                raise ReportError(f"{opt}: expected a whole number >= 1, got {value}", 2)
+                raise UsageError(f"{opt}: expected a whole number >= 1, got {value}")
         formats = _formats(args.format)
         settings = waste.Settings(min_hours=args.min_hours, idle_hours=args.idle_hours)
         # A bar on a terminal only: the summary on stdout is what logs want.
@@ -289,16 +258,16 @@ def main(argv: list[str]) -> int:
             written = write_files(Path(args.out), files)
             progress.chunk_done("written")
         except OSError as e:
-            raise ReportError(
+            raise MeteringError(
                 f"{args.out}: cannot write the report ({e.strerror or e}); "
                 "previous report files are unchanged"
             ) from None
         if args.check_budgets and report.budgets is None:
-            raise ReportError(
+            raise UsageError(
                 "--check-budgets: the budgets are in the cost model the charges were priced "
-                "with; pass it with --cost-model (the report files were written)", 2
+                "with; pass it with --cost-model (the report files were written)"
             )
-    except ReportError as e:
+    except MeteringError as e:
         print(f"gpu-ledger report: {e}", file=sys.stderr)
         return e.code
     sys.stdout.write(render_summary(report, [str(p) for p in written]))

@@ -7,15 +7,15 @@ database gives the same report, byte for byte, on every run.
 
 from __future__ import annotations
 
-import calendar
 import enum
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from metering.period import HOUR, HourRange, Month, hour_ranges
 from metering.waste import Recommendation
 
 # Rows the pricing engine writes for the fleet rather than a team: team and sharing both carry
@@ -23,78 +23,9 @@ from metering.waste import Recommendation
 KINDS = ("idle", "down", "adjustment")
 DEFAULT_TOP_PODS = 20
 
-_MONTH_RE = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
-_HOUR = timedelta(hours=1)
+_HOUR = HOUR
 _Q6 = Decimal("0.000001")
 _ZERO = Decimal(0)
-
-
-@dataclass(frozen=True, order=True)
-class Month:
-    year: int
-    month: int
-
-    @classmethod
-    def parse(cls, text: str) -> Month:
-        """Parse `YYYY-MM`; ValueError says what was expected."""
-        m = _MONTH_RE.match(text)
-        if m is None:
-            raise ValueError(f"expected a month like 2026-10, got {text!r}")
-        return cls(int(m.group(1)), int(m.group(2)))
-
-    def __str__(self) -> str:
-        return f"{self.year:04d}-{self.month:02d}"
-
-    @property
-    def start(self) -> datetime:
-        return datetime(self.year, self.month, 1)
-
-    @property
-    def end(self) -> datetime:
-        """First hour after the month (exclusive bound)."""
-        return self.next().start
-
-    @property
-    def hours(self) -> int:
-        return calendar.monthrange(self.year, self.month)[1] * 24
-
-    def previous(self) -> Month:
-        return Month(self.year - 1, 12) if self.month == 1 else Month(self.year, self.month - 1)
-
-    def next(self) -> Month:
-        return Month(self.year + 1, 1) if self.month == 12 else Month(self.year, self.month + 1)
-
-
-@dataclass(frozen=True)
-class HourRange:
-    """Hours with no data, [start, end) in UTC."""
-
-    start: datetime
-    end: datetime
-
-    @property
-    def hours(self) -> int:
-        return int((self.end - self.start) / _HOUR)
-
-    def describe(self) -> str:
-        """`2026-10-03 04:00–07:00 UTC (3 h)`; the end is exclusive."""
-        first = self.start.strftime("%Y-%m-%d %H:%M")
-        last_hour = self.end - _HOUR
-        if last_hour.date() == self.start.date():  # ends within the day, or at its midnight
-            last = "24:00" if self.end.hour == 0 else self.end.strftime("%H:%M")
-            return f"{first}–{last} UTC ({self.hours} h)"
-        return f"{first} – {self.end.strftime('%Y-%m-%d %H:%M')} UTC ({self.hours} h)"
-
-
-def hour_ranges(hours: Iterable[datetime]) -> list[HourRange]:
-    """Compress hours into runs of consecutive hours."""
-    ranges: list[HourRange] = []
-    for hour in sorted(set(hours)):
-        if ranges and ranges[-1].end == hour:
-            ranges[-1] = HourRange(ranges[-1].start, hour + _HOUR)
-        else:
-            ranges.append(HourRange(hour, hour + _HOUR))
-    return ranges
 
 
 @dataclass(frozen=True, kw_only=True)

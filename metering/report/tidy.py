@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from decimal import Decimal
 
-from metering.report.model import HourRange, Line, ModelCapacity, Report
+from metering.period import HourRange
+from metering.report.model import Line, ModelCapacity, Report
 from metering.waste import Recommendation
 
 # (name, kind); kind drives the CSV text form and the Parquet type.

@@ -1,0 +1,117 @@
+"""Metering as a library: `meter()` ingests a period from a source into a ledger and prices
+it; `price()` (re-)prices facts already in a ledger. The CLI (`gpu-ledger meter`), the demo
+and the benchmarks all call these; the CLI only turns options into arguments and errors into
+exit statuses.
+
+Every failure is a `metering.errors.MeteringError` with a one-line message and the exit
+status it maps to. Sources are opened by the caller and closed by it (they follow the
+`metering.ingest.Source` protocol, so `contextlib.closing(source)` works).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from metering.costmodel import CostModel
+from metering.db import DatabaseError, connect
+from metering.errors import MeteringError, RefusedError
+from metering.ingest import DEFAULT_CHUNK_HOURS, IngestResult, PrometheusSource, Source, ingest
+from metering.period import Period, hour_ranges
+from metering.pricing import PricingResult, price_period
+from metering.progress import Progress
+
+Say = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class MeterResult:
+    ingest: IngestResult
+    pricing: PricingResult | None  # None when metered without a cost model (ingest only)
+
+
+@contextmanager
+def open_ledger(path: str | Path, *, create: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
+    """The ledger at `path` opened for writing (created if `create`), closed afterwards. Held
+    open, it is locked: a second writer gets `LedgerLocked` (exit 7), never a mixed ledger."""
+    if not create and str(path) != ":memory:" and not Path(path).exists():
+        raise DatabaseError(str(path), "expected a metering database written by "
+                            "`gpu-ledger meter`, found no file")
+    con = connect(path)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def meter(ledger: str | Path, source: Source, period: Period, *,
+          cost_model: CostModel | None = None, chunk_hours: int = DEFAULT_CHUNK_HOURS,
+          sample_interval: float | None = None, replace: bool = False, resume: bool = True,
+          progress: Progress | None = None, verbose: bool = False,
+          price_progress: Progress | None = None, say: Say = _quiet) -> MeterResult:
+    """Ingest `period` from `source` into `ledger` chunk by chunk (each chunk one
+    transaction), then price the period with `cost_model` (one transaction; skipped when
+    None). Killed at any point, a re-run of the same call gives the same ledger as an
+    uninterrupted run: an interrupted run is resumed after its committed chunks (all are
+    rewritten identically with `resume=False`) and pricing is redone."""
+    with open_ledger(ledger) as con:
+        say(f"meter: {period.label()} ({period.hours} h) from {source.name} into {ledger}")
+        if progress is not None and verbose and isinstance(source, PrometheusSource):
+            source.planner.on_split = progress.message  # a store refused a query: say so
+        result = ingest(con, source, period, chunk_hours, sample_interval,
+                        progress, verbose=verbose, replace=replace, resume=resume)
+        rows = ", ".join(f"{n} {t}" for t, n in result.rows.items())
+        say(f"meter: {result.chunks} chunks, {result.queries} queries, {rows}")
+        if isinstance(source, PrometheusSource):
+            say(f"meter: queries: {source.planner.stats.describe()}")
+        say(f"meter: coverage: {result.duplicate_seconds:,.0f} duplicate sample-seconds counted "
+            f"once (overlapping series of one GPU, MIG instance or container), "
+            f"{result.dropped:,} values dropped as not plausible (NaN, Inf, out of range)")
+        if source.screened.foreign:
+            say(f"meter: warning: series that look like GPU Ledger's but are outside "
+                f"--selector {source.selector} were not metered: "
+                f"{source.screened.describe_foreign()}")
+        if source.screened.unchecked:
+            say(f"meter: {source.screened.unchecked}")
+        if result.empty_hours:
+            gaps = ", ".join(r.label() for r in hour_ranges(result.empty_hours))
+            say(f"meter: no device data for {len(result.empty_hours)} hour(s): {gaps}")
+        if cost_model is None:
+            return MeterResult(result, None)
+        priced = _price(con, period, cost_model, price_progress)
+        say(f"meter: priced {period.label()}")
+        return MeterResult(result, priced)
+
+
+def price(ledger: str | Path, period: Period, cost_model: CostModel,
+          progress: Progress | None = None) -> PricingResult:
+    """Rebuild the charges of `period` from the facts already in `ledger` (no source read,
+    facts untouched), in one transaction. A ledger without device facts for the period is
+    refused (exit 6) and never created."""
+    with open_ledger(ledger, create=False) as con:
+        start, end = period.naive()
+        row = con.execute("SELECT count(*) FROM device_hours WHERE hour >= ? AND hour < ?",
+                          [start, end]).fetchone()
+        if not row or not row[0]:
+            raise RefusedError(f"{ledger}: expected facts for {period.label()}, found none; "
+                               f"ingest them first")
+        return _price(con, period, cost_model, progress)
+
+
+def _price(con: duckdb.DuckDBPyConnection, period: Period, cost_model: CostModel,
+           progress: Progress | None) -> PricingResult:
+    try:
+        return price_period(con, cost_model, period.start, period.end, progress=progress)
+    except MeteringError:
+        raise
+    except Exception as exc:  # any pricing failure: one line, no traceback; nothing written
+        raise MeteringError(f"pricing {period.label()} failed: {type(exc).__name__}: {exc}"
+                            ) from None

@@ -1,0 +1,65 @@
+"""Metering as a library (issue 13 point 3): `api.meter` / `api.price` give the ledger the CLI
+gives, sources follow one protocol with close(), errors are typed with their exit status."""
+
+from __future__ import annotations
+
+from contextlib import closing
+from datetime import UTC, datetime
+from pathlib import Path
+
+import conftest_prom
+import pytest
+
+from metering import api
+from metering.cli_meter import main as meter_main
+from metering.costmodel import load_cost_model
+from metering.db import connect
+from metering.errors import ExitCode, MeteringError
+from metering.ingest import Source
+from metering.openmetrics_source import OpenMetricsSource
+from metering.period import Period
+
+fleet_om_file = conftest_prom.fleet_om_file  # session fixture
+DAY = Period(datetime(2026, 10, 5, tzinfo=UTC), datetime(2026, 10, 6, tzinfo=UTC))
+
+
+def _rows(db: Path) -> dict[str, list[object]]:
+    with connect(db, read_only=True) as con:
+        return {t: sorted(con.execute(f"SELECT * FROM {t}").fetchall(), key=repr)
+                for t in ("device_hours", "allocation_hours", "charges")}
+
+
+def test_library_gives_the_cli_ledger(fleet_om_file: Path, tmp_path: Path) -> None:
+    cli, lib = tmp_path / "cli.duckdb", tmp_path / "lib.duckdb"
+    assert meter_main(["--openmetrics", str(fleet_om_file), "--from", "2026-10-05", "--to",
+                       "2026-10-06", "--db", str(cli), "-q"]) == 0
+    lines: list[str] = []
+    source: Source = OpenMetricsSource(str(fleet_om_file), DAY)
+    with closing(source):
+        result = api.meter(lib, source, DAY, cost_model=load_cost_model(None), say=lines.append)
+    assert result.ingest.rows["device_hours"] == 144 and result.pricing is not None
+    assert result.pricing.total == result.pricing.fleet_cost
+    assert lines[-1] == f"meter: priced {DAY.label()}"
+    assert _rows(lib) == _rows(cli)
+    # price() re-prices from the facts alone: same charges again.
+    again = api.price(lib, DAY, load_cost_model(None))
+    assert again.fleet_cost == result.pricing.fleet_cost and _rows(lib) == _rows(cli)
+
+
+def test_ingest_only_then_price(fleet_om_file: Path, tmp_path: Path) -> None:
+    db = tmp_path / "m.duckdb"
+    with closing(OpenMetricsSource(str(fleet_om_file), DAY)) as source:
+        assert api.meter(db, source, DAY).pricing is None
+    with connect(db, read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM charges").fetchone() == (0,)
+    assert api.price(db, DAY, load_cost_model(None)).device_hours == 144
+
+
+def test_errors_are_typed_with_their_exit_status(tmp_path: Path) -> None:
+    with pytest.raises(MeteringError) as missing:
+        api.price(tmp_path / "none.duckdb", DAY, load_cost_model(None))
+    assert missing.value.code == ExitCode.BAD_INPUT and not (tmp_path / "none.duckdb").exists()
+    connect(tmp_path / "empty.duckdb").close()
+    with pytest.raises(MeteringError) as empty:
+        api.price(tmp_path / "empty.duckdb", DAY, load_cost_model(None))
+    assert empty.value.code == ExitCode.REFUSED and "found none" in str(empty.value)
