@@ -227,6 +227,7 @@ class PromClient:
             body = b"".join(chunks)
             status = resp.status
             ctype = resp.getheader("Content-Type", "") or ""
+            location = resp.getheader("Location", "") or ""
         except PromError:
             raise
         except ssl.SSLCertVerificationError as exc:
@@ -253,6 +254,11 @@ class PromClient:
             conn.close()
         if status in RETRY_STATUSES:
             raise _Transient(f"HTTP {status} {http.client.responses.get(status, '')}".rstrip())
+        if 300 <= status < 400 and location:
+            # Not followed: credentials would go wherever the redirect points.
+            where = redact(urllib.parse.urljoin(self.url + "/", location))
+            raise PromError(f"{self.url}: HTTP {status}: redirected to {where}; give the URL "
+                            "Prometheus answers at (redirects are not followed)")
         return self._envelope(body, ctype, status)
 
     def _envelope(self, body: bytes, ctype: str, status: int) -> Any:

@@ -325,3 +325,14 @@ def test_meter_never_prints_the_password(tmp_path: Path,
     err = capsys.readouterr().err
     assert rc == 5 and "cannot connect" in err
     assert "Hunter2" not in err and "meter@" not in err.replace("meter:***@", "")
+
+
+def test_redirects_are_named_not_followed() -> None:
+    """A proxy redirecting elsewhere would receive the credentials: one-line error instead."""
+    answer = (b"HTTP/1.1 302 Found\r\nLocation: https://u:Hunter2@elsewhere/prom/\r\n"
+              b"Content-Length: 0\r\n\r\n")
+    with raw_server(lambda conn, n: conn.sendall(answer)) as url, \
+            pytest.raises(PromError, match=r"HTTP 302: redirected to https://u:\*\*\*@"
+                                           r"elsewhere/prom/") as exc:
+        client(url, retries=0).query("up")
+    assert "Hunter2" not in str(exc.value) and "\n" not in str(exc.value)
