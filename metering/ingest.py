@@ -289,10 +289,13 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
         progress.chunk_done(chunk.label(), f"{counts.total} fact rows", counts.total,
                             "fact rows")
     if pending:
+        foreign = source.screened.describe_foreign()
         raise IngestError(
             f"{source.name}: no GPU Ledger series (gpu_up, gpu_container_allocation, ...) for "
             f"{period.label()}; nothing written (a Prometheus past its retention, the wrong "
-            "URL or file, or an exporter not scraped?)", ExitCode.REFUSED)
+            "URL or file, or an exporter not scraped?)"
+            + (f"; outside the selector (--selector names the exporter's job): {foreign}"
+               if foreign else ""), ExitCode.REFUSED)
     journal.finish(con)
     return result
 

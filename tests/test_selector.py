@@ -105,3 +105,20 @@ def test_rogue_target_is_not_billed_and_is_reported(tmp_path: Path,
     assert "outside --selector {job=~\"gpu-ledger-exporter|\"}" in err
     for family in ("gpu_up", "gpu_info", "gpu_container_allocation"):
         assert f'{family} from job="kubernetes-pods" instance="10.9.9.9:8080" (1 series)' in err
+
+
+def test_exporter_under_another_job_names_the_job_in_the_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Annotation-based scraping put every series under job kubernetes-pods: the default
+    selector finds no GPU series; the one-line error says under which job they are."""
+    labels = {"node": "n1", "gpu": "0", "uuid": "GPU-1", "model": H100,
+              "job": "kubernetes-pods", "instance": "10.0.0.5:9847"}
+    backfill("# TYPE gpu_up gauge\n" + "\n".join(_series("gpu_up", labels)) + "\n# EOF\n",
+             tmp_path / "prom")
+    with running_prometheus(tmp_path / "prom") as url:
+        rc = main(["--prometheus", url, "--from", "2026-10-05T00:00", "--to",
+                   "2026-10-05T01:00", "--db", str(tmp_path / "m.duckdb"), "-q"])
+    err = capsys.readouterr().err
+    assert rc != 0 and err.count("\n") == 1
+    assert 'outside the selector (--selector names the exporter\'s job): gpu_up from ' \
+           'job="kubernetes-pods" instance="10.0.0.5:9847" (1 series)' in err
