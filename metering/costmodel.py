@@ -7,6 +7,7 @@ rounded to millionths of the currency (the precision of `charges.cost`).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import fnmatch
 import hashlib
@@ -194,6 +195,10 @@ class CostModel:
     idle_policy: str
     idle_weights: Mapping[str, Decimal] = field(default_factory=dict)
     budgets: Budgets = field(default_factory=lambda: Budgets({}, Decimal(1)))
+    # The file as named to the user and its text: pricing stores both with the charges
+    # (table cost_models), so a report from the ledger alone is self-describing.
+    name: str = ""
+    text: str = ""
 
     def price_for(self, model: str) -> ResolvedPrice:
         """Exact model entries win over patterns; patterns are tried in file order."""
@@ -251,7 +256,20 @@ def load_cost_model(path: str | Path | None) -> CostModel:
         doc = safeyaml.load(text, name, unique_keys=True, exponent_floats=True)
     except safeyaml.YamlError as e:
         raise CostModelError(name, e.key or e.where, "valid YAML", hint=e.problem) from None
-    return _Parser(name).model(doc, p, hashlib.sha256(raw).hexdigest())
+    return dataclasses.replace(_Parser(name).model(doc, p, hashlib.sha256(raw).hexdigest()),
+                               name=name, text=text)
+
+
+def parse_cost_model(text: str, name: str) -> CostModel:
+    """A cost model from its text, e.g. the copy a ledger keeps with its charges (same hash
+    as the file it was read from: the hash is of the UTF-8 bytes)."""
+    try:
+        doc = safeyaml.load(text, name, unique_keys=True, exponent_floats=True)
+    except safeyaml.YamlError as e:
+        raise CostModelError(name, e.key or e.where, "valid YAML", hint=e.problem) from None
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return dataclasses.replace(_Parser(name).model(doc, Path(name), digest), name=name,
+                               text=text)
 
 
 class _Parser:

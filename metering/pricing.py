@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from functools import cache
 from importlib import resources
@@ -123,6 +123,22 @@ def _load_config(con: duckdb.DuckDBPyConnection, model: CostModel,
     return tuple(sorted(defaults))
 
 
+def _record_cost_model(con: duckdb.DuckDBPyConnection, model: CostModel,
+                       start: datetime, end: datetime) -> None:
+    """Store the cost model and the prices of the period's GPU models next to the charges."""
+    con.execute("INSERT OR REPLACE INTO cost_models VALUES (?, ?, ?, ?, ?)",
+                [model.hash, model.name or str(model.path), model.currency, model.text,
+                 utc_naive(datetime.now(UTC))])
+    models = [r[0] for r in con.execute(
+        "SELECT DISTINCT model FROM device_hours WHERE hour >= ? AND hour < ?", [start, end]
+    ).fetchall()]
+    prices = [model.price_for(m) for m in models]
+    if prices:
+        con.executemany("INSERT OR REPLACE INTO cost_model_prices VALUES (?, ?, ?, ?, ?)",
+                        [(model.hash, p.model, p.hourly, float(p.discount), p.rule)
+                         for p in prices])
+
+
 def _insert(con: duckdb.DuckDBPyConnection, table: str,
             rows: Sequence[tuple[object, ...]]) -> None:
     if rows:
@@ -162,6 +178,7 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
     try:
         with transaction(con):
             defaults = _load_config(con, model, start, end)
+            _record_cost_model(con, model, start, end)
             sums: list[Any] = [0] * 10  # the `totals` row, summed over slices
             orphans = 0
             slices = list(Period(utc_aware(start), utc_aware(end)).chunks(slice_hours))

@@ -11,7 +11,8 @@ import pytest
 from metering.db import DatabaseError, connect, migrate
 
 TABLES = {"allocation_hours", "charges", "coverage", "device_hours", "mig_hours",
-          "workload_hours", "grant_hours", "ingest_runs", "ingest_chunks"}
+          "workload_hours", "grant_hours", "ingest_runs", "ingest_chunks", "cost_models",
+          "cost_model_prices"}
 
 
 def tables(con: object) -> set[str]:

@@ -118,6 +118,13 @@ def test_check_budgets_exit_status(tmp_path: Path, amount: str, code: int,
 def test_check_budgets_without_the_cost_model(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     db, _ = _db(tmp_path, "separate")
-    code = report_main(["--month", "2026-10", "--db", str(db), "--out", str(tmp_path / "o"),
-                        "--check-budgets"])
-    assert code == 2 and "--check-budgets" in capsys.readouterr().err
+    # The ledger keeps the cost model with the charges: its budgets need no --cost-model.
+    args = ["--month", "2026-10", "--db", str(db), "--out", str(tmp_path / "o"),
+            "--check-budgets"]
+    assert report_main(args) == 0
+    capsys.readouterr()
+    # Charges priced before ledgers kept their cost model: the file must be given.
+    con = connect(db)
+    con.execute("DELETE FROM cost_models")
+    con.close()
+    assert report_main(args) == 2 and "--check-budgets" in capsys.readouterr().err

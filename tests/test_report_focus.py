@@ -166,7 +166,11 @@ def test_cli_writes_focus_csv_and_parquet(tmp_path: Path) -> None:
 def test_focus_without_the_cost_model_is_refused(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     db, _ = _db(tmp_path, "separate")
-    # Without --cost-model the report only knows the charges' hash: no currency, no list price.
+    # A ledger without its copy of the cost model (charges priced before ledgers kept one):
+    # without --cost-model the report only knows the charges' hash, no currency or list price.
+    con = connect(db)
+    con.execute("DELETE FROM cost_models")
+    con.close()
     code = report_main(["--month", "2026-10", "--db", str(db), "--out", str(tmp_path / "o"),
                         "--format", "focus"])
     assert code == 2

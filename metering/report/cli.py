@@ -20,7 +20,7 @@ import duckdb
 
 import metering
 from metering import waste
-from metering.costmodel import CostModel, load_cost_model
+from metering.costmodel import CostModel, CostModelError, load_cost_model, parse_cost_model
 from metering.db import connect
 from metering.errors import (
     ArgumentParser,
@@ -137,7 +137,7 @@ def _cost_model_info(
             f"({', '.join(h[:12] for h in hashes)}): re-price the month with one cost model "
             f"({meter_command(month, db_path)}) before reporting it"
         )
-    name = given if given is not None else PACKAGED_MODEL
+    name = given if given is not None else cm.name or PACKAGED_MODEL
     if not hashes or hashes[0] == cm.hash:
         return CostModelInfo(name, str(cm.hash), str(cm.currency))
     if given is not None:
@@ -148,6 +148,17 @@ def _cost_model_info(
         )
     # Priced with a file we cannot name: state the hash the charges carry, and no file.
     return CostModelInfo("", hashes[0], "")
+
+
+def _ledger_cost_model(con: duckdb.DuckDBPyConnection, hashes: list[str]) -> CostModel | None:
+    """The cost model the month was priced with, as the ledger keeps it next to the charges."""
+    stored = model.stored_cost_model(con, hashes[0]) if len(hashes) == 1 else None
+    if stored is None:
+        return None
+    try:
+        return parse_cost_model(stored.text, stored.name)
+    except CostModelError:  # kept by a version whose rules were looser: state what is stored
+        return None
 
 
 def price_lookup(cm: CostModel) -> model.PriceLookup:
@@ -174,7 +185,7 @@ def make_report(
     db_path: str, month: Month, cost_model_path: str | None, top: int, charge_days: bool = False,
     settings: waste.Settings | None = None,
 ) -> Report:
-    cm = load_cost_model(cost_model_path)
+    given = load_cost_model(cost_model_path) if cost_model_path is not None else None
     con = connect(db_path, read_only=True)
     notes: list[str] = []
     try:
@@ -197,6 +208,7 @@ def make_report(
                 f"{db_path}: no metered data for {month}; meter it first: gpu-ledger meter "
                 f"--prometheus URL --month {month} --db {db_path}"
             )
+        cm = given or _ledger_cost_model(con, hashes) or load_cost_model(None)
         info = _cost_model_info(month, hashes, cost_model_path, cm, db_path)
         same = info.hash == cm.hash
         prices = price_lookup(cm) if same else None

@@ -15,6 +15,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+import duckdb
+
 from metering.period import HOUR, HourRange, Month, hour_ranges
 from metering.waste import Recommendation
 
@@ -449,6 +451,25 @@ def _sm_unknown_on_mig(con: Any, month: Month) -> Decimal:
         [month.start, month.end],
     ).fetchone()
     return _ZERO if row is None or row[0] is None else Decimal(row[0]).quantize(_Q6)
+
+
+@dataclass(frozen=True)
+class StoredCostModel:
+    """A cost model as the ledger keeps it with the charges it priced."""
+
+    name: str
+    currency: str
+    text: str
+
+
+def stored_cost_model(con: Any, cost_model_hash: str) -> StoredCostModel | None:
+    """The ledger's copy of a cost model; None for charges priced before ledgers kept one."""
+    try:
+        row = con.execute("SELECT name, currency, document FROM cost_models WHERE hash = ?",
+                          [cost_model_hash]).fetchone()
+    except duckdb.CatalogException:  # a ledger from before the table (opened read-only)
+        return None
+    return StoredCostModel(*row) if row else None
 
 
 def priced_hashes(con: Any, month: Month) -> list[str]:

@@ -99,6 +99,27 @@ CREATE TABLE IF NOT EXISTS coverage (
     dropped_values    BIGINT    DEFAULT 0   -- NaN, Inf, non-numbers, out of range: not priced
 );
 
+-- The cost models that priced `charges` (charges.cost_model_hash = hash), written by pricing
+-- in the same transaction as the charges: with them a report made from the ledger alone
+-- states the cost model's name, hash and currency, its prices and its budgets.
+CREATE TABLE IF NOT EXISTS cost_models (
+    hash              VARCHAR   NOT NULL PRIMARY KEY,  -- sha256 of the file's bytes
+    name              VARCHAR   NOT NULL,   -- the file as given to meter (or the packaged default)
+    currency          VARCHAR   NOT NULL,
+    document          VARCHAR   NOT NULL,   -- the file's text, read back by reports
+    priced_at         TIMESTAMP NOT NULL    -- last pricing run that used it (UTC)
+);
+
+-- The device-hour list price each GPU model was charged at, per cost model.
+CREATE TABLE IF NOT EXISTS cost_model_prices (
+    cost_model_hash   VARCHAR   NOT NULL,
+    model             VARCHAR   NOT NULL,   -- GPU model as NVML names it
+    hourly            DECIMAL(18, 6) NOT NULL,  -- list price per device-hour, before discounts
+    discount          DOUBLE    NOT NULL,   -- model discount (0-1)
+    rule              VARCHAR   NOT NULL,   -- the pricing entry that set it, e.g. pricing.gpus[1]
+    PRIMARY KEY (cost_model_hash, model)
+);
+
 -- Priced rows: per hour x team x namespace x pod x device, rebuilt per period by pricing
 -- (docs/cost-model.md). Besides team rows, the engine writes rows it owns, told apart by
 -- `sharing`: 'idle' (team 'idle': up but unheld, one per device-hour), 'down' (team 'down': the
