@@ -82,9 +82,10 @@ def test_host_instances_are_reported_and_attributed_to_virt_launcher_pods() -> N
     assert fractions == {"virt-launcher-vm-train": 0.25, "virt-launcher-vm-notebook": 0.25,
                          "virt-launcher-vm-infer": 0.5}
     assert all(val == 0 for _, val, _ in s["gpu_exporter_unresolved_device_ids_total"])
-    # The VM's processes are not visible to the host: SM use is unknown, not 0.
-    assert not any(labels[2].startswith("virt-launcher")
-                   for labels, _, _ in s.get("gpu_container_sm_utilization_ratio", []))
+    # The VM's processes are not visible to the host: the holder's SM use is its instance's.
+    sm = {labels[2]: val for labels, val, _ in s["gpu_container_sm_utilization_ratio"]}
+    assert sm == {"virt-launcher-vm-train": 0.6, "virt-launcher-vm-infer": 0.4,
+                  "virt-launcher-vm-notebook": util[v[1].uuid]}
 
 
 @pytest.mark.parametrize(("t", "state"), [(60, 1), (95 * 60, 0)])

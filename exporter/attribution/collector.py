@@ -94,6 +94,14 @@ class UsageKey(NamedTuple):
         return (node, *self.holder, self.uuid, self.mig_uuid)
 
 
+@dataclass(frozen=True)
+class VgpuGrant(FractionalGrant):
+    """A vGPU instance a container holds: its framebuffer share, and the instance's SM use
+    (the only use figure the host has for it)."""
+
+    sm_util: float | None = None
+
+
 @dataclass
 class Usage:
     labels: PodLabels
@@ -189,7 +197,7 @@ class AttributionCollector:
                 sink.add("gpu_container_core_fraction", k.labels(ctx.node), grant.core_fraction,
                          plabels)
         usage, per_process = self._usage(ctx.processes, pods)
-        self._emit_usage(ctx.node, sink, usage, frozenset(vgpu_grants))
+        self._emit_usage(ctx.node, sink, usage, vgpu_grants)
         for resource in sorted(self.unknown_ids.by_resource):
             sink.add("gpu_exporter_unresolved_device_ids_total", (resource,),
                      self.unknown_ids.by_resource[resource])
@@ -246,18 +254,25 @@ class AttributionCollector:
 
     @staticmethod
     def _emit_usage(node: str, sink: SampleSink, usage: dict[UsageKey, Usage],
-                    vgpu_holders: frozenset[UsageKey] = frozenset()) -> None:
+                    vgpus: dict[UsageKey, VgpuGrant] | None = None) -> None:
         ordered = sorted(usage)
         for k in ordered:
             sink.add("gpu_container_memory_used_bytes", k.labels(node), usage[k].memory_bytes,
                      usage[k].labels)
+        vgpus = vgpus or {}
         for k in ordered:
             u = usage[k]
+            vgpu = vgpus.get(k)
+            if vgpu is not None and u.processes == 0:
+                # The VM's processes are out of the host NVML's sight: its vGPU instance's
+                # SM figure is the holder's; without a sample it is unknown, not 0.
+                if vgpu.sm_util is not None:
+                    sink.add("gpu_container_sm_utilization_ratio", k.labels(node),
+                             vgpu.sm_util, u.labels)
+                continue
             # SM figures exist per process only outside MIG; an idle holder of a whole GPU
-            # uses 0 of it, while an idle MIG holder's figure is unknown, not 0, and so is a
-            # vGPU holder's (its VM's processes are out of the host NVML's sight).
-            if u.processes_with_sm or (u.processes == 0 and not k.mig_uuid
-                                       and k not in vgpu_holders):
+            # uses 0 of it, while an idle MIG holder's figure is unknown, not 0.
+            if u.processes_with_sm or (u.processes == 0 and not k.mig_uuid):
                 sink.add("gpu_container_sm_utilization_ratio", k.labels(node), u.sm_util,
                          u.labels)
         for k in ordered:
@@ -292,12 +307,12 @@ class AttributionCollector:
 
     def _allocations(self, allocations: Iterable[Allocation], index: DeviceIndex,
                      vgpus: dict[str, VgpuInstance]) -> tuple[
-            dict[UnitKey, int], dict[DeviceKey, list[Holder]], dict[UsageKey, FractionalGrant]]:
+            dict[UnitKey, int], dict[DeviceKey, list[Holder]], dict[UsageKey, VgpuGrant]]:
         """Device plugin units per container, the holders of each device, and the vGPU
         instances held (as grants of their framebuffer share)."""
         units: dict[UnitKey, int] = {}
         holders: dict[DeviceKey, list[Holder]] = {}
-        grants: dict[UsageKey, FractionalGrant] = {}
+        grants: dict[UsageKey, VgpuGrant] = {}
         for a in allocations:
             if not is_gpu_resource(a.resource, self._overrides):
                 continue
@@ -308,9 +323,9 @@ class AttributionCollector:
                 if vgpu is not None:  # a KubeVirt vGPU: its mdev UUID
                     k = UnitKey(holder, vgpu.gpu_uuid, "", a.resource, VGPU)
                     units[k] = units.get(k, 0) + 1
-                    grants[UsageKey(holder, vgpu.gpu_uuid, "")] = FractionalGrant(
+                    grants[UsageKey(holder, vgpu.gpu_uuid, "")] = VgpuGrant(
                         holder.container, device_id, a.resource,
-                        memory_fraction=vgpu.framebuffer_fraction)
+                        memory_fraction=vgpu.framebuffer_fraction, sm_util=vgpu.sm_util)
                     hs = holders.setdefault((vgpu.gpu_uuid, ""), [])
                     if holder not in hs:
                         hs.append(holder)

@@ -18,6 +18,7 @@ from exporter.nvmlcall import GpuLost, Reader, text
 class VgpuInstance:
     gpu_uuid: str  # the physical GPU
     framebuffer_fraction: float | None  # the type's framebuffer / the GPU's; None: unknown
+    sm_util: float | None = None  # its SM utilisation, 0-1 of the GPU; None: no sample
 
 
 def vgpu_instances(ctx: CycleContext) -> dict[str, VgpuInstance]:
@@ -35,6 +36,9 @@ def vgpu_instances(ctx: CycleContext) -> dict[str, VgpuInstance]:
         try:
             memory = r.call(nv.nvmlDeviceGetMemoryInfo, gpu.handle)
             total = int(memory.total) if memory is not None else 0
+            # The VM's use, which the host sees only per instance (no guest processes).
+            util = {int(u.vgpuInstance): int(u.smUtil.uiVal) / 100
+                    for u in r.call(nv.nvmlDeviceGetVgpuUtilization, gpu.handle, 0) or []}
             for inst in r.call(nv.nvmlDeviceGetActiveVgpus, gpu.handle) or []:
                 mdev = r.call(nv.nvmlVgpuInstanceGetMdevUUID, inst)
                 if not mdev:
@@ -43,7 +47,8 @@ def vgpu_instances(ctx: CycleContext) -> dict[str, VgpuInstance]:
                 fb = r.call(nv.nvmlVgpuTypeGetFramebufferSize, type_id) \
                     if type_id is not None else None
                 frac = min(int(fb) / total, 1.0) if fb is not None and total else None
-                out[text(mdev).strip().lower()] = VgpuInstance(gpu.uuid, frac)
+                out[text(mdev).strip().lower()] = VgpuInstance(gpu.uuid, frac,
+                                                               util.get(int(inst)))
         except GpuLost:
             continue  # the device collector reports the lost GPU
     return out
