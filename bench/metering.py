@@ -181,7 +181,7 @@ def signals_for(nodes: int, hours: int, start: datetime) -> tuple[dict[str, Any]
 
 def ingest_throughput(nodes: int, hours: int) -> dict[str, Any]:
     from metering.db import connect, transaction
-    from metering.facts import delete_hours, write_facts
+    from metering.facts import write_facts
 
     start = datetime(2026, 9, 1)
     end = start + timedelta(hours=hours)
@@ -191,8 +191,7 @@ def ingest_throughput(nodes: int, hours: int) -> dict[str, Any]:
         con = connect(str(Path(tmp) / "ingest.duckdb"))
         t0 = time.perf_counter()
         with transaction(con):
-            delete_hours(con, start, end)
-            counts = write_facts(con, tables, start, end)
+            counts = write_facts(con, tables, start, end)  # deletes the chunk's hours first
         wall = time.perf_counter() - t0
         con.close()
     return {"nodes": nodes, "hours": hours, "signal_points": points, "fact_rows": counts.total,

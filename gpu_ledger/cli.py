@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "meter": ("metering.cli_meter", "pull hourly GPU usage from Prometheus into DuckDB, price it"),
     "report": ("metering.report.cli", "write the monthly chargeback report"),
     "cost-model": ("metering.cli_costmodel", "check or show a cost model file"),
+    "ledger": ("metering.cli_ledger", "export a ledger as Parquet, or merge per-cluster ledgers"),
     "demo": ("gpu_ledger.demo", "run the whole pipeline on a simulated cluster"),
     "doctor": ("gpu_ledger.doctor", "check a node's NVML, driver, MIG, kubelet socket, cgroups"),
 }

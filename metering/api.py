@@ -17,6 +17,7 @@ from pathlib import Path
 
 import duckdb
 
+from metering.cluster import ClusterScope
 from metering.costmodel import CostModel
 from metering.db import DatabaseError, connect
 from metering.errors import MeteringError, RefusedError
@@ -56,18 +57,21 @@ def meter(ledger: str | Path, source: Source, period: Period, *,
           cost_model: CostModel | None = None, chunk_hours: int = DEFAULT_CHUNK_HOURS,
           sample_interval: float | None = None, replace: bool = False, resume: bool = True,
           progress: Progress | None = None, verbose: bool = False,
-          price_progress: Progress | None = None, say: Say = _quiet) -> MeterResult:
+          price_progress: Progress | None = None, say: Say = _quiet,
+          clusters: ClusterScope | None = None) -> MeterResult:
     """Ingest `period` from `source` into `ledger` chunk by chunk (each chunk one
-    transaction), then price the period with `cost_model` (one transaction; skipped when
-    None). Killed at any point, a re-run of the same call gives the same ledger as an
-    uninterrupted run: an interrupted run is resumed after its committed chunks (all are
-    rewritten identically with `resume=False`) and pricing is redone."""
+    transaction) as the cluster(s) `clusters` names (default: cluster `default`), then price
+    the period of those clusters with `cost_model` (one transaction; skipped when None).
+    Killed at any point, a re-run of the same call gives the same ledger as an uninterrupted
+    run: an interrupted run is resumed after its committed chunks (all are rewritten
+    identically with `resume=False`) and pricing is redone."""
     with open_ledger(ledger) as con:
         say(f"meter: {period.label()} ({period.hours} h) from {source.name} into {ledger}")
         if progress is not None and verbose and isinstance(source, PrometheusSource):
             source.planner.on_split = progress.message  # a store refused a query: say so
         result = ingest(con, source, period, chunk_hours, sample_interval,
-                        progress, verbose=verbose, replace=replace, resume=resume)
+                        progress, verbose=verbose, replace=replace, resume=resume,
+                        clusters=clusters)
         rows = ", ".join(f"{n} {t}" for t, n in result.rows.items())
         say(f"meter: {result.chunks} chunks, {result.queries} queries, {rows}")
         if isinstance(source, PrometheusSource):
@@ -86,30 +90,36 @@ def meter(ledger: str | Path, source: Source, period: Period, *,
             say(f"meter: no device data for {len(result.empty_hours)} hour(s): {gaps}")
         if cost_model is None:
             return MeterResult(result, None)
-        priced = _price(con, period, cost_model, price_progress)
+        priced = _price(con, period, cost_model, price_progress, sorted(result.clusters))
         say(f"meter: priced {period.label()}")
         return MeterResult(result, priced)
 
 
 def price(ledger: str | Path, period: Period, cost_model: CostModel,
-          progress: Progress | None = None) -> PricingResult:
-    """Rebuild the charges of `period` from the facts already in `ledger` (no source read,
-    facts untouched), in one transaction. A ledger without device facts for the period is
-    refused (exit 6) and never created."""
+          progress: Progress | None = None, cluster: str | None = None) -> PricingResult:
+    """Rebuild the charges of `period` (of every cluster, or of `cluster` only) from the facts
+    already in `ledger` (no source read, facts untouched), in one transaction. A ledger without
+    device facts for the period is refused (exit 6) and never created."""
     with open_ledger(ledger, create=False) as con:
         start, end = period.naive()
-        row = con.execute("SELECT count(*) FROM device_hours WHERE hour >= ? AND hour < ?",
-                          [start, end]).fetchone()
+        where, params = "", list[object]([start, end])
+        if cluster is not None:
+            where, params = " AND cluster = ?", [start, end, cluster]
+        row = con.execute("SELECT count(*) FROM device_hours WHERE hour >= ? AND hour < ?"
+                          + where, params).fetchone()
         if not row or not row[0]:
-            raise RefusedError(f"{ledger}: expected facts for {period.label()}, found none; "
-                               f"ingest them first")
-        return _price(con, period, cost_model, progress)
+            scope = f" of cluster {cluster}" if cluster is not None else ""
+            raise RefusedError(f"{ledger}: expected facts{scope} for {period.label()}, found "
+                               "none; ingest them first")
+        return _price(con, period, cost_model, progress,
+                      [cluster] if cluster is not None else None)
 
 
 def _price(con: duckdb.DuckDBPyConnection, period: Period, cost_model: CostModel,
-           progress: Progress | None) -> PricingResult:
+           progress: Progress | None, clusters: list[str] | None = None) -> PricingResult:
     try:
-        return price_period(con, cost_model, period.start, period.end, progress=progress)
+        return price_period(con, cost_model, period.start, period.end, progress=progress,
+                            clusters=clusters)
     except MeteringError:
         raise
     except Exception as exc:  # any pricing failure: one line, no traceback; nothing written

@@ -71,6 +71,9 @@ def show(model: CostModel, name: str, models: list[str]) -> str:
     if model.idle_weights:
         idle += " (" + ", ".join(f"{t}={w}" for t, w in model.idle_weights.items()) + ")"
     out.append(f"idle: {idle}; down GPU hours: `down` rows, never shared")
+    for cluster, own in model.clusters.items():  # each cluster's model, in full
+        body = show(own, name, models).splitlines()[1:]
+        out += [f"cluster {cluster} (clusters.{cluster}):", *(f"  {line}" for line in body)]
     return "\n".join(out)
 
 

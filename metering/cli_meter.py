@@ -8,12 +8,14 @@ A thin layer over `metering.api`: options in, one line and an exit status
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
 from metering import api
+from metering.cluster import DEFAULT_CLUSTER, ClusterScope, cluster_name_problem
 from metering.costmodel import CostModel, load_cost_model
 from metering.errors import (
     ArgumentParser,
@@ -54,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=DEFAULT_DB, metavar="PATH",
                    help=f"DuckDB file (default ./{DEFAULT_DB})")
     p.add_argument("--cost-model", metavar="PATH", help="cost model (default: packaged one)")
+    p.add_argument("--cluster", metavar="NAME",
+                   help="the cluster the source's series belong to (default \"default\"); "
+                        "with --cluster-label, the cluster of series without that label; "
+                        "with --price-only, price this cluster only")
+    p.add_argument("--cluster-label", metavar="LABEL",
+                   help="one store holding several clusters: each series' cluster is the "
+                        "value of this label (e.g. cluster)")
     auth = p.add_mutually_exclusive_group()
     auth.add_argument("--bearer-token-file", metavar="FILE")
     auth.add_argument("--basic-auth", metavar="USER:PASS")
@@ -126,6 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.price_only and args.no_price:
         raise UsageError("--price-only and --no-price: expected one of them, not both")
 
+    clusters = _cluster_scope(args)
     def say(msg: str) -> None:
         if not args.quiet:
             print(msg, file=sys.stderr)
@@ -144,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
         api.meter(args.db, source, period, cost_model=model, chunk_hours=chunk,
                   sample_interval=args.sample_interval, replace=args.replace,
                   resume=not args.no_resume, progress=progress, verbose=args.verbose,
-                  price_progress=_price_progress(args), say=say)
+                  price_progress=_price_progress(args), say=say, clusters=clusters)
     return 0
 
 
@@ -175,7 +185,8 @@ def _price_only(args: argparse.Namespace, period: Period, model: CostModel,
                 say: Callable[[str], None]) -> int:
     """Price the period from the facts in --db: no Prometheus, no file, no ingest."""
     try:
-        result = api.price(args.db, period, model, progress=_price_progress(args))
+        result = api.price(args.db, period, model, progress=_price_progress(args),
+                           cluster=args.cluster)
     except RefusedError as exc:
         raise RefusedError(f"{exc}: gpu-ledger meter --prometheus URL {_period_args(args)} "
                            f"--db {args.db}") from None
@@ -190,6 +201,23 @@ def _price_only(args: argparse.Namespace, period: Period, model: CostModel,
 
 def _price_progress(args: argparse.Namespace) -> Progress:
     return Progress(0, quiet=args.quiet, stage="price", unit="week")
+
+
+_LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _cluster_scope(args: argparse.Namespace) -> ClusterScope:
+    name = args.cluster or DEFAULT_CLUSTER
+    problem = cluster_name_problem(name)
+    if problem:
+        raise UsageError(f"--cluster: {problem}")
+    label = args.cluster_label
+    if label is not None and not _LABEL_NAME.match(label):
+        raise UsageError(f"--cluster-label: expected a Prometheus label name, got {label!r}")
+    if label is not None and args.price_only:
+        raise UsageError("--cluster-label reads series, --price-only reads none: expected one "
+                         "of them")
+    return ClusterScope(name, label)
 
 
 def _period_args(args: argparse.Namespace) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gpu_ledger import safeyaml
+from metering.cluster import CLUSTER_NAME_RULE, is_cluster_name
 from metering.errors import InputError
 
 MICRO: Final = Decimal("0.000001")
@@ -34,6 +35,10 @@ MIG_FRACTIONS: Final = ("slices", "memory", "table")
 SHARING_SPLITS: Final = ("replicas", "memory", "sm")
 BASES: Final = ("allocation", "usage", "blend")
 IDLE_POLICIES: Final = ("separate", "proportional", "even", "weights")
+# Sections a cluster may set differently under `clusters.NAME` (currency and budgets are the
+# ledger's, one for every cluster).
+CLUSTER_SECTIONS: Final = ("pricing", "mig", "sharing", "vgpu", "basis", "utilization_tiers",
+                           "teams", "discounts", "idle")
 _MISSING: Final = object()
 # Sane bounds, so a typo fails `cost-model check` instead of pricing (docs/cost-model.md,
 # "Bounds"): a device-hour costs at most a million currency units (charges are DECIMAL(18, 6),
@@ -199,6 +204,12 @@ class CostModel:
     # (table cost_models), so a report from the ledger alone is self-describing.
     name: str = ""
     text: str = ""
+    # Cluster name -> the cost model that cluster is priced with (this one with the
+    # sections `clusters.<name>` overrides); clusters not listed use this one.
+    clusters: Mapping[str, CostModel] = field(default_factory=dict)
+
+    def for_cluster(self, name: str) -> CostModel:
+        return self.clusters.get(name, self)
 
     def price_for(self, model: str) -> ResolvedPrice:
         """Exact model entries win over patterns; patterns are tried in file order."""
@@ -273,12 +284,13 @@ def parse_cost_model(text: str, name: str) -> CostModel:
 
 
 class _Parser:
-    def __init__(self, file: str) -> None:
+    def __init__(self, file: str, prefix: str = "") -> None:
         self.file = file
+        self.prefix = prefix  # key path of the section being read: "clusters.NAME."
 
     def fail(self, key: str, expected: str, found: object = _MISSING,
              hint: str = "") -> CostModelError:
-        return CostModelError(self.file, key, expected, found, hint)
+        return CostModelError(self.file, self.prefix + key, expected, found, hint)
 
     # -- primitives
 
@@ -363,9 +375,8 @@ class _Parser:
             raise self.fail("", "a cost model mapping (the file is empty)")
         if not isinstance(doc, dict):
             raise self.fail("", "a mapping of cost model sections at the top level", doc)
-        top = self.mapping(doc, "", ("version", "currency", "pricing", "mig", "sharing",
-                                     "vgpu", "basis", "utilization_tiers", "teams", "discounts",
-                                     "idle", "budgets"))
+        top = self.mapping(doc, "", ("version", "currency", *CLUSTER_SECTIONS,
+                                     "budgets", "clusters"))
         if top.get("version", 1) != 1 or isinstance(top.get("version", 1), bool):
             raise self.fail("version", "1", top.get("version"))
         currency = top.get("currency", "USD")
@@ -395,7 +406,32 @@ class _Parser:
                          usage_weight=usage_weight, tiers=tiers, team_label=label,
                          namespace_rules=rules, default_team=default_team,
                          team_discounts=team_disc, model_discounts=model_disc,
-                         idle_policy=policy, idle_weights=weights, budgets=budgets)
+                         idle_policy=policy, idle_weights=weights, budgets=budgets,
+                         clusters=self.clusters(top, path, digest))
+
+    def clusters(self, top: dict[str, Any], path: Path, digest: str) -> dict[str, CostModel]:
+        """`clusters: {NAME: {section: ...}}`: per cluster, the sections given replace the
+        top-level ones whole; each cluster's model is validated like the top-level one."""
+        if self.prefix:  # a cluster's own model has no clusters of its own
+            return {}
+        sec = top.get("clusters")
+        if sec is None:
+            return {}
+        if not isinstance(sec, dict):
+            raise self.fail("clusters", "a mapping of cluster name -> sections that differ "
+                            "for that cluster", sec)
+        out: dict[str, CostModel] = {}
+        base = {k: v for k, v in top.items() if k != "clusters"}
+        for name, override in sec.items():
+            if not is_cluster_name(name):
+                raise self.fail("clusters", CLUSTER_NAME_RULE + " as each key", name)
+            key = f"clusters.{name}"
+            if override is None or override == {}:
+                raise self.fail(key, "at least one section to override: "
+                                + ", ".join(CLUSTER_SECTIONS))
+            sections = self.mapping(override, key, CLUSTER_SECTIONS)
+            out[name] = _Parser(self.file, key + ".").model({**base, **sections}, path, digest)
+        return out
 
     def pricing(self, value: object) -> tuple[PriceRule, tuple[PriceRule, ...]]:
         sec = self.mapping(value, "pricing", ("default", "gpus"))

@@ -108,6 +108,25 @@ _MIGRATIONS += tuple(_drop_primary_key(t)
                      for t in ("device_hours", "mig_hours", "allocation_hours"))
 
 
+def _no_cluster(table: str) -> str:
+    return ("SELECT count(*) = 0 FROM information_schema.columns WHERE table_catalog = "
+            f"current_database() AND table_name = '{table}' AND column_name = 'cluster'")
+
+
+# Clusters: every earlier row belongs to cluster 'default'. Coverage's key becomes
+# (hour, cluster), which DuckDB can only do by rebuilding the table.
+_MIGRATIONS += tuple(
+    (_no_cluster(t), (f"ALTER TABLE {t} ADD COLUMN cluster VARCHAR DEFAULT 'default'",
+                      f"ALTER TABLE {t} ALTER COLUMN cluster SET NOT NULL"))
+    for t in ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours",
+              "charges"))
+_MIGRATIONS += ((_no_cluster("coverage"),
+                 ("ALTER TABLE coverage RENAME TO coverage__without_cluster",
+                  _table_ddl("coverage"),
+                  "INSERT INTO coverage BY NAME SELECT * FROM coverage__without_cluster",
+                  "DROP TABLE coverage__without_cluster")),)
+
+
 def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Bring an existing database's tables up to schema.sql; returns the statements run."""
     done: list[str] = []
@@ -144,7 +163,7 @@ MEMORY_LIMIT_ENV = "GPU_LEDGER_MEMORY_LIMIT"
 DEFAULT_MEMORY_LIMIT = "1.5GB"
 
 
-def _config() -> dict[str, str | bool | int | float | list[str]]:
+def engine_config() -> dict[str, str | bool | int | float | list[str]]:
     return {"memory_limit": os.environ.get(MEMORY_LIMIT_ENV) or DEFAULT_MEMORY_LIMIT}
 
 
@@ -156,7 +175,7 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
     Memory is capped at $GPU_LEDGER_MEMORY_LIMIT (default 1.5GB); DuckDB spills beyond it.
     """
     if str(path) == ":memory:":  # tests and throwaway runs
-        con = duckdb.connect(":memory:", config=_config())
+        con = duckdb.connect(":memory:", config=engine_config())
         con.execute(schema_sql())
         migrate(con)
         return con
@@ -171,7 +190,7 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
     elif not p.parent.is_dir():
         raise DatabaseError(str(p), f"directory {p.parent} does not exist")
     try:
-        con = duckdb.connect(str(p), read_only=read_only, config=_config())
+        con = duckdb.connect(str(p), read_only=read_only, config=engine_config())
     except duckdb.Error as e:
         if "Conflicting lock" in str(e) or "Could not set lock" in str(e):
             holder = re.search(r"PID (\d+)", str(e))

@@ -4,7 +4,8 @@ Both sources (Prometheus range queries, OpenMetrics files) reduce raw samples to
 signals: for one metric family and one function (count, sum, max, min, last), one row per
 series per hour with that series' labels. Hour H holds the samples in (H, H+1h], which is
 what a PromQL `<fn>_over_time(x[1h])` evaluated at H+1h sees. Everything after that is SQL
-over Arrow tables, so the cost per fact row is DuckDB's, not Python's.
+over Arrow tables (metering/sql/facts.sql), so the cost per fact row is DuckDB's, not
+Python's. Every signal row and fact row carries the cluster it belongs to (ClusterScope).
 
 Metric names are the exporter's contract, spelled here as strings: metering never imports
 the exporter.
@@ -13,7 +14,7 @@ the exporter.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -21,7 +22,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from metering import sqlfile
+from metering.cluster import DEFAULT_CLUSTER, ClusterScope, cluster_name_problem
 from metering.errors import RefusedError
+from metering.sqlfile import SqlFile
 
 HOUR_S = 3600
 # Grid of the `tlast` subquery: at most the shortest scrape interval metered (docs/metering.md).
@@ -158,6 +162,16 @@ def series_key(labels: Mapping[str, str]) -> str:
     return "\x1f".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "__name__")
 
 
+def series_labels(key: str) -> dict[str, str]:
+    """The labels of a series_key (a label value holding the 0x1f separator cannot be told
+    apart; no exporter label does)."""
+    out: dict[str, str] = {}
+    for part in key.split("\x1f") if key else ():
+        name, _, value = part.partition("=")
+        out[name] = value
+    return out
+
+
 def series_hash(key: str) -> int:
     """Stable 64-bit id of a series key: joins and tie-breaks on an integer, not a string."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little",
@@ -211,10 +225,16 @@ class FactCounts:
     allocation_hours: int = 0
     workload_hours: int = 0
     grant_hours: int = 0
-    spacing: dict[str, float] = field(default_factory=dict)  # node -> seconds per sample
-    # hour -> sample-seconds of device, MIG and allocation series counted once instead of
-    # twice or more (overlapping duplicates: two jobs, an HA pair, a store without dedup)
-    duplicates: dict[datetime, float] = field(default_factory=dict)
+    # node -> seconds per sample ("cluster/node" when the chunk holds several clusters)
+    spacing: dict[str, float] = field(default_factory=dict)
+    clusters: tuple[str, ...] = ()  # clusters whose hours this chunk replaced
+    # Per cluster written: device-hours the ledger held for the chunk before, and now.
+    held: dict[str, int] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)
+    # (cluster, hour) -> sample-seconds of device, MIG and allocation series counted once
+    # instead of twice or more (overlapping duplicates: two jobs, an HA pair, a store without
+    # dedup)
+    duplicates: dict[tuple[str, datetime], float] = field(default_factory=dict)
 
     @property
     def duplicate_seconds(self) -> float:
@@ -225,331 +245,190 @@ class FactCounts:
         return (self.device_hours + self.mig_hours + self.allocation_hours
                 + self.workload_hours + self.grant_hours)
 
+    def shrunk(self) -> dict[str, tuple[int, int]]:
+        """Clusters for which the chunk has fewer device-hours than the ledger held:
+        cluster -> (held, now)."""
+        return {c: (h, self.written.get(c, 0)) for c, h in self.held.items()
+                if self.written.get(c, 0) < h}
 
-# Seconds per sample for each series: its node's detected spacing, else the chunk's.
-_DT = "coalesce(sp.seconds, $dflt)"
-def _in(alias: str = "") -> str:
-    col = f"{alias}.hour" if alias else "hour"
-    return f"{col} >= $start AND {col} < $end"
-
-
-_IN_CHUNK = _in()
-# A key with several series in an hour sums them where they follow each other (exporter
-# restart on a new instance, pod relabelled, replicas changed) and counts the time once where
-# they overlap (one exporter scraped by two jobs, an HA pair in one store): each series' samples
-# span [last - count x spacing, last], and the key holds the union of those spans, never more
-# than its samples' seconds nor the hour. Integrals are scaled by held / sampled seconds, i.e.
-# overlapping duplicates are averaged. No scrape label (job, instance, replica) is looked at.
-def _union(count: str, tlast: str) -> str:
-    return f"""
-    SELECT c.hour, c.key, {_DT} AS dt, t.value - c.value * {_DT} AS s, t.value AS e
-    FROM {count} c JOIN {tlast} t ON t.sh = c.sh AND t.hour = c.hour
-    LEFT JOIN spacing sp ON sp.node = c.node
-    WHERE {_in("c")}"""
-
-
-def _held(ivs: str) -> str:
-    """Per (hour, key): seconds covered by the union of the spans in CTE `ivs`, each run of
-    overlapping spans in whole sample spacings (two copies scraped 7 s apart hold what one
-    does, not 7 s more)."""
-    return f"""
-    SELECT hour, key, sum(floor((ge - gs) / dt + 1e-6) * dt) AS u FROM (
-        SELECT hour, key, g, min(s) AS gs, max(e) AS ge, max(dt) AS dt FROM (
-            SELECT hour, key, dt, s, e, sum(CASE WHEN prev IS NULL OR s > prev THEN 1 ELSE 0 END)
-                OVER (PARTITION BY hour, key ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS g
-            FROM (SELECT hour, key, dt, s, e, max(e) OVER (PARTITION BY hour, key ORDER BY s, e
-                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev FROM {ivs}))
-        GROUP BY hour, key, g)
-    GROUP BY hour, key"""
-
-
-def _sec(raw: str, held: str) -> str:
-    return f"least({raw}, coalesce({held}, {raw}), 3600.0)"
-
-
-def _scale(raw: str, held: str) -> str:
-    return f"({_sec(raw, held)} / {raw})"
-
-# Every statement below aggregates per (hour, key) on integers: the series with the most
-# samples (`w`, ties broken by its id) names the fact row, and only that series' string
-# labels are read back, by a join on (series hash, hour). Hashing six strings per sample to
-# group and join was most of the time of a chunk.
-DEVICE_SQL = f"""
-INSERT INTO device_hours (hour, node, gpu, uuid, model, mig_enabled, observed_seconds,
-                          up_seconds, sm_active_seconds, energy_joules)
-WITH up AS (
-    SELECT c.hour, c.key, c.sh, c.value AS n,
-           CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w,
-           coalesce(s.value, 0) AS ones, {_DT} AS dt
-    FROM up_count c
-    LEFT JOIN up_sum s ON s.sh = c.sh AND s.hour = c.hour
-    LEFT JOIN spacing sp ON sp.node = c.node
-    WHERE {_in("c")}),
-dev AS (
-    SELECT hour, key, arg_max(sh, w) AS sh, sum(n * dt) AS obs, sum(ones * dt) AS up
-    FROM up GROUP BY hour, key),
-ivs AS ({_union("up_count", "up_tlast")}),
-held AS ({_held("ivs")}),
-info AS (
-    SELECT hour, key, bool_or(lower(mig_mode) IN ('enabled', 'true', '1', 'on')) AS mig
-    FROM info_count WHERE {_IN_CHUNK} GROUP BY hour, key),
-util AS (
-    SELECT u.hour, u.key, sum(u.value * {_DT}) AS sm
-    FROM util_sum u LEFT JOIN spacing sp ON sp.node = u.node
-    WHERE {_in("u")} GROUP BY u.hour, u.key),
-inc AS (
-    -- Per series: last value of the hour minus last value of the hour before (a drop is a
-    -- counter reset: count from zero); with no hour before, last minus first of the hour.
-    SELECT l.hour, l.key,
-           CASE WHEN p.value IS NULL THEN l.value - m.value
-                WHEN l.value >= p.value THEN l.value - p.value
-                ELSE l.value END AS j
-    FROM energy_last l
-    LEFT JOIN energy_last p ON p.sh = l.sh AND p.hour = l.hour - INTERVAL 1 HOUR
-    LEFT JOIN energy_min m ON m.sh = l.sh AND m.hour = l.hour
-    WHERE {_in("l")}),
-energy AS (SELECT hour, key, sum(j) AS j FROM inc GROUP BY hour, key)
-SELECT d.hour, c.node, c.gpu, c.uuid, c.model, coalesce(i.mig, false),
-       {_sec("d.obs", "h.u")}, d.up * {_scale("d.obs", "h.u")},
-       CASE WHEN coalesce(i.mig, false) THEN NULL
-            ELSE u.sm * {_scale("d.obs", "h.u")} END,
-       e.j * {_scale("d.obs", "h.u")}
-FROM dev d
-JOIN up_count c ON c.sh = d.sh AND c.hour = d.hour
-LEFT JOIN held h ON h.hour = d.hour AND h.key = d.key
-LEFT JOIN info i ON i.hour = d.hour AND i.key = d.key
-LEFT JOIN util u ON u.hour = d.hour AND u.key = d.key
-LEFT JOIN energy e ON e.hour = d.hour AND e.key = d.key
-"""
-
-MIG_SQL = f"""
-INSERT INTO mig_hours (hour, node, uuid, mig_uuid, profile, slices, parent_slices,
-                       memory_total_bytes, observed_seconds, sm_active_seconds)
-WITH k AS (
-    SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh,
-           sum(c.value * {_DT}) AS sec
-    FROM mig_count c
-    LEFT JOIN spacing sp ON sp.node = c.node WHERE {_in("c")}
-    GROUP BY c.hour, c.key),
-ivs AS ({_union("mig_count", "mig_tlast")}),
-held AS ({_held("ivs")}),
-mem AS (SELECT hour, key, max(value) AS v FROM migmem_max WHERE {_IN_CHUNK}
-        GROUP BY hour, key),
-gpm AS (
-    -- NULL (no row) when the hour has no GPM sample for the instance: unknown, not idle.
-    SELECT g.hour, g.key, sum(g.value * {_DT}) AS v
-    FROM gpm_sum g LEFT JOIN spacing sp ON sp.node = g.node
-    WHERE {_in("g")} AND g.mig_uuid <> '' GROUP BY g.hour, g.key)
-SELECT k.hour, c.node, c.uuid, c.mig_uuid, c.profile, CAST(c.slices AS INTEGER),
-       CAST(c.parent_slices AS INTEGER), mem.v,
-       {_sec("k.sec", "h.u")}, gpm.v * {_scale("k.sec", "h.u")}
-FROM k
-JOIN mig_count c ON c.sh = k.sh AND c.hour = k.hour
-LEFT JOIN held h ON h.hour = k.hour AND h.key = k.key
-LEFT JOIN mem ON mem.hour = k.hour AND mem.key = k.key
-LEFT JOIN gpm ON gpm.hour = k.hour AND gpm.key = k.key
-"""
-
-
-def _usage(view: str) -> str:
-    return (f"SELECT x.hour, x.key, sum(x.value * {_DT}) AS v FROM {view} x "
-            f"LEFT JOIN spacing sp ON sp.node = x.node WHERE {_in('x')} "
-            f"GROUP BY x.hour, x.key")
-
-
-ALLOC_SQL = f"""
-INSERT INTO allocation_hours (hour, node, namespace, pod, container, uuid, mig_uuid, resource,
-                              sharing, replicas, units, allocated_seconds,
-                              memory_byte_seconds, sm_seconds, labels)
-WITH a AS (
-    SELECT c.hour, c.key, c.sh, c.value AS n,
-           CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w,
-           coalesce(s.value, 0) AS u, c.value * {_DT} AS sec
-    FROM alloc_count c
-    LEFT JOIN alloc_sum s ON s.sh = c.sh AND s.hour = c.hour
-    LEFT JOIN spacing sp ON sp.node = c.node
-    WHERE {_in("c")}),
-k AS (
-    SELECT hour, key, arg_max(sh, w) AS sh, sum(u) / sum(n) AS units, sum(sec) AS sec
-    FROM a GROUP BY hour, key),
-ivs AS ({_union("alloc_count", "alloc_tlast")}),
-held AS ({_held("ivs")}),
-mem AS ({_usage("cmem_sum")}),
-sm AS ({_usage("csm_sum")})
-SELECT k.hour, c.node, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid, c.resource,
-       c.sharing, CAST(c.replicas AS INTEGER), k.units, {_sec("k.sec", "h.u")},
-       coalesce(mem.v, 0) * {_scale("k.sec", "h.u")},
-       -- NULL without samples (MIG: NVML has no per-process SM there): unknown, not idle.
-       sm.v * {_scale("k.sec", "h.u")}, c.labels
-FROM k
-JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
-LEFT JOIN held h ON h.hour = k.hour AND h.key = k.key
-LEFT JOIN mem ON mem.hour = k.hour AND mem.key = k.key
-LEFT JOIN sm ON sm.hour = k.hour AND sm.key = k.key
-"""
-
-# Per allocation fact: the pod's owner (from the series that names the fact row) and the
-# peak memory of the hour (max over duplicate series too: a duplicate cannot raise a peak).
-WORKLOAD_SQL = f"""
-INSERT INTO workload_hours (hour, namespace, pod, container, uuid, mig_uuid, owner_kind,
-                            owner_name, memory_max_bytes)
-WITH k AS (
-    SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh
-    FROM alloc_count c WHERE {_in("c")} GROUP BY c.hour, c.key),
-mx AS (SELECT hour, key, max(value) AS v FROM cmem_max WHERE {_IN_CHUNK} GROUP BY hour, key)
-SELECT k.hour, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid, c.owner_kind,
-       c.owner_name, mx.v
-FROM k
-JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
-LEFT JOIN mx ON mx.hour = k.hour AND mx.key = k.key
-"""
-
-# Per allocation fact with a fractional grant: the granted memory and core fractions (the
-# largest seen in the hour; NULL where the grant gives none, e.g. no core limit).
-GRANT_SQL = f"""
-INSERT INTO grant_hours (hour, namespace, pod, container, uuid, mig_uuid, memory_fraction,
-                         core_fraction)
-WITH k AS (
-    SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh
-    FROM alloc_count c WHERE {_in("c")} GROUP BY c.hour, c.key),
-m AS (SELECT hour, key, max(value) AS v FROM cmemfrac_max WHERE {_IN_CHUNK}
-      GROUP BY hour, key),
-cf AS (SELECT hour, key, max(value) AS v FROM ccorefrac_max WHERE {_IN_CHUNK}
-       GROUP BY hour, key)
-SELECT k.hour, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid,
-       -- clamped to 0-1; greatest() would turn a missing figure (NULL) into 0
-       CASE WHEN m.v IS NOT NULL THEN least(greatest(m.v, 0), 1) END,
-       CASE WHEN cf.v IS NOT NULL THEN least(greatest(cf.v, 0), 1) END
-FROM k
-JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
-LEFT JOIN m ON m.hour = k.hour AND m.key = k.key
-LEFT JOIN cf ON cf.hour = k.hour AND cf.key = k.key
-WHERE m.v IS NOT NULL OR cf.v IS NOT NULL
-"""
 
 # Integer labels that pricing divides by: a bad value is an error, never a silent 0.
 _INT_LABELS = (("mig_count", "gpu_mig_info", ("slices", "parent_slices")),
                ("alloc_count", "gpu_container_allocation", ("replicas",)))
 
 
-def _check_int_labels(con: Any, params: dict[str, Any]) -> None:
+def _check_int_labels(con: Any) -> None:
     for view, family, labels in _INT_LABELS:
         for label in labels:
             rows = con.execute(
-                f"SELECT series, {label} FROM {view} WHERE {_IN_CHUNK} AND "
-                f"coalesce(try_cast({label} AS INTEGER), 0) < 1 LIMIT 1",
-                {"start": params["start"], "end": params["end"]}).fetchall()
+                f"SELECT series, {label} FROM {view} WHERE gl_in(hour) AND "
+                f"coalesce(try_cast({label} AS INTEGER), 0) < 1 LIMIT 1").fetchall()
             for row in rows:
                 series = "{" + row[0].replace("\x1f", ", ") + "}"
                 raise FactError(f"{family}{series}: label {label}: expected a whole number "
                                 f">= 1, got {row[1]!r}")
 
 
-def detect_spacing(con: Any, start: datetime, end: datetime
-                   ) -> tuple[dict[str, float], float | None]:
-    """Seconds between the exporter's samples, per node: 3600 / the most common number of
-    gpu_up samples a series holds in an hour of the chunk (full hours dominate; partial hours
-    and jitter of one sample do not move the mode). Also the mode over all nodes, for series
-    on nodes without gpu_up."""
-    rows = con.execute(
-        f"SELECT node, value AS n, count(*) AS k FROM up_count "
-        f"WHERE {_IN_CHUNK} AND value > 0 GROUP BY node, value",
-        {"start": start, "end": end}).fetchall()
-    per_node: dict[str, tuple[int, float]] = {}
+def detect_spacing(con: Any) -> tuple[dict[tuple[str, str], float], float | None]:
+    """Seconds between the exporter's samples, per (cluster, node): 3600 / the most common
+    number of gpu_up samples a series holds in an hour of the chunk. Also the mode over all
+    nodes, for series on nodes without gpu_up. Needs the chunk's variables set."""
+    rows = con.execute(_sql().query("spacing")).fetchall()
+    per_node: dict[tuple[str, str], tuple[int, float]] = {}
     overall: dict[float, int] = {}
-    for node, n, k in rows:
-        if (k, n) > per_node.get(node, (0, 0.0)):
-            per_node[node] = (k, n)
+    for cluster, node, n, k in rows:
+        if (k, n) > per_node.get((cluster, node), (0, 0.0)):
+            per_node[(cluster, node)] = (k, n)
         overall[n] = overall.get(n, 0) + k
-    spacing = {node: HOUR_S / n for node, (_, n) in per_node.items()}
+    spacing = {where: HOUR_S / n for where, (_, n) in per_node.items()}
     default = HOUR_S / max(overall, key=lambda n: (overall[n], n)) if overall else None
     return spacing, default
 
 
+def _sql() -> SqlFile:
+    """metering/sql/facts.sql: the fact statements, run in the file's order."""
+    return sqlfile.load("facts.sql")
+
+
+def _tag_clusters(table: pa.Table, scope: ClusterScope) -> tuple[pa.Table, set[str]]:
+    """`table` with a `cluster` column (one dictionary entry per series, like the labels) and,
+    when the cluster comes from a label, the cluster folded into `key`: the same container
+    names in two clusters are two fact rows. Returns the clusters seen."""
+    n = table.num_rows
+    if scope.label is None:
+        col = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32), pa.int32()),
+                                             pa.array([scope.name], pa.string()))
+        table = _set_column(table, "cluster", col)
+        return table, ({scope.name} if n else set())
+    clusters: list[pa.Array] = []
+    keys: list[pa.Array] = []
+    seen: set[str] = set()
+    series = table.column("series")
+    key = table.column("key")
+    offset = 0
+    for chunk in series.chunks:
+        names = [scope.of(series_labels(k.as_py())) for k in chunk.dictionary]
+        seen.update(names[i] for i in set(chunk.indices.to_numpy(zero_copy_only=False)))
+        clusters.append(pa.DictionaryArray.from_arrays(chunk.indices,
+                                                       pa.array(names, pa.string())))
+        salt = np.fromiter((series_hash(name) for name in names), np.int64, len(names))
+        idx = chunk.indices.to_numpy(zero_copy_only=False)
+        part = key.slice(offset, len(chunk)).to_numpy()
+        keys.append(pa.array(part ^ salt[idx] if len(idx) else part, pa.int64()))
+        offset += len(chunk)
+    table = _set_column(table, "cluster", pa.chunked_array(
+        clusters, pa.dictionary(pa.int32(), pa.string())))
+    table = _set_column(table, "key", pa.chunked_array(keys, pa.int64()))
+    return table, seen
+
+
+def _set_column(table: pa.Table, name: str, col: pa.Array | pa.ChunkedArray) -> pa.Table:
+    i = table.schema.get_field_index(name)
+    return table.set_column(i, name, col) if i >= 0 else table.append_column(name, col)
+
+
 def write_facts(con: Any, signals: Mapping[str, pa.Table], start: datetime, end: datetime,
-                sample_interval: float | None = None) -> FactCounts:
-    """Insert the facts for hours [start, end) (naive UTC) from `signals` (one table per
-    SignalSpec name; missing ones count as empty). The caller owns the transaction and has
-    already deleted those hours."""
+                sample_interval: float | None = None,
+                clusters: ClusterScope | None = None) -> FactCounts:
+    """Replace the facts of hours [start, end) (naive UTC) of the clusters in `signals` (one
+    table per SignalSpec name; missing ones count as empty) with what the signals hold. Only
+    the clusters the chunk writes are touched: re-metering one cluster never changes
+    another's hours. The caller owns the transaction."""
+    scope = clusters or ClusterScope()
+    sql = _sql()
     names = [s.name for s in SIGNALS]
+    seen: set[str] = set()
     for spec in SIGNALS:
-        con.register(spec.name, signals.get(spec.name, empty_signal(spec)))
+        table, found = _tag_clusters(signals.get(spec.name, empty_signal(spec)), scope)
+        seen |= found
+        con.register(spec.name, table)
+    for name in sorted(seen):
+        problem = cluster_name_problem(name)
+        if problem:
+            raise FactError(f"label {scope.label}: {problem}")
+    written = {scope.name} if scope.label is None else seen
     try:
-        params: dict[str, Any] = {"start": start, "end": end}
-        _check_int_labels(con, params)
-        spacing: dict[str, float] = {}
+        for name, value in (("gl_start", start), ("gl_end", end)):
+            con.execute(f"SET VARIABLE {name} = ?", [value])
+        step_sql = dict(sql.steps)
+        con.execute(step_sql["macros"])
+        _check_int_labels(con)
+        spacing: dict[tuple[str, str], float] = {}
         default = sample_interval
         if default is None:
-            spacing, detected = detect_spacing(con, start, end)
-            default = detected
+            spacing, default = detect_spacing(con)
             if default is None:
-                pending = con.execute(
-                    f"SELECT (SELECT count(*) FROM alloc_count WHERE {_IN_CHUNK}) + "
-                    f"(SELECT count(*) FROM mig_count WHERE {_IN_CHUNK})", params).fetchall()
-                if pending[0][0]:
+                if con.execute(sql.query("pending")).fetchall()[0][0]:
                     raise FactError(
                         f"cannot detect the sample interval for {start:%Y-%m-%dT%H:%M}Z .. "
                         f"{end:%Y-%m-%dT%H:%M}Z: there are allocation or MIG samples but no "
                         "gpu_up samples; pass --sample-interval SECONDS")
                 default = float(HOUR_S)  # nothing will use it
         con.register("spacing", pa.table({
-            "node": pa.array(list(spacing), pa.string()),
+            "cluster": pa.array([c for c, _ in spacing], pa.string()),
+            "node": pa.array([n for _, n in spacing], pa.string()),
             "seconds": pa.array(list(spacing.values()), pa.float64())}))
         names.append("spacing")
-        params["dflt"] = default
-        counts = FactCounts(spacing=spacing or {"*": default})
-        for sql, attr in ((DEVICE_SQL, "device_hours"), (MIG_SQL, "mig_hours"),
-                          (ALLOC_SQL, "allocation_hours"), (WORKLOAD_SQL, "workload_hours"),
-                          (GRANT_SQL, "grant_hours")):
-            # DuckDB refuses named parameters a statement does not use
-            used = {k: v for k, v in params.items() if f"${k}" in sql}
-            rows = con.execute(sql, used).fetchall()
-            setattr(counts, attr, int(rows[0][0]) if rows else 0)
-        counts.duplicates = _duplicates(con, params)
+        con.execute("SET VARIABLE gl_dflt = ?", [default])
+        held = _device_hours(con, start, end, written)
+        delete_hours(con, start, end, written)
+        single = len({c for c, _ in spacing}) <= 1
+        counts = FactCounts(
+            spacing={(n if single else f"{c}/{n}"): s for (c, n), s in spacing.items()}
+            or {"*": default},
+            clusters=tuple(sorted(written)), held=held)
+        for step, body in sql.steps:
+            rows = con.execute(body).fetchall()
+            if step in _COUNTED:
+                setattr(counts, step, int(rows[0][0]) if rows else 0)
+        counts.written = _device_hours(con, start, end, written)
+        counts.duplicates = {(str(c), h): float(v) for c, h, v in
+                             con.execute(sql.query("duplicates")).fetchall()}
         return counts
     finally:
+        con.execute(sql.query("cleanup"))
         for name in names:
             con.unregister(name)
 
 
-def _duplicates(con: Any, params: dict[str, Any]) -> dict[datetime, float]:
-    """Per hour: sample-seconds the sources hold minus those the facts kept, over device, MIG
-    and allocation series, i.e. what de-duplication removed."""
-    def raw(view: str) -> str:
-        return (f"SELECT c.hour, c.value * {_DT} AS s FROM {view} c "
-                f"LEFT JOIN spacing sp ON sp.node = c.node WHERE {_in('c')}")
-
-    def kept(table: str, col: str) -> str:
-        return f"SELECT hour, {col} AS s FROM {table} WHERE {_IN_CHUNK}"
-
-    rows = con.execute(
-        f"""SELECT hour, sum(s) FROM (
-                {raw("up_count")} UNION ALL {raw("mig_count")} UNION ALL {raw("alloc_count")}
-                UNION ALL SELECT hour, -s FROM ({kept("device_hours", "observed_seconds")})
-                UNION ALL SELECT hour, -s FROM ({kept("mig_hours", "observed_seconds")})
-                UNION ALL SELECT hour, -s FROM ({kept("allocation_hours", "allocated_seconds")}))
-            GROUP BY hour HAVING sum(s) > 0.5 ORDER BY hour""",
-        {k: params[k] for k in ("start", "end", "dflt")}).fetchall()
-    return {h: float(v) for h, v in rows}
-
-
+_COUNTED = frozenset(("device_hours", "mig_hours", "allocation_hours", "workload_hours",
+                      "grant_hours"))
 FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours",
                "coverage")
 
 
-def delete_hours(con: Any, start: datetime, end: datetime) -> None:
+def _device_hours(con: Any, start: datetime, end: datetime,
+                  clusters: Iterable[str]) -> dict[str, int]:
+    wanted = sorted(clusters)
+    rows = con.execute("SELECT cluster, count(*) FROM device_hours WHERE hour >= ? AND "
+                       "hour < ? AND list_contains(?, cluster) GROUP BY cluster",
+                       [start, end, wanted]).fetchall()
+    found = {str(c): int(n) for c, n in rows}
+    return {c: found.get(c, 0) for c in wanted}
+
+
+def delete_hours(con: Any, start: datetime, end: datetime, clusters: Iterable[str]) -> None:
+    """Delete the facts and coverage of hours [start, end) of these clusters only."""
+    wanted = sorted(clusters)
     for table in FACT_TABLES:
-        con.execute(f"DELETE FROM {table} WHERE hour >= $start AND hour < $end",
-                    {"start": start, "end": end})
+        con.execute(f"DELETE FROM {table} WHERE hour >= ? AND hour < ? AND "
+                    "list_contains(?, cluster)", [start, end, wanted])
 
 
 def write_coverage(con: Any, start: datetime, end: datetime, source: str,
-                   ingested_at: datetime, duplicates: Mapping[datetime, float] | None = None,
+                   ingested_at: datetime, clusters: Iterable[str] = (DEFAULT_CLUSTER,),
+                   duplicates: Mapping[tuple[str, datetime], float] | None = None,
                    dropped: Mapping[datetime, int] | None = None) -> list[datetime]:
-    """One coverage row per hour of [start, end), with the sample-seconds de-duplication
-    removed and the values dropped as not plausible; returns the hours without device data."""
+    """One coverage row per hour of [start, end) and cluster, with the sample-seconds
+    de-duplication removed (per cluster) and the values dropped as not plausible; returns the
+    hours in which some of these clusters had no device data. A dropped value has no labels
+    to trust, so the chunk's drops are counted on the first of its clusters."""
+    wanted = sorted(clusters)
+    first = wanted[0] if wanted else DEFAULT_CLUSTER
+    keys = [*(duplicates or {}), *((first, h) for h in dropped or {})]
     extra = pa.table({
-        "hour": pa.array([*(duplicates or {}), *(dropped or {})], pa.timestamp("us")),
+        "cluster": pa.array([c for c, _ in keys], pa.string()),
+        "hour": pa.array([h for _, h in keys], pa.timestamp("us")),
         "dup": pa.array([*(duplicates or {}).values(), *(0.0 for _ in dropped or {})],
                         pa.float64()),
         "bad": pa.array([*(0 for _ in duplicates or {}), *(dropped or {}).values()],
@@ -557,20 +436,24 @@ def write_coverage(con: Any, start: datetime, end: datetime, source: str,
     con.register("_coverage_extra", extra)
     try:
         con.execute(
-            """INSERT INTO coverage (hour, source, devices, ingested_at, duplicate_seconds,
-                                     dropped_values)
-               SELECT h.hour, $source, coalesce(d.n, 0), $now, coalesce(x.dup, 0),
+            """INSERT INTO coverage (hour, cluster, source, devices, ingested_at,
+                                     duplicate_seconds, dropped_values)
+               SELECT h.hour, c.cluster, $source, coalesce(d.n, 0), $now, coalesce(x.dup, 0),
                       coalesce(x.bad, 0)
                FROM (SELECT unnest(generate_series($start, $end - INTERVAL 1 HOUR,
                                                    INTERVAL 1 HOUR)) AS hour) h
-               LEFT JOIN (SELECT hour, count(*) AS n FROM device_hours
-                          WHERE hour >= $start AND hour < $end GROUP BY hour) d
-                      ON d.hour = h.hour
-               LEFT JOIN (SELECT hour, sum(dup) AS dup, sum(bad) AS bad FROM _coverage_extra
-                          GROUP BY hour) x ON x.hour = h.hour""",
-            {"start": start, "end": end, "source": source, "now": ingested_at})
+               CROSS JOIN (SELECT unnest($clusters::VARCHAR[]) AS cluster) c
+               LEFT JOIN (SELECT hour, cluster, count(*) AS n FROM device_hours
+                          WHERE hour >= $start AND hour < $end GROUP BY hour, cluster) d
+                      ON d.hour = h.hour AND d.cluster = c.cluster
+               LEFT JOIN (SELECT hour, cluster, sum(dup) AS dup, sum(bad) AS bad
+                          FROM _coverage_extra GROUP BY hour, cluster) x
+                      ON x.hour = h.hour AND x.cluster = c.cluster""",
+            {"start": start, "end": end, "source": source, "now": ingested_at,
+             "clusters": wanted})
     finally:
         con.unregister("_coverage_extra")
-    rows = con.execute("SELECT hour FROM coverage WHERE hour >= $start AND hour < $end "
-                       "AND devices = 0 ORDER BY hour", {"start": start, "end": end}).fetchall()
+    rows = con.execute("SELECT DISTINCT hour FROM coverage WHERE hour >= ? AND hour < ? "
+                       "AND devices = 0 AND list_contains(?, cluster) ORDER BY hour",
+                       [start, end, wanted]).fetchall()
     return [r[0] for r in rows]

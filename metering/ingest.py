@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from metering.cluster import ClusterScope
 from metering.db import transaction
 from metering.errors import ExitCode, MeteringError
 from metering.facts import (
@@ -203,26 +204,29 @@ class IngestResult:
     spacing: dict[str, float] = field(default_factory=dict)  # node -> seconds (last chunk)
     duplicate_seconds: float = 0.0  # sample-seconds de-duplication counted once, not twice+
     dropped: int = 0  # values dropped as not plausible (NaN, Inf, not a number, out of range)
+    clusters: set[str] = field(default_factory=set)  # clusters whose hours were replaced
 
 
 def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_CHUNK_HOURS,
            sample_interval: float | None = None, progress: Progress | None = None,
-           verbose: bool = False, replace: bool = False, resume: bool = True
-           ) -> IngestResult:
-    """Meter `period` from `source` chunk by chunk. A chunk whose source yields fewer
-    device-hours than the ledger already holds for those hours is refused (nothing written)
-    unless `replace`: a Prometheus past its retention or an empty source never wipes a
-    metered month. An earlier run of the same source and period that stopped before its end
-    is resumed after its committed chunks unless not `resume` (metering/resume.py). A source
-    with no GPU series at all for the period is refused too: chunks without any fact are only
-    written (as hours without data) once some chunk has facts."""
+           verbose: bool = False, replace: bool = False, resume: bool = True,
+           clusters: ClusterScope | None = None) -> IngestResult:
+    """Meter `period` from `source` chunk by chunk into the cluster(s) `clusters` names (one
+    cluster, or the values of a cluster label; other clusters' hours are never touched). A
+    chunk whose source yields fewer device-hours for a cluster than the ledger already holds
+    for those hours is refused (nothing written) unless `replace`: a Prometheus past its
+    retention or an empty source never wipes a metered month. An earlier run of the same
+    source, clusters and period that stopped before its end is resumed after its committed
+    chunks unless not `resume` (metering/resume.py). A source with no GPU series at all for
+    the period is refused too: chunks without any fact are only written (as hours without
+    data) once some chunk has facts."""
     if not 1 <= chunk_hours <= MAX_CHUNK_HOURS:
         raise IngestError(f"--chunk: expected 1 to {MAX_CHUNK_HOURS} hours, got {chunk_hours}",
                           ExitCode.USAGE)
     chunks = list(period.chunks(chunk_hours))
     progress = progress or Progress(len(chunks), quiet=True)
     result = IngestResult(period, source.name)
-    journal = Journal.begin(con, source.name, period, resume)
+    journal = Journal.begin(con, _run_key(source.name, clusters), period, resume)
     result.resumed = sum(1 for c in chunks if journal.committed(c))
     if result.resumed and journal.resumed_from is not None:
         progress.total = len(chunks) - result.resumed
@@ -250,20 +254,20 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
             dropped = {utc_naive(datetime.fromtimestamp(h, UTC)): n for h, n in
                        source.screened.dropped_in(first, int(chunk.end.timestamp())).items()}
             with transaction(con):
-                held = con.execute("SELECT count(*) FROM device_hours WHERE hour >= $s AND "
-                                   "hour < $e", {"s": start, "e": end}).fetchall()[0][0]
-                delete_hours(con, start, end)
-                counts = write_facts(con, signals, start, end, sample_interval)
-                if counts.device_hours < held and not replace:
-                    raise FactError(
-                        f"the source has {counts.device_hours} device-hours where the ledger "
-                        f"holds {held}; metering would lose {held - counts.device_hours} (pass "
-                        "--replace to overwrite them with what the source has)")
+                counts = write_facts(con, signals, start, end, sample_interval, clusters)
+                shrunk = counts.shrunk()
+                if shrunk and not replace:
+                    named = len(counts.clusters) > 1 or counts.clusters != ("default",)
+                    raise FactError("; ".join(
+                        (f"cluster {c}: " if named else "")
+                        + f"the source has {now} device-hours where the ledger holds {held}; "
+                        f"metering would lose {held - now}" for c, (held, now) in shrunk.items())
+                        + " (pass --replace to overwrite them with what the source has)")
                 if counts.total == 0 and not seen:
                     raise _Empty  # nothing seen yet: maybe a source without GPU series
                 result.empty_hours += write_coverage(
-                    con, start, end, source.name, _now(), duplicates=counts.duplicates,
-                    dropped=dropped)
+                    con, start, end, source.name, _now(), counts.clusters,
+                    duplicates=counts.duplicates, dropped=dropped)
                 journal.record(con, chunk)
         except _Empty:
             pending.append((chunk, dropped))
@@ -272,8 +276,9 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
                               ) from None
         else:
             seen = True
+            result.clusters.update(counts.clusters)
             for empty, lost in pending:  # the run has facts: the empty chunks before are gaps
-                _write_empty(con, empty, source.name, result, journal, lost)
+                _write_empty(con, empty, source.name, result, journal, lost, clusters)
             pending.clear()
         result.chunks += 1
         result.dropped += sum(dropped.values())
@@ -309,9 +314,25 @@ def _now() -> datetime:
 
 
 def _write_empty(con: Any, chunk: Period, source: str, result: IngestResult,
-                 journal: Journal, dropped: dict[datetime, int]) -> None:
+                 journal: Journal, dropped: dict[datetime, int],
+                 clusters: ClusterScope | None = None) -> None:
+    """A chunk the source has no fact for, once the run has seen facts: hours without data
+    for the run's clusters (the one named, or those the label gave in other chunks)."""
     start, end = chunk.naive()
+    scope = clusters or ClusterScope()
+    names = sorted(result.clusters) if scope.label is not None else [scope.name]
     with transaction(con):
-        delete_hours(con, start, end)
-        result.empty_hours += write_coverage(con, start, end, source, _now(), dropped=dropped)
+        delete_hours(con, start, end, names)
+        result.empty_hours += write_coverage(con, start, end, source, _now(), names,
+                                             dropped=dropped)
         journal.record(con, chunk)
+
+
+def _run_key(source: str, clusters: ClusterScope | None) -> str:
+    """What makes two runs the same run for resuming: the source, and the cluster(s) it is
+    metered as (one Prometheus metered as two clusters is two runs)."""
+    if clusters is None or clusters == ClusterScope():
+        return source
+    if clusters.label is None:
+        return f"{source} [cluster {clusters.name}]"
+    return f"{source} [cluster label {clusters.label}, else {clusters.name}]"

@@ -3,22 +3,22 @@
 All row work is set-based SQL in metering/sql/pricing.sql. Python only resolves the cost model
 against the few distinct GPU models and namespaces of the period (glob rules are easier to get
 right once, in one place, than twice), loads those small tables, and runs the statements in one
-transaction: re-pricing a period replaces its rows and nothing else.
+transaction: re-pricing a period replaces its rows and nothing else. Each cluster is priced on
+its own, with its own prices and team rules (CostModel.for_cluster).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from functools import cache
-from importlib import resources
 from typing import Any, Final
 
 import duckdb
 
+from metering import sqlfile
+from metering.cluster import DEFAULT_CLUSTER
 from metering.costmodel import MICRO, CostModel
 from metering.db import transaction
 from metering.period import Period, utc_aware, utc_naive
@@ -40,10 +40,6 @@ _WORK_TABLES: Final = ("_dev", "_alloc", "_rows", "_idle", "_pool", "_share")
 _MONEY_MACRO: Final = ("CREATE OR REPLACE TEMP MACRO gl_money(m) AS "
                        "(CAST(m AS DECIMAL(18, 0)) * CAST(0.000001 AS DECIMAL(18, 6)))"
                        "::DECIMAL(18, 6)")
-# Statements of pricing.sql run in this order; `totals` and `orphans` are read after them.
-_STEPS: Final = ("devices", "alloc", "rows", "idle", "pools", "shares", "delete",
-                 "insert_team_rows", "insert_idle_rows", "insert_weighted_idle_rows",
-                 "insert_down_rows", "insert_adjustment_rows")
 
 
 @dataclass(frozen=True)
@@ -54,7 +50,7 @@ class PricingResult:
     end: datetime
     currency: str
     cost_model_hash: str
-    hours: int  # hours of the period with device facts
+    hours: int  # hours of the period with device facts, summed over clusters
     device_hours: int
     rows: int  # rows written to charges
     fleet_cost: Decimal  # what the fleet's device-hours cost at list price
@@ -71,22 +67,16 @@ class PricingResult:
         return self.charged + self.idle_shared + self.idle + self.down + self.adjustment
 
 
-@cache
-def statements() -> dict[str, str]:
-    """The named statements of pricing.sql."""
-    text = (resources.files("metering") / "sql" / "pricing.sql").read_text(encoding="utf-8")
-    parts = re.split(r"^-- name: (\w+)\s*$", text, flags=re.MULTILINE)
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
 def _load_config(con: duckdb.DuckDBPyConnection, model: CostModel,
-                 start: datetime, end: datetime) -> tuple[str, ...]:
+                 start: datetime, end: datetime, cluster: str) -> tuple[str, ...]:
     for table, columns in _CONFIG_TABLES.items():
         con.execute(f"CREATE OR REPLACE TEMP TABLE {table} ({columns})")
-    period = [start, end]
+    period = [start, end, cluster]
     models = [r[0] for r in con.execute(
-        "SELECT DISTINCT model FROM device_hours WHERE hour >= ? AND hour < ?", period
-    ).fetchall()]
+        "SELECT DISTINCT model FROM device_hours WHERE hour >= ? AND hour < ? AND cluster = ?",
+        period).fetchall()]
     defaults: list[str] = []
     rows: list[tuple[object, ...]] = []
     for name in models:
@@ -97,8 +87,8 @@ def _load_config(con: duckdb.DuckDBPyConnection, model: CostModel,
         rows.append((name, int(price.hourly / MICRO), float(price.discount), memory))
     _insert(con, "_p_models", rows)
     namespaces = [r[0] for r in con.execute(
-        "SELECT DISTINCT namespace FROM allocation_hours WHERE hour >= ? AND hour < ?", period
-    ).fetchall()]
+        "SELECT DISTINCT namespace FROM allocation_hours WHERE hour >= ? AND hour < ? "
+        "AND cluster = ?", period).fetchall()]
     _insert(con, "_p_ns", [(ns, model.team_for_namespace(ns)) for ns in namespaces])
     _insert(con, "_p_team_disc", [(t, float(d)) for t, d in model.team_discounts.items()])
     _insert(con, "_p_mig_table", [(p, float(f)) for p, f in model.mig_table.items()])
@@ -115,7 +105,7 @@ def _load_config(con: duckdb.DuckDBPyConnection, model: CostModel,
         "gl_split": model.sharing_split, "gl_fractional": model.fractional_basis,
         "gl_basis": model.basis,
         "gl_usage_weight": float(model.usage_weight), "gl_idle_policy": model.idle_policy,
-        "gl_hash": model.hash,
+        "gl_hash": model.hash, "gl_cluster": cluster,
     }
     for name, value in variables.items():
         con.execute(f"SET VARIABLE {name} = ?", [value])
@@ -153,23 +143,36 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str,
 SLICE_HOURS: Final = 168
 
 
+def clusters_in(con: duckdb.DuckDBPyConnection, start: datetime, end: datetime) -> list[str]:
+    """Clusters with facts or charges in [start, end): what pricing the period rebuilds."""
+    rows = con.execute(
+        "SELECT cluster FROM device_hours WHERE hour >= $s AND hour < $e "
+        "UNION SELECT cluster FROM allocation_hours WHERE hour >= $s AND hour < $e "
+        "UNION SELECT cluster FROM charges WHERE hour >= $s AND hour < $e ORDER BY 1",
+        {"s": start, "e": end}).fetchall()
+    return [str(r[0]) for r in rows]
+
+
 def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                  start: datetime, end: datetime,
                  slice_hours: int = SLICE_HOURS,
-                 progress: Progress | None = None) -> PricingResult:
+                 progress: Progress | None = None,
+                 clusters: Sequence[str] | None = None) -> PricingResult:
     """Rebuild `charges` for hours in [start, end) from the facts, in one transaction.
 
-    Opens its own transaction, so `con` must not be inside one. On any error the transaction is
-    rolled back and the period's previous charges stay as they were. The period is priced
-    `slice_hours` at a time inside that transaction (same rows, bounded memory); `progress`
-    is told about each slice.
+    `clusters` limits the rebuild to those clusters (default: every cluster with facts or
+    charges in the period); each is priced with model.for_cluster(name) and no other
+    cluster's charges are touched. Opens its own transaction, so `con` must not be inside one.
+    On any error the transaction is rolled back and the period's previous charges stay as they
+    were. The period is priced `slice_hours` at a time inside that transaction (same rows,
+    bounded memory); `progress` is told about each slice of each cluster.
     """
     if slice_hours < 1:
         raise ValueError(f"pricing slice: expected at least 1 hour, got {slice_hours}")
     start, end = utc_naive(start), utc_naive(end)
     if end <= start:
         raise ValueError(f"pricing period: expected start before end, got {start} .. {end}")
-    sql = statements()
+    sql = sqlfile.load("pricing.sql")
     # Row order in `charges` carries no meaning; not keeping it makes the big inserts faster.
     # The caller's setting is restored afterwards.
     row = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
@@ -177,28 +180,33 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
     con.execute("SET preserve_insertion_order = false")
     try:
         with transaction(con):
-            defaults = _load_config(con, model, start, end)
+            defaults: set[str] = set()
             _record_cost_model(con, model, start, end)
-            sums: list[Any] = [0] * 10  # the `totals` row, summed over slices
+            sums: list[Any] = [0] * 10  # the `totals` row, summed over clusters and slices
             orphans = 0
+            names = list(clusters) if clusters is not None else clusters_in(con, start, end)
             slices = list(Period(utc_aware(start), utc_aware(end)).chunks(slice_hours))
             if progress is not None:
-                progress.total = len(slices)
-            for piece in slices:
-                lo, hi = piece.naive()
-                con.execute("SET VARIABLE gl_start = ?", [lo])
-                con.execute("SET VARIABLE gl_end = ?", [hi])
-                for step in _STEPS:
-                    con.execute(sql[step])
-                row = con.execute(sql["totals"]).fetchone()
-                assert row is not None
-                sums = [a + b for a, b in zip(sums, row, strict=True)]
-                orphan_row = con.execute(sql["orphans"]).fetchone()
-                assert orphan_row is not None
-                orphans += int(orphan_row[0])
-                if progress is not None:
-                    progress.chunk_done(piece.label(), f"{int(row[9])} charge rows",
-                                        int(row[9]), "charge rows")
+                progress.total = len(slices) * len(names)
+            for cluster in names:
+                defaults.update(_load_config(con, model.for_cluster(cluster), start, end,
+                                             cluster))
+                for piece in slices:
+                    lo, hi = piece.naive()
+                    con.execute("SET VARIABLE gl_start = ?", [lo])
+                    con.execute("SET VARIABLE gl_end = ?", [hi])
+                    for _, step in sql.steps:
+                        con.execute(step)
+                    row = con.execute(sql.query("totals")).fetchone()
+                    assert row is not None
+                    sums = [a + b for a, b in zip(sums, row, strict=True)]
+                    orphan_row = con.execute(sql.query("orphans")).fetchone()
+                    assert orphan_row is not None
+                    orphans += int(orphan_row[0])
+                    if progress is not None:
+                        where = "" if names == [DEFAULT_CLUSTER] else f"{cluster} "
+                        progress.chunk_done(where + piece.label(), f"{int(row[9])} charge rows",
+                                            int(row[9]), "charge rows")
     finally:
         for table in (*_WORK_TABLES, *_CONFIG_TABLES):
             con.execute(f"DROP TABLE IF EXISTS {table}")
@@ -210,5 +218,5 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
         fleet_cost=Decimal(int(fleet_micros)) * MICRO,
         charged=Decimal(charged), idle_shared=Decimal(shared), idle=Decimal(idle),
         down=Decimal(down), adjustment=Decimal(adjustment),
-        unpriced_allocations=orphans, default_priced_models=defaults,
+        unpriced_allocations=orphans, default_priced_models=tuple(sorted(defaults)),
     )

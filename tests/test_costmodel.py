@@ -20,6 +20,7 @@ from metering import cli_costmodel
 from metering.costmodel import CostModelError, default_path, load_cost_model
 from metering.db import connect
 from metering.pricing import price_period
+from tests.ledger_rows import ins
 
 ROOT = Path(__file__).resolve().parent.parent
 VALID = """
@@ -84,7 +85,7 @@ def test_the_default_file_shows_every_section_and_the_docs_every_key() -> None:
     text = (ROOT / "cost-model.yaml").read_text()
     docs = (ROOT / "docs" / "cost-model.md").read_text()
     sections = ("version", "currency", "pricing", "mig", "sharing", "basis",
-                "utilization_tiers", "teams", "discounts", "idle")
+                "utilization_tiers", "teams", "discounts", "idle", "clusters")
     keys = ("default", "gpus", "model", "pattern", "hourly", "derived", "purchase_price",
             "depreciation_months", "hours_per_month", "power_watts", "electricity_per_kwh",
             "pue", "overhead_hourly", "memory_gb", "fraction", "table", "split", "efficiency",
@@ -147,8 +148,8 @@ pricing:
      'memory_gb, got unknown key "hourley" (did you mean "hourly"?)'),
     (VALID + "idel: {policy: even}\n",
      'cost-model.yaml: idel: expected a known key: version, currency, pricing, mig, sharing, '
-     'vgpu, basis, utilization_tiers, teams, discounts, idle, budgets, got unknown key "idel" '
-     '(did you mean "idle"?)'),
+     'vgpu, basis, utilization_tiers, teams, discounts, idle, budgets, clusters, '
+     'got unknown key "idel" (did you mean "idle"?)'),
     (VALID + "idle: {policy: proportionate}\n",
      "cost-model.yaml: idle.policy: expected one of separate | proportional | even | weights "
      '(did you mean "proportional"?), got "proportionate"'),
@@ -343,9 +344,9 @@ def test_the_largest_price_allowed_prices_a_large_fleet(tmp_path: Path) -> None:
                                          "  - {up_to: 1, multiplier: 10}\n"))
     con = connect(":memory:")
     hour = datetime(2026, 10, 1)
-    con.execute("INSERT INTO device_hours SELECT $h, 'n', '0', 'GPU-' || i, 'X', false, 3600, "
+    con.execute(ins("device_hours") + "SELECT $h, 'n', '0', 'GPU-' || i, 'X', false, 3600, "
                 "3600, 3600, NULL FROM range(100000) t(i)", {"h": hour})
-    con.execute("INSERT INTO allocation_hours SELECT $h, 'n', 'ns', 'p' || i, 'c', "
+    con.execute(ins("allocation_hours") + "SELECT $h, 'n', 'ns', 'p' || i, 'c', "
                 "'GPU-' || i, '', 'nvidia.com/gpu', 'exclusive', 1, 1, 3600, 0, 3600, MAP {} "
                 "FROM range(100000) t(i)", {"h": hour})
     result = price_period(con, cm, hour.replace(tzinfo=UTC),

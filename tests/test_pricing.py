@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from metering.costmodel import CostModel, load_cost_model
 from metering.db import connect
 from metering.pricing import PricingResult, price_period
+from tests.ledger_rows import ins
 
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -52,14 +53,14 @@ def con() -> Any:
 
 def device(con: Any, uuid: str, model_name: str = H100, hour: datetime = T0,
            up: float = 3600, mig: bool = False, node: str = "n1") -> None:
-    con.execute("INSERT INTO device_hours VALUES (?, ?, '0', ?, ?, ?, 3600, ?, NULL, NULL)",
+    con.execute(ins("device_hours") + "VALUES (?, ?, '0', ?, ?, ?, 3600, ?, NULL, NULL)",
                 [hour, node, uuid, model_name, mig, up])
 
 
 def mig(con: Any, uuid: str, mig_uuid: str, profile: str, slices: int,
         hour: datetime = T0, gpm: float | None = None) -> None:
     """gpm: the instance's SM-active seconds (GPM); None: no GPM (A100)."""
-    con.execute("INSERT INTO mig_hours VALUES (?, 'n1', ?, ?, ?, ?, 7, NULL, 3600, ?)",
+    con.execute(ins("mig_hours") + "VALUES (?, 'n1', ?, ?, ?, ?, 7, NULL, 3600, ?)",
                 [hour, uuid, mig_uuid, profile, slices, gpm])
 
 
@@ -69,7 +70,7 @@ def alloc(con: Any, pod: str, uuid: str, *, ns: str = "research", mig_uuid: str 
           labels: dict[str, str] | None = None, hour: datetime = T0,
           container: str = "main", resource: str = "nvidia.com/gpu") -> None:
     con.execute(
-        "INSERT INTO allocation_hours VALUES (?, 'n1', ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+        ins("allocation_hours") + "VALUES (?, 'n1', ?, ?, ?, ?, ?, ?, ?, ?, ?,"
         " ?, ?, ?, ?)",
         [hour, ns, pod, container, uuid, mig_uuid, resource, sharing, replicas, units, seconds,
          mem, sm, labels or {}])
@@ -78,7 +79,7 @@ def alloc(con: Any, pod: str, uuid: str, *, ns: str = "research", mig_uuid: str 
 def grant(con: Any, pod: str, uuid: str, memory: float | None, cores: float | None, *,
           ns: str = "research", hour: datetime = T0, container: str = "main") -> None:
     """A fractional grant's memory and core fractions (HAMi, gpushare) for an allocation."""
-    con.execute("INSERT INTO grant_hours VALUES (?, ?, ?, ?, ?, '', ?, ?)",
+    con.execute(ins("grant_hours") + "VALUES (?, ?, ?, ?, ?, '', ?, ?)",
                 [hour, ns, pod, container, uuid, memory, cores])
 
 

@@ -19,6 +19,7 @@ from metering.cli_meter import main as meter_main
 from metering.costmodel import default_path
 from metering.db import connect
 from metering.report import cli, writer
+from tests.ledger_rows import ins
 
 NAMES = [f"chargeback-2026-10.{ext}" for ext in ("csv", "parquet", "md", "html")]
 
@@ -176,12 +177,12 @@ def test_month_priced_with_two_cost_models_is_refused(
 def _ingested_not_priced(db: Path) -> None:
     con = connect(db)
     con.execute(
-        "INSERT INTO device_hours VALUES (?, 'node-1', '0', 'GPU-1', 'NVIDIA H100 80GB HBM3', "
+        ins("device_hours") + "VALUES (?, 'node-1', '0', 'GPU-1', 'NVIDIA H100 80GB HBM3', "
         "false, 3600, 3600, 1800, NULL)",
         [datetime(2026, 10, 4, 8)],
     )
     con.execute(
-        "INSERT INTO allocation_hours VALUES (?, 'node-1', 'train', 'trainer-0', 'main', "
+        ins("allocation_hours") + "VALUES (?, 'node-1', 'train', 'trainer-0', 'main', "
         "'GPU-1', '', 'nvidia.com/gpu', 'exclusive', 1, 1, 3600, 0, 1800, MAP {'team': 'ml'})",
         [datetime(2026, 10, 4, 8)],
     )

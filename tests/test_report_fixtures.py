@@ -15,6 +15,7 @@ from typing import Any
 from metering.costmodel import load_cost_model
 from metering.db import connect
 from metering.pricing import price_period
+from tests.ledger_rows import ins
 
 MONTH = "2026-10"
 HASH = load_cost_model(None).hash
@@ -102,7 +103,7 @@ SEPTEMBER = [
 
 def insert_charges(con: Any, rows: list[tuple[Any, ...]]) -> None:
     con.executemany(
-        "INSERT INTO charges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+        ins("charges") + "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
     )
 
 
@@ -181,17 +182,17 @@ def make_mig_db(path: Path, cost_model: Path) -> Path:
             for uuid, model, mig in (("GPU-h", "NVIDIA H100 80GB HBM3", True),
                                      ("GPU-a", "NVIDIA A100-SXM4-80GB", True),
                                      ("GPU-x", "NVIDIA H100 80GB HBM3", False)):
-                con.execute("INSERT INTO device_hours VALUES (?, 'node-1', '0', ?, ?, ?, 3600, "
+                con.execute(ins("device_hours") + "VALUES (?, 'node-1', '0', ?, ?, ?, 3600, "
                             "3600, NULL, NULL)", [hour, uuid, model, mig])
-            con.execute("INSERT INTO mig_hours VALUES (?, 'node-1', 'GPU-h', 'MIG-h', "
+            con.execute(ins("mig_hours") + "VALUES (?, 'node-1', 'GPU-h', 'MIG-h', "
                         "'3g.40gb', 3, 7, NULL, 3600, 1800)", [hour])
-            con.execute("INSERT INTO mig_hours VALUES (?, 'node-1', 'GPU-a', 'MIG-a', "
+            con.execute(ins("mig_hours") + "VALUES (?, 'node-1', 'GPU-a', 'MIG-a', "
                         "'3g.40gb', 3, 7, NULL, 3600, NULL)", [hour])
             for pod, team, uuid, mig_uuid, sharing, sm in (
                     ("hopper", "vision", "GPU-h", "MIG-h", "mig", None),
                     ("ampere", "search", "GPU-a", "MIG-a", "mig", None),
                     ("trainer", "vision", "GPU-x", "", "exclusive", 900.0)):
-                con.execute("INSERT INTO allocation_hours VALUES (?, 'node-1', 'ml', ?, 'main', "
+                con.execute(ins("allocation_hours") + "VALUES (?, 'node-1', 'ml', ?, 'main', "
                             "?, ?, 'nvidia.com/gpu', ?, 1, 1, 3600, 0, ?, MAP {'team': ?})",
                             [hour, pod, uuid, mig_uuid, sharing, sm, team])
         insert_coverage(con, datetime(2026, 10, 1), datetime(2026, 10, 1, 2), [])

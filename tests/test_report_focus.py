@@ -24,6 +24,7 @@ from metering.pricing import price_period
 from metering.report import focus
 from metering.report.cli import main as report_main
 from metering.report.cli import make_report
+from tests.ledger_rows import ins
 
 D = Decimal
 H100 = "NVIDIA H100 80GB HBM3"
@@ -51,12 +52,12 @@ def _db(tmp_path: Path, policy: str) -> tuple[Path, Path]:
     for h in (0, 1):
         hour = datetime(2026, 10, 1, h)
         for uuid in ("GPU-a", "GPU-b"):
-            con.execute("INSERT INTO device_hours VALUES (?, 'node-1', '0', ?, ?, false, 3600, "
+            con.execute(ins("device_hours") + "VALUES (?, 'node-1', '0', ?, ?, false, 3600, "
                         "3600, NULL, NULL)", [hour, uuid, H100])
         for pod, team, uuid, sharing, replicas, secs in (
                 ("train-1", "vision", "GPU-a", "exclusive", 1, 3600),
                 ("nb-1", "search", "GPU-b", "time-slicing", 4, 1800)):
-            con.execute("INSERT INTO allocation_hours VALUES (?, 'node-1', 'ml', ?, 'main', ?, "
+            con.execute(ins("allocation_hours") + "VALUES (?, 'node-1', 'ml', ?, 'main', ?, "
                         "'', 'nvidia.com/gpu', ?, ?, 1, ?, 0, ?, MAP {'team': ?})",
                         [hour, pod, uuid, sharing, replicas, secs, secs * 0.5, team])
     insert_coverage(con, datetime(2026, 10, 1), datetime(2026, 10, 1, 2), [])

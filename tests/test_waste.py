@@ -18,6 +18,7 @@ from metering.db import connect
 from metering.period import Month
 from metering.pricing import price_period
 from metering.waste import Kind, Recommendation, Settings, mig_fraction, recommend, units_for
+from tests.ledger_rows import ins
 
 D = Decimal
 GB = 10**9
@@ -63,7 +64,7 @@ def _facts(path: Path, holders: list[Holder]) -> Any:
             if h.mig is not None:
                 profile, slices, gpm = h.mig
                 mig_uuid = "MIG-" + h.uuid
-                con.execute("INSERT INTO mig_hours VALUES (?, 'n1', ?, ?, ?, ?, 7, NULL, 3600, ?)",
+                con.execute(ins("mig_hours") + "VALUES (?, 'n1', ?, ?, ?, ?, 7, NULL, 3600, ?)",
                             [hour, h.uuid, mig_uuid, profile, slices,
                              None if gpm is None else gpm * 3600])
             devices[(i, h.uuid)] = h.model
@@ -72,19 +73,19 @@ def _facts(path: Path, holders: list[Holder]) -> Any:
             if peak == 0:  # no process in the hour: no memory, no SM activity
                 sm = 0.0 if sm is not None else None
             con.execute(
-                "INSERT INTO allocation_hours VALUES (?, 'n1', ?, ?, 'main', ?, ?, ?, ?, 1, 1, "
+                ins("allocation_hours") + "VALUES (?, 'n1', ?, ?, 'main', ?, ?, ?, ?, 1, 1, "
                 "3600, ?, ?, MAP {'team': 'vision'})",
                 [hour, h.namespace, h.pod, h.uuid, mig_uuid,
                  "nvidia.com/gpu" if h.mig is None else f"nvidia.com/mig-{h.mig[0]}",
                  "exclusive" if h.mig is None else "mig",
                  0 if peak is None else peak * GB * 3600, sm])
-            con.execute("INSERT INTO workload_hours VALUES (?, ?, ?, 'main', ?, ?, ?, ?, ?)",
+            con.execute(ins("workload_hours") + "VALUES (?, ?, ?, 'main', ?, ?, ?, ?, ?)",
                         [hour, h.namespace, h.pod, h.uuid, mig_uuid,
                          h.owner[0] if h.owner[1] else "", h.owner[1],
                          None if peak is None else peak * GB])
     for (i, uuid), model in devices.items():
         mig = any(h.mig for h in holders if h.uuid == uuid)
-        con.execute("INSERT INTO device_hours VALUES (?, 'n1', '0', ?, ?, ?, 3600, 3600, NULL, "
+        con.execute(ins("device_hours") + "VALUES (?, 'n1', '0', ?, ?, ?, 3600, 3600, NULL, "
                     "NULL)", [T0 + timedelta(hours=i), uuid, model, mig])
     insert_coverage(con, MONTH.start, MONTH.end, [])
     cm_path = path.parent / "cm.yaml"

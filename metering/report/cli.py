@@ -19,9 +19,9 @@ from pathlib import Path
 import duckdb
 
 import metering
-from metering import waste
+from metering import ledgerview, waste
+from metering.cluster import cluster_name_problem
 from metering.costmodel import CostModel, CostModelError, load_cost_model, parse_cost_model
-from metering.db import connect
 from metering.errors import (
     ArgumentParser,
     ExitCode,
@@ -72,7 +72,11 @@ def _parser() -> argparse.ArgumentParser:
         "from the charges in the metering database.",
     )
     p.add_argument("--month", required=True, help="month to report, YYYY-MM (UTC)")
-    p.add_argument("--db", default=DEFAULT_DB, help=f"metering database (default {DEFAULT_DB})")
+    p.add_argument("--db", default=DEFAULT_DB,
+                   help=f"the ledger: a metering database (default {DEFAULT_DB}) or a directory "
+                   "written by `gpu-ledger ledger export`")
+    p.add_argument("--cluster", metavar="NAME",
+                   help="report this cluster only (default: the fleet view over all clusters)")
     p.add_argument(
         "--cost-model",
         help="cost model file the month was (or is to be) priced with; "
@@ -119,6 +123,14 @@ def _formats(values: list[str] | None) -> list[str]:
             if name not in chosen:
                 chosen.append(name)
     return chosen
+
+
+def _open(path: str, cluster: str | None) -> duckdb.DuckDBPyConnection:
+    """The ledger as the report reads it: read-only views, one cluster's rows with --cluster."""
+    try:
+        return ledgerview.open_ledger(path, cluster)
+    except ledgerview.LedgerError as e:
+        raise InputError(str(e)) from None
 
 
 def meter_command(month: Month, db_path: str, cost_model: str | None = None) -> str:
@@ -183,20 +195,14 @@ def price_lookup(cm: CostModel) -> model.PriceLookup:
 
 def make_report(
     db_path: str, month: Month, cost_model_path: str | None, top: int, charge_days: bool = False,
-    settings: waste.Settings | None = None,
+    settings: waste.Settings | None = None, cluster: str | None = None,
 ) -> Report:
     given = load_cost_model(cost_model_path) if cost_model_path is not None else None
-    con = connect(db_path, read_only=True)
+    con = _open(db_path, cluster)
     notes: list[str] = []
     try:
-        try:
-            hashes = model.priced_hashes(con, month)
-            facts = model.has_facts(con, month)
-        except duckdb.CatalogException:  # a DuckDB file that is not a metering database
-            raise InputError(
-                f"{db_path}: expected a GPU Ledger metering database (tables device_hours, "
-                f"charges, coverage), got one without them"
-            ) from None
+        hashes = model.priced_hashes(con, month)
+        facts = model.has_facts(con, month)
         # The report only reads: pricing is the explicit `meter --price-only` step.
         if not hashes and facts:
             raise RefusedError(
@@ -211,14 +217,27 @@ def make_report(
         cm = given or _ledger_cost_model(con, hashes) or load_cost_model(None)
         info = _cost_model_info(month, hashes, cost_model_path, cm, db_path)
         same = info.hash == cm.hash
-        prices = price_lookup(cm) if same else None
+        if same and cluster is not None:
+            cm = cm.for_cluster(cluster)  # the prices and rules that cluster was priced with
+        # Prices per GPU model are one figure only where every cluster has the same ones.
+        uniform = cluster is not None or not (set(cm.clusters)
+                                              & set(model.clusters_in(con, month)))
+        prices = price_lookup(cm) if same and uniform else None
         budgets = cm.budgets if same else None
         report = model.build_report(
             con, month, info, metering.__version__, top, prices,
             budgets.monthly if budgets else None, budgets.warn_at if budgets else Decimal(1),
+            cluster or "",
         )
         if charge_days:
-            report = dataclasses.replace(report, charge_days=model.charge_days(con, month))
+            days = model.charge_days(con, month)
+            by_cluster = {}
+            if same and cm is not None:
+                gpu_models = sorted({cd.model for cd in days if cd.model})
+                for name in sorted({cd.cluster for cd in days}):
+                    lookup = price_lookup(cm.for_cluster(name))
+                    by_cluster[name] = {m: lookup(m) for m in gpu_models}
+            report = dataclasses.replace(report, charge_days=days, cluster_prices=by_cluster)
         if same:
             recs = waste.recommend(con, month.start, month.end, waste.mig_fraction(cm),
                                    settings or waste.Settings())
@@ -257,12 +276,14 @@ def main(argv: list[str]) -> int:
                            ("--idle-hours", args.idle_hours)):
             if value < 1:
                 raise UsageError(f"{opt}: expected a whole number >= 1, got {value}")
+        if args.cluster is not None and cluster_name_problem(args.cluster):
+            raise UsageError(f"--cluster: {cluster_name_problem(args.cluster)}")
         formats = _formats(args.format)
         settings = waste.Settings(min_hours=args.min_hours, idle_hours=args.idle_hours)
         # A bar on a terminal only: the summary on stdout is what logs want.
         progress = Progress(3, stage="report", unit="step", logs=False)
         report = make_report(args.db, month, args.cost_model, args.top, "focus" in formats,
-                             settings)
+                             settings, args.cluster)
         progress.chunk_done("read the ledger")
         files = _render(report, formats)
         progress.chunk_done("rendered", amount=len(files), what="files")

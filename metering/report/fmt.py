@@ -231,6 +231,9 @@ def sections(report: Report) -> list[tuple[str, Grid]]:
                 first=True,
             ),
         ),
+        *([("Cost by cluster", grid(report, ["Cluster"], lambda ln: [label(ln.cluster)],
+                                    report.clusters, report.fleet))]
+          if len(report.clusters) > 1 else []),
         ("Prices and capacity by GPU model", price_grid(report)),
         ("Utilisation maturity", maturity_grid(report)),
         *([("Budgets", b)] if (b := budget_grid(report)) is not None else []),
@@ -404,10 +407,21 @@ def maturity_grid(report: Report) -> Grid:
     return Grid(heads, 1, rows, kinds, [MATURITY_NOTE])
 
 
+def cluster_text(report: Report) -> str:
+    """Which cluster(s) the report covers; '' for a ledger that only knows one cluster."""
+    if report.cluster:
+        return f"{report.cluster} (per-cluster view)"
+    if len(report.clusters) > 1:
+        names = ", ".join(ln.cluster for ln in report.clusters)
+        return f"fleet view over {len(report.clusters)} clusters: {names}"
+    return ""
+
+
 def facts(report: Report) -> list[tuple[str, str]]:
     """What every report states about itself, as (name, text)."""
     return [
         ("Period", period_text(report)),
+        *([("Cluster", cluster_text(report))] if cluster_text(report) else []),
         ("Data coverage", coverage_text(report)),
         ("Capacity", capacity_text(report)),
         ("Allocation rate", allocation_text(report)),

@@ -139,7 +139,7 @@ def rows(report: Report, provider: str = PROVIDER_DEFAULT) -> Iterator[Row]:
         "x_CostModelHash": report.cost_model.hash,
     }
     for cd in report.charge_days:
-        price = prices.get(cd.model)
+        price = report.cluster_prices.get(cd.cluster, {}).get(cd.model) or prices.get(cd.model)
         if price is None and cd.kind != "adjustment":
             raise FocusError(f"FOCUS needs the list price of {cd.model!r}: pass --cost-model "
                              "with the cost model the month was priced with")
@@ -161,7 +161,7 @@ def _row(cd: ChargeDay, part: str, amount: Decimal, price: ModelPrice | None) ->
     kind = "idle-share" if part == "idle-share" else (cd.kind or "team")
     tags = {f"{TAG_PREFIX}{k}": v for k, v in (
         ("team", cd.team), ("namespace", cd.namespace), ("gpu-model", cd.model),
-        ("sharing", cd.sharing), ("mig-profile", cd.profile)) if v}
+        ("sharing", cd.sharing), ("mig-profile", cd.profile), ("cluster", cd.cluster)) if v}
     is_pod = bool(cd.pod) and part == "main"
     return {
         "BilledCost": amount, "ContractedCost": amount, "EffectiveCost": amount,

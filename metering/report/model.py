@@ -34,6 +34,7 @@ _ZERO = Decimal(0)
 class Line:
     """One report row. Key fields that do not apply to the section are ''."""
 
+    cluster: str = ""  # on the per-cluster rows of Report.clusters
     team: str = ""
     namespace: str = ""
     pod: str = ""
@@ -261,6 +262,14 @@ class Report:
     elapsed_hours: int = 0  # hours of the month so far (through the last hour with data)
     # Filled only for the FOCUS export (metering/report/focus.py).
     charge_days: list[ChargeDay] = field(default_factory=list)
+    # The cluster this report is about; '' for the fleet view over every cluster.
+    cluster: str = ""
+    # One row per cluster with charges in the month (or the one cluster of a per-cluster
+    # report), largest cost first.
+    clusters: list[Line] = field(default_factory=list)
+    # cluster -> GPU model -> list price that cluster's charges were priced at (filled where
+    # the cost model is at hand; prices may differ per cluster, see Capacity.price).
+    cluster_prices: Mapping[str, Mapping[str, ModelPrice]] = field(default_factory=dict)
 
     @property
     def capacity_gpu_hours(self) -> Decimal:
@@ -323,6 +332,7 @@ _SUMS = (
 )
 # Key expressions are fixed here, never taken from input.
 _KEYS = {
+    "cluster": "cluster",
     "team": "team",
     "namespace": "namespace",
     "pod": "pod",
@@ -491,10 +501,20 @@ def has_facts(con: Any, month: Month) -> bool:
     return False
 
 
+def clusters_in(con: Any, month: Month) -> list[str]:
+    rows = con.execute("SELECT DISTINCT cluster FROM charges WHERE hour >= ? AND hour < ? "
+                       "ORDER BY 1", [month.start, month.end]).fetchall()
+    return [str(r[0]) for r in rows]
+
+
 def covered_hours(con: Any, month: Month) -> set[datetime]:
+    """Hours with data from every cluster metered in the month: an hour one cluster lacks is
+    a gap of the fleet, not hidden by the others."""
     rows = con.execute(
-        "SELECT hour FROM coverage WHERE hour >= ? AND hour < ? AND devices > 0",
-        [month.start, month.end],
+        "SELECT hour FROM coverage WHERE hour >= ? AND hour < ? GROUP BY hour "
+        "HAVING count(DISTINCT CASE WHEN devices > 0 THEN cluster END) = "
+        "(SELECT count(DISTINCT cluster) FROM coverage WHERE hour >= ? AND hour < ?)",
+        [month.start, month.end, month.start, month.end],
     ).fetchall()
     return {r[0] for r in rows}
 
@@ -505,9 +525,10 @@ def _capacity(
     """Per GPU model: the device-hours the fleet owned. A device-hour is counted when ingest
     saw the device or pricing charged it (a ledger may hold charges only)."""
     rows = con.execute(
-        "SELECT model, count(DISTINCT uuid), count(*) FROM ("
-        " SELECT DISTINCT hour, uuid, model FROM device_hours WHERE hour >= ? AND hour < ?"
-        " UNION SELECT DISTINCT hour, uuid, model FROM charges"
+        "SELECT model, count(DISTINCT (cluster, uuid)), count(*) FROM ("
+        " SELECT DISTINCT hour, cluster, uuid, model FROM device_hours"
+        " WHERE hour >= ? AND hour < ?"
+        " UNION SELECT DISTINCT hour, cluster, uuid, model FROM charges"
         " WHERE hour >= ? AND hour < ? AND uuid <> '') GROUP BY model ORDER BY model",
         [month.start, month.end, month.start, month.end],
     ).fetchall()
@@ -568,8 +589,11 @@ def build_report(
     prices: PriceLookup | None = None,
     budgets: Mapping[str, Decimal] | None = None,
     warn_at: Decimal = Decimal(1),
+    cluster: str = "",
 ) -> Report:
-    """Read the month's charges (and the previous month's, for the change) into report tables."""
+    """Read the month's charges (and the previous month's, for the change) into report tables.
+    `con` sees the ledger the report is about (metering.ledgerview: the whole fleet, or one
+    cluster's rows, named by `cluster`)."""
     covered = covered_hours(con, month)
     every_hour = (month.start + i * _HOUR for i in range(month.hours))
     missing = hour_ranges(h for h in every_hour if h not in covered)
@@ -594,6 +618,7 @@ def build_report(
     pods = section(["team", "namespace", "pod"], "AND pod <> ''", False)
     models = section(["model", "sharing", "profile"])
     teams = section(["team"])
+    clusters = _cluster_lines(con, month, prev_month if has_previous else None, total)
     elapsed = elapsed_hours(con, month)
     capacity = _capacity(con, month, models, prices)
     before = None
@@ -622,13 +647,27 @@ def build_report(
         budgets=None if budgets is None
         else budget_lines(teams, budgets, warn_at, elapsed, month.hours),
         elapsed_hours=elapsed,
+        cluster=cluster,
+        clusters=clusters,
     )
+
+
+def _cluster_lines(con: Any, month: Month, previous: Month | None, total: Decimal
+                   ) -> list[Line]:
+    """Per cluster, all its rows together (team charges, idle, down, adjustment)."""
+
+    def sums(m: Month) -> dict[Key, Sums]:
+        rows = con.execute(f"SELECT cluster, {_SUMS} FROM charges WHERE hour >= ? AND hour < ? "
+                           "GROUP BY cluster", [m.start, m.end]).fetchall()
+        return {((str(r[0]),), ""): _sums(r[1:]) for r in rows}
+
+    return _lines(["cluster"], sums(month), sums(previous) if previous else None, total)
 
 
 @dataclass(frozen=True)
 class ChargeDay:
-    """Charges summed per UTC day x team x namespace x pod x GPU model x sharing x profile:
-    the grain of the FOCUS export."""
+    """Charges summed per UTC day x team x namespace x pod x GPU model x sharing x profile x
+    cluster: the grain of the FOCUS export."""
 
     day: datetime
     team: str
@@ -643,12 +682,13 @@ class ChargeDay:
     used_gpu_hours: Decimal | None
     cost: Decimal
     idle_share: Decimal
+    cluster: str = ""
 
 
 def charge_days(con: Any, month: Month) -> list[ChargeDay]:
     rows = con.execute(
         "SELECT CAST(CAST(hour AS DATE) AS TIMESTAMP), team, namespace, pod, model, sharing, "
-        f"profile, {_KIND_KEY}, "
+        f"profile, {_KIND_KEY}, cluster, "
         # an idle-share row of policy weights carries the team's weight in fraction, no hours
         "SUM(CASE WHEN basis = 'idle-share' THEN 0 ELSE CAST(fraction AS DECIMAL(38, 9)) END), "
         "SUM(CAST(allocated_gpu_hours AS DECIMAL(38, 9))), "
@@ -658,7 +698,7 @@ def charge_days(con: Any, month: Month) -> list[ChargeDay]:
     ).fetchall()
     return [
         ChargeDay(day, team, ns, pod, mdl, sharing, profile, kind, _q6(charged), _q6(alloc),
-                  None if used is None else _q6(used), Decimal(cost), Decimal(idle))
-        for day, team, ns, pod, mdl, sharing, profile, kind, charged, alloc, used, cost, idle
-        in rows
+                  None if used is None else _q6(used), Decimal(cost), Decimal(idle), cluster)
+        for day, team, ns, pod, mdl, sharing, profile, kind, cluster, charged, alloc, used, cost,
+        idle in rows
     ]

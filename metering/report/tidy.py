@@ -73,12 +73,15 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("hours_observed", "int"),
     ("coverage", "float"),
     ("idle_device_hours", "int"),
+    # the cluster a row is about: the report's (--cluster), '' in the fleet view, and each
+    # cluster's own on rows of section `cluster`
+    ("cluster", "str"),
 )
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 
 # Section names, in the order rows appear.
-SECTIONS = ("fleet", "team", "namespace", "model_sharing", "pod", "team_day", "missing_hours",
-            "model_price", "budget", "maturity", "savings")
+SECTIONS = ("fleet", "cluster", "team", "namespace", "model_sharing", "pod", "team_day",
+            "missing_hours", "model_price", "budget", "maturity", "savings")
 
 Value = str | int | bool | Decimal | None
 Row = dict[str, Value]
@@ -91,6 +94,7 @@ def _iso(hour_range: HourRange) -> tuple[str, str]:
 
 def _figures(line: Line) -> Row:
     return {
+        **({"cluster": line.cluster} if line.cluster else {}),
         "team": line.team,
         "namespace": line.namespace,
         "pod": line.pod,
@@ -116,6 +120,8 @@ def rows(report: Report) -> Iterator[Row]:
     """The report as tidy rows; every row has every column of COLUMNS, in order."""
     context: Row = {
         "period": str(report.month),
+        # the cluster the report is about ('' in the fleet view); cluster rows carry their own
+        "cluster": report.cluster,
         "currency": report.cost_model.currency,
         "cost_model_file": report.cost_model.file,
         "cost_model_hash": report.cost_model.hash,
@@ -125,6 +131,7 @@ def rows(report: Report) -> Iterator[Row]:
     }
     sections: list[tuple[str, list[Line]]] = [
         ("fleet", [report.fleet]),
+        ("cluster", report.clusters),
         ("team", report.teams),
         ("namespace", report.namespaces),
         ("model_sharing", report.models),

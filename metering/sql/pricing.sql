@@ -1,5 +1,8 @@
--- GPU Ledger pricing: facts for [gl_start, gl_end) -> `charges`. Run by metering/pricing.py, one
--- statement per `-- name:` section, in order, inside one transaction.
+-- GPU Ledger pricing: facts of cluster gl_cluster for [gl_start, gl_end) -> `charges`. Run by
+-- metering/pricing.py inside one transaction, once per cluster and slice of the period: every
+-- `-- step:` section in file order, then the `-- query:` sections it reads the totals from.
+-- A cluster is priced on its own (its own prices, team rules and idle pools): no statement
+-- here looks at another cluster's rows.
 --
 -- The cost model arrives as session variables (getvariable('gl_*')) and small temp tables that
 -- pricing.py fills from the resolved cost model: _p_models (price per GPU model), _p_ns (team
@@ -9,7 +12,7 @@
 --   fleet cost = down + charged list amounts + idle      (per device-hour, exactly)
 -- and every later step (discounts, sharing idle out) moves micros around without losing any.
 
--- name: devices
+-- step: devices
 -- One row per device-hour with its list price. Fleet cost of a device-hour = rate_micros:
 -- the fleet owns the GPU for the whole hour, up or not. Only up time can be charged.
 CREATE OR REPLACE TEMP TABLE _dev AS
@@ -22,9 +25,10 @@ SELECT d.hour, d.node, d.uuid, d.model,
            AS avail_micros
 FROM device_hours d
 JOIN _p_models m ON m.model = d.model
-WHERE d.hour >= getvariable('gl_start') AND d.hour < getvariable('gl_end');
+WHERE d.hour >= getvariable('gl_start') AND d.hour < getvariable('gl_end')
+  AND d.cluster = getvariable('gl_cluster');
 
--- name: alloc
+-- step: alloc
 -- One row per allocation fact (hour x container x device or MIG instance) with everything that
 -- does not depend on the other holders of the device: team, share, usage, multiplier.
 CREATE OR REPLACE TEMP TABLE _alloc AS
@@ -68,6 +72,7 @@ WITH a AS (
     LEFT JOIN _p_ns ns ON ns.namespace = a.namespace
     LEFT JOIN mig_hours mh
            ON a.mig_uuid <> '' AND mh.hour = a.hour AND mh.mig_uuid = a.mig_uuid
+          AND mh.cluster = getvariable('gl_cluster')
     LEFT JOIN (
         SELECT hour, namespace, pod, container, uuid, mig_uuid,
                CASE getvariable('gl_fractional')
@@ -77,6 +82,7 @@ WITH a AS (
                     ELSE greatest(memory_fraction, core_fraction) END AS fraction
         FROM grant_hours
         WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
+          AND cluster = getvariable('gl_cluster')
     ) gr ON a.sharing IN ('fractional', 'vgpu') AND gr.hour = a.hour
         AND gr.namespace = a.namespace
         AND gr.pod = a.pod AND gr.container = a.container AND gr.uuid = a.uuid
@@ -85,6 +91,7 @@ WITH a AS (
     LEFT JOIN _p_vgpu_table vt
            ON a.sharing = 'vgpu' AND vt.profile = regexp_extract(a.resource, '[^/]+$')
     WHERE a.hour >= getvariable('gl_start') AND a.hour < getvariable('gl_end')
+      AND a.cluster = getvariable('gl_cluster')
 ), f AS (
     SELECT a.*,
            CASE WHEN NOT a.is_mig THEN 1.0
@@ -138,7 +145,7 @@ LEFT JOIN _p_tiers t ON u.util > t.lo AND u.util <= t.hi
 LEFT JOIN _p_eff e ON e.sharing = u.sharing
 LEFT JOIN _p_team_disc td ON td.team = u.team;
 
--- name: rows
+-- step: rows
 -- Charge per allocation row: the basis applied, shared devices split, over-claims scaled.
 CREATE OR REPLACE TEMP TABLE _rows AS
 WITH inst AS (
@@ -187,7 +194,7 @@ SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, shari
        hash(namespace, pod, container, uuid, mig_uuid) AS row_key
 FROM sc;
 
--- name: idle
+-- step: idle
 -- Per device-hour: down time (never charged to a team) and idle (up, but nobody held it).
 CREATE OR REPLACE TEMP TABLE _idle AS
 SELECT d.hour, d.node, d.uuid, d.model, d.rate_micros, d.up_frac,
@@ -197,7 +204,7 @@ FROM _dev d
 LEFT JOIN (SELECT hour, uuid, sum(list_micros)::BIGINT AS list_micros
            FROM _rows GROUP BY hour, uuid) s USING (hour, uuid);
 
--- name: pools
+-- step: pools
 -- Idle cost per hour x GPU model, and what the team rows there can absorb.
 CREATE OR REPLACE TEMP TABLE _pool AS
 SELECT i.hour, i.model, sum(i.idle_micros)::BIGINT AS pool,
@@ -207,7 +214,7 @@ LEFT JOIN (SELECT hour, model, count(*) AS n_rows FROM _rows GROUP BY hour, mode
        USING (hour, model)
 GROUP BY i.hour, i.model;
 
--- name: shares
+-- step: shares
 -- Idle shared out to team rows (policy proportional or even). Each row gets floor(pool x w);
 -- the few micros left over go to the row with the largest weight, so shares sum to the pool.
 CREATE OR REPLACE TEMP TABLE _share AS
@@ -243,36 +250,43 @@ WITH tt AS (
 SELECT s.rid, s.share + CASE WHEN s.rid = top.top_rid THEN top.resid ELSE 0 END AS share
 FROM s JOIN top USING (hour, model);
 
--- name: delete
-DELETE FROM charges WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end');
+-- step: delete
+DELETE FROM charges WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
+  AND cluster = getvariable('gl_cluster');
 
--- name: insert_team_rows
-INSERT INTO charges
+-- step: insert_team_rows
+INSERT INTO charges (hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing,
+                     profile, basis, fraction, rate, allocated_gpu_hours, used_gpu_hours, cost,
+                     idle_share, cost_model_hash, cluster)
 SELECT r.hour, r.team, r.namespace, r.pod, r.container, r.node, r.uuid, r.mig_uuid, r.model,
        r.sharing, r.profile, r.basis, r.fraction, r.rate, r.allocated_gpu_hours,
        r.used_gpu_hours,
        gl_money(r.final_micros + coalesce(s.share, 0)),
        gl_money(coalesce(s.share, 0)),
-       getvariable('gl_hash')
+       getvariable('gl_hash'), getvariable('gl_cluster')
 FROM _rows r
 LEFT JOIN _share s ON s.rid = r.rowid;
 
--- name: insert_idle_rows
+-- step: insert_idle_rows
 -- Idle stays with the platform under policy separate, and wherever no team used that model in
 -- that hour (nobody to share it with).
-INSERT INTO charges
+INSERT INTO charges (hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing,
+                     profile, basis, fraction, rate, allocated_gpu_hours, used_gpu_hours, cost,
+                     idle_share, cost_model_hash, cluster)
 SELECT i.hour, 'idle', '', '', '', i.node, i.uuid, '', i.model, 'idle', '', 'idle',
        i.idle_micros / i.rate_micros, i.rate_micros / 1e6, 0, 0,
-       gl_money(i.idle_micros), gl_money(0), getvariable('gl_hash')
+       gl_money(i.idle_micros), gl_money(0), getvariable('gl_hash'), getvariable('gl_cluster')
 FROM _idle i
 JOIN _pool p USING (hour, model)
 WHERE i.idle_micros <> 0
   AND (getvariable('gl_idle_policy') = 'separate'
        OR (getvariable('gl_idle_policy') IN ('proportional', 'even') AND p.n_rows = 0));
 
--- name: insert_weighted_idle_rows
+-- step: insert_weighted_idle_rows
 -- Policy weights: each listed team pays its fixed share of every hour x model's idle pool.
-INSERT INTO charges
+INSERT INTO charges (hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing,
+                     profile, basis, fraction, rate, allocated_gpu_hours, used_gpu_hours, cost,
+                     idle_share, cost_model_hash, cluster)
 WITH s AS (
     SELECT p.hour, p.model, w.team, w.weight, p.pool,
            floor(p.pool * w.weight)::BIGINT AS share,
@@ -286,26 +300,32 @@ WITH s AS (
     FROM s
 )
 SELECT hour, team, '', '', '', '', '', '', model, 'idle', '', 'idle-share', weight, 0, 0, 0,
-       gl_money(amount), gl_money(amount), getvariable('gl_hash')
+       gl_money(amount), gl_money(amount), getvariable('gl_hash'), getvariable('gl_cluster')
 FROM t WHERE amount <> 0;
 
--- name: insert_down_rows
+-- step: insert_down_rows
 -- A GPU that was down (gpu_up 0, or not seen) is the fleet's cost, never a team's.
-INSERT INTO charges
+INSERT INTO charges (hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing,
+                     profile, basis, fraction, rate, allocated_gpu_hours, used_gpu_hours, cost,
+                     idle_share, cost_model_hash, cluster)
 SELECT hour, 'down', '', '', '', node, uuid, '', model, 'down', '', 'down', 1 - up_frac,
-       rate_micros / 1e6, 0, 0, gl_money(down_micros), gl_money(0), getvariable('gl_hash')
+       rate_micros / 1e6, 0, 0, gl_money(down_micros), gl_money(0), getvariable('gl_hash'),
+       getvariable('gl_cluster')
 FROM _idle WHERE down_micros <> 0;
 
--- name: insert_adjustment_rows
+-- step: insert_adjustment_rows
 -- What discounts, utilisation tiers and sharing-efficiency factors took off (or added to) the
 -- list price, per hour x model, so charges still add up to the fleet cost.
-INSERT INTO charges
+INSERT INTO charges (hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing,
+                     profile, basis, fraction, rate, allocated_gpu_hours, used_gpu_hours, cost,
+                     idle_share, cost_model_hash, cluster)
 SELECT hour, 'adjustment', '', '', '', '', '', '', model, 'adjustment', '', 'adjustment', 0, 0,
-       0, 0, gl_money(sum(list_micros - final_micros)), gl_money(0), getvariable('gl_hash')
+       0, 0, gl_money(sum(list_micros - final_micros)), gl_money(0), getvariable('gl_hash'),
+       getvariable('gl_cluster')
 FROM _rows GROUP BY hour, model
 HAVING sum(list_micros - final_micros) <> 0;
 
--- name: totals
+-- query: totals
 SELECT
     (SELECT count(DISTINCT hour) FROM _dev),
     (SELECT count(*) FROM _dev),
@@ -319,12 +339,14 @@ SELECT
     coalesce(sum(cost), 0),
     count(*)
 FROM charges
-WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end');
+WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
+  AND cluster = getvariable('gl_cluster');
 
--- name: orphans
+-- query: orphans
 -- Allocation facts with no device fact in the same hour cannot be priced (no model, no fleet
 -- cost); they are counted and reported, not guessed at. _alloc holds one row per fact that
 -- joined a device (every other join there is on a unique key).
 SELECT (SELECT count(*) FROM allocation_hours
-        WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end'))
+        WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
+          AND cluster = getvariable('gl_cluster'))
        - (SELECT count(*) FROM _alloc);

@@ -6,7 +6,11 @@
 -- keys' indexes cost more than half of an ingest's write time and slowed every delete;
 -- metering/db.py rebuilds tables of earlier versions without them. Keys, for the record:
 -- device_hours (hour, uuid); mig_hours (hour, mig_uuid);
--- allocation_hours (hour, namespace, pod, container, uuid, mig_uuid).
+-- allocation_hours (hour, namespace, pod, container, uuid, mig_uuid); each within a `cluster`.
+--
+-- `cluster` (every table): the Kubernetes cluster the row belongs to (docs/metering.md,
+-- "Many clusters"). Added after the first release, so it is the last column and defaults to
+-- 'default', the cluster of every single-cluster ledger (facts.DEFAULT_CLUSTER).
 
 CREATE TABLE IF NOT EXISTS device_hours (
     hour              TIMESTAMP NOT NULL,
@@ -18,7 +22,8 @@ CREATE TABLE IF NOT EXISTS device_hours (
     observed_seconds  DOUBLE    NOT NULL,   -- samples of gpu_up in the hour x sample spacing
     up_seconds        DOUBLE    NOT NULL,   -- of which gpu_up == 1
     sm_active_seconds DOUBLE,               -- integral of gpu_utilization_ratio (NULL on MIG)
-    energy_joules     DOUBLE                -- increase of gpu_energy_joules_total
+    energy_joules     DOUBLE,               -- increase of gpu_energy_joules_total
+    cluster           VARCHAR   NOT NULL DEFAULT 'default'
 );
 
 CREATE TABLE IF NOT EXISTS mig_hours (
@@ -33,7 +38,8 @@ CREATE TABLE IF NOT EXISTS mig_hours (
     observed_seconds  DOUBLE    NOT NULL,
     -- integral of gpu_sm_active_ratio (GPM, Hopper+) of the instance; NULL without samples
     -- (no GPM, e.g. A100): unknown, not idle. Added later: last, as migrations append it.
-    sm_active_seconds DOUBLE
+    sm_active_seconds DOUBLE,
+    cluster           VARCHAR   NOT NULL DEFAULT 'default'
 );
 
 CREATE TABLE IF NOT EXISTS allocation_hours (
@@ -52,7 +58,8 @@ CREATE TABLE IF NOT EXISTS allocation_hours (
     memory_byte_seconds DOUBLE  NOT NULL,   -- integral of gpu_container_memory_used_bytes
     sm_seconds        DOUBLE,               -- integral of gpu_container_sm_utilization_ratio;
                                             -- NULL without samples (MIG): unknown, not idle
-    labels            MAP(VARCHAR, VARCHAR) NOT NULL   -- label_<name> pod labels, name without prefix
+    labels            MAP(VARCHAR, VARCHAR) NOT NULL,  -- label_<name> pod labels, name without prefix
+    cluster           VARCHAR   NOT NULL DEFAULT 'default'
 );
 
 -- Per allocation fact (same key as allocation_hours): who owns the pod and its peak memory,
@@ -67,8 +74,9 @@ CREATE TABLE IF NOT EXISTS workload_hours (
     mig_uuid          VARCHAR   NOT NULL,
     owner_kind        VARCHAR   NOT NULL,   -- the pod's controller: Deployment, Job, ...; '' if none
     owner_name        VARCHAR   NOT NULL,
-    memory_max_bytes  DOUBLE                -- max of gpu_container_memory_used_bytes in the hour;
+    memory_max_bytes  DOUBLE,               -- max of gpu_container_memory_used_bytes in the hour;
                                             -- NULL without samples: unknown
+    cluster           VARCHAR   NOT NULL DEFAULT 'default'
 );
 
 -- Per allocation fact (same key as allocation_hours) of a fractional grant (HAMi, gpushare):
@@ -84,19 +92,22 @@ CREATE TABLE IF NOT EXISTS grant_hours (
     uuid              VARCHAR   NOT NULL,
     mig_uuid          VARCHAR   NOT NULL,
     memory_fraction   DOUBLE,
-    core_fraction     DOUBLE
+    core_fraction     DOUBLE,
+    cluster           VARCHAR   NOT NULL DEFAULT 'default'
 );
 
--- One row per hour that an ingest covered; hours of the period absent here had no data.
+-- One row per hour and cluster that an ingest covered; hours of the period absent here had no data.
 CREATE TABLE IF NOT EXISTS coverage (
-    hour              TIMESTAMP NOT NULL PRIMARY KEY,
+    hour              TIMESTAMP NOT NULL,
     source            VARCHAR   NOT NULL,   -- prometheus URL or openmetrics file
     devices           INTEGER   NOT NULL,   -- devices seen in the hour (0 = no data)
     ingested_at       TIMESTAMP NOT NULL,
     -- sample-seconds (device, MIG, allocation) counted once instead of twice or more:
     -- overlapping duplicate series (docs/metering.md, "Several series for one key")
     duplicate_seconds DOUBLE    DEFAULT 0,
-    dropped_values    BIGINT    DEFAULT 0   -- NaN, Inf, non-numbers, out of range: not priced
+    dropped_values    BIGINT    DEFAULT 0,  -- NaN, Inf, non-numbers, out of range: not priced
+    cluster           VARCHAR   NOT NULL DEFAULT 'default',
+    PRIMARY KEY (hour, cluster)
 );
 
 -- The cost models that priced `charges` (charges.cost_model_hash = hash), written by pricing
@@ -149,7 +160,8 @@ CREATE TABLE IF NOT EXISTS charges (
                                             -- (MIG without GPM, no SM samples)
     cost              DECIMAL(18, 6) NOT NULL,
     idle_share        DECIMAL(18, 6) NOT NULL, -- part of cost that is shared-out idle
-    cost_model_hash   VARCHAR   NOT NULL
+    cost_model_hash   VARCHAR   NOT NULL,
+    cluster           VARCHAR   NOT NULL DEFAULT 'default'
 );
 
 -- Ingest runs and the chunks each committed (metering/resume.py): a run that stopped before

@@ -1,0 +1,230 @@
+"""The ledger as open data, and many ledgers as one.
+
+`export_ledger` writes every ledger table as hive-partitioned Parquet,
+`DIR/<table>/cluster=<name>/month=<YYYY-MM>/part-0.parquet` (schema in docs/ledger-export.md),
+which Spark, Trino, BigQuery and DuckDB read as partitioned tables. `merge_ledgers` copies
+ledgers (DuckDB files or such directories) into one DuckDB ledger, a cluster-month at a time:
+facts and the charges priced from them travel together, so the pricing invariant of each
+cluster holds in the merged ledger exactly as it held in its source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import duckdb
+
+from metering import db
+from metering.cluster import is_cluster_name
+from metering.errors import ExitCode
+from metering.ledgerview import (
+    LEDGER_TABLES,
+    SIDE_TABLES,
+    LedgerError,
+    attach_ledger,
+    open_ledger,
+)
+from metering.period import Month
+
+PART_FILE = "part-0.parquet"
+# A cluster-month of every table, read where it is stored.
+_PARTITIONS = " UNION ".join(
+    f"SELECT DISTINCT cluster, strftime(hour, '%Y-%m') AS month FROM {{schema}}.{t}"
+    for t in LEDGER_TABLES)
+
+
+@dataclass(frozen=True, order=True)
+class Partition:
+    cluster: str
+    month: str  # YYYY-MM
+
+    @property
+    def bounds(self) -> tuple[datetime, datetime]:
+        m = Month.parse(self.month)
+        return m.start, m.end
+
+    def where(self) -> str:
+        """SQL condition selecting the partition's rows (both parts validated)."""
+        start, end = self.bounds
+        return (f"cluster = '{self.cluster}' AND hour >= TIMESTAMP '{start:%Y-%m-%d %H:%M:%S}' "
+                f"AND hour < TIMESTAMP '{end:%Y-%m-%d %H:%M:%S}'")
+
+
+def _partitions(con: duckdb.DuckDBPyConnection, schema: str, origin: str) -> list[Partition]:
+    rows = con.execute(_PARTITIONS.format(schema=schema) + " ORDER BY ALL").fetchall()
+    out = []
+    for cluster, month in rows:
+        if not is_cluster_name(cluster):  # it becomes a directory name and a SQL literal
+            raise LedgerError(f"{origin}: cluster {cluster!r} is not a cluster name; "
+                              "re-meter it with a valid --cluster")
+        out.append(Partition(str(cluster), str(month)))
+    return out
+
+
+@dataclass
+class ExportResult:
+    partitions: list[Partition] = field(default_factory=list)
+    files: int = 0
+    rows: int = 0
+    removed: int = 0  # partition files of the selection whose rows are gone from the ledger
+
+
+def export_ledger(ledger: str | Path, out: Path, months: Sequence[Month] = (),
+                  clusters: Sequence[str] = ()) -> ExportResult:
+    """Write the ledger's tables under `out` as cluster=/month= partitions, each file written
+    to a temporary name and renamed, so a reader never sees half a file. `months`/`clusters`
+    limit the export (default: everything); partitions of the selection that the ledger no
+    longer has rows for are removed, so the directory mirrors the ledger."""
+    con = open_ledger(ledger)
+    result = ExportResult()
+    try:
+        wanted = _partitions(con, "main", str(ledger))
+        month_names = {str(m) for m in months}
+        wanted = [p for p in wanted if (not month_names or p.month in month_names)
+                  and (not clusters or p.cluster in clusters)]
+        result.partitions = wanted
+        for table in LEDGER_TABLES:
+            written: set[Path] = set()
+            for part in wanted:
+                rows = con.execute(f"SELECT count(*) FROM {table} WHERE {part.where()}"
+                                   ).fetchall()[0][0]
+                if not rows:
+                    continue
+                target = out / table / f"cluster={part.cluster}" / f"month={part.month}"
+                target.mkdir(parents=True, exist_ok=True)
+                tmp = target / f".{PART_FILE}.{secrets.token_hex(6)}.tmp"
+                try:
+                    con.execute(
+                        f"COPY (SELECT * EXCLUDE (cluster) FROM {table} WHERE {part.where()} "
+                        f"ORDER BY hour) TO '{_quoted(tmp)}' "
+                        "(FORMAT PARQUET, COMPRESSION ZSTD, ROW_GROUP_SIZE 1000000)")
+                    os.replace(tmp, target / PART_FILE)
+                except BaseException:
+                    with contextlib.suppress(FileNotFoundError):
+                        tmp.unlink()
+                    raise
+                written.add(target / PART_FILE)
+                result.files += 1
+                result.rows += int(rows)
+            result.removed += _remove_stale(out / table, written, month_names, set(clusters))
+        for table in SIDE_TABLES:  # small, not partitioned: the whole table each time
+            if con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]:
+                (out / table).mkdir(parents=True, exist_ok=True)
+                tmp = out / table / f".{PART_FILE}.{secrets.token_hex(6)}.tmp"
+                con.execute(f"COPY (SELECT * FROM {table} ORDER BY ALL) TO '{_quoted(tmp)}' "
+                            "(FORMAT PARQUET, COMPRESSION ZSTD)")
+                os.replace(tmp, out / table / PART_FILE)
+                result.files += 1
+    finally:
+        con.close()
+    return result
+
+
+def _quoted(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def _remove_stale(root: Path, written: set[Path], months: set[str], clusters: set[str]) -> int:
+    """Partition files in the export's selection that this export did not write."""
+    removed = 0
+    for f in root.glob(f"cluster=*/month=*/{PART_FILE}"):
+        cluster = f.parent.parent.name.removeprefix("cluster=")
+        month = f.parent.name.removeprefix("month=")
+        if f in written or (months and month not in months) or (clusters
+                                                                and cluster not in clusters):
+            continue
+        f.unlink()
+        removed += 1
+    return removed
+
+
+class MergeError(Exception):
+    """The ledgers cannot be merged; nothing was written. `code`: the exit status."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.REFUSED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class MergeResult:
+    partitions: dict[str, list[Partition]] = field(default_factory=dict)  # source -> copied
+    rows: int = 0
+    # Months whose charges now carry several cost model hashes: re-price them with one.
+    mixed_hashes: list[str] = field(default_factory=list)
+
+
+def merge_ledgers(target: str | Path, sources: Sequence[str | Path]) -> MergeResult:
+    """Copy every cluster-month of `sources` into the DuckDB ledger `target` (created if
+    missing), replacing that cluster-month there, all in one transaction. A cluster-month
+    held by two sources is refused. After copying, each copied cluster-month's row counts and
+    costs in the target are checked against its source."""
+    try:
+        db.connect(target).close()  # creates or migrates it, refuses a non-DuckDB file
+    except db.DatabaseError as e:
+        raise MergeError(str(e), ExitCode.BAD_INPUT) from None
+    con = duckdb.connect(":memory:", config=db.engine_config())
+    result = MergeResult()
+    try:
+        owner: dict[Partition, str] = {}
+        plan: list[tuple[str, str, list[Partition]]] = []
+        for i, src in enumerate(sources):
+            schema = f"src{i}"
+            try:
+                attach_ledger(con, Path(src), schema)
+                parts = _partitions(con, schema, str(src))
+            except LedgerError as e:
+                raise MergeError(str(e), ExitCode.BAD_INPUT) from None
+            for part in parts:
+                if part in owner:
+                    raise MergeError(f"cluster {part.cluster}, {part.month}: in both "
+                                     f"{owner[part]} and {src}; merge each cluster-month from "
+                                     "one ledger")
+                owner[part] = str(src)
+            plan.append((str(src), schema, parts))
+        con.execute("ATTACH ? AS target", [str(target)])
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for src, schema, parts in plan:
+                for part in parts:
+                    for table in LEDGER_TABLES:
+                        con.execute(f"DELETE FROM target.main.{table} WHERE {part.where()}")
+                        n = con.execute(f"INSERT INTO target.main.{table} BY NAME SELECT * "
+                                        f"FROM {schema}.{table} WHERE {part.where()}"
+                                        ).fetchall()[0][0]
+                        result.rows += int(n)
+                    _check_copy(con, schema, part, src)
+                result.partitions[src] = parts
+            for table in SIDE_TABLES:  # by key: a cost model kept by two sources is one row
+                for _, schema, _ in plan:
+                    con.execute(f"INSERT OR IGNORE INTO target.main.{table} "
+                                f"SELECT * FROM {schema}.{table}")
+            result.mixed_hashes = [str(r[0]) for r in con.execute(
+                "SELECT strftime(hour, '%Y-%m') FROM target.main.charges GROUP BY 1 "
+                "HAVING count(DISTINCT cost_model_hash) > 1 ORDER BY 1").fetchall()]
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+    finally:
+        con.close()
+    return result
+
+
+def _check_copy(con: duckdb.DuckDBPyConnection, schema: str, part: Partition, src: str) -> None:
+    """The cluster-month in the target is its source's, row for row and cent for cent."""
+    for table in LEDGER_TABLES:
+        figure = "sum(cost)" if table == "charges" else "0"
+        got, want = (con.execute(f"SELECT count(*), {figure} FROM {where}.{table} "
+                                 f"WHERE {part.where()}").fetchall()[0]
+                     for where in ("target.main", schema))
+        if got != want:
+            raise MergeError(f"{src}: cluster {part.cluster}, {part.month}, {table}: copied "
+                             f"{got} (rows, cost) where the source has {want}; nothing written",
+                             ExitCode.FAILED)

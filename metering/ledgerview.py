@@ -1,0 +1,141 @@
+"""Read a ledger wherever it is stored: a DuckDB file, or a directory of hive-partitioned Parquet
+files written by `gpu-ledger ledger export` (metering/export.py).
+
+`open_ledger` returns an in-memory DuckDB connection whose views (LEDGER_TABLES) read the
+ledger, optionally one cluster's rows only, so the report code reads the same tables whatever
+the storage and never writes to the ledger.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+import duckdb
+
+from metering import db
+from metering.cluster import CLUSTER_NAME_RULE, is_cluster_name
+
+LEDGER_TABLES: Final = ("device_hours", "mig_hours", "allocation_hours", "workload_hours",
+                        "grant_hours", "coverage", "charges")
+# What the charges were priced with (pricing.py keeps it): not per cluster or hour, so read and
+# exported whole, and merged by key.
+SIDE_TABLES: Final = ("cost_models", "cost_model_prices")
+# Tables every ledger has; the others may be missing from an export (then read as empty).
+_REQUIRED: Final = ("device_hours", "coverage", "charges")
+# Hive partition keys of the Parquet export, read as text whatever they look like.
+PARTITION_TYPES: Final = "{'cluster': 'VARCHAR', 'month': 'VARCHAR'}"
+
+
+class LedgerError(Exception):
+    """The ledger cannot be read; str() names the path and what was wrong."""
+
+
+def parquet_glob(root: Path, table: str) -> str:
+    """The files of one table of an export, as a quoted SQL string literal."""
+    return "'" + str(root / table / "**" / "*.parquet").replace("'", "''") + "'"
+
+
+def _blank_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """The schema's tables, empty, in schema `blank` of the in-memory catalog: what a table
+    missing from an export reads as, with the right columns and types."""
+    if con.execute("SELECT count(*) FROM information_schema.schemata WHERE catalog_name = "
+                   "'memory' AND schema_name = 'blank'").fetchall()[0][0]:
+        return
+    con.execute("CREATE SCHEMA memory.blank")
+    con.execute("USE memory.blank")
+    con.execute(db.schema_sql())
+    con.execute("USE memory.main")
+
+
+def _scoped(source: str, cluster: str | None) -> str:
+    if cluster is None:
+        return f"SELECT * FROM {source}"
+    return f"SELECT * FROM {source} WHERE cluster = '{cluster}'"
+
+
+def open_ledger(path: str | Path, cluster: str | None = None) -> duckdb.DuckDBPyConnection:
+    """A read-only view of the ledger at `path` (DuckDB file or Parquet export directory);
+    with `cluster`, that cluster's rows only."""
+    con = duckdb.connect(":memory:", config=db.engine_config())
+    try:
+        attach_ledger(con, Path(path), "main", cluster)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def attach_ledger(con: duckdb.DuckDBPyConnection, p: Path, schema: str,
+                  cluster: str | None = None) -> None:
+    """Create the ledger's views in schema `schema` of `con`'s in-memory catalog, reading the
+    ledger at `p`; `con` must be an in-memory connection."""
+    if cluster is not None and not is_cluster_name(cluster):
+        raise LedgerError(f"--cluster: expected {CLUSTER_NAME_RULE}, got {cluster!r}")
+    _blank_tables(con)
+    if schema != "main":
+        con.execute(f"CREATE SCHEMA memory.{schema}")
+    if p.is_dir():
+        sources = _parquet_sources(con, p)
+    else:
+        sources = _duckdb_sources(con, p, f"ledger_{schema}")
+    for table, source in sources.items():
+        scoped = f"SELECT * FROM {source}" if table in SIDE_TABLES else _scoped(source, cluster)
+        try:
+            con.execute(f"CREATE VIEW memory.{schema}.{table} AS {scoped}")
+            con.execute(f"SELECT * FROM memory.{schema}.{table} LIMIT 0").fetchall()
+        except duckdb.Error as e:
+            raise LedgerError(f"{p / table if p.is_dir() else p}: cannot read it as the "
+                              f"ledger's {table}: {str(e).strip().splitlines()[0]}") from None
+
+
+def _duckdb_sources(con: duckdb.DuckDBPyConnection, p: Path, alias: str) -> dict[str, str]:
+    try:
+        db.connect(p, read_only=True).close()  # refuses what is not a DuckDB file, clearly
+    except db.DatabaseError as e:
+        raise LedgerError(str(e)) from None
+    con.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [str(p)])
+    columns: dict[str, set[str]] = {}
+    for table, column in con.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_catalog = ? AND table_schema = 'main'", [alias]).fetchall():
+        columns.setdefault(str(table), set()).add(str(column))
+    missing = [t for t in _REQUIRED if t not in columns]
+    if missing:
+        raise LedgerError(f"{p}: expected a GPU Ledger metering database (tables "
+                          f"{', '.join(_REQUIRED)}), got one without {', '.join(missing)}")
+    sources = {t: f"{alias}.main.{t}" if t in columns else f"memory.blank.{t}"
+               for t in SIDE_TABLES}
+    for table in LEDGER_TABLES:
+        if table not in columns:
+            sources[table] = f"memory.blank.{table}"
+        elif "cluster" not in columns[table]:  # written before clusters: all 'default'
+            sources[table] = f"(SELECT *, 'default' AS cluster FROM {alias}.main.{table})"
+        else:
+            sources[table] = f"{alias}.main.{table}"
+    return sources
+
+
+def _parquet_sources(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, str]:
+    found = [t for t in LEDGER_TABLES if any((root / t).rglob("*.parquet"))]
+    if not any(t in found for t in _REQUIRED):
+        raise LedgerError(f"{root}: expected a ledger export (directories "
+                          f"{', '.join(_REQUIRED)} holding cluster=NAME/month=YYYY-MM/*.parquet"
+                          "), found none")
+    sources = {}
+    for table in SIDE_TABLES:
+        whole = root / table / "part-0.parquet"
+        sources[table] = (f"read_parquet('{str(whole).replace(chr(39), chr(39) * 2)}')"
+                          if whole.is_file() else f"memory.blank.{table}")
+    for table in LEDGER_TABLES:
+        if table not in found:
+            sources[table] = f"memory.blank.{table}"
+            continue
+        columns = ", ".join(r[0] for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_catalog = "
+            "'memory' AND table_schema = 'blank' AND table_name = ? ORDER BY ordinal_position",
+            [table]).fetchall())
+        # Columns in the schema's order and types; month is the partition key only.
+        sources[table] = (f"(SELECT {columns} FROM read_parquet({parquet_glob(root, table)}, "
+                          f"hive_partitioning = true, hive_types = {PARTITION_TYPES}))")
+    return sources

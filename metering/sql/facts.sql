@@ -1,0 +1,256 @@
+-- GPU Ledger facts: per-series hourly signals -> fact rows for hours [gl_start, gl_end) of one
+-- chunk. Run by metering/facts.py inside the caller's transaction: every `-- step:` section in
+-- file order; `-- query:` sections are run by name where Python needs their rows.
+--
+-- Inputs (registered Arrow tables, one per SignalSpec in facts.py): up_count, up_sum, up_tlast,
+-- info_count, util_sum, energy_last, energy_min, mig_count, mig_tlast, migmem_max, gpm_sum,
+-- alloc_count, alloc_sum, alloc_tlast, cmem_sum, cmem_max, csm_sum, cmemfrac_max,
+-- ccorefrac_max; each row is one series x
+-- hour with `sh` (series hash), `key` (hash of the labels that identify the fact row, cluster
+-- included), `rank`, `cluster`, `value` and the labels the spec keeps. `spacing` holds the
+-- seconds per sample detected per (cluster, node). Session variables: gl_start, gl_end (chunk),
+-- gl_dflt (seconds per sample where a node has none detected).
+--
+-- Every statement aggregates per (hour, key) on integers: the series with the most samples
+-- (`w`, ties broken by its id) names the fact row, and only that series' string labels are
+-- read back, by a join on (series hash, hour). Hashing six strings per sample to group and join
+-- was most of the time of a chunk.
+
+-- query: spacing
+-- Samples per series-hour and how often each count occurs, per node; facts.detect_spacing picks
+-- the mode (full hours dominate; partial hours and jitter of one sample do not move it).
+SELECT cluster, node, value AS n, count(*) AS k FROM up_count
+WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end') AND value > 0
+GROUP BY cluster, node, value;
+
+-- query: pending
+-- Allocation or MIG samples in the chunk: they need a sample spacing even without gpu_up.
+SELECT (SELECT count(*) FROM alloc_count
+        WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end'))
+     + (SELECT count(*) FROM mig_count
+        WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end'));
+
+-- query: clusters
+-- Clusters the chunk's signals hold (a global store metered with a cluster label).
+SELECT DISTINCT cluster FROM (
+    SELECT cluster FROM up_count UNION ALL SELECT cluster FROM alloc_count
+    UNION ALL SELECT cluster FROM mig_count)
+WHERE cluster <> '' ORDER BY cluster;
+
+-- step: macros
+CREATE OR REPLACE TEMP MACRO gl_in(h) AS
+    h >= getvariable('gl_start') AND h < getvariable('gl_end');
+-- Seconds a key held in an hour: its samples' seconds, at most the union of its series' spans
+-- (overlapping duplicates counted once), at most the hour.
+CREATE OR REPLACE TEMP MACRO gl_sec(raw, held) AS least(raw, coalesce(held, raw), 3600.0);
+-- Integrals are scaled by held / sampled seconds: overlapping duplicates are averaged.
+CREATE OR REPLACE TEMP MACRO gl_scale(raw, held) AS (gl_sec(raw, held) / raw);
+
+-- step: spans
+-- A key with several series in an hour sums them where they follow each other (exporter
+-- restart on a new instance, pod relabelled, replicas changed) and counts the time once where
+-- they overlap (one exporter scraped by two jobs, an HA pair in one store): each series'
+-- samples span [last - count x spacing, last]. No scrape label (job, instance, replica) is
+-- looked at. `fam` says which fact table the span is for.
+CREATE OR REPLACE TEMP TABLE _spans AS
+SELECT 'device' AS fam, c.hour, c.key, coalesce(sp.seconds, getvariable('gl_dflt')) AS dt,
+       t.value - c.value * coalesce(sp.seconds, getvariable('gl_dflt')) AS s, t.value AS e
+FROM up_count c JOIN up_tlast t ON t.sh = c.sh AND t.hour = c.hour
+LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+WHERE gl_in(c.hour)
+UNION ALL
+SELECT 'mig', c.hour, c.key, coalesce(sp.seconds, getvariable('gl_dflt')),
+       t.value - c.value * coalesce(sp.seconds, getvariable('gl_dflt')), t.value
+FROM mig_count c JOIN mig_tlast t ON t.sh = c.sh AND t.hour = c.hour
+LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+WHERE gl_in(c.hour)
+UNION ALL
+SELECT 'alloc', c.hour, c.key, coalesce(sp.seconds, getvariable('gl_dflt')),
+       t.value - c.value * coalesce(sp.seconds, getvariable('gl_dflt')), t.value
+FROM alloc_count c JOIN alloc_tlast t ON t.sh = c.sh AND t.hour = c.hour
+LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+WHERE gl_in(c.hour);
+
+-- step: held
+-- Per (fam, hour, key): seconds covered by the union of the spans, each run of overlapping
+-- spans in whole sample spacings (two copies scraped 7 s apart hold what one does, not 7 s
+-- more).
+CREATE OR REPLACE TEMP TABLE _held AS
+SELECT fam, hour, key, sum(floor((ge - gs) / dt + 1e-6) * dt) AS u FROM (
+    SELECT fam, hour, key, g, min(s) AS gs, max(e) AS ge, max(dt) AS dt FROM (
+        SELECT fam, hour, key, dt, s, e,
+               sum(CASE WHEN prev IS NULL OR s > prev THEN 1 ELSE 0 END)
+                   OVER (PARTITION BY fam, hour, key ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS g
+        FROM (SELECT fam, hour, key, dt, s, e,
+                     max(e) OVER (PARTITION BY fam, hour, key ORDER BY s, e
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
+              FROM _spans))
+    GROUP BY fam, hour, key, g)
+GROUP BY fam, hour, key;
+
+-- step: device_hours
+INSERT INTO device_hours (hour, cluster, node, gpu, uuid, model, mig_enabled, observed_seconds,
+                          up_seconds, sm_active_seconds, energy_joules)
+WITH up AS (
+    SELECT c.hour, c.key, c.sh, c.value AS n,
+           CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w,
+           coalesce(s.value, 0) AS ones, coalesce(sp.seconds, getvariable('gl_dflt')) AS dt
+    FROM up_count c
+    LEFT JOIN up_sum s ON s.sh = c.sh AND s.hour = c.hour
+    LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+    WHERE gl_in(c.hour)),
+dev AS (
+    SELECT hour, key, arg_max(sh, w) AS sh, sum(n * dt) AS obs, sum(ones * dt) AS up
+    FROM up GROUP BY hour, key),
+info AS (
+    SELECT hour, key, bool_or(lower(mig_mode) IN ('enabled', 'true', '1', 'on')) AS mig
+    FROM info_count WHERE gl_in(hour) GROUP BY hour, key),
+util AS (
+    SELECT u.hour, u.key, sum(u.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS sm
+    FROM util_sum u LEFT JOIN spacing sp ON sp.cluster = u.cluster AND sp.node = u.node
+    WHERE gl_in(u.hour) GROUP BY u.hour, u.key),
+inc AS (
+    -- Per series: last value of the hour minus last value of the hour before (a drop is a
+    -- counter reset: count from zero); with no hour before, last minus first of the hour.
+    SELECT l.hour, l.key,
+           CASE WHEN p.value IS NULL THEN l.value - m.value
+                WHEN l.value >= p.value THEN l.value - p.value
+                ELSE l.value END AS j
+    FROM energy_last l
+    LEFT JOIN energy_last p ON p.sh = l.sh AND p.hour = l.hour - INTERVAL 1 HOUR
+    LEFT JOIN energy_min m ON m.sh = l.sh AND m.hour = l.hour
+    WHERE gl_in(l.hour)),
+energy AS (SELECT hour, key, sum(j) AS j FROM inc GROUP BY hour, key)
+SELECT d.hour, c.cluster, c.node, c.gpu, c.uuid, c.model, coalesce(i.mig, false),
+       gl_sec(d.obs, h.u), d.up * gl_scale(d.obs, h.u),
+       CASE WHEN coalesce(i.mig, false) THEN NULL ELSE u.sm * gl_scale(d.obs, h.u) END,
+       e.j * gl_scale(d.obs, h.u)
+FROM dev d
+JOIN up_count c ON c.sh = d.sh AND c.hour = d.hour
+LEFT JOIN _held h ON h.fam = 'device' AND h.hour = d.hour AND h.key = d.key
+LEFT JOIN info i ON i.hour = d.hour AND i.key = d.key
+LEFT JOIN util u ON u.hour = d.hour AND u.key = d.key
+LEFT JOIN energy e ON e.hour = d.hour AND e.key = d.key;
+
+-- step: mig_hours
+INSERT INTO mig_hours (hour, cluster, node, uuid, mig_uuid, profile, slices, parent_slices,
+                       memory_total_bytes, observed_seconds, sm_active_seconds)
+WITH k AS (
+    SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh,
+           sum(c.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS sec
+    FROM mig_count c
+    LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+    WHERE gl_in(c.hour)
+    GROUP BY c.hour, c.key),
+mem AS (SELECT hour, key, max(value) AS v FROM migmem_max WHERE gl_in(hour)
+        GROUP BY hour, key),
+gpm AS (
+    -- NULL (no row) when the hour has no GPM sample for the instance: unknown, not idle.
+    SELECT g.hour, g.key, sum(g.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS v
+    FROM gpm_sum g LEFT JOIN spacing sp ON sp.cluster = g.cluster AND sp.node = g.node
+    WHERE gl_in(g.hour) AND g.mig_uuid <> '' GROUP BY g.hour, g.key)
+SELECT k.hour, c.cluster, c.node, c.uuid, c.mig_uuid, c.profile, CAST(c.slices AS INTEGER),
+       CAST(c.parent_slices AS INTEGER), mem.v,
+       gl_sec(k.sec, h.u), gpm.v * gl_scale(k.sec, h.u)
+FROM k
+JOIN mig_count c ON c.sh = k.sh AND c.hour = k.hour
+LEFT JOIN _held h ON h.fam = 'mig' AND h.hour = k.hour AND h.key = k.key
+LEFT JOIN mem ON mem.hour = k.hour AND mem.key = k.key
+LEFT JOIN gpm ON gpm.hour = k.hour AND gpm.key = k.key;
+
+-- step: allocation_hours
+INSERT INTO allocation_hours (hour, cluster, node, namespace, pod, container, uuid, mig_uuid,
+                              resource, sharing, replicas, units, allocated_seconds,
+                              memory_byte_seconds, sm_seconds, labels)
+WITH a AS (
+    SELECT c.hour, c.key, c.sh, c.value AS n,
+           CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w,
+           coalesce(s.value, 0) AS u,
+           c.value * coalesce(sp.seconds, getvariable('gl_dflt')) AS sec
+    FROM alloc_count c
+    LEFT JOIN alloc_sum s ON s.sh = c.sh AND s.hour = c.hour
+    LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+    WHERE gl_in(c.hour)),
+k AS (
+    SELECT hour, key, arg_max(sh, w) AS sh, sum(u) / sum(n) AS units, sum(sec) AS sec
+    FROM a GROUP BY hour, key),
+mem AS (
+    SELECT x.hour, x.key, sum(x.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS v
+    FROM cmem_sum x LEFT JOIN spacing sp ON sp.cluster = x.cluster AND sp.node = x.node
+    WHERE gl_in(x.hour) GROUP BY x.hour, x.key),
+sm AS (
+    SELECT x.hour, x.key, sum(x.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS v
+    FROM csm_sum x LEFT JOIN spacing sp ON sp.cluster = x.cluster AND sp.node = x.node
+    WHERE gl_in(x.hour) GROUP BY x.hour, x.key)
+SELECT k.hour, c.cluster, c.node, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid,
+       c.resource, c.sharing, CAST(c.replicas AS INTEGER), k.units, gl_sec(k.sec, h.u),
+       coalesce(mem.v, 0) * gl_scale(k.sec, h.u),
+       -- NULL without samples (MIG: NVML has no per-process SM there): unknown, not idle.
+       sm.v * gl_scale(k.sec, h.u), c.labels
+FROM k
+JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
+LEFT JOIN _held h ON h.fam = 'alloc' AND h.hour = k.hour AND h.key = k.key
+LEFT JOIN mem ON mem.hour = k.hour AND mem.key = k.key
+LEFT JOIN sm ON sm.hour = k.hour AND sm.key = k.key;
+
+-- step: workload_hours
+-- Per allocation fact: the pod's owner (from the series that names the fact row) and the
+-- peak memory of the hour (max over duplicate series too: a duplicate cannot raise a peak).
+INSERT INTO workload_hours (hour, cluster, namespace, pod, container, uuid, mig_uuid,
+                            owner_kind, owner_name, memory_max_bytes)
+WITH k AS (
+    SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh
+    FROM alloc_count c WHERE gl_in(c.hour) GROUP BY c.hour, c.key),
+mx AS (SELECT hour, key, max(value) AS v FROM cmem_max WHERE gl_in(hour) GROUP BY hour, key)
+SELECT k.hour, c.cluster, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid, c.owner_kind,
+       c.owner_name, mx.v
+FROM k
+JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
+LEFT JOIN mx ON mx.hour = k.hour AND mx.key = k.key;
+
+-- step: grant_hours
+-- Per allocation fact with a fractional grant: the granted memory and core fractions (the
+-- largest seen in the hour; NULL where the grant gives none, e.g. no core limit).
+INSERT INTO grant_hours (hour, cluster, namespace, pod, container, uuid, mig_uuid,
+                         memory_fraction, core_fraction)
+WITH k AS (
+    SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh
+    FROM alloc_count c WHERE gl_in(c.hour) GROUP BY c.hour, c.key),
+m AS (SELECT hour, key, max(value) AS v FROM cmemfrac_max WHERE gl_in(hour)
+      GROUP BY hour, key),
+cf AS (SELECT hour, key, max(value) AS v FROM ccorefrac_max WHERE gl_in(hour)
+       GROUP BY hour, key)
+SELECT k.hour, c.cluster, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid,
+       -- clamped to 0-1; greatest() would turn a missing figure (NULL) into 0
+       CASE WHEN m.v IS NOT NULL THEN least(greatest(m.v, 0), 1) END,
+       CASE WHEN cf.v IS NOT NULL THEN least(greatest(cf.v, 0), 1) END
+FROM k
+JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
+LEFT JOIN m ON m.hour = k.hour AND m.key = k.key
+LEFT JOIN cf ON cf.hour = k.hour AND cf.key = k.key
+WHERE m.v IS NOT NULL OR cf.v IS NOT NULL;
+
+-- query: duplicates
+-- Per (cluster, hour): sample-seconds the sources hold minus those the facts kept, over device,
+-- MIG and allocation series, i.e. what de-duplication removed (run after the steps).
+SELECT cluster, hour, sum(s) FROM (
+    SELECT c.cluster, c.hour, c.value * coalesce(sp.seconds, getvariable('gl_dflt')) AS s
+    FROM up_count c LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+    WHERE gl_in(c.hour)
+    UNION ALL
+    SELECT c.cluster, c.hour, c.value * coalesce(sp.seconds, getvariable('gl_dflt'))
+    FROM mig_count c LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+    WHERE gl_in(c.hour)
+    UNION ALL
+    SELECT c.cluster, c.hour, c.value * coalesce(sp.seconds, getvariable('gl_dflt'))
+    FROM alloc_count c LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+    WHERE gl_in(c.hour)
+    UNION ALL SELECT cluster, hour, -observed_seconds FROM device_hours WHERE gl_in(hour)
+    UNION ALL SELECT cluster, hour, -observed_seconds FROM mig_hours WHERE gl_in(hour)
+    UNION ALL SELECT cluster, hour, -allocated_seconds FROM allocation_hours WHERE gl_in(hour))
+GROUP BY cluster, hour HAVING sum(s) > 0.5 ORDER BY cluster, hour;
+
+-- query: cleanup
+-- Run after the steps, whether they succeeded or not.
+DROP TABLE IF EXISTS _spans;
+DROP TABLE IF EXISTS _held;
