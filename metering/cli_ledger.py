@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from metering.cluster import cluster_name_problem
-from metering.errors import ExitCode
+from metering.errors import ExitCode, MeteringError
 from metering.export import MergeError, export_ledger, merge_ledgers
 from metering.ledgerview import LedgerError
 from metering.period import Month
@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "export":
             return _export(args)
         return _merge(args)
+    except MeteringError as exc:  # a locked ledger, ...: its own exit status
+        print(f"gpu-ledger ledger {args.action}: {exc}", file=sys.stderr)
+        return exc.code
     except LedgerError as exc:
         print(f"gpu-ledger ledger {args.action}: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT

@@ -167,6 +167,8 @@ def merge_ledgers(target: str | Path, sources: Sequence[str | Path]) -> MergeRes
     costs in the target are checked against its source."""
     try:
         db.connect(target).close()  # creates or migrates it, refuses a non-DuckDB file
+    except db.LedgerLocked:
+        raise  # another process writes it: its own exit status
     except db.DatabaseError as e:
         raise MergeError(str(e), ExitCode.BAD_INPUT) from None
     con = duckdb.connect(":memory:", config=db.engine_config())

@@ -92,6 +92,8 @@ def attach_ledger(con: duckdb.DuckDBPyConnection, p: Path, schema: str,
 def _duckdb_sources(con: duckdb.DuckDBPyConnection, p: Path, alias: str) -> dict[str, str]:
     try:
         db.connect(p, read_only=True).close()  # refuses what is not a DuckDB file, clearly
+    except db.LedgerLocked:
+        raise  # its own exit status: another process is writing the ledger
     except db.DatabaseError as e:
         raise LedgerError(str(e)) from None
     con.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [str(p)])
