@@ -181,7 +181,8 @@ def test_export_is_incremental_and_mirrors_the_ledger(tmp_path: Path) -> None:
     west_file = out / "charges" / "cluster=west" / "month=2026-10" / "part-0.parquet"
     before = west_file.stat().st_mtime_ns
     result = export_ledger(db, out, clusters=["east"])
-    assert result.files == 0 and result.removed >= 2
+    # nothing of east is left to write; the cost model tables are written whole every time
+    assert result.files == 2 and result.removed >= 2
     assert not (out / "charges" / "cluster=east" / "month=2026-10" / "part-0.parquet").exists()
     assert west_file.stat().st_mtime_ns == before  # outside the selection: untouched
 
