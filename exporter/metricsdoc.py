@@ -80,17 +80,28 @@ def generate() -> str:
               "## What per-process SM utilisation can and cannot show", "",
               "`gpu_container_sm_utilization_ratio` and `gpu_process_sm_utilization_ratio` come"
               " from `nvmlDeviceGetProcessUtilization`: the driver keeps a short buffer of"
-              " per-process samples, each the share of one sample period in which that process"
-              " had a kernel running, in whole percent. Each cycle the exporter reads the samples"
-              " newer than the previous cycle and keeps every process's newest one. So a process"
-              " that computes lightly (one short kernel every few hundred ms) can read 0: its share"
-              " of a period rounds down to 0 %, or its newest sample fell between bursts. A"
-              " process with no sample since the last cycle reads 0 (idle), not absent. On MIG"
-              " NVML gives no per-process figure, so the series is absent rather than 0. The sum"
-              " over containers of a device is a sum of such rounded samples; it is not forced"
-              " to equal `gpu_utilization_ratio`, which the driver measures over its own window:"
-              " read the device figure for how busy the GPU is and the per-container figures for"
-              " how that use splits.", ""]
+              " per-process samples, each the share of one sample period (about a second) in"
+              " which that process had a kernel running, in whole percent. Each cycle the"
+              " exporter reads the samples newer than the previous cycle and takes each"
+              " process's mean over those periods (a period without a sample of the process"
+              " counts as 0), so a process that computes in bursts reads its average rather"
+              " than whatever its newest sample caught. What it cannot show: a share below 1 %"
+              " of every period rounds to 0, and the buffer holds only the last periods, so with"
+              " a long `--interval` the mean covers the end of the interval. A process with no"
+              " sample since the last cycle reads 0 (idle), not absent. On MIG NVML gives no"
+              " per-process figure, so the series is absent rather than 0.", "",
+              "The per-process figures are kept consistent with the device: each cycle the"
+              " exporter also reads the device's own utilisation samples"
+              " (`nvmlDeviceGetSamples`, `NVML_GPU_UTILIZATION_SAMPLES`) for the same periods"
+              " and takes their mean. The only process on a GPU ran every kernel there, so it"
+              " gets that mean (a light workload alone on a GPU is not 0 while the GPU reads"
+              " busy). Where several processes add up to more than the device (MPS clients"
+              " overlap; rounding), they are scaled down in proportion, so the sum over the"
+              " containers of a GPU never exceeds the device's mean utilisation over the"
+              " interval. Where they add up to less, the rest stays unattributed: nothing says"
+              " whose it is. Where NVML has no device samples, the figures are as measured."
+              " `gpu_utilization_ratio` is the driver's latest period only, so it can differ"
+              " from that mean within a cycle; averaged over many cycles the two converge.", ""]
     return "\n".join(lines)
 
 

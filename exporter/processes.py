@@ -19,6 +19,7 @@ class ProcessLister:
         # NVML returns utilisation samples newer than the timestamp we pass; remembering the
         # newest one seen per GPU gives each cycle exactly the samples since the last cycle.
         self._last_seen: dict[str, int] = {}
+        self._device_last_seen: dict[str, int] = {}
 
     def fill(self, ctx: CycleContext) -> None:
         """Fill ctx.processes (and ctx.process_failures) for every GPU that answers."""
@@ -37,6 +38,10 @@ class ProcessLister:
         util: dict[int, float] | None = None
         if not gpu.mig_enabled:
             util = self._utilisation(r, gpu)
+            if util is not None:
+                pids = {int(p.pid) for p in procs}
+                util = reconcile({pid: util.get(pid, 0.0) for pid in pids},
+                                 self._device_busy(r, gpu))
         out = []
         for p in procs:
             mig_uuid = ""
@@ -50,8 +55,10 @@ class ProcessLister:
         return out
 
     def _utilisation(self, r: Reader, gpu: GpuRef) -> dict[int, float] | None:
-        """pid -> SM utilisation (0-1) of its newest sample since the last cycle. NOT_FOUND
-        means no process ran a kernel since then: every process is idle (0), not unknown."""
+        """pid -> SM utilisation (0-1): its mean over the sample periods since the last cycle,
+        a period without a sample of the process counting as 0 (so a process that computes in
+        bursts reads its average, not its newest sample). NOT_FOUND means no process ran a
+        kernel since then: every process is idle (0), not unknown."""
         nv = self.nvml
         try:
             samples = nv.nvmlDeviceGetProcessUtilization(gpu.handle,
@@ -65,12 +72,48 @@ class ProcessLister:
             if not outcome.absent:
                 r.failures += 1
             return None
-        newest: dict[int, tuple[int, float]] = {}
-        top = self._last_seen.get(gpu.uuid, 0)
+        sums: dict[int, int] = {}  # pid -> whole percents summed
+        periods = {int(s.timeStamp) for s in samples}
         for s in samples:
-            ts = int(s.timeStamp)
-            top = max(top, ts)
-            if int(s.pid) not in newest or ts >= newest[int(s.pid)][0]:
-                newest[int(s.pid)] = (ts, s.smUtil / 100.0)
-        self._last_seen[gpu.uuid] = top
-        return {pid: v for pid, (_, v) in newest.items()}
+            sums[int(s.pid)] = sums.get(int(s.pid), 0) + int(s.smUtil)
+        if periods:
+            self._last_seen[gpu.uuid] = max(periods)
+        return {pid: total / max(1, len(periods)) / 100.0 for pid, total in sums.items()}
+
+    def _device_busy(self, r: Reader, gpu: GpuRef) -> float | None:
+        """The device's utilisation (0-1), the mean of its samples since the last cycle (the
+        same periods as the per-process samples); None where NVML gives none."""
+        nv = self.nvml
+        try:
+            _, samples = nv.nvmlDeviceGetSamples(gpu.handle, nv.NVML_GPU_UTILIZATION_SAMPLES,
+                                                 self._device_last_seen.get(gpu.uuid, 0))
+        except nv.NVMLError as err:
+            outcome = classify(err)
+            if outcome is NvmlOutcome.LOST:
+                raise GpuLost(str(err)) from err
+            if not outcome.absent:
+                r.failures += 1
+            return None
+        if not samples:
+            return None
+        self._device_last_seen[gpu.uuid] = max(int(s.timeStamp) for s in samples)
+        busy: int = sum(int(s.sampleValue.uiVal) for s in samples)
+        return busy / len(samples) / 100.0
+
+
+def reconcile(shares: dict[int, float], device: float | None) -> dict[int, float]:
+    """Per-process SM shares (pid -> 0-1) made consistent with the device's utilisation over
+    the same periods. Both are whole-percent samples of the time a kernel ran, so they disagree
+    by rounding, and under MPS processes overlap (their shares add up to more than the device
+    was busy). The only process on a device ran every kernel: it gets the device figure (a
+    light workload whose own samples round to 0 is then not 0). Several processes whose
+    shares add up to more than the device are scaled down to it; less is left as it is (the
+    rest stays unattributed: no evidence says whose it is)."""
+    if device is None or not shares:
+        return shares
+    if len(shares) == 1:
+        return dict.fromkeys(shares, device)
+    total = sum(shares.values())
+    if total <= device:
+        return shares
+    return {pid: v * device / total for pid, v in shares.items()}

@@ -13,6 +13,7 @@ from exporter.errors import ConfigError
 from exporter.nvml_loader import load_nvml
 from gpusim.node import processes_at
 from gpusim.nvml import SimNVML
+from gpusim.nvml_processes import UTILIZATION_BUFFER
 from gpusim.scenario import load_scenario, loads_scenario
 
 SCENARIOS = Path(__file__).parent.parent / "gpusim" / "scenarios"
@@ -257,10 +258,22 @@ def test_process_utilization_not_found_semantics(nv, clock):
     with pytest.raises(pynvml.NVMLError_NotFound):
         nv.nvmlDeviceGetProcessUtilization(h, 0)  # no processes yet
     clock.at(2 * HOUR + 0.5)
-    samples = nv.nvmlDeviceGetProcessUtilization(h, 0)
-    assert sorted(s.smUtil for s in samples) == [40, 60]  # 75:50 scaled to sum to 100%
+    samples = nv.nvmlDeviceGetProcessUtilization(h, 0)  # 0: all the driver still holds
     newest = max(s.timeStamp for s in samples)
     assert newest == int(T0 + 2 * HOUR) * 1_000_000
+    assert len({s.timeStamp for s in samples}) == UTILIZATION_BUFFER
+    # 75:50 scaled to sum to 100%
+    assert sorted(s.smUtil for s in samples if s.timeStamp == newest) == [40, 60]
+    # device samples on the same periods: the GPU was busy all the time
+    kind, device = nv.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+                                           newest - 3_000_000)
+    assert kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+    assert [(d.timeStamp, d.sampleValue.uiVal) for d in device] == \
+        [(newest - i * 1_000_000, 100) for i in (2, 1, 0)]
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        nv.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, newest)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nv.nvmlDeviceGetSamples(h, pynvml.NVML_TOTAL_POWER_SAMPLES, 0)
     with pytest.raises(pynvml.NVMLError_NotFound):
         nv.nvmlDeviceGetProcessUtilization(h, newest)  # nothing newer yet
     clock.at(2 * HOUR + 1.5)
