@@ -127,6 +127,17 @@ _MIGRATIONS += ((_no_cluster("coverage"),
                   "DROP TABLE coverage__without_cluster")),)
 
 
+# Resuming is keyed by the run's settings too (metering/resume.py): a run recorded before has
+# '' and is never taken over by a run that records them; its chunks' clusters are unknown
+# (NULL), so they count as rewriting every cluster.
+_MIGRATIONS += tuple(
+    ("SELECT count(*) = 0 FROM information_schema.columns WHERE table_catalog = "
+     f"current_database() AND table_name = '{table}' AND column_name = '{column}'",
+     (f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}",))
+    for table, column, kind in (("ingest_runs", "settings", "VARCHAR DEFAULT ''"),
+                                ("ingest_chunks", "clusters", "VARCHAR[]")))
+
+
 def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Bring an existing database's tables up to schema.sql; returns the statements run."""
     done: list[str] = []

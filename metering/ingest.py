@@ -34,7 +34,7 @@ from metering.period import Period, utc_naive
 from metering.progress import Progress
 from metering.promclient import PromClient, PromError
 from metering.queryplan import Limits, QueryPlanner
-from metering.resume import Journal
+from metering.resume import Journal, RunSettings
 from metering.selector import DEFAULT_SELECTOR, Screened, Selector
 
 # Prometheus answers at most 11,000 points per series; a chunk of N hours asks for N+1.
@@ -216,17 +216,24 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
     chunk whose source yields fewer device-hours for a cluster than the ledger already holds
     for those hours is refused (nothing written) unless `replace`: a Prometheus past its
     retention or an empty source never wipes a metered month. An earlier run of the same
-    source, clusters and period that stopped before its end is resumed after its committed
-    chunks unless not `resume` (metering/resume.py). A source with no GPU series at all for
-    the period is refused too: chunks without any fact are only written (as hours without
-    data) once some chunk has facts."""
+    source, settings (selector, clusters, chunk length, sample interval) and period that
+    stopped before its end is resumed after its committed chunks unless not `resume`
+    (metering/resume.py). A source with no GPU series at all for the period is refused too:
+    chunks without any fact are only written (as hours without data) once some chunk has
+    facts."""
     if not 1 <= chunk_hours <= MAX_CHUNK_HOURS:
         raise IngestError(f"--chunk: expected 1 to {MAX_CHUNK_HOURS} hours, got {chunk_hours}",
                           ExitCode.USAGE)
     chunks = list(period.chunks(chunk_hours))
     progress = progress or Progress(len(chunks), quiet=True)
     result = IngestResult(period, source.name)
-    journal = Journal.begin(con, _run_key(source.name, clusters), period, resume)
+    settings = RunSettings(source.selector, clusters or ClusterScope(), chunk_hours,
+                           sample_interval)
+    journal = Journal.begin(con, source.name, settings, period, resume)
+    if journal.passed_over is not None:
+        progress.message(f"meter: not resuming the interrupted run of this source and period: "
+                         f"it used other settings ({journal.passed_over}); every chunk is "
+                         "metered")
     result.resumed = sum(1 for c in chunks if journal.committed(c))
     if result.resumed and journal.resumed_from is not None:
         progress.total = len(chunks) - result.resumed
@@ -268,7 +275,7 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
                 result.empty_hours += write_coverage(
                     con, start, end, source.name, _now(), counts.clusters,
                     duplicates=counts.duplicates, dropped=dropped)
-                journal.record(con, chunk)
+                journal.record(con, chunk, counts.clusters)
         except _Empty:
             pending.append((chunk, dropped))
         except FactError as exc:
@@ -325,14 +332,4 @@ def _write_empty(con: Any, chunk: Period, source: str, result: IngestResult,
         delete_hours(con, start, end, names)
         result.empty_hours += write_coverage(con, start, end, source, _now(), names,
                                              dropped=dropped)
-        journal.record(con, chunk)
-
-
-def _run_key(source: str, clusters: ClusterScope | None) -> str:
-    """What makes two runs the same run for resuming: the source, and the cluster(s) it is
-    metered as (one Prometheus metered as two clusters is two runs)."""
-    if clusters is None or clusters == ClusterScope():
-        return source
-    if clusters.label is None:
-        return f"{source} [cluster {clusters.name}]"
-    return f"{source} [cluster label {clusters.label}, else {clusters.name}]"
+        journal.record(con, chunk, names)

@@ -173,12 +173,14 @@ CREATE TABLE IF NOT EXISTS ingest_runs (
     period_start      TIMESTAMP NOT NULL,   -- UTC
     period_end        TIMESTAMP NOT NULL,
     started_at        TIMESTAMP NOT NULL,
-    finished_at       TIMESTAMP             -- NULL: stopped before its last chunk
+    finished_at       TIMESTAMP,            -- NULL: stopped before its last chunk
+    settings          VARCHAR   NOT NULL DEFAULT ''  -- selector, clusters, chunk, interval
 );
 
 CREATE TABLE IF NOT EXISTS ingest_chunks (
     run_id            BIGINT    NOT NULL,
     chunk_start       TIMESTAMP NOT NULL,
     chunk_end         TIMESTAMP NOT NULL,
-    committed_at      TIMESTAMP NOT NULL
+    committed_at      TIMESTAMP NOT NULL,
+    clusters          VARCHAR[]             -- the clusters it rewrote; NULL: not recorded
 );
