@@ -19,7 +19,7 @@ import duckdb
 
 from metering.cluster import ClusterScope
 from metering.costmodel import CostModel
-from metering.db import DatabaseError, connect
+from metering.db import DatabaseError, connect, out_of_memory
 from metering.errors import MeteringError, RefusedError
 from metering.ingest import DEFAULT_CHUNK_HOURS, IngestResult, PrometheusSource, Source, ingest
 from metering.period import Period, hour_ranges
@@ -122,6 +122,8 @@ def _price(con: duckdb.DuckDBPyConnection, period: Period, cost_model: CostModel
                             clusters=clusters)
     except MeteringError:
         raise
+    except duckdb.OutOfMemoryException:
+        raise out_of_memory(f"pricing {period.label()}") from None
     except Exception as exc:  # any pricing failure: one line, no traceback; nothing written
         raise MeteringError(f"pricing {period.label()} failed: {type(exc).__name__}: {exc}"
                             ) from None

@@ -2,7 +2,8 @@
 ledgers (one per cluster, from separate CronJobs) merged into one.
 
 Exit status (metering.errors.ExitCode): 0 done, 2 usage, 4 a ledger that cannot be read,
-6 a merge refused (a cluster-month in two sources), 1 anything else; nothing half-written.
+6 a merge refused (a cluster-month in two sources), 8 out of memory under the DuckDB cap
+(--memory-limit), 1 anything else; nothing half-written.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from metering import db
 from metering.cluster import cluster_name_problem
 from metering.errors import ExitCode, MeteringError
 from metering.export import MergeError, export_ledger, merge_ledgers
@@ -44,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="the DuckDB ledger to merge into (created if missing)")
     mg.add_argument("sources", nargs="+", metavar="LEDGER",
                     help="DuckDB files or export directories, e.g. one per cluster")
+    for action in (ex, mg):
+        action.add_argument(db.MEMORY_LIMIT_OPTION, metavar="SIZE",
+                            help=f"DuckDB's memory cap, e.g. 4GB (default "
+                                 f"${db.MEMORY_LIMIT_ENV}, else {db.DEFAULT_MEMORY_LIMIT})")
     return p
 
 
@@ -53,9 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else 2
     try:
-        if args.action == "export":
-            return _export(args)
-        return _merge(args)
+        with db.memory_cap(args.memory_limit, f"ledger {args.action}"):
+            if args.action == "export":
+                return _export(args)
+            return _merge(args)
     except MeteringError as exc:  # a locked ledger, ...: its own exit status
         print(f"gpu-ledger ledger {args.action}: {exc}", file=sys.stderr)
         return exc.code

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
-from metering import api
+from metering import api, db
 from metering.cluster import DEFAULT_CLUSTER, ClusterScope, cluster_name_problem
 from metering.costmodel import CostModel, load_cost_model
 from metering.errors import (
@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-resume", action="store_true",
                    help="meter every chunk, even those an interrupted run of the same source "
                         "and period already committed (resumed by default)")
+    p.add_argument(db.MEMORY_LIMIT_OPTION, metavar="SIZE",
+                   help=f"DuckDB's memory cap, e.g. 4GB (default ${db.MEMORY_LIMIT_ENV}, else "
+                        f"{db.DEFAULT_MEMORY_LIMIT}); beyond it DuckDB spills to disk")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="per-chunk query counts and detected sample interval")
@@ -136,6 +139,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("--price-only and --no-price: expected one of them, not both")
 
     clusters = _cluster_scope(args)
+
     def say(msg: str) -> None:
         if not args.quiet:
             print(msg, file=sys.stderr)
@@ -233,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (2)
         return int(exc.code) if isinstance(exc.code, int) else ExitCode.USAGE
     try:
-        return _run(args)
+        with db.memory_cap(args.memory_limit, f"{args.db}: metering"):
+            return _run(args)
     except MeteringError as exc:
         print(f"gpu-ledger meter: {exc}", file=sys.stderr)
         return exc.code

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import duckdb
 
-from metering.errors import ExitCode, InputError
+from metering.errors import ExitCode, InputError, OutOfMemoryError, UsageError
 
 # A DuckDB file starts with an 8-byte checksum, then this magic.
 _MAGIC = b"DUCK"
@@ -171,11 +172,73 @@ def _check_header(path: Path) -> None:
 # process, which peaks ~0.1 GB above it: 1.5GB keeps a 1,000-node month's pricing (which
 # needs ~1 GB since it prices a week at a time) under 2 GB (docs/performance.md).
 MEMORY_LIMIT_ENV = "GPU_LEDGER_MEMORY_LIMIT"
+MEMORY_LIMIT_OPTION = "--memory-limit"
 DEFAULT_MEMORY_LIMIT = "1.5GB"
+# Where DuckDB writes what does not fit under the cap (sorts, joins, aggregates and temporary
+# tables spill there); default: next to a ledger file (DuckDB's <file>.tmp) and, for the
+# in-memory connections the report reads through, the system's temporary directory.
+TEMP_DIR_ENV = "GPU_LEDGER_TEMP_DIR"
+_SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$", re.I)
+_memory_limit: str | None = None  # memory_cap(): a command's --memory-limit
 
 
-def engine_config() -> dict[str, str | bool | int | float | list[str]]:
-    return {"memory_limit": os.environ.get(MEMORY_LIMIT_ENV) or DEFAULT_MEMORY_LIMIT}
+@contextmanager
+def memory_cap(value: str | None, doing: str) -> Iterator[None]:
+    """DuckDB's cap is `value` (a command's --memory-limit; None: $GPU_LEDGER_MEMORY_LIMIT,
+    else the default) for the connections opened in the block, and DuckDB running out of
+    memory there is the one-line OutOfMemoryError about `doing`, never a traceback."""
+    global _memory_limit
+    if value is not None and not _SIZE.match(value):
+        raise UsageError(f"{MEMORY_LIMIT_OPTION}: expected a size such as 1.5GB or 800MB, "
+                         f"got {value!r}")
+    before, _memory_limit = _memory_limit, value or _memory_limit
+    try:
+        yield
+    except duckdb.OutOfMemoryException:
+        raise out_of_memory(doing) from None
+    finally:
+        _memory_limit = before
+
+
+def memory_limit() -> str:
+    """DuckDB's memory cap: --memory-limit, else $GPU_LEDGER_MEMORY_LIMIT, else 1.5GB."""
+    value = _memory_limit or os.environ.get(MEMORY_LIMIT_ENV) or DEFAULT_MEMORY_LIMIT
+    if not _SIZE.match(value):
+        raise UsageError(f"{MEMORY_LIMIT_ENV}: expected a size such as 1.5GB or 800MB, "
+                         f"got {value!r}")
+    return value.strip()
+
+
+def out_of_memory(doing: str) -> OutOfMemoryError:
+    """The one-line error for a DuckDB OutOfMemoryException while `doing` something."""
+    return OutOfMemoryError(
+        f"{doing}: out of memory under DuckDB's {memory_limit()} cap; raise it with "
+        f"{MEMORY_LIMIT_OPTION} (or {MEMORY_LIMIT_ENV}), keeping the container's memory limit "
+        "~0.5 GiB above it (docs/operations.md, sizing the metering job)")
+
+
+def engine_config(spill: Path | None = None) -> dict[str, str | bool | int | float | list[str]]:
+    """DuckDB settings of every metering connection: the memory cap, and where to spill:
+    $GPU_LEDGER_TEMP_DIR (a directory of this process's own inside it), else `spill`, else
+    DuckDB's default. DuckDB creates the last directory of the path and removes it on close."""
+    config: dict[str, str | bool | int | float | list[str]] = {"memory_limit": memory_limit()}
+    base = os.environ.get(TEMP_DIR_ENV)
+    if base:
+        try:
+            Path(base).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"{TEMP_DIR_ENV}: cannot create {base}: {e.strerror or e}"
+                             ) from None
+        config["temp_directory"] = str(Path(base) / f"gpu-ledger-{os.getpid()}.tmp")
+    elif spill is not None:
+        config["temp_directory"] = str(spill)
+    return config
+
+
+def spill_dir() -> Path:
+    """A directory of this process's own under the system's temporary directory, for
+    connections without a ledger file to spill next to."""
+    return Path(tempfile.gettempdir()) / f"gpu-ledger-{os.getpid()}.tmp"
 
 
 def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
@@ -183,10 +246,10 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
 
     read_only opens an existing file without creating or changing anything (for reports);
     otherwise tables from an earlier version are migrated (see _MIGRATIONS).
-    Memory is capped at $GPU_LEDGER_MEMORY_LIMIT (default 1.5GB); DuckDB spills beyond it.
+    Memory is capped at memory_limit() (default 1.5GB); DuckDB spills beyond it.
     """
     if str(path) == ":memory:":  # tests and throwaway runs
-        con = duckdb.connect(":memory:", config=engine_config())
+        con = duckdb.connect(":memory:", config=engine_config(spill_dir()))
         con.execute(schema_sql())
         migrate(con)
         return con
@@ -202,6 +265,8 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
         raise DatabaseError(str(p), f"directory {p.parent} does not exist")
     try:
         con = duckdb.connect(str(p), read_only=read_only, config=engine_config())
+    except duckdb.OutOfMemoryException:
+        raise  # not the file's fault: the cap's (memory_cap says so)
     except duckdb.Error as e:
         if "Conflicting lock" in str(e) or "Could not set lock" in str(e):
             holder = re.search(r"PID (\d+)", str(e))
@@ -211,18 +276,16 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
         raise DatabaseError(str(p), f"cannot open as a DuckDB database: {_first_line(e)}") \
             from None
     if not read_only:
-        try:
-            con.execute(schema_sql())
-        except duckdb.Error as e:
-            con.close()
-            raise DatabaseError(str(p), f"cannot create the metering tables: {_first_line(e)}") \
-                from None
-        try:
-            migrate(con)
-        except duckdb.Error as e:
-            con.close()
-            raise DatabaseError(str(p), f"cannot update the metering tables to this version: "
-                                f"{_first_line(e)}") from None
+        for step, doing in ((lambda: con.execute(schema_sql()), "create the metering tables"),
+                            (lambda: migrate(con), "update the metering tables to this version")):
+            try:
+                step()
+            except duckdb.OutOfMemoryException:
+                con.close()
+                raise
+            except duckdb.Error as e:
+                con.close()
+                raise DatabaseError(str(p), f"cannot {doing}: {_first_line(e)}") from None
     return con
 
 

@@ -22,6 +22,7 @@ class ExitCode(enum.IntEnum):
     REFUSED = 6  # the data does not allow it: would lose metered hours, no GPU series, month
     # not metered or not priced, mixed cost models, bad label values in the source
     LOCKED = 7  # another run holds the ledger
+    OUT_OF_MEMORY = 8  # DuckDB needed more than its memory cap (--memory-limit)
     INTERRUPTED = 130  # Ctrl-C / SIGINT: committed chunks are kept
 
 
@@ -54,6 +55,13 @@ class RefusedError(MeteringError):
 
 class LockedError(MeteringError):
     code = ExitCode.LOCKED
+
+
+class OutOfMemoryError(MeteringError):
+    """DuckDB needed more memory than its cap (metering.db.memory_limit) for work it could not
+    spill to disk."""
+
+    code = ExitCode.OUT_OF_MEMORY
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -57,7 +57,7 @@ def _scoped(source: str, cluster: str | None) -> str:
 def open_ledger(path: str | Path, cluster: str | None = None) -> duckdb.DuckDBPyConnection:
     """A read-only view of the ledger at `path` (DuckDB file or Parquet export directory);
     with `cluster`, that cluster's rows only."""
-    con = duckdb.connect(":memory:", config=db.engine_config())
+    con = duckdb.connect(":memory:", config=db.engine_config(db.spill_dir()))
     try:
         attach_ledger(con, Path(path), "main", cluster)
     except BaseException:
@@ -84,6 +84,8 @@ def attach_ledger(con: duckdb.DuckDBPyConnection, p: Path, schema: str,
         try:
             con.execute(f"CREATE VIEW memory.{schema}.{table} AS {scoped}")
             con.execute(f"SELECT * FROM memory.{schema}.{table} LIMIT 0").fetchall()
+        except duckdb.OutOfMemoryException:
+            raise  # the memory cap's, not the ledger's (metering.db.memory_cap)
         except duckdb.Error as e:
             raise LedgerError(f"{p / table if p.is_dir() else p}: cannot read it as the "
                               f"ledger's {table}: {str(e).strip().splitlines()[0]}") from None

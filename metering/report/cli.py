@@ -4,7 +4,7 @@ Exit status (`metering.errors.ExitCode`, the table in docs/operations.md): 0 rep
 1 files could not be written (nothing changed), 2 bad options, 3 (with --check-budgets) the
 report was written and a team is over its monthly budget, 4 a bad cost model or ledger file,
 6 the month is not metered or not priced (or priced with another cost model), 7 the ledger is
-being written by another run.
+being written by another run, 8 out of memory under DuckDB's cap (--memory-limit).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import duckdb
 
 import metering
-from metering import ledgerview, waste
+from metering import db, ledgerview, waste
 from metering.cluster import cluster_name_problem
 from metering.costmodel import CostModel, CostModelError, load_cost_model, parse_cost_model
 from metering.errors import (
@@ -107,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--top", type=int, default=model.DEFAULT_TOP_PODS, help="pods listed by cost (default 20)"
+    )
+    p.add_argument(
+        db.MEMORY_LIMIT_OPTION, metavar="SIZE",
+        help=f"DuckDB's memory cap, e.g. 4GB (default ${db.MEMORY_LIMIT_ENV}, else "
+        f"{db.DEFAULT_MEMORY_LIMIT}); beyond it DuckDB spills to disk",
     )
     return p
 
@@ -282,8 +287,9 @@ def main(argv: list[str]) -> int:
         settings = waste.Settings(min_hours=args.min_hours, idle_hours=args.idle_hours)
         # A bar on a terminal only: the summary on stdout is what logs want.
         progress = Progress(3, stage="report", unit="step", logs=False)
-        report = make_report(args.db, month, args.cost_model, args.top, "focus" in formats,
-                             settings, args.cluster)
+        with db.memory_cap(args.memory_limit, f"{args.db}: reporting {month}"):
+            report = make_report(args.db, month, args.cost_model, args.top, "focus" in formats,
+                                 settings, args.cluster)
         progress.chunk_done("read the ledger")
         files = _render(report, formats)
         progress.chunk_done("rendered", amount=len(files), what="files")
