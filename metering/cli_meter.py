@@ -8,9 +8,10 @@ A thin layer over `metering.api`: options in, one line and an exit status
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import closing
 from pathlib import Path
 
@@ -34,6 +35,12 @@ from metering.queryplan import DEFAULT_MAX_SAMPLES, DEFAULT_MAX_SERIES, Limits
 from metering.selector import DEFAULT_SELECTOR, Selector, SelectorError
 
 DEFAULT_DB = "gpu-ledger.duckdb"
+# Defaults for --selector, --cluster and --cluster-label of a run that reads a source, so a
+# deployment sets them without editing the CronJob's command (deploy/base: ConfigMap keys
+# `selector`, `cluster`, `cluster-label`). An option given on the command line wins; an empty
+# variable is unset (`{}` selects every series).
+SOURCE_ENV = {"selector": "GPU_LEDGER_SELECTOR", "cluster": "GPU_LEDGER_CLUSTER",
+              "cluster_label": "GPU_LEDGER_CLUSTER_LABEL"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,12 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"DuckDB file (default ./{DEFAULT_DB})")
     p.add_argument("--cost-model", metavar="PATH", help="cost model (default: packaged one)")
     p.add_argument("--cluster", metavar="NAME",
-                   help="the cluster the source's series belong to (default \"default\"); "
-                        "with --cluster-label, the cluster of series without that label; "
-                        "with --price-only, price this cluster only")
+                   help="the cluster the source's series belong to (default \"default\", or "
+                        "$GPU_LEDGER_CLUSTER); with --cluster-label, the cluster of series "
+                        "without that label; with --price-only, price this cluster only")
     p.add_argument("--cluster-label", metavar="LABEL",
                    help="one store holding several clusters: each series' cluster is the "
-                        "value of this label (e.g. cluster)")
+                        "value of this label (e.g. cluster; default $GPU_LEDGER_CLUSTER_LABEL)")
     auth = p.add_mutually_exclusive_group()
     auth.add_argument("--bearer-token-file", metavar="FILE")
     auth.add_argument("--basic-auth", metavar="USER:PASS")
@@ -84,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "-search.maxUniqueTimeseries)")
     p.add_argument("--selector", metavar="MATCHERS", default=None,
                    help="PromQL label matchers naming the exporter's series; only those are "
-                        "metered (default: job=~\"gpu-ledger-exporter|\", the shipped "
-                        "scrape job, or no job label for backfilled history)")
+                        "metered (default: $GPU_LEDGER_SELECTOR, else job=~\"gpu-ledger-"
+                        "exporter|\", the shipped scrape job, or no job label for backfilled "
+                        "history)")
     p.add_argument("--sample-interval", type=float, default=None, metavar="SECONDS",
                    help="seconds between exporter samples (default: detected per node)")
     p.add_argument("--no-price", action="store_true", help="ingest only")
@@ -98,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(db.MEMORY_LIMIT_OPTION, metavar="SIZE",
                    help=f"DuckDB's memory cap, e.g. 4GB (default ${db.MEMORY_LIMIT_ENV}, else "
                         f"{db.DEFAULT_MEMORY_LIMIT}); beyond it DuckDB spills to disk")
+    p.set_defaults(from_env=[])  # options apply_source_env filled from the environment
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="per-chunk query counts and detected sample interval")
@@ -138,11 +147,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.price_only and args.no_price:
         raise UsageError("--price-only and --no-price: expected one of them, not both")
 
-    clusters = _cluster_scope(args)
-
     def say(msg: str) -> None:
         if not args.quiet:
             print(msg, file=sys.stderr)
+
+    if not args.price_only:
+        for name in apply_source_env(args, os.environ):
+            say(f"meter: --{name.replace('_', '-')} {getattr(args, name)} (from "
+                f"${SOURCE_ENV[name]})")
+    clusters = _cluster_scope(args)
 
     if period.clipped:
         say(f"meter: period ends in the future; metering complete hours up to "
@@ -162,11 +175,25 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def apply_source_env(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
+    """Fill --selector, --cluster and --cluster-label that the command line left out from
+    their environment variables (SOURCE_ENV); returns the option names filled. Only for runs
+    that read a source: --price-only takes its --cluster from the command line alone."""
+    filled = []
+    for name, var in SOURCE_ENV.items():
+        value = environ.get(var, "").strip()
+        if getattr(args, name) is None and value:
+            setattr(args, name, value)
+            filled.append(name)
+    args.from_env = filled
+    return filled
+
+
 def _open_source(args: argparse.Namespace, period: Period) -> Source:
     try:
         selector = DEFAULT_SELECTOR if args.selector is None else Selector.parse(args.selector)
     except SelectorError as exc:
-        raise UsageError(f"--selector: {exc}") from None
+        raise UsageError(f"--selector{_from_env(args, 'selector')}: {exc}") from None
     if not args.prometheus:
         return OpenMetricsSource(args.openmetrics, period, selector)
     token = (_read_secret(args.bearer_token_file, "bearer token")
@@ -214,14 +241,20 @@ def _cluster_scope(args: argparse.Namespace) -> ClusterScope:
     name = args.cluster or DEFAULT_CLUSTER
     problem = cluster_name_problem(name)
     if problem:
-        raise UsageError(f"--cluster: {problem}")
+        raise UsageError(f"--cluster{_from_env(args, 'cluster')}: {problem}")
     label = args.cluster_label
     if label is not None and not _LABEL_NAME.match(label):
-        raise UsageError(f"--cluster-label: expected a Prometheus label name, got {label!r}")
+        raise UsageError(f"--cluster-label{_from_env(args, 'cluster_label')}: expected a "
+                         f"Prometheus label name, got {label!r}")
     if label is not None and args.price_only:
         raise UsageError("--cluster-label reads series, --price-only reads none: expected one "
                          "of them")
     return ClusterScope(name, label)
+
+
+def _from_env(args: argparse.Namespace, name: str) -> str:
+    """' (from $VAR)' when the option's value came from its environment variable."""
+    return f" (from ${SOURCE_ENV[name]})" if name in args.from_env else ""
 
 
 def _period_args(args: argparse.Namespace) -> str:

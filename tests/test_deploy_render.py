@@ -266,3 +266,73 @@ def test_daemonset_resources_follow_the_measured_figures() -> None:
     assert _quantity(res["limits"]["memory"]) >= 1.5 * gpu_node_worst
     assert _quantity(res["requests"]["cpu"]) >= 3 * BIG_NODE_CPU_PERCENT * 10  # % -> millicores
     assert _quantity(res["limits"]["cpu"]) >= _quantity(res["requests"]["cpu"])
+
+
+# The overlay docs/operations.md ("Metering options") shows: the CronJob's selector and cluster
+# set through the metering ConfigMap, no generated or base file edited.
+METERING_OPTIONS = """\
+configMapGenerator:
+  - name: gpu-ledger-metering
+    behavior: merge
+    literals:
+      - selector=job="kubernetes-pods",app_kubernetes_io_name="gpu-ledger"
+      - cluster=eu-west
+"""
+
+
+def cronjob_env(objects: tuple[dict[str, Any], ...]) -> dict[str, str]:
+    """The metering container's environment as the kubelet builds it: values, and ConfigMap
+    keys (a missing key of an `optional` reference leaves the variable unset)."""
+    (cronjob,) = [o for o in objects if o["kind"] == "CronJob"]
+    (ctr,) = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    maps = {o["metadata"]["name"]: o.get("data", {}) for o in objects if o["kind"] == "ConfigMap"}
+    env: dict[str, str] = {}
+    for e in ctr["env"]:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+            continue
+        ref = e["valueFrom"]["configMapKeyRef"]
+        data = maps[ref["name"]]  # a ConfigMap that is not rendered would stop the pod
+        if ref["key"] in data:
+            env[e["name"]] = data[ref["key"]]
+        else:
+            assert ref.get("optional") is True, f"{e['name']}: {ref['key']} missing"
+    return env
+
+
+def meter_options(env: dict[str, str]) -> tuple[str, Any]:
+    """The selector and cluster scope the CronJob's `meter` line runs with under `env`."""
+    from metering import cli_meter
+    from metering.selector import DEFAULT_SELECTOR, Selector
+
+    args = cli_meter.build_parser().parse_args(
+        ["--prometheus", env["PROMETHEUS_URL"], "--month", "2026-10"])
+    cli_meter.apply_source_env(args, env)
+    selector = DEFAULT_SELECTOR if args.selector is None else Selector.parse(args.selector)
+    return str(selector), cli_meter._cluster_scope(args)
+
+
+def test_the_shipped_cronjob_meters_with_the_default_selector_and_cluster() -> None:
+    from metering.cluster import ClusterScope
+
+    env = cronjob_env(rendered(DEPLOY / "base"))
+    assert not {"GPU_LEDGER_SELECTOR", "GPU_LEDGER_CLUSTER"} & env.keys()
+    assert meter_options(env) == ('{job=~"gpu-ledger-exporter|"}', ClusterScope())
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_an_overlay_sets_the_cronjobs_selector_and_cluster(tmp_path: Path, version: str) -> None:
+    from metering.cli_meter import SOURCE_ENV
+    from metering.cluster import ClusterScope
+
+    assert METERING_OPTIONS in (ROOT / "docs" / "operations.md").read_text()
+    objects = tuple(kustomize(overlay(tmp_path, "metering-options", METERING_OPTIONS)))
+    for obj in objects:
+        if obj["kind"] not in CRD_SCHEMAS:
+            kubernetes_validate.validate(obj, version, strict=True)
+    env = cronjob_env(objects)
+    assert env["PROMETHEUS_URL"] == "http://prometheus-operated.monitoring.svc:9090"  # kept
+    assert {env[v] for v in (SOURCE_ENV["selector"], SOURCE_ENV["cluster"])} == {
+        'job="kubernetes-pods",app_kubernetes_io_name="gpu-ledger"', "eu-west"}
+    assert meter_options(env) == (
+        '{job="kubernetes-pods",app_kubernetes_io_name="gpu-ledger"}', ClusterScope("eu-west"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import conftest_prom
 import duckdb
 import pytest
 from promtools import backfill, running_prometheus
@@ -122,3 +123,76 @@ def test_exporter_under_another_job_names_the_job_in_the_error(
     assert rc != 0 and err.count("\n") == 1
     assert 'outside the selector (--selector names the exporter\'s job): gpu_up from ' \
            'job="kubernetes-pods" instance="10.0.0.5:9847" (1 series)' in err
+
+
+fleet_om_file = conftest_prom.fleet_om_file
+DAY = ["--from", "2026-10-05", "--to", "2026-10-06"]
+
+
+def _nodes_and_clusters(db: Path) -> list[tuple[str, str]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute("SELECT DISTINCT node, cluster FROM device_hours ORDER BY ALL"
+                           ).fetchall()
+    finally:
+        con.close()
+
+
+def test_selector_and_cluster_from_the_environment(
+        fleet_om_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """What the CronJob's ConfigMap sets (docs/operations.md, "Metering options"): the
+    variables are the defaults of --selector and --cluster; the command line wins; an empty
+    variable is unset; `{}` selects every series."""
+    monkeypatch.setenv("GPU_LEDGER_SELECTOR", 'node="node-a"')
+    monkeypatch.setenv("GPU_LEDGER_CLUSTER", "eu-west")
+    db = tmp_path / "env.duckdb"
+    assert main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db)]) == 0
+    err = capsys.readouterr().err
+    assert 'meter: --selector node="node-a" (from $GPU_LEDGER_SELECTOR)' in err
+    assert "meter: --cluster eu-west (from $GPU_LEDGER_CLUSTER)" in err
+    assert _nodes_and_clusters(db) == [("node-a", "eu-west")]
+
+    db = tmp_path / "cli.duckdb"
+    assert main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db), "-q",
+                 "--selector", 'node="node-b"', "--cluster", "us-east"]) == 0
+    assert _nodes_and_clusters(db) == [("node-b", "us-east")]
+
+    monkeypatch.setenv("GPU_LEDGER_SELECTOR", " ")
+    monkeypatch.setenv("GPU_LEDGER_CLUSTER", "")
+    db = tmp_path / "empty.duckdb"
+    assert main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db), "-q"]) == 0
+    assert _nodes_and_clusters(db) == [("node-a", "default"), ("node-b", "default")]
+
+    monkeypatch.setenv("GPU_LEDGER_SELECTOR", "{}")
+    db = tmp_path / "all.duckdb"
+    assert main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db), "-q"]) == 0
+    assert _nodes_and_clusters(db) == [("node-a", "default"), ("node-b", "default")]
+
+
+@pytest.mark.parametrize(("var", "value", "option"), [
+    ("GPU_LEDGER_SELECTOR", "job=a", "--selector"),
+    ("GPU_LEDGER_CLUSTER", "eu/west", "--cluster"),
+    ("GPU_LEDGER_CLUSTER_LABEL", "1cluster", "--cluster-label"),
+])
+def test_a_bad_value_from_the_environment_names_its_variable(
+        fleet_om_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], var: str, value: str, option: str) -> None:
+    monkeypatch.setenv(var, value)
+    db = tmp_path / "m.duckdb"
+    rc = main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db), "-q"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"{option} (from ${var}):" in err and not db.exists()
+
+
+def test_price_only_ignores_the_source_variables(
+        fleet_om_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A CronJob pod with a cluster label set can still re-price by hand: --price-only reads
+    no series, so $GPU_LEDGER_CLUSTER_LABEL (and the others) do not apply to it."""
+    db = tmp_path / "m.duckdb"
+    assert main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db), "-q"]) == 0
+    monkeypatch.setenv("GPU_LEDGER_CLUSTER_LABEL", "cluster")
+    monkeypatch.setenv("GPU_LEDGER_CLUSTER", "eu-west")
+    assert main(["--price-only", *DAY, "--db", str(db), "-q"]) == 0, capsys.readouterr().err
