@@ -166,6 +166,10 @@ def _run(args: argparse.Namespace) -> int:
         assert model is not None
         return _price_only(args, period, model, say)
     with closing(_open_source(args, period)) as source:
+        if isinstance(source, PrometheusSource) and source.client.proxy is not None:
+            proxy = source.client.proxy
+            say(f"meter: connecting through proxy {proxy.shown} (${proxy.variable}; "
+                "$NO_PROXY lists hosts reached directly)")
         chunk = args.chunk or DEFAULT_CHUNK_HOURS
         progress = Progress(-(-period.hours // chunk), quiet=args.quiet)
         api.meter(args.db, source, period, cost_model=model, chunk_hours=chunk,

@@ -6,7 +6,8 @@ password) and what went wrong, in one line.
 
 Each request has one deadline (`timeout`) covering connect, headers and the whole body; transport
 failures (refused, reset, cut mid-body, timeout) and 429/5xx are retried with exponential backoff.
-HTTP(S) proxies from the environment are not used: Prometheus is reached directly.
+HTTP proxies come from the environment (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, NO_PROXY;
+metering/proxy.py): https:// through a CONNECT tunnel, http:// as absolute-URI requests.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import base64
 import contextlib
 import http.client
 import json
+import re
 import socket
 import ssl
 import threading
@@ -26,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from metering.errors import SourceError
+from metering.proxy import Proxy, proxy_for
 
 # Statuses worth another try: the server or a proxy in front of it is overloaded or restarting.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -67,6 +70,7 @@ class PromClient:
     queries: int = 0  # PromQL queries answered successfully (instant + range)
     max_body: int = MAX_BODY
     _ssl: ssl.SSLContext | None = field(default=None, repr=False)
+    proxy: Proxy | None = field(default=None, init=False)  # from the environment, or None
 
     def __post_init__(self) -> None:
         shown = redact(self.url.rstrip("/"))
@@ -91,6 +95,8 @@ class PromClient:
         host = f"[{parsed.hostname}]" if ":" in parsed.hostname else parsed.hostname
         netloc = host if port is None else f"{host}:{port}"
         self.url = urllib.parse.urlunsplit((parsed.scheme, netloc, parsed.path, "", ""))
+        self._origin = urllib.parse.urlunsplit((parsed.scheme, netloc, "", "", ""))
+        self.proxy = proxy_for(parsed.scheme, parsed.hostname, port)
         if self.ca_file is not None:
             try:
                 self._ssl = ssl.create_default_context(cafile=self.ca_file)
@@ -176,11 +182,31 @@ class PromClient:
                 attempt += 1
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        proxy = self.proxy
         if self._scheme == "https":
             ctx = self._ssl or ssl.create_default_context()
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
+            if proxy is None:
+                return http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
+                                                   context=ctx)
+            # TLS runs end to end inside the tunnel, checked against Prometheus' host name.
+            conn = http.client.HTTPSConnection(proxy.host, proxy.port, timeout=timeout,
                                                context=ctx)
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            conn.set_tunnel(self._host, self._port or 443, headers=proxy.headers())
+            return conn
+        if proxy is None:
+            return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        return http.client.HTTPConnection(proxy.host, proxy.port, timeout=timeout)
+
+    def _request(self, target: str) -> tuple[str, dict[str, str]]:
+        """The request line's target and the headers: through an http:// proxy, a plain-HTTP
+        request names the whole URL and carries the proxy's credentials."""
+        headers = self._headers()
+        if self.proxy is None or self._scheme == "https":
+            return target, headers
+        return self._origin + target, {**headers, **self.proxy.headers()}
+
+    def _via(self) -> str:
+        return "" if self.proxy is None else f" through proxy {self.proxy.shown}"
 
     def _get_once(self, target: str) -> Any:
         """One request under one deadline: `timeout` bounds connect + headers + the whole
@@ -202,7 +228,8 @@ class PromClient:
         watchdog.daemon = True
         watchdog.start()
         try:
-            conn.request("GET", target, headers=self._headers())
+            line, headers = self._request(target)
+            conn.request("GET", line, headers=headers)
             resp = conn.getresponse()
             chunks: list[bytes] = []
             size = 0
@@ -246,12 +273,20 @@ class PromClient:
         except (http.client.HTTPException, ConnectionError, OSError) as exc:
             if expired.is_set():
                 raise _Transient(f"no complete answer within {self.timeout:g}s") from None
+            refused = _TUNNEL_REFUSED.match(str(exc))
+            if refused and not 500 <= int(refused.group(1)) < 600:  # 403, 407: not worth a retry
+                raise PromError(f"{self.url}: proxy {self.proxy.shown if self.proxy else ''} "
+                                f"refused the tunnel: HTTP {refused.group(1)} "
+                                f"{refused.group(2)}".rstrip() + _PROXY_HINT) from None
             if isinstance(exc, ConnectionRefusedError | socket.gaierror):
-                raise _Transient(f"cannot connect: {_reason(exc)}") from None
-            raise _Transient(f"connection failed: {_reason(exc)}") from None
+                raise _Transient(f"cannot connect{self._via()}: {_reason(exc)}") from None
+            raise _Transient(f"connection failed{self._via()}: {_reason(exc)}") from None
         finally:
             watchdog.cancel()
             conn.close()
+        if status == 407 and self.proxy is not None:
+            raise PromError(f"{self.url}: proxy {self.proxy.shown} refused the request: HTTP "
+                            "407 Proxy Authentication Required" + _PROXY_HINT)
         if status in RETRY_STATUSES:
             raise _Transient(f"HTTP {status} {http.client.responses.get(status, '')}".rstrip())
         if 300 <= status < 400 and location:
@@ -281,6 +316,12 @@ class PromClient:
             raise PromError(f"{self.url}: Prometheus error ({doc.get('errorType', 'unknown')}): "
                             f"{doc.get('error', 'no message')}")
         return doc.get("data")
+
+
+# http.client's message when a proxy answers CONNECT with anything but 200.
+_TUNNEL_REFUSED = re.compile(r"Tunnel connection failed: (\d{3}) ?(.*)")
+_PROXY_HINT = (" (check the proxy's user and password in $HTTPS_PROXY / $HTTP_PROXY, or list "
+               "the host in $NO_PROXY)")
 
 
 def _reason(exc: BaseException) -> str:
