@@ -57,6 +57,10 @@ TAGS = ["gpu", "gpu-ledger"]
 # Label matchers shared by panels. `cluster` comes from relabelling or external labels in
 # multi-cluster setups; its "All" value is `.*`, which also matches series without the label.
 CL = 'cluster=~"$cluster"'
+# GPU Ledger's exporters are the scrape targets (job, instance) that publish its build info,
+# whatever job name the deployment gives them (a namePrefix overlay, annotation discovery):
+# `up` and the process_* families are selected through it, never by a fixed job value.
+OWN = f"and on (job, instance) gpu_exporter_build_info{{{CL}}}"
 DEV = f'{CL}, node=~"$node", gpu=~"$gpu"'
 NODE = f'{CL}, node=~"$node"'
 NS = f'{CL}, namespace=~"$namespace"'
@@ -170,7 +174,7 @@ def fleet() -> Board:
           [(f"sum(cluster:gpu_allocated:gpus{{{CL}}})", "")], width=4, height=4,
           description="GPU-equivalents allocated to containers (MIG slices and shares count "
                       "as fractions).")
-    b.add(st("Exporters up"), [('sum(up{job="gpu-ledger-exporter"})', "")], width=4, height=4)
+    b.add(st("Exporters up"), [(f"sum(up {OWN}) or vector(0)", "")], width=4, height=4)
     b.add(tab("GPUs by model and health"),
           [(f"count by (model) (gpu_info{{{NODE}}})", ""),
            (f"sum by (model) (gpu_up{{{NODE}}})", "")], width=12,
@@ -283,17 +287,16 @@ def node_detail() -> Board:
     b.add(ts("GPUs expected (PCI) vs answering (NVML)", "none"),
           [("gpu_expected_devices", "{{node}} expected ({{source}})"),
            ("gpu_answering_devices", "{{node}} answering")], width=24, height=6)
-    # The standard process_* families: every exporter serves them, so select this job's.
-    own = '{job="gpu-ledger-exporter"}'
+    # The standard process_* families: every exporter serves them, so keep GPU Ledger's.
     b.add(ts("Exporter resident memory", "bytes"),
-          [(f"process_resident_memory_bytes{own}", "{{instance}}")], width=6)
+          [(f"process_resident_memory_bytes {OWN}", "{{instance}}")], width=6)
     b.add(ts("Exporter CPU", "percentunit"),
-          [(f"rate(process_cpu_seconds_total{own}[$__rate_interval])", "{{instance}}")],
+          [(f"rate(process_cpu_seconds_total[$__rate_interval]) {OWN}", "{{instance}}")],
           width=6)
     b.add(ts("Exporter open file descriptors", "none"),
-          [(f"process_open_fds{own}", "{{instance}}")], width=6)
+          [(f"process_open_fds {OWN}", "{{instance}}")], width=6)
     b.add(ts("Exporter uptime", "s"),
-          [(f"time() - process_start_time_seconds{own}", "{{instance}}")], width=6)
+          [(f"(time() - process_start_time_seconds) {OWN}", "{{instance}}")], width=6)
     # Non-zero only when the API server or kubelet sent text that is not valid Unicode.
     b.add(ts("Label values repaired (per hour)", "none"),
           [("increase(gpu_exporter_label_values_replaced_total[1h])", "{{instance}}")],

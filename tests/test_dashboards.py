@@ -171,3 +171,18 @@ def test_top_waste_table() -> None:
     assert [t["id"] for t in panel["transformations"]] == ["merge"]
     assert all(t.get("instant") and t.get("format") == "table" for t in panel["targets"])
     assert panel["targets"][0]["expr"].startswith("topk(20, ")
+
+
+# A job matcher with a literal value (`job="gpu-ledger-exporter"`, `job=~"a|b"`); one naming a
+# dashboard variable (`job=~"$job"`) would follow the deployment.
+HARD_CODED_JOB = re.compile(r'\bjob\s*(=~|!~|!=|=)\s*"(?!\$)')
+
+
+def test_no_query_hard_codes_a_job() -> None:
+    """A namePrefix overlay or a scrape job of another name must not empty a panel (issue
+    15): no panel query or variable selects a fixed job value."""
+    for doc in _docs().values():
+        for where, expr in expressions(doc):
+            assert not HARD_CODED_JOB.search(expr), f"{where}: {expr}"
+    assert HARD_CODED_JOB.search('sum(up{job="gpu-ledger-exporter"})')  # the check can fail
+    assert not HARD_CODED_JOB.search('up{job=~"$job"}')

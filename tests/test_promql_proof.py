@@ -44,7 +44,7 @@ from dcgm_queries import (
     OPENCOST_GPU_USAGE_AVG,
     OPENCOST_GPU_USAGE_MAX,
 )
-from promtools import free_port, running_prometheus
+from promtools import free_port, http_server, running_prometheus
 
 from dashboards.generate import BOARDS, expressions
 from exporter.metrics import FAMILIES
@@ -63,6 +63,11 @@ RULE_FILES = [ROOT / "alerts" / "gpu-ledger-alerts.yml",
               ROOT / "alerts" / "optional" / "gpu-ledger-dcgm.yml"]
 NODE = "proof-node"
 CLUSTER = "proof"
+# Another exporter's process_* series, scraped under a job of its own in the same cluster:
+# GPU Ledger's panels about its own exporters must leave them out.
+OTHER_JOB = "node-exporter"
+OTHER_PROCESS = (b"process_resident_memory_bytes 1.5e+08\nprocess_cpu_seconds_total 42\n"
+                 b"process_open_fds 9\nprocess_start_time_seconds 1.7e+09\n")
 JOB = "gpu-ledger-exporter"  # alerts/generate.py Config.exporter_selector
 
 SCENARIO = f"""
@@ -232,7 +237,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     dra_claim = PodAllocation("dra-jobs", "sim-solver", [ContainerAllocation("solver", claims=[
         ClaimAllocation("dra-jobs", "solver-gpu", [(DRA_DRIVER, NODE, "gpu-5")])])])
     with FakeApiServer([*pod_objects(sc, 0.0, 86400.0), hami_pod, dra_pod],
-                       slices=[dra_slice]) as api:
+                       slices=[dra_slice]) as api, \
+            http_server(lambda path, headers: (200, "text/plain", OTHER_PROCESS)) as other_url:
         kubeconfig = api.kubeconfig(str(work / "kubeconfig"))
         node = SimNode(sc, time.time, start, None, None, proc_root, None)  # type: ignore[arg-type]
         node.refresh_proc_tree()
@@ -255,6 +261,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 "scrape_configs": [{
                     "job_name": JOB,
                     "static_configs": [{"targets": [f"127.0.0.1:{port}"],
+                                        "labels": {"cluster": CLUSTER}}],
+                }, {
+                    "job_name": OTHER_JOB,
+                    "static_configs": [{"targets": [other_url.removeprefix("http://")],
                                         "labels": {"cluster": CLUSTER}}],
                 }],
             }
@@ -512,3 +522,26 @@ def test_opencost_gpu_info_names_each_containers_gpu(prometheus: str) -> None:
         assert (m["UUID"], m["modelName"], m["device"]) == (
             gpu["uuid"], gpu["model"], "nvidia" + gpu["gpu"])
     assert seen == set(alloc)  # every container on a whole GPU; MIG has no decoder figure
+
+
+def test_exporter_panels_show_gpu_ledgers_exporters_only(prometheus: str) -> None:
+    """The "Exporters up" stat and the exporter process panels select GPU Ledger's targets by
+    what they publish, not by a job name: another exporter's process_* series (job
+    node-exporter, same cluster) are left out, and the one GPU Ledger exporter is shown."""
+    assert query(prometheus, f'up{{job="{OTHER_JOB}"}} == 1'), "the other target is scraped"
+    titles = {"Exporters up", "Exporter resident memory", "Exporter CPU",
+              "Exporter open file descriptors", "Exporter uptime"}
+    seen = set()
+    for name in BOARDS:
+        doc = json.loads((ROOT / "dashboards" / name).read_text())
+        for panel in doc["panels"]:
+            if panel.get("title") not in titles:
+                continue
+            seen.add(panel["title"])
+            (target,) = panel["targets"]
+            rows = query(prometheus, substitute(target["expr"]))
+            if panel["title"] == "Exporters up":
+                assert [float(r["value"][1]) for r in rows] == [1.0], rows
+            else:
+                assert {r["metric"].get("job") for r in rows} == {JOB}, (panel["title"], rows)
+    assert seen == titles
