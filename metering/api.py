@@ -10,6 +10,7 @@ status it maps to. Sources are opened by the caller and closed by it (they follo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import duckdb
 
 from metering.cluster import ClusterScope
 from metering.costmodel import CostModel
-from metering.db import DatabaseError, connect, out_of_memory
+from metering.db import DatabaseError, LedgerLocked, connect, out_of_memory
 from metering.errors import MeteringError, RefusedError
 from metering.ingest import DEFAULT_CHUNK_HOURS, IngestResult, PrometheusSource, Source, ingest
 from metering.period import Period, hour_ranges
@@ -39,14 +40,45 @@ class MeterResult:
     pricing: PricingResult | None  # None when metered without a cost model (ingest only)
 
 
+# How often a run told to wait (--wait) tries the ledger's lock again.
+LOCK_POLL_SECONDS = 0.5
+
+
+def _connect_waiting(path: str | Path, wait: float, say: Say,
+                     sleep: Callable[[float], None] = time.sleep) -> duckdb.DuckDBPyConnection:
+    """`connect(path)`, trying again while another process holds the ledger, for up to
+    `wait` seconds (0: refuse at once); says once that it waits."""
+    deadline = time.monotonic() + wait
+    waited = False
+    while True:
+        try:
+            return connect(path)
+        except LedgerLocked as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if waited:
+                    raise LedgerLocked(exc.file, f"still in use by another process after "
+                                       f"waiting {wait:g} s (--wait); nothing was written",
+                                       exc.holder) from None
+                raise
+            if not waited:
+                holder = f" (PID {exc.holder})" if exc.holder is not None else ""
+                say(f"meter: {exc.file} is in use by another process{holder}; waiting up to "
+                    f"{wait:g} s for it to finish")
+                waited = True
+            sleep(min(LOCK_POLL_SECONDS, left))
+
+
 @contextmanager
-def open_ledger(path: str | Path, *, create: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
+def open_ledger(path: str | Path, *, create: bool = True, wait: float = 0.0,
+                say: Say = _quiet) -> Iterator[duckdb.DuckDBPyConnection]:
     """The ledger at `path` opened for writing (created if `create`), closed afterwards. Held
-    open, it is locked: a second writer gets `LedgerLocked` (exit 7), never a mixed ledger."""
+    open, it is locked: a second writer gets `LedgerLocked` (exit 7), never a mixed ledger;
+    with `wait` > 0 it first waits that many seconds for the lock, polling."""
     if not create and str(path) != ":memory:" and not Path(path).exists():
         raise DatabaseError(str(path), "expected a metering database written by "
                             "`gpu-ledger meter`, found no file")
-    con = connect(path)
+    con = _connect_waiting(path, wait, say)
     try:
         yield con
     finally:
@@ -58,14 +90,15 @@ def meter(ledger: str | Path, source: Source, period: Period, *,
           sample_interval: float | None = None, replace: bool = False, resume: bool = True,
           progress: Progress | None = None, verbose: bool = False,
           price_progress: Progress | None = None, say: Say = _quiet,
-          clusters: ClusterScope | None = None) -> MeterResult:
+          clusters: ClusterScope | None = None, wait: float = 0.0) -> MeterResult:
     """Ingest `period` from `source` into `ledger` chunk by chunk (each chunk one
     transaction) as the cluster(s) `clusters` names (default: cluster `default`), then price
     the period of those clusters with `cost_model` (one transaction; skipped when None).
     Killed at any point, a re-run of the same call gives the same ledger as an uninterrupted
     run: an interrupted run is resumed after its committed chunks (all are rewritten
-    identically with `resume=False`) and pricing is redone."""
-    with open_ledger(ledger) as con:
+    identically with `resume=False`) and pricing is redone. A ledger another process holds
+    is waited for up to `wait` seconds, then refused (`LedgerLocked`, exit 7)."""
+    with open_ledger(ledger, wait=wait, say=say) as con:
         say(f"meter: {period.label()} ({period.hours} h) from {source.name} into {ledger}")
         if progress is not None and verbose and isinstance(source, PrometheusSource):
             source.planner.on_split = progress.message  # a store refused a query: say so
@@ -96,11 +129,12 @@ def meter(ledger: str | Path, source: Source, period: Period, *,
 
 
 def price(ledger: str | Path, period: Period, cost_model: CostModel,
-          progress: Progress | None = None, cluster: str | None = None) -> PricingResult:
+          progress: Progress | None = None, cluster: str | None = None, wait: float = 0.0,
+          say: Say = _quiet) -> PricingResult:
     """Rebuild the charges of `period` (of every cluster, or of `cluster` only) from the facts
     already in `ledger` (no source read, facts untouched), in one transaction. A ledger without
     device facts for the period is refused (exit 6) and never created."""
-    with open_ledger(ledger, create=False) as con:
+    with open_ledger(ledger, create=False, wait=wait, say=say) as con:
         start, end = period.naive()
         where, params = "", list[object]([start, end])
         if cluster is not None:

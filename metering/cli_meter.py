@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replace", action="store_true",
                    help="overwrite hours even where the source has fewer device-hours than "
                         "the ledger holds (refused by default)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="when another process holds the ledger, wait up to this long for it "
+                        "(polling) instead of exiting 7 at once (default 0)")
     p.add_argument("--no-resume", action="store_true",
                    help="meter every chunk, even those an interrupted run of the same source "
                         "and period already committed (resumed by default)")
@@ -144,6 +147,8 @@ def _run(args: argparse.Namespace) -> int:
                          f"{args.sample_interval:g}")
     if args.timeout <= 0 or args.retries < 0 or args.retry_delay < 0:
         raise UsageError("--timeout must be > 0, --retries and --retry-delay >= 0")
+    if not 0 <= args.wait <= 7 * 86400:
+        raise UsageError(f"--wait: expected seconds from 0 to 604800, got {args.wait:g}")
     if args.price_only and args.no_price:
         raise UsageError("--price-only and --no-price: expected one of them, not both")
 
@@ -175,7 +180,8 @@ def _run(args: argparse.Namespace) -> int:
         api.meter(args.db, source, period, cost_model=model, chunk_hours=chunk,
                   sample_interval=args.sample_interval, replace=args.replace,
                   resume=not args.no_resume, progress=progress, verbose=args.verbose,
-                  price_progress=_price_progress(args), say=say, clusters=clusters)
+                  price_progress=_price_progress(args), say=say, clusters=clusters,
+                  wait=args.wait)
     return 0
 
 
@@ -221,6 +227,7 @@ def _price_only(args: argparse.Namespace, period: Period, model: CostModel,
     """Price the period from the facts in --db: no Prometheus, no file, no ingest."""
     try:
         result = api.price(args.db, period, model, progress=_price_progress(args),
+                           wait=args.wait, say=say,
                            cluster=args.cluster)
     except RefusedError as exc:
         raise RefusedError(f"{exc}: gpu-ledger meter --prometheus URL {_period_args(args)} "

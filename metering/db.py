@@ -33,9 +33,13 @@ class DatabaseError(InputError):
 
 class LedgerLocked(DatabaseError):
     """Another process has the ledger open for writing (DuckDB's file lock): a second run is
-    refused rather than interleaved with the first."""
+    refused rather than interleaved with the first. `holder`: that process's PID, if known."""
 
     code = ExitCode.LOCKED
+
+    def __init__(self, file: str, problem: str, holder: int | None = None) -> None:
+        super().__init__(file, problem)
+        self.holder = holder
 
 
 @contextmanager
@@ -272,7 +276,8 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
             holder = re.search(r"PID (\d+)", str(e))
             raise LedgerLocked(str(p), "in use by another process" + (
                 f" (PID {holder.group(1)})" if holder else "") + ", e.g. a `gpu-ledger meter` "
-                "run; nothing was written: run again when it has finished") from None
+                "run; nothing was written: run again when it has finished",
+                int(holder.group(1)) if holder else None) from None
         raise DatabaseError(str(p), f"cannot open as a DuckDB database: {_first_line(e)}") \
             from None
     if not read_only:
