@@ -196,10 +196,20 @@ def run_meter(source: Source, period: Period, db: Path) -> int:
     return 0
 
 
-def run_report(args: list[str]) -> int:
-    from metering.report.cli import main as report_main
+def run_report(month: str, db: Path, out: Path) -> int:
+    """Write the month's chargeback report through the metering library, and print the
+    summary `gpu-ledger report` prints."""
+    from metering import api
+    from metering.period import Month
+    from metering.report.terminal import render_summary
 
-    return report_main(args)
+    try:
+        done = api.report(db, Month.parse(month), out)
+    except MeteringError as err:
+        print(f"gpu-ledger demo: {err}", file=sys.stderr)
+        return err.code
+    sys.stdout.write(render_summary(done.report, [str(p) for p in done.files]))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,5 +359,5 @@ def _main(args: argparse.Namespace) -> int:
 
 def _report(say: Say, month: str, db: Path, out: Path) -> int:
     say.step(f"Writing the {month} chargeback report")
-    return run_report(["--month", month, "--db", str(db), "--out", str(out / "report")])
+    return run_report(month, db, out / "report")
 

@@ -1,5 +1,6 @@
 """Metering as a library: `meter()` ingests a period from a source into a ledger and prices
-it; `price()` (re-)prices facts already in a ledger. The CLI (`gpu-ledger meter`), the demo
+it; `price()` (re-)prices facts already in a ledger; `report()` writes a month's chargeback
+report from it (read-only). The CLI (`gpu-ledger meter`), the demo
 and the benchmarks all call these; the CLI only turns options into arguments and errors into
 exit statuses.
 
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
@@ -23,9 +25,13 @@ from metering.costmodel import CostModel
 from metering.db import DatabaseError, LedgerLocked, connect, out_of_memory
 from metering.errors import MeteringError, RefusedError
 from metering.ingest import DEFAULT_CHUNK_HOURS, IngestResult, PrometheusSource, Source, ingest
-from metering.period import Period, hour_ranges
+from metering.period import Month, Period, hour_ranges
 from metering.pricing import PricingResult, price_period
 from metering.progress import Progress
+
+if TYPE_CHECKING:
+    from metering.report.cli import Written
+    from metering.waste import Settings
 
 Say = Callable[[str], None]
 
@@ -161,3 +167,19 @@ def _price(con: duckdb.DuckDBPyConnection, period: Period, cost_model: CostModel
     except Exception as exc:  # any pricing failure: one line, no traceback; nothing written
         raise MeteringError(f"pricing {period.label()} failed: {type(exc).__name__}: {exc}"
                             ) from None
+
+
+def report(ledger: str | Path, month: Month, out: str | Path, *,
+           formats: list[str] | None = None, cost_model_path: str | None = None,
+           cluster: str | None = None, top: int | None = None,
+           settings: Settings | None = None) -> Written:
+    """Write `month`'s chargeback report from `ledger` (a metering database or a `ledger
+    export` directory, read-only) into `out`: CSV, Parquet, Markdown and HTML by default
+    (`formats`, `focus` on request), all files or none. The month must be metered and priced
+    (`RefusedError`, exit 6, naming the command to run otherwise)."""
+    from metering.report.cli import write_report  # renderers load only when reporting
+    from metering.report.model import DEFAULT_TOP_PODS
+
+    return write_report(ledger, month, out, formats=formats, cost_model_path=cost_model_path,
+                        top=DEFAULT_TOP_PODS if top is None else top, settings=settings,
+                        cluster=cluster)

@@ -63,3 +63,31 @@ def test_errors_are_typed_with_their_exit_status(tmp_path: Path) -> None:
     with pytest.raises(MeteringError) as empty:
         api.price(tmp_path / "empty.duckdb", DAY, load_cost_model(None))
     assert empty.value.code == ExitCode.REFUSED and "found none" in str(empty.value)
+
+
+def test_report_through_the_library_writes_what_the_cli_writes(
+        fleet_om_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`api.report` (what the demo calls) and `gpu-ledger report` write the same files from
+    one ledger; an unpriced month is refused with the exit status the CLI gives."""
+    from metering.period import Month
+    from metering.report.cli import main as report_main
+
+    db = tmp_path / "m.duckdb"
+    with closing(OpenMetricsSource(str(fleet_om_file), DAY)) as source:
+        api.meter(db, source, DAY)  # ingest only: not priced yet
+    with pytest.raises(MeteringError) as unpriced:
+        api.report(db, Month.parse("2026-10"), tmp_path / "none")
+    assert unpriced.value.code == ExitCode.REFUSED and "meter --price-only" in str(
+        unpriced.value)
+    assert not (tmp_path / "none").exists()
+
+    api.price(db, DAY, load_cost_model(None))
+    done = api.report(db, Month.parse("2026-10"), tmp_path / "lib")
+    assert sorted(p.name for p in done.files) == sorted(
+        f"chargeback-2026-10.{ext}" for ext in ("csv", "parquet", "md", "html"))
+    assert done.report.month == Month.parse("2026-10") and done.report.teams
+    assert report_main(["--month", "2026-10", "--db", str(db), "--out",
+                        str(tmp_path / "cli")]) == 0
+    capsys.readouterr()
+    for name in ("chargeback-2026-10.csv", "chargeback-2026-10.md"):
+        assert (tmp_path / "lib" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes()

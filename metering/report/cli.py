@@ -266,6 +266,43 @@ def _render(report: Report, formats: list[str]) -> dict[str, bytes]:
     return files
 
 
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """A report written by `write_report`: what it says, and the files it wrote."""
+
+    report: Report
+    files: list[Path]
+
+
+def write_report(db_path: str | Path, month: Month, out: str | Path, *,
+                 formats: list[str] | None = None, cost_model_path: str | None = None,
+                 top: int = model.DEFAULT_TOP_PODS, settings: waste.Settings | None = None,
+                 cluster: str | None = None, memory_limit: str | None = None,
+                 progress: Progress | None = None) -> Written:
+    """Read `month` from the ledger (read-only), render `formats` (default csv, parquet, md,
+    html; `focus` on request) and write them into `out`, all files or none. Every failure is
+    a MeteringError (not metered or not priced: RefusedError; files not written: exit 1)."""
+    chosen = _formats(formats)
+    with db.memory_cap(memory_limit, f"{db_path}: reporting {month}"):
+        report = make_report(str(db_path), month, cost_model_path, top, "focus" in chosen,
+                             settings, cluster)
+    if progress is not None:
+        progress.chunk_done("read the ledger")
+    files = _render(report, chosen)
+    if progress is not None:
+        progress.chunk_done("rendered", amount=len(files), what="files")
+    try:
+        written = write_files(Path(out), files)
+    except OSError as e:
+        raise MeteringError(
+            f"{out}: cannot write the report ({e.strerror or e}); previous report files are "
+            "unchanged"
+        ) from None
+    if progress is not None:
+        progress.chunk_done("written")
+    return Written(report, written)
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     try:
@@ -283,24 +320,14 @@ def main(argv: list[str]) -> int:
                 raise UsageError(f"{opt}: expected a whole number >= 1, got {value}")
         if args.cluster is not None and cluster_name_problem(args.cluster):
             raise UsageError(f"--cluster: {cluster_name_problem(args.cluster)}")
-        formats = _formats(args.format)
         settings = waste.Settings(min_hours=args.min_hours, idle_hours=args.idle_hours)
         # A bar on a terminal only: the summary on stdout is what logs want.
         progress = Progress(3, stage="report", unit="step", logs=False)
-        with db.memory_cap(args.memory_limit, f"{args.db}: reporting {month}"):
-            report = make_report(args.db, month, args.cost_model, args.top, "focus" in formats,
-                                 settings, args.cluster)
-        progress.chunk_done("read the ledger")
-        files = _render(report, formats)
-        progress.chunk_done("rendered", amount=len(files), what="files")
-        try:
-            written = write_files(Path(args.out), files)
-            progress.chunk_done("written")
-        except OSError as e:
-            raise MeteringError(
-                f"{args.out}: cannot write the report ({e.strerror or e}); "
-                "previous report files are unchanged"
-            ) from None
+        done = write_report(args.db, month, args.out, formats=args.format,
+                            cost_model_path=args.cost_model, top=args.top, settings=settings,
+                            cluster=args.cluster, memory_limit=args.memory_limit,
+                            progress=progress)
+        report, written = done.report, done.files
         if args.check_budgets and report.budgets is None:
             raise UsageError(
                 "--check-budgets: the budgets are in the cost model the charges were priced "
