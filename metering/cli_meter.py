@@ -26,7 +26,7 @@ from metering.errors import (
     RefusedError,
     UsageError,
 )
-from metering.ingest import DEFAULT_CHUNK_HOURS, PrometheusSource, Source
+from metering.ingest import DEFAULT_CHUNK_HOURS, PrometheusSource, Source, memory_budget
 from metering.openmetrics_source import OpenMetricsSource
 from metering.period import Period, fmt_hour, resolve
 from metering.progress import Progress
@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-delay", type=float, default=0.5, metavar="SECONDS",
                    help="first backoff, doubled on each retry (default 0.5)")
     p.add_argument("--chunk", type=int, default=None, metavar="HOURS",
-                   help="hours per range query and transaction (default 72)")
+                   help="hours per range query and transaction (default: picked from the "
+                        "store's node count to keep ingest within its memory budget, at most "
+                        "72; 72 for an OpenMetrics file)")
     p.add_argument("--max-samples", type=int, default=None, metavar="N",
                    help="samples one query may touch; queries are split by node and time to "
                         "stay under it (default 50,000,000, Prometheus' --query.max-samples)")
@@ -175,7 +177,7 @@ def _run(args: argparse.Namespace) -> int:
             proxy = source.client.proxy
             say(f"meter: connecting through proxy {proxy.shown} (${proxy.variable}; "
                 "$NO_PROXY lists hosts reached directly)")
-        chunk = args.chunk or DEFAULT_CHUNK_HOURS
+        chunk = args.chunk or _auto_chunk(source, period, say)
         progress = Progress(-(-period.hours // chunk), quiet=args.quiet)
         api.meter(args.db, source, period, cost_model=model, chunk_hours=chunk,
                   sample_interval=args.sample_interval, replace=args.replace,
@@ -197,6 +199,17 @@ def apply_source_env(args: argparse.Namespace, environ: Mapping[str, str]) -> li
             filled.append(name)
     args.from_env = filled
     return filled
+
+
+def _auto_chunk(source: Source, period: Period, say: Callable[[str], None]) -> int:
+    """Chunk hours that keep ingest's memory within its budget (a Prometheus source: from
+    its node count); the default where the source gives no estimate."""
+    choice = (source.choose_chunk(period, memory_budget())
+              if isinstance(source, PrometheusSource) else None)
+    if choice is None:
+        return DEFAULT_CHUNK_HOURS
+    say(f"meter: {choice.describe()}")
+    return choice.hours
 
 
 def _open_source(args: argparse.Namespace, period: Period) -> Source:

@@ -13,6 +13,7 @@ the exporter.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -172,22 +173,28 @@ def series_labels(key: str) -> dict[str, str]:
     return out
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def series_hash(key: str) -> int:
-    """Stable 64-bit id of a series key: joins and tie-breaks on an integer, not a string."""
+    """Stable 64-bit id of a series key: joins and tie-breaks on an integer, not a string.
+    Cached: a series (and a fact row's key) recurs in every signal of its family and in
+    every chunk."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little",
                           signed=True)
 
 
 def build_signal(spec: SignalSpec, series: Sequence[Mapping[str, str]], sid: np.ndarray,
-                 hour_s: np.ndarray, value: np.ndarray) -> pa.Table:
+                 hour_s: np.ndarray, value: np.ndarray,
+                 series_keys: Sequence[str] | None = None) -> pa.Table:
     """Arrow table for one signal: point i belongs to series[sid[i]], hour start hour_s[i].
 
     Per-series columns are dictionary-encoded with one dictionary entry per series (Arrow
     allows repeats) and `sid` as the indices: nothing is copied per point, and DuckDB reads
     such a column as a dictionary vector, converting each label (and each MAP) once per
-    series instead of once per sample."""
+    series instead of once per sample. `series_keys`: the series' series_key where the caller
+    has them already."""
     idx = pa.array(sid.astype(np.int32, copy=False), pa.int32())
-    skeys = [series_key(m) for m in series]
+    skeys = (list(series_keys) if series_keys is not None
+             else [series_key(m) for m in series])
     hashes = np.fromiter((series_hash(k) for k in skeys), np.int64, len(skeys))
     keys = np.fromiter((series_hash("\x1f".join(m.get(c, "") for c in spec.key))
                         for m in series), np.int64, len(series))

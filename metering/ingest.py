@@ -8,9 +8,9 @@ committed stay when a later one fails.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -30,6 +30,7 @@ from metering.facts import (
     write_coverage,
     write_facts,
 )
+from metering.matrix import Matrix
 from metering.period import Period, utc_naive
 from metering.progress import Progress
 from metering.promclient import PromClient, PromError
@@ -39,7 +40,61 @@ from metering.selector import DEFAULT_SELECTOR, Screened, Selector
 
 # Prometheus answers at most 11,000 points per series; a chunk of N hours asks for N+1.
 MAX_CHUNK_HOURS = 10_000
-DEFAULT_CHUNK_HOURS = 72  # a 31-day month: 11 chunks x 17 queries = 187 queries
+DEFAULT_CHUNK_HOURS = 72  # a 31-day month: 11 chunks x 19 queries = 209 queries
+
+# Ingest holds a chunk's points (one per series, signal and hour) as Arrow tables and in
+# DuckDB while it writes the chunk's facts: its peak memory is a base plus a cost per point.
+# Measured with bench/scale.py (docs/performance.md, "Ingest memory"): 0.18 MiB per GPU at
+# 72-hour chunks over a ~0.4 GiB base, i.e. ~135 bytes per point of the planner's estimate
+# (nodes x PRIOR_SERIES_PER_NODE series per signal, every signal, every hour).
+INGEST_BASE_BYTES = 400 << 20
+INGEST_BYTES_PER_POINT = 135
+# What a chunk may cost by default: the whole path's target is 4 GB (issue 17); a container
+# memory limit below it (cgroup) lowers it to 3/4 of that limit.
+DEFAULT_INGEST_BUDGET = 3 << 30
+# Chunk lengths the automatic choice picks from: a small change of fleet size rarely changes
+# the pick, so an interrupted run is resumed by a rerun (the chunk length is part of a run's
+# settings, metering/resume.py).
+CHUNK_LADDER = (72, 48, 24, 12, 6, 3, 2, 1)
+
+
+@dataclass(frozen=True)
+class ChunkChoice:
+    """The chunk length picked for a period from the planner's estimate of its series."""
+
+    hours: int
+    series: int  # estimated series per hour, over every signal
+    peak_bytes: int  # estimated peak memory of ingest with chunks of `hours`
+    budget_bytes: int
+
+    def describe(self) -> str:
+        gib = 1 << 30
+        return (f"chunks of {self.hours} h (automatic: ~{self.series:,} series per hour "
+                f"estimated, peak ~{self.peak_bytes / gib:.1f} GiB within a "
+                f"{self.budget_bytes / gib:.1f} GiB budget; --chunk HOURS overrides)")
+
+
+def choose_chunk(series: int, budget: int) -> ChunkChoice:
+    """The longest chunk of CHUNK_LADDER whose estimated peak fits `budget` (the shortest
+    when none does)."""
+    def peak(hours: int) -> int:
+        return INGEST_BASE_BYTES + INGEST_BYTES_PER_POINT * series * hours
+
+    hours = next((h for h in CHUNK_LADDER if peak(h) <= budget), CHUNK_LADDER[-1])
+    return ChunkChoice(hours, series, peak(hours), budget)
+
+
+def memory_budget(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """DEFAULT_INGEST_BUDGET, or 3/4 of the container's memory limit where that is lower
+    (cgroup v2 memory.max, v1 memory.limit_in_bytes)."""
+    for f in (cgroup / "memory.max", cgroup / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = f.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return min(DEFAULT_INGEST_BUDGET, int(text) * 3 // 4)
+    return DEFAULT_INGEST_BUDGET
 
 
 class IngestError(MeteringError):
@@ -77,6 +132,12 @@ class PrometheusSource:
         self._window: str | None = None
         self.screened = Screened()
 
+    def choose_chunk(self, period: Period, budget: int) -> ChunkChoice | None:
+        """The chunk length for `period` from the planner's series estimate (one label-values
+        lookup); None where the store cannot list nodes."""
+        series = self.planner.series_estimate(period)
+        return None if series is None else choose_chunk(series, budget)
+
     @property
     def dropped(self) -> int:
         """Points whose value was not plausible (not a finite number, out of range)."""
@@ -87,33 +148,15 @@ class PrometheusSource:
         return self.client.queries
 
     def close(self) -> None:
-        """Nothing held between requests: each query opens and closes its connection."""
+        """Each query opens and closes its connection; the answer reader is released."""
+        self.planner.close()
 
-    def _points(self, result: list[dict[str, Any]], spec: SignalSpec, promql: str,
-                chunk: Period) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:
-        """Series labels and (series index, time, value) per point of a matrix answer. A point
-        whose value is not plausible ("abc", null, NaN, Inf, out of the family's range) is
-        dropped, and counted against its hour when that hour is in the chunk; an answer that
-        is not a matrix is an error."""
-        series: list[dict[str, str]] = []
-        sids: list[np.ndarray] = []
-        tss: list[np.ndarray] = []
-        vals: list[np.ndarray] = []
-        for r in result:
-            metric = r.get("metric") if isinstance(r, dict) else None
-            points = r.get("values") if isinstance(r, dict) else None
-            if not isinstance(metric, dict) or not isinstance(points, list):
-                raise PromError(f"{self.client.url}: answer to {promql!r} is not a matrix "
-                                "of {metric, values}")
-            i = len(series)
-            series.append({str(k): str(v) for k, v in metric.items()})
-            t, v = _series_points(points)
-            sids.append(np.full(len(t), i, np.int64))
-            tss.append(t)
-            vals.append(v)
-        if not series:
-            return series, np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
-        sid, ts, vs = np.concatenate(sids), np.concatenate(tss), np.concatenate(vals)
+    def _points(self, m: Matrix, spec: SignalSpec, chunk: Period
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(series index, time, value) of the answer's points whose value is plausible. A point
+        whose value is not ("abc", null, NaN, Inf, out of the family's range) is dropped, and
+        counted against its hour when that hour is in the chunk."""
+        sid, ts, vs = m.sid, m.t, m.v
         ok = plausible(spec, vs) & np.isfinite(ts)
         if not ok.all():
             first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
@@ -122,7 +165,7 @@ class PrometheusSource:
                 if first <= hour < last:
                     self.screened.drop(hour)
             sid, ts, vs = sid[ok], ts[ok], vs[ok]
-        return series, sid, ts, vs
+        return sid, ts, vs
 
     def _check_foreign(self, chunk: Period) -> None:
         """List the series of metered families outside the selector (an index lookup per
@@ -157,38 +200,13 @@ class PrometheusSource:
         out: dict[str, pa.Table] = {}
         self._check_foreign(chunk)
         for spec in SIGNALS:
-            result = self.planner.fetch(spec, window, chunk)
-            if not result:
+            m = self.planner.fetch(spec, window, chunk)
+            if not len(m):
                 continue
-            series, sid, ts, values = self._points(result, spec, spec.promql(window), chunk)
-            out[spec.name] = build_signal(spec, series, sid, ts.astype(np.int64) - 3600,
-                                          values)
+            sid, ts, values = self._points(m, spec, chunk)
+            out[spec.name] = build_signal(spec, m.labels, sid, ts.astype(np.int64) - 3600,
+                                          values, m.keys)
         return out
-
-
-def _series_points(points: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """(time, value) arrays of one series' points. numpy parses the whole series at once
-    (null becomes NaN); a malformed point sends the series through the point-by-point path,
-    where a value that is not a number becomes NaN (dropped and counted by the caller) and a
-    point without a time is skipped."""
-    try:
-        return (np.array([p[0] for p in points], np.float64),
-                np.array([p[1] for p in points], np.float64))
-    except (TypeError, ValueError, IndexError, KeyError):
-        ts: list[float] = []
-        values: list[float] = []
-        for p in points:
-            try:
-                t = float(p[0])
-            except (TypeError, ValueError, IndexError, KeyError):
-                continue
-            try:
-                v = float(p[1])
-            except (TypeError, ValueError, IndexError, KeyError):
-                v = math.nan
-            ts.append(t)
-            values.append(v)
-        return np.array(ts, np.float64), np.array(values, np.float64)
 
 
 @dataclass

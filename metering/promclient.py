@@ -36,6 +36,15 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_BODY = 1 << 30
 
 
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer of the API, not decoded yet."""
+
+    body: bytes
+    ctype: str
+    status: int
+
+
 class PromError(SourceError):
     """Prometheus could not answer, or the URL is not a Prometheus API."""
 
@@ -122,6 +131,19 @@ class PromClient:
         self.queries += 1
         return _result(data, self.url, promql)
 
+    def query_range_answer(self, promql: str, start: datetime | float, end: datetime | float,
+                           step_s: float) -> Answer:
+        """Range query, its answer undecoded (metering.matrix decodes it in columns)."""
+        params = {"query": promql, "start": _ts(start), "end": _ts(end), "step": f"{step_s:g}"}
+        answer = self._fetch(self._target("/api/v1/query_range", params))
+        self.queries += 1
+        return answer
+
+    def matrix(self, answer: Answer, promql: str) -> list[dict[str, Any]]:
+        """data.result of an answer decoded by Python's json: the PromError of an answer that
+        is not a success, not Prometheus, or has no result list."""
+        return _result(self._envelope(answer.body, answer.ctype, answer.status), self.url, promql)
+
     def label_values(self, label: str, match: list[str], start: float, end: float
                      ) -> list[str]:
         """Values of `label` on the series matching any of `match` within [start, end]: an
@@ -166,10 +188,17 @@ class PromClient:
             headers["Authorization"] = "Basic " + base64.b64encode(raw).decode("ascii")
         return headers
 
+    def _target(self, path: str, params: dict[str, str]) -> str:
+        return self._base_path + path + ("?" + urllib.parse.urlencode(params) if params else "")
+
     def _api(self, path: str, params: dict[str, str]) -> Any:
         """GET an API path, retrying transient failures with exponential backoff; returns the
         envelope's `data`."""
-        target = self._base_path + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        answer = self._fetch(self._target(path, params))
+        return self._envelope(answer.body, answer.ctype, answer.status)
+
+    def _fetch(self, target: str) -> Answer:
+        """GET `target`, retrying transient failures with exponential backoff."""
         attempt = 0
         while True:
             try:
@@ -208,7 +237,7 @@ class PromClient:
     def _via(self) -> str:
         return "" if self.proxy is None else f" through proxy {self.proxy.shown}"
 
-    def _get_once(self, target: str) -> Any:
+    def _get_once(self, target: str) -> Answer:
         """One request under one deadline: `timeout` bounds connect + headers + the whole
         body, not each read, so a server that drips a byte every few seconds cannot hold the
         run. A watchdog shuts the socket down at the deadline; every read also waits at most
@@ -294,7 +323,7 @@ class PromClient:
             where = redact(urllib.parse.urljoin(self.url + "/", location))
             raise PromError(f"{self.url}: HTTP {status}: redirected to {where}; give the URL "
                             "Prometheus answers at (redirects are not followed)")
-        return self._envelope(body, ctype, status)
+        return Answer(body, ctype, status)
 
     def _envelope(self, body: bytes, ctype: str, status: int) -> Any:
         """Unwrap Prometheus's {"status": ..., "data": ...}; anything else is not Prometheus."""

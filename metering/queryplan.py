@@ -25,9 +25,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+import numpy as np
+
+from metering import matrix
+from metering.db import engine_config
 from metering.facts import SIGNALS, SignalSpec
+from metering.matrix import Matrix, MatrixReader
 from metering.period import Period
 from metering.promclient import PromClient, PromError
 
@@ -143,6 +147,7 @@ class QueryPlanner:
         self._nodes: tuple[str, ...] | None = None
         self._chunk: Period | None = None
         self._metricsql: bool | None = None
+        self.reader = MatrixReader(engine_config())
 
     def metricsql(self) -> bool:
         """Whether the store speaks MetricsQL (VictoriaMetrics): then `tlast_over_time` gives
@@ -180,6 +185,15 @@ class QueryPlanner:
         return self._nodes
 
     # --- estimates ------------------------------------------------------------------------
+
+    def series_estimate(self, period: Period) -> int | None:
+        """Series per evaluation hour over every signal, before any answer: the nodes with
+        series in `period` x PRIOR_SERIES_PER_NODE per signal. None where nodes cannot be
+        listed."""
+        nodes = self.nodes(period)
+        if nodes is None:
+            return None
+        return max(1, len(nodes)) * int(PRIOR_SERIES_PER_NODE) * len(SIGNALS)
 
     def _series(self, family: str, node: str) -> float:
         seen = self._learned.series.get(family)
@@ -257,23 +271,23 @@ class QueryPlanner:
 
     # --- running --------------------------------------------------------------------------
 
-    def fetch(self, spec: SignalSpec, window: str, chunk: Period) -> list[dict[str, Any]]:
+    def fetch(self, spec: SignalSpec, window: str, chunk: Period) -> Matrix:
         """Every series of the signal over the chunk's evaluation hours (chunk start to end),
-        one entry per series with its points in time order."""
+        each series once with its points in time order."""
         first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
         metricsql = self.metricsql()
         nodes = self.nodes(chunk)
         pieces = self.plan(spec, first, last, nodes)
         self.stats.signal_queries += 1
         answered: list[Piece] = []
-        results: list[list[dict[str, Any]]] = []
+        results: list[Matrix] = []
         todo = list(reversed(pieces))
         while todo:
             piece = todo.pop()
+            promql = spec.promql(window, match=self._with_selector("", piece.matcher()),
+                                 metricsql=metricsql)
             try:
-                promql = spec.promql(window, match=self._with_selector("", piece.matcher()),
-                                     metricsql=metricsql)
-                result = self.client.query_range(promql, piece.first, piece.last, HOUR_S)
+                result = self._query(promql, piece)
             except PromError as exc:
                 if not is_limit_error(exc):
                     raise
@@ -301,23 +315,25 @@ class QueryPlanner:
             [self.stats.max_time_pieces,
              *(sum(1 for p in answered if p.nodes == s) for s in shards)])
         if all(p.first == first and p.last == last for p in answered):
-            # Node shards only: every series is in exactly one answer.
-            return [r for result in results for r in result]
-        merged: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
-        for result in results:  # time pieces: one entry per series, points in time order
-            for r in result:
-                metric = r.get("metric") if isinstance(r, dict) else None
-                if not isinstance(metric, dict):
-                    merged[(("", str(len(merged))),)] = r  # malformed: the parser names it
-                    continue
-                key = tuple(sorted((str(k), str(v)) for k, v in metric.items()))
-                if key in merged:
-                    merged[key] = {"metric": metric,
-                                   "values": [*merged[key].get("values", []),
-                                              *r.get("values", [])]}
-                else:
-                    merged[key] = r
-        return list(merged.values())
+            return matrix.concat(results)  # node shards only: each series in one answer
+        return matrix.merge(results)  # time pieces: a series' points from several answers
+
+    def _query(self, promql: str, piece: Piece) -> Matrix:
+        """One range query, decoded in columns (DuckDB), or by Python's json where the answer
+        is not a well-formed matrix (then its problem is a PromError naming the query)."""
+        answer = self.client.query_range_answer(promql, piece.first, piece.last, HOUR_S)
+        if answer.status == 200:
+            m = self.reader.read(answer.body)
+            if m is not None:
+                return m
+        result = self.client.matrix(answer, promql)
+        try:
+            return matrix.from_result(result)
+        except matrix.NotAMatrix as exc:
+            raise PromError(f"{self.client.url}: answer to {promql!r} is not {exc}") from None
+
+    def close(self) -> None:
+        self.reader.close()
 
     def _with_selector(self, first: str, match: str) -> str:
         """`first`, the selector's matchers and `match`, comma-joined (braced when `first`
@@ -340,27 +356,26 @@ class QueryPlanner:
             return [Piece(shard, piece.first, mid), Piece(shard, mid + HOUR_S, piece.last)]
         return None
 
-    def _learn(self, spec: SignalSpec, result: list[dict[str, Any]]) -> None:
+    def _learn(self, spec: SignalSpec, result: Matrix) -> None:
         """Series per node for the family; samples per series-hour from count signals."""
         per_node = self._learned.series.setdefault(spec.family, {})
+        nodes = [labels.get(SHARD_LABEL, "") for labels in result.labels]
         counted: dict[str, int] = {}
-        for r in result:
-            metric = r.get("metric") if isinstance(r, dict) else None
-            if not isinstance(metric, dict):
-                continue
-            node = str(metric.get(SHARD_LABEL, ""))
+        for node in nodes:
             counted[node] = counted.get(node, 0) + 1
-            if spec.func == "count":
-                # A few points from the middle of the series: full hours, cheap to read.
-                values = r.get("values")
-                mid = len(values) // 2 if isinstance(values, list) else 0
-                try:
-                    top = max(float(p[1]) for p in values[max(0, mid - 2):mid + 2]) \
-                        if isinstance(values, list) and values else None
-                except (TypeError, ValueError, IndexError):
-                    top = None
-                if top is not None and top > self._learned.rate.get(node, 0.0):
-                    self._learned.rate[node] = top
+        if spec.func == "count" and len(result.sid):
+            # A few points from the middle of each series: full hours, cheap to read.
+            starts = np.searchsorted(result.sid, np.arange(len(result)))
+            ends = np.append(starts[1:], len(result.sid))
+            mid = (starts + ends) // 2
+            pos = np.arange(len(result.sid))
+            near = ((pos >= np.maximum(starts, mid - 2)[result.sid])
+                    & (pos < np.minimum(ends, mid + 2)[result.sid]) & np.isfinite(result.v))
+            top = np.full(len(result), -np.inf)
+            np.maximum.at(top, result.sid[near], result.v[near])
+            for node, value in zip(nodes, top.tolist(), strict=True):
+                if value > self._learned.rate.get(node, 0.0):
+                    self._learned.rate[node] = value
         per_node.update(counted)
 
 

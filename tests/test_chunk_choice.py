@@ -1,0 +1,70 @@
+"""The chunk length is picked from the planner's estimate of series x hours so ingest's peak
+memory stays within its budget (lowered by a container memory limit); the run says what it
+picked, and --chunk overrides it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import conftest_prom
+import pytest
+
+from gpu_ledger.cli import main as gpu_ledger
+from metering.ingest import (
+    CHUNK_LADDER,
+    DEFAULT_INGEST_BUDGET,
+    INGEST_BASE_BYTES,
+    INGEST_BYTES_PER_POINT,
+    choose_chunk,
+    memory_budget,
+)
+
+fleet_prom_url = conftest_prom.fleet_prom_url  # session fixture
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize(("nodes", "budget", "hours"), [
+    (10, 3 * GIB, 72),  # a small fleet: the longest chunk
+    (1_250, 3 * GIB, 72),  # 10,000 GPUs within the default budget
+    (1_250, int(1.5 * GIB), 24),  # ... in a 2 GiB container
+    (10_000, 3 * GIB, 12),  # 80,000 GPUs
+    (10**7, 3 * GIB, 1),  # nothing fits: the shortest, not a refusal
+])
+def test_longest_chunk_within_the_budget(nodes: int, budget: int, hours: int) -> None:
+    series = nodes * 8 * 19
+    choice = choose_chunk(series, budget)
+    assert choice.hours == hours
+    assert choice.peak_bytes == INGEST_BASE_BYTES + INGEST_BYTES_PER_POINT * series * hours
+    longer = [h for h in CHUNK_LADDER if h > hours]
+    if hours > 1:
+        assert choice.peak_bytes <= budget
+    if longer:  # the next longer one would not have fitted
+        assert INGEST_BASE_BYTES + INGEST_BYTES_PER_POINT * series * min(longer) > budget
+
+
+def test_budget_follows_the_container_limit(tmp_path: Path) -> None:
+    assert memory_budget(tmp_path) == DEFAULT_INGEST_BUDGET  # no cgroup files
+    (tmp_path / "memory.max").write_text("max\n")
+    assert memory_budget(tmp_path) == DEFAULT_INGEST_BUDGET
+    (tmp_path / "memory.max").write_text(f"{2 * GIB}\n")
+    assert memory_budget(tmp_path) == int(1.5 * GIB)
+    (tmp_path / "memory.max").write_text(f"{64 * GIB}\n")
+    assert memory_budget(tmp_path) == DEFAULT_INGEST_BUDGET
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{GIB}\n")
+    assert memory_budget(v1) == 3 * GIB // 4
+
+
+def test_the_run_says_what_it_picked_and_chunk_overrides(
+        fleet_prom_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    day = ["--from", "2026-10-05", "--to", "2026-10-07", "--no-price", "-v"]
+    assert gpu_ledger(["meter", "--prometheus", fleet_prom_url, *day,
+                       "--db", str(tmp_path / "a.duckdb")]) == 0
+    err = capsys.readouterr().err
+    assert "meter: chunks of 72 h (automatic: ~" in err, err
+    assert "chunk 1/1 " in err  # 48 hours in one 72-hour chunk
+    assert gpu_ledger(["meter", "--prometheus", fleet_prom_url, *day, "--chunk", "12",
+                       "--db", str(tmp_path / "b.duckdb")]) == 0
+    err = capsys.readouterr().err
+    assert "automatic" not in err and "chunk 4/4 " in err, err
