@@ -323,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         ing["queries"] = int(m.group(2)) if m else None
         split = re.search(r"meter: queries: (.*)", ing["stderr"])
         ing["split"] = split.group(1) if split else ""
+        chunk = re.search(r"meter: (chunks of .*)", ing["stderr"])
+        ing["chunk"] = chunk.group(1) if chunk else ""
         res["ingest"] = ing
         say(f"scale: ingest {ing['wall_s']:.0f} s, {ing['maxrss_mib']:.0f} MiB, "
             f"{ing['queries']} queries; {ing['split']}")
@@ -365,6 +367,7 @@ def report(res: dict[str, Any]) -> str:
         ["ingest: the store's CPU while answering", f"{ing['vm_cpu_s']:.0f} s"],
         ["ingest: range queries", f"{ing['queries']:,}"],
         ["ingest: how queries split", ing["split"]],
+        ["ingest: chunk length", ing.get("chunk", "")],
         ["ingest: samples read by the store", f"{ing['vm_samples_read']:,.0f} (scanned "
                                               f"{ing['vm_samples_scanned']:,.0f})"],
         ["pricing (`meter --price-only`): wall / CPU / peak RSS",
