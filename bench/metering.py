@@ -65,18 +65,13 @@ def child_price(db: str) -> dict[str, Any]:
 
 
 def child_report(db: str, out: str) -> dict[str, Any]:
+    from metering import api
     from metering.period import Month
-    from metering.report.cli import FORMATS, file_name, make_report
-    from metering.report.writer import write_files
 
-    month = Month.parse(MONTH)
     t0 = time.perf_counter()
-    report = make_report(db, month, None, 20)
-    built = time.perf_counter() - t0
-    files = {file_name(month, f): FORMATS[f][1](report) for f in FORMATS}
-    paths = write_files(Path(out), files)
-    return {"wall_s": time.perf_counter() - t0, "build_s": built, "maxrss_mib": _maxrss_mib(),
-            "files": {p.name: p.stat().st_size for p in paths}}
+    done = api.report(db, Month.parse(MONTH), out)  # what `gpu-ledger report` does
+    return {"wall_s": time.perf_counter() - t0, "maxrss_mib": _maxrss_mib(),
+            "files": {p.name: p.stat().st_size for p in done.files}}
 
 
 def child_pandas(db: str) -> dict[str, Any]:
@@ -238,6 +233,7 @@ class CountingProxy:
 
     def __init__(self, target: str) -> None:
         import threading
+        import urllib.error
         import urllib.request
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -248,13 +244,17 @@ class CountingProxy:
             def do_GET(self) -> None:
                 if self.path.startswith(("/api/v1/query", "/api/v1/query_range")):
                     proxy.count += 1
-                with urllib.request.urlopen(target + self.path, timeout=120) as resp:
-                    body = resp.read()
-                    self.send_response(resp.status)
-                    self.send_header("Content-Type", resp.headers.get("Content-Type", ""))
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
+                try:
+                    with urllib.request.urlopen(target + self.path, timeout=120) as resp:
+                        status, ctype, body = (resp.status, resp.headers.get("Content-Type", ""),
+                                               resp.read())
+                except urllib.error.HTTPError as err:  # relay Prometheus' own 4xx/5xx answer
+                    status, ctype, body = err.code, err.headers.get("Content-Type", ""), err.read()
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             do_POST = do_GET
 
