@@ -43,6 +43,7 @@ from grafana_foundation_sdk.models.dashboard import (
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from gpu_ledger.generated import sync
+from gpu_ledger.sharing import SharingMode
 
 HERE = Path(__file__).resolve().parent
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -307,12 +308,17 @@ def node_detail() -> Board:
 # Allocation sources and sharing modes (docs/attribution.md): the exporter's `sharing` label,
 # and DRA claims, whose `resource` is the DRA driver's name (no slash, unlike device-plugin
 # resource names such as nvidia.com/gpu).
+# A panel for every SharingMode (a new mode without a title here fails generation).
+_MODE_TITLES: dict[SharingMode, tuple[str, str]] = {
+    SharingMode.EXCLUSIVE: ("holding whole GPUs", "Exclusive"),
+    SharingMode.MIG: ("on MIG instances", "MIG"),
+    SharingMode.TIME_SLICING: ("on time-sliced GPUs", "Time-slicing"),
+    SharingMode.MPS: ("on MPS GPUs", "MPS"),
+    SharingMode.FRACTIONAL: ("with fractional grants (HAMi, gpushare)", "Fractional"),
+    SharingMode.VGPU: ("on vGPU instances (KubeVirt VMs)", "vGPU"),
+}
 SHARING_PANELS = (
-    ("holding whole GPUs", "Exclusive", 'sharing="exclusive"'),
-    ("on MIG instances", "MIG", 'sharing="mig"'),
-    ("on time-sliced GPUs", "Time-slicing", 'sharing="time-slicing"'),
-    ("on MPS GPUs", "MPS", 'sharing="mps"'),
-    ("with fractional grants (HAMi, gpushare)", "Fractional", 'sharing="fractional"'),
+    *((*_MODE_TITLES[m], f'sharing="{m}"') for m in SharingMode),
     ("through DRA ResourceClaims", "DRA", 'resource!~".+/.+"'),
 )
 AVG_ALLOC = f"avg_over_time(pod:gpu_allocated:gpus{{{NS}}}[$__range])"

@@ -15,6 +15,7 @@ from exporter import __version__
 from exporter.collectors import REGISTRY
 from exporter.core import CollectorSpec, ExporterOptions
 from exporter.errors import ConfigError
+from gpu_ledger.sharing import DECLARABLE, SharingMode
 
 # 9400 is dcgm-exporter's and 9835 nvidia_gpu_exporter's; 9847 is free of both.
 DEFAULT_LISTEN = ":9847"
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated pod labels copied onto gpu_container_* as label_<name> "
                         "(default: team)")
     p.add_argument("--sharing-mode", action="append", default=[], metavar="RESOURCE=MODE",
-                   help="sharing mode of a resource name (exclusive|mig|time-slicing|mps), "
+                   help=f"sharing mode of a resource name ({'|'.join(DECLARABLE)}), "
                         "e.g. nvidia.com/gpu.shared=mps; repeatable")
     p.add_argument("--rpc-timeout", type=parse_seconds, default=2.0,
                    help="deadline of each kubelet call (default 2s)")
@@ -105,12 +106,12 @@ def enabled_specs(args: argparse.Namespace) -> list[CollectorSpec]:
 
 def options_from(args: argparse.Namespace) -> ExporterOptions:
     modes = []
+    declarable = "|".join(DECLARABLE)
     for item in args.sharing_mode:
         resource, sep, mode = item.partition("=")
-        if not sep or mode not in ("exclusive", "mig", "time-slicing", "mps"):
-            raise ValueError(f"--sharing-mode: expected RESOURCE=exclusive|mig|time-slicing|mps,"
-                             f" got {item!r}")
-        modes.append((resource, mode))
+        if not sep or mode not in DECLARABLE:
+            raise ValueError(f"--sharing-mode: expected RESOURCE={declarable}, got {item!r}")
+        modes.append((resource, SharingMode(mode)))
     return ExporterOptions(
         node=args.node_name, interval=args.interval, process_metrics=args.process_metrics,
         pod_resources_socket=args.pod_resources_socket, proc_root=args.proc_root,

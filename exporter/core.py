@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from exporter.metrics import BY_NAME
+from gpu_ledger.sharing import SharingMode
 
 Labels = tuple[str, ...]
 # Allow-listed pod labels, (name, value) pairs sorted by name; rendered as label_<name>.
@@ -88,7 +89,7 @@ class ExporterOptions:
     kubernetes: bool = True
     pod_label_allowlist: tuple[str, ...] = ()
     # resource name -> sharing mode override (exclusive | mig | time-slicing | mps)
-    sharing_modes: tuple[tuple[str, str], ...] = ()
+    sharing_modes: tuple[tuple[str, SharingMode], ...] = ()
     rpc_timeout: float = 2.0
 
 

@@ -217,4 +217,3 @@ CLOCK_EVENT_REASONS = ("hw_thermal", "sw_thermal", "hw_power_brake", "sw_power_c
 THROTTLE_REASONS = ("power", "thermal", "reliability", "board_limit", "low_utilization",
                     "sync_boost")
 NVLINK_ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
-SHARING_MODES = ("exclusive", "mig", "time-slicing", "mps", "fractional")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from exporter.collectors import REGISTRY
 from exporter.metrics import FAMILIES
+from gpu_ledger.sharing import SharingMode
 
 TARGET = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
 
@@ -27,6 +28,11 @@ def generate() -> str:
         "",
         "Families marked *pod labels* also carry allow-listed pod labels as `label_<name>`"
         " (`--pod-labels`, default `team`).",
+        "",
+        "The `sharing` label of attribution series is one of "
+        + ", ".join(f"`{m}`" for m in SharingMode)
+        + " (`gpu_ledger/sharing.py`; [attribution.md](attribution.md) says which source gives"
+        " which).",
         "",
         "| family | type | labels | collector | help |",
         "|---|---|---|---|---|",

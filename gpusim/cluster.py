@@ -24,6 +24,7 @@ from exporter.collectors import REGISTRY
 from exporter.core import CollectorSpec, ExporterOptions
 from exporter.render import Rendering
 from exporter.sampler import Sampler
+from gpu_ledger.sharing import SharingMode
 from gpusim.allocation import pod_annotations, resource_slices
 from gpusim.apiserver import FakeApiServer
 from gpusim.kubelet import ClaimAllocation, ContainerAllocation, FakeKubelet, PodAllocation
@@ -99,11 +100,12 @@ def pod_objects(scenario: Scenario, t0: float, t1: float) -> list[dict[str, Any]
     return out
 
 
-def mode_overrides(scenario: Scenario) -> tuple[tuple[str, str], ...]:
+def mode_overrides(scenario: Scenario) -> tuple[tuple[str, SharingMode], ...]:
     """The exporter's --sharing-mode flags for this node. Exclusive, MIG and time-slicing are
     told apart by the device IDs themselves (a ::N replica suffix means a share), so only MPS,
     which looks like time-slicing in IDs, needs configuring, as on a real cluster."""
-    return tuple(sorted((r, m) for r, m in sharing_modes(scenario).items() if m == "mps"))
+    return tuple(sorted((r, SharingMode.MPS) for r, m in sharing_modes(scenario).items()
+                        if m == SharingMode.MPS))
 
 
 @dataclass

@@ -7,10 +7,13 @@ import hashlib
 import uuid as uuidlib
 from dataclasses import dataclass, field
 
+from gpu_ledger.sharing import SharingMode
 from gpusim.hardware import MigFamily
 from gpusim.signal import Signal
 
-SHARING_MODES = ("exclusive", "time-slicing", "mps")
+# How a simulated GPU is shared (the rest of SharingMode follows from MIG, DRA, HAMi, vGPU).
+SHARING_MODES = tuple(m.value for m in (SharingMode.EXCLUSIVE, SharingMode.TIME_SLICING,
+                                        SharingMode.MPS))
 # Who hands a GPU to pods: the NVIDIA device plugin (IDs in PodResources), the DRA driver
 # (ResourceClaims), or a fractional scheduler (HAMi, gpushare: grants in pod annotations).
 ALLOCATIONS = ("device-plugin", "dra", "hami", "gpushare")

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from gpu_ledger import safeyaml
+from gpu_ledger.sharing import SharingMode
 from metering.cluster import CLUSTER_NAME_RULE, is_cluster_name
 from metering.errors import InputError
 
 MICRO: Final = Decimal("0.000001")
 # Names the pricing engine gives its own rows; a team may not be called any of these.
 RESERVED_TEAMS: Final = frozenset({"idle", "down", "adjustment"})
-SHARING_MODES: Final = ("exclusive", "mig", "time-slicing", "mps", "fractional", "vgpu")
+SHARING_MODES: Final = tuple(m.value for m in SharingMode)
 # What a fractional grant (HAMi, gpushare) pays: its memory fraction, its core fraction, or
 # the larger of the two (docs/cost-model.md, `sharing.fractional`).
 FRACTIONAL_BASES: Final = ("memory", "cores", "larger")

@@ -14,7 +14,8 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard as SdkDashboard
 
 from dashboards.generate import BOARDS, SCHEMA_VERSION, expressions, outputs
-from exporter.metrics import FAMILIES, SHARING_MODES
+from exporter.metrics import FAMILIES
+from gpu_ledger.sharing import SharingMode
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "alerts" / "gpu-ledger-recording.yml"
@@ -152,11 +153,11 @@ def test_round_trip_through_the_sdk(name: str) -> None:
 
 def test_a_panel_per_sharing_mode_and_dra() -> None:
     """Workloads shows allocated vs used for every sharing mode the exporter labels
-    (exporter.metrics.SHARING_MODES) and for DRA claims."""
+    (gpu_ledger.sharing.SharingMode, vGPU included) and for DRA claims."""
     doc = _docs()["workloads.json"]
     exprs = {p["title"]: " ".join(t["expr"] for t in p["targets"])
              for p in _all_panels(doc) if p["type"] == "timeseries"}
-    for mode in SHARING_MODES:
+    for mode in SharingMode:
         titled = [t for t, e in exprs.items() if f'sharing="{mode}"' in e]
         assert len(titled) == 1, (mode, titled)
         assert "container:gpu_allocated:gpus" in exprs[titled[0]]

@@ -14,7 +14,7 @@ real Prometheus that scrapes it every second and loads both rule files. Then:
   with the matchers written in the rule, and each must return data: a metric name or label
   value the exporter does not emit fails there. The scenario below is built so that every
   selector has something to match (a critical and a non-critical XID, ECC and NVLink errors,
-  throttling, MIG, time-slicing and exclusive GPUs);
+  throttling, MIG, time-slicing, exclusive and vGPU-host GPUs);
 - /api/v1/rules must show every rule group loaded, every rule evaluated and healthy, with no
   lastError.
 """
@@ -106,6 +106,13 @@ gpus:
   - model: NVIDIA L4
     memory: 24GiB
     power_limit_watts: 72
+  # GPU 6: a vGPU host GPU whose instance a KubeVirt VM's virt-launcher pod holds
+  - model: NVIDIA A100-SXM4-80GB
+    memory: 80GiB
+    power_limit_watts: 400
+    virtualization_mode: host_vgpu
+    vgpus:
+      - {{type: NVIDIA A100-20C, vm: vms/vm-train, memory: 12GiB, sm_util: 0.6}}
 pods:
   - namespace: serving
     name: llama-infer
@@ -135,6 +142,12 @@ pods:
       - name: trainer
         gpus: [2]
         processes: [{{memory: 70GiB, sm_util: 0.9}}]
+  - namespace: vms
+    name: virt-launcher-vm-train
+    labels: {{team: ml-research}}
+    containers:
+      - name: compute
+        gpus: [{{gpu: 6, vgpu: 0}}]
   - namespace: serving
     name: embedder
     labels: {{team: inference}}
@@ -382,14 +395,14 @@ def test_shared_gpu_use_is_split_not_copied(prometheus: str) -> None:
     (the time-sliced GPU's is split between its two pods, not copied to each)."""
     rows = query(prometheus, 'sum by (uuid) (container:gpu_used:gpus{mig_uuid=""})'
                              " - on (uuid) gpu_utilization_ratio")
-    # time-sliced, exclusive, MPS, fractional (HAMi) and DRA-claimed
-    assert len(rows) == 5
+    # time-sliced, exclusive, MPS, fractional (HAMi), DRA-claimed and vGPU-host
+    assert len(rows) == 6
     assert all(abs(float(r["value"][1])) < 1e-9 for r in rows), rows
 
 
 # --- the DCGM-compatible view: the queries of NVIDIA's dashboard 12239 and of OpenCost -------
 
-GPUS = 6  # in SCENARIO
+GPUS = 7  # in SCENARIO
 SHARED_GPU = 1  # time-sliced between nlp/bert-finetune and nlp/tokenizer
 
 

@@ -22,11 +22,6 @@ from typing import NamedTuple
 
 from exporter.attribution.cgroup import CgroupRef, CgroupResolver
 from exporter.attribution.deviceids import (
-    EXCLUSIVE,
-    FRACTIONAL,
-    MIG,
-    TIME_SLICING,
-    VGPU,
     DeviceIndex,
     DeviceRef,
     UnknownIds,
@@ -49,6 +44,7 @@ from exporter.core import (
     SampleSink,
 )
 from exporter.kube.watch import NodeScopedWatch
+from gpu_ledger.sharing import SharingMode
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +76,7 @@ class UnitKey(NamedTuple):
     uuid: str
     mig_uuid: str
     resource: str
-    sharing: str
+    sharing: SharingMode
 
 
 class UsageKey(NamedTuple):
@@ -219,7 +215,7 @@ class AttributionCollector:
             handed_out[dev] = handed_out.get(dev, 0) + n
         for key in sorted(units):
             dev = (key.uuid, key.mig_uuid)
-            if key.sharing in (EXCLUSIVE, MIG):
+            if key.sharing in (SharingMode.EXCLUSIVE, SharingMode.MIG):
                 count = 1
             else:  # a share: how many the kubelet can hand out, else how many are handed out
                 count = replicas.get(dev) or max(handed_out[dev], 1)
@@ -321,7 +317,7 @@ class AttributionCollector:
                 refs = index.resolve_all(device_id)
                 vgpu = vgpus.get(device_id.strip().lower()) if not refs else None
                 if vgpu is not None:  # a KubeVirt vGPU: its mdev UUID
-                    k = UnitKey(holder, vgpu.gpu_uuid, "", a.resource, VGPU)
+                    k = UnitKey(holder, vgpu.gpu_uuid, "", a.resource, SharingMode.VGPU)
                     units[k] = units.get(k, 0) + 1
                     grants[UsageKey(holder, vgpu.gpu_uuid, "")] = VgpuGrant(
                         holder.container, device_id, a.resource,
@@ -376,9 +372,9 @@ class AttributionCollector:
                 continue
             done.add((holder, ref.key))
             if len(sharers[ref.key]) > 1:
-                mode = self._overrides.get(driver) or TIME_SLICING
+                mode = self._overrides.get(driver) or SharingMode.TIME_SLICING
             else:
-                mode = MIG if ref.mig_uuid else EXCLUSIVE
+                mode = SharingMode.MIG if ref.mig_uuid else SharingMode.EXCLUSIVE
             k = UnitKey(holder, ref.uuid, ref.mig_uuid, driver, mode)
             units[k] = units.get(k, 0) + 1
             hs = holders.setdefault(ref.key, [])
@@ -411,7 +407,7 @@ class AttributionCollector:
                 ctr = grant.container or (info.container_names[0]
                                           if info.container_names else "")
                 holder = Holder(info.namespace, info.name, ctr)
-                k = UnitKey(holder, ref.uuid, ref.mig_uuid, grant.resource, FRACTIONAL)
+                k = UnitKey(holder, ref.uuid, ref.mig_uuid, grant.resource, SharingMode.FRACTIONAL)
                 units[k] = units.get(k, 0) + 1
                 out[UsageKey(holder, ref.uuid, ref.mig_uuid)] = grant
                 hs = holders.setdefault(ref.key, [])

@@ -17,12 +17,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from exporter.core import GpuRef, MigRef
+from gpu_ledger.sharing import SharingMode
 
 log = logging.getLogger(__name__)
 
-EXCLUSIVE, MIG, TIME_SLICING, MPS = "exclusive", "mig", "time-slicing", "mps"
-FRACTIONAL = "fractional"  # a scheduler's memory / core grant (HAMi, gpushare)
-VGPU = "vgpu"  # an NVIDIA vGPU instance (KubeVirt), a profile's share of the GPU
 
 _REPLICA = re.compile(r"^(?P<base>.+?)::(?P<n>\d+)$")
 _GKE = re.compile(r"^nvidia(?P<index>\d+)(?:/(?P<kind>gi|vgpu)(?P<n>\d+))?$")
@@ -137,22 +135,23 @@ class DeviceIndex:
         return DeviceRef(gpu.uuid, "", replica or kind == "vgpu")
 
 
-def is_gpu_resource(resource: str, overrides: dict[str, str]) -> bool:
+def is_gpu_resource(resource: str, overrides: dict[str, SharingMode]) -> bool:
     """Resources whose IDs we try to resolve; anything else (NICs, FPGAs) is ignored quietly."""
     return resource.startswith("nvidia.com/") or resource in overrides
 
 
-def sharing_mode(resource: str, ref: DeviceRef, overrides: dict[str, str]) -> str:
+def sharing_mode(resource: str, ref: DeviceRef,
+                 overrides: dict[str, SharingMode]) -> SharingMode:
     """Sharing mode for a unit of `resource`. IDs cannot tell MPS from time-slicing, so a
     configured override for the resource name wins over everything inferred here."""
     mode = overrides.get(resource)
     if mode:
         return mode
     if ref.replica or resource == "nvidia.com/gpu.shared":
-        return TIME_SLICING
+        return SharingMode.TIME_SLICING
     if resource.startswith("nvidia.com/mig-") or ref.mig_uuid:
-        return MIG
-    return EXCLUSIVE
+        return SharingMode.MIG
+    return SharingMode.EXCLUSIVE
 
 
 class UnknownIds:
