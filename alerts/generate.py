@@ -76,6 +76,8 @@ class Config:
     gpu_gone_lookback: str = "1h"
     gpu_gone_for: str = "5m"
     gpu_not_answering_for: str = "5m"
+    # A vGPU guest's GPU without an active licence (the driver restricts it) for this long.
+    vgpu_unlicensed_for: str = "10m"
     exporter_down_for: str = "5m"
     exporter_absent_for: str = "15m"
     collector_failing_for: str = "10m"
@@ -233,6 +235,14 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
               f"{MIG} has used more than {T.memory_full_ratio:.0%} of its memory for "
               f"{T.memory_full_for}: " + "{{ $value | humanizePercentage }}. "
               + pods_on("mig_uuid")),
+        # A guest's GPU may list several licensable features; it is unlicensed when it holds
+        # none of them.
+        Alert("GpuVgpuUnlicensed", "warning",
+              "max without (feature, product) (gpu_vgpu_license_state) == 0",
+              T.vgpu_unlicensed_for,
+              "vGPU has no licence",
+              f"{GPU} is a vGPU whose licence has not been active for {T.vgpu_unlicensed_for};"
+              " the driver restricts an unlicensed vGPU. " + PODS),
         Alert("GpuHardwareThermalSlowdown", "warning",
               'gpu_clock_event_active{reason="hw_thermal"} == 1', T.thermal_slowdown_for,
               "GPU clocks are cut by hardware thermal slowdown",

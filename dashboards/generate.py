@@ -384,6 +384,7 @@ def workloads() -> Board:
                 f"and on (cluster, namespace, pod, container, uuid, mig_uuid) {alloc})", "used")],
               width=8, description=f"GPU-equivalents held by containers {mode} and what they "
                                    "keep busy.")
+    vgpu_row(b)
     b.row("Teams")
     b.add(ts("GPUs used by team", "none", stack=True),
           [(f"team:gpu_used:gpus{{{CL}}}", "{{team}}")])
@@ -394,6 +395,45 @@ def workloads() -> Board:
            (f"team:gpu_memory_used:bytes{{{CL}}}", ""), (f"team:gpu_power:watts{{{CL}}}", "")],
           width=24)
     return b
+
+
+# A vGPU instance's series carry only its vgpu_uuid; its type and VM come from gpu_vgpu_info.
+VGPU_INFO = f"gpu_vgpu_info{{{CL}}}"
+
+
+def by_vm(metric: str) -> str:
+    return (f"{metric}{{{CL}}}\n* on (cluster, uuid, vgpu_uuid) group_left (vgpu_type, vm_id)\n"
+            f"{VGPU_INFO}")
+
+
+def vgpu_row(b: Board) -> None:
+    """vGPU hosts (KubeVirt VMs' instances) and vGPU guests (licences): device-level series,
+    so the namespace variable does not apply; the VMs' pods are in the vGPU sharing panel."""
+    b.row("vGPU")
+    b.add(ts("Active vGPU instances by type", "none", stack=True),
+          [(f"count by (vgpu_type) ({VGPU_INFO})", "{{vgpu_type}}")], width=8,
+          description="Active vGPU instances on vGPU host GPUs, by NVML vGPU type.")
+    b.add(ts("vGPU framebuffer: used vs allocated, by VM", "bytes"),
+          [(f"sum by (vm_id) ({by_vm('gpu_vgpu_memory_used_bytes')})", "{{vm_id}} used"),
+           (f"sum by (vm_id) ({by_vm('gpu_vgpu_framebuffer_bytes')})", "{{vm_id}} allocated")],
+          width=8, description="Framebuffer each VM's vGPU instances use, against what their "
+                               "types allocate.")
+    b.add(ts("vGPU utilisation by VM", "percentunit"),
+          [(f"max by (vm_id, vgpu_type) ({by_vm('gpu_vgpu_utilization_ratio')})",
+            "{{vm_id}} ({{vgpu_type}})")],
+          width=8, description="SM utilisation of each VM's vGPU instance, as a share of the "
+                               "whole GPU.")
+    b.add(tab("vGPU instances", merge=True),
+          [(by_vm("gpu_vgpu_framebuffer_bytes"), ""), (by_vm("gpu_vgpu_memory_used_bytes"), ""),
+           (by_vm("gpu_vgpu_utilization_ratio"), "")],
+          width=16, description="One row per active vGPU instance: A: framebuffer of its "
+                                "type, B: framebuffer used, C: SM utilisation (0-1 of the GPU).")
+    b.add(ts("vGPU guest licence (1 licensed, 0 not)", "none"),
+          [(f"min by (node, gpu, uuid, product) (gpu_vgpu_license_state{{{CL}}})",
+            "{{node}} GPU {{gpu}}: {{product}}")],
+          width=8, description="In vGPU guests: whether the GPU holds its licence. An "
+                               "unlicensed vGPU is restricted by the driver (alert "
+                               "GpuVgpuUnlicensed).")
 
 
 def cost() -> Board:

@@ -92,15 +92,18 @@ def test_queries_use_only_contract_metrics_and_recording_rules() -> None:
 
 
 def test_boards_cover_every_device_and_mig_family() -> None:
-    """The node / GPU detail board shows every device, MIG and exporter family (process
-    series are opt-in and churn, so they are left to ad-hoc queries)."""
-    text = " ".join(expr for _, expr in expressions(_docs()["node.json"]))
-    # The vGPU families (issue 11) have no panel yet: the dashboards' owner adds them.
-    wanted = [f.name for f in FAMILIES
-              if f.collector not in ("attribution", "vgpu")
-              and f.name != "gpu_exporter_source_error_info"]
-    missing = [n for n in wanted if not re.search(rf"(?<![:\w]){n}(?![:\w])", text)]
-    assert missing == []
+    """The node / GPU detail board shows every device, MIG and exporter family, and the
+    Workloads board every vGPU family (process series are opt-in and churn, so they are left
+    to ad-hoc queries)."""
+    for board, collectors in (("node.json", None), ("workloads.json", ("vgpu",))):
+        text = " ".join(expr for _, expr in expressions(_docs()[board]))
+        wanted = [f.name for f in FAMILIES
+                  if (f.collector in collectors if collectors
+                      else f.collector not in ("attribution", "vgpu"))
+                  and f.name != "gpu_exporter_source_error_info"]
+        assert wanted
+        missing = [n for n in wanted if not re.search(rf"(?<![:\w]){n}(?![:\w])", text)]
+        assert missing == [], board
 
 
 # --- what Grafana accepts ----------------------------------------------------------------------

@@ -14,7 +14,7 @@ real Prometheus that scrapes it every second and loads both rule files. Then:
   with the matchers written in the rule, and each must return data: a metric name or label
   value the exporter does not emit fails there. The scenario below is built so that every
   selector has something to match (a critical and a non-critical XID, ECC and NVLink errors,
-  throttling, MIG, time-slicing, exclusive and vGPU-host GPUs);
+  throttling, MIG, time-slicing, exclusive, vGPU-host and vGPU-guest GPUs);
 - /api/v1/rules must show every rule group loaded, every rule evaluated and healthy, with no
   lastError.
 """
@@ -113,6 +113,13 @@ gpus:
     virtualization_mode: host_vgpu
     vgpus:
       - {{type: NVIDIA A100-20C, vm: vms/vm-train, memory: 12GiB, sm_util: 0.6}}
+  # GPU 7: a vGPU guest's licensed GPU (gpu_vgpu_license_state). A real node is a host or a
+  # guest, not both: this node is a test bench where every selector must find a series.
+  - model: NVIDIA A100-20C
+    memory: 20GiB
+    power_limit_watts: 400
+    virtualization_mode: vgpu
+    license: {{feature: compute, product: NVIDIA Virtual Compute Server}}
 pods:
   - namespace: serving
     name: llama-infer
@@ -402,7 +409,7 @@ def test_shared_gpu_use_is_split_not_copied(prometheus: str) -> None:
 
 # --- the DCGM-compatible view: the queries of NVIDIA's dashboard 12239 and of OpenCost -------
 
-GPUS = 7  # in SCENARIO
+GPUS = 8  # in SCENARIO
 SHARED_GPU = 1  # time-sliced between nlp/bert-finetune and nlp/tokenizer
 
 
