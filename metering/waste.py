@@ -108,6 +108,7 @@ class Evidence:
 class Recommendation:
     kind: Kind
     team: str
+    cluster: str  # the cluster the workload runs in (ledger cluster name)
     namespace: str
     owner_kind: str
     owner_name: str
@@ -123,7 +124,7 @@ class Recommendation:
 
     @property
     def workload(self) -> str:
-        return f"{self.namespace}/{self.owner_kind}/{self.owner_name}"
+        return f"{self.cluster}/{self.namespace}/{self.owner_kind}/{self.owner_name}"
 
 
 # Per device-hour (one hour, device or MIG instance a workload held) of one slice [start,
@@ -155,8 +156,8 @@ WITH a AS (
     FROM charges WHERE hour >= $start AND hour < $end AND pod <> ''
     GROUP BY hour, cluster, namespace, pod, container, uuid, mig_uuid
 ), dh AS (
-    SELECT a.namespace, a.owner_kind, a.owner_name, a.model, a.sharing, a.profile,
-           a.hour, a.cluster, a.uuid, a.mig_uuid,
+    SELECT a.cluster, a.namespace, a.owner_kind, a.owner_name, a.model, a.sharing, a.profile,
+           a.hour, a.uuid, a.mig_uuid,
            max(a.held_s) / 3600.0 AS held_h,
            -- unknown (NULL) as soon as one container's figure is unknown
            CASE WHEN count(a.mem_max) = count(*) THEN sum(a.mem_max) END AS mem_max,
@@ -174,13 +175,15 @@ WITH a AS (
 -- A device-hour with peak memory 0 and no SM activity ran no GPU process: it is idle
 -- holding, priced apart; rightsizing looks at the other (busy) device-hours only, so the
 -- two kinds never count the same hour twice.
-SELECT namespace, owner_kind, owner_name, model, sharing, profile, hour, held_h, mem_max, sm,
-       team, cost, coalesce(mem_max = 0 AND coalesce(sm, 0) = 0, false) AS idle
+SELECT cluster, namespace, owner_kind, owner_name, model, sharing, profile, hour, held_h,
+       mem_max, sm, team, cost, coalesce(mem_max = 0 AND coalesce(sm, 0) = 0, false) AS idle
 FROM dh
 """
 _TABLE = "waste_device_hours"
 _SLICE_HOURS = 24
-_WORKLOAD = "namespace, owner_kind, owner_name, model, sharing, profile"
+# A workload is its controller within one cluster: the same namespace and Deployment name in
+# two clusters are two workloads, each sized by its own hours and priced by its cluster's rules.
+_WORKLOAD = "cluster, namespace, owner_kind, owner_name, model, sharing, profile"
 
 
 def _p95(column: str) -> str:
@@ -240,6 +243,7 @@ ORDER BY ALL
 
 @dataclass(frozen=True)
 class _Group:
+    cluster: str
     namespace: str
     owner_kind: str
     owner_name: str
@@ -268,7 +272,7 @@ def _groups(con: Any, start: datetime, end: datetime) -> list[_Group]:
     finally:
         con.execute(f"DROP TABLE IF EXISTS {_TABLE}")
     out = []
-    for (ns, okind, oname, model, sharing, profile, team, hours, dev_h, peak, p95m, p95s,
+    for (cluster, ns, okind, oname, model, sharing, profile, team, hours, dev_h, peak, p95m, p95s,
          coverage, idle_dh, all_hours, cost, idle_cost) in rows:
         ev = Evidence(
             hours=int(hours), device_hours=_dec(dev_h) or _ZERO,
@@ -277,7 +281,7 @@ def _groups(con: Any, start: datetime, end: datetime) -> list[_Group]:
             p95_sm=_dec(p95s), coverage=_dec(coverage) or _ZERO, idle_device_hours=int(idle_dh),
             all_hours=int(all_hours),
         )
-        out.append(_Group(ns, okind, oname, model, sharing, profile, team or "", ev,
+        out.append(_Group(cluster, ns, okind, oname, model, sharing, profile, team or "", ev,
                           Decimal(cost or 0), Decimal(idle_cost or 0)))
     return out
 
@@ -291,19 +295,21 @@ def _confidence(ev: Evidence, s: Settings) -> str:
 
 
 # What a MIG profile costs, as a fraction of the whole device, under the cost model's
-# mig.fraction (metering.report.cli builds it from the cost model).
-MigFraction = Callable[[str, Profile, GpuUnits], Decimal]
+# mig.fraction of a cluster (metering.report.cli builds it from the cost model).
+MigFraction = Callable[[str, str, Profile, GpuUnits], Decimal]  # cluster, model, profile, GPU
 
 
 def mig_fraction(cm: CostModel) -> MigFraction:
-    """The cost model's mig.fraction rule for a profile: as pricing.sql applies it."""
+    """The cost model's mig.fraction rule for a profile, with the cluster's own `mig` and
+    `pricing` sections where the cost model overrides them: as pricing.sql applies it."""
 
-    def fraction(model: str, p: Profile, units: GpuUnits) -> Decimal:
+    def fraction(cluster: str, model: str, p: Profile, units: GpuUnits) -> Decimal:
+        c = cm.for_cluster(cluster)
         slices = min(Decimal(p.slices) / units.slices, Decimal(1))
-        if cm.mig_fraction == "table" and p.name in cm.mig_table:
-            return cm.mig_table[p.name]
-        memory = cm.price_for(model).memory_gb
-        if cm.mig_fraction == "memory" and memory:
+        if c.mig_fraction == "table" and p.name in c.mig_table:
+            return c.mig_table[p.name]
+        memory = c.price_for(model).memory_gb
+        if c.mig_fraction == "memory" and memory:
             return min(p.memory_gb / memory, Decimal(1))
         return slices
 
@@ -325,8 +331,9 @@ def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFractio
         def make(kind: Kind, proposed: str, saving: Decimal, g: _Group = g,
                  current: str = current) -> Recommendation:
             return Recommendation(
-                kind=kind, team=g.team, namespace=g.namespace, owner_kind=g.owner_kind,
-                owner_name=g.owner_name, model=g.model, current=current, proposed=proposed,
+                kind=kind, team=g.team, cluster=g.cluster, namespace=g.namespace,
+                owner_kind=g.owner_kind, owner_name=g.owner_name, model=g.model,
+                current=current, proposed=proposed,
                 cost=g.idle_cost if kind is Kind.IDLE else g.cost, saving=saving,
                 confidence=_confidence(g.evidence, settings),
                 evidence=g.evidence)
@@ -364,7 +371,7 @@ def _whole(g: _Group, units: GpuUnits, frac: MigFraction, s: Settings
             break  # the whole GPU as one instance saves nothing
         if _fits(ev.peak_memory_gb, ev.p95_sm, p.memory_gb, Decimal(p.slices) / units.slices,
                  s):
-            f = frac(g.model, p, units)
+            f = frac(g.cluster, g.model, p, units)
             return Kind.TO_MIG, f"MIG {p.name}", (g.cost * (1 - f)).quantize(_Q6)
     for n in sorted(s.share_replicas, reverse=True):
         share = Decimal(1) / n
@@ -382,7 +389,7 @@ def _mig(g: _Group, units: GpuUnits, frac: MigFraction, s: Settings
     if i is None:
         return None
     cur = units.profiles[i]
-    f_cur = frac(g.model, cur, units)
+    f_cur = frac(g.cluster, g.model, cur, units)
     memory_full = ev.peak_memory_gb >= cur.memory_gb * s.outgrow
     sm_full = ev.p95_sm >= s.outgrow
     if memory_full or sm_full:
@@ -392,14 +399,14 @@ def _mig(g: _Group, units: GpuUnits, frac: MigFraction, s: Settings
                    and (not sm_full or p.slices > cur.slices)), None)
         if up is None:
             return None
-        extra = g.cost * (frac(g.model, up, units) / f_cur - 1)
+        extra = g.cost * (frac(g.cluster, g.model, up, units) / f_cur - 1)
         return Kind.MIG_UP, f"MIG {up.name}", -extra.quantize(_Q6)
     if i > 0:
         down = units.profiles[i - 1]
         # the instance's SM activity, in the smaller instance's terms
         sm_there = ev.p95_sm * Decimal(cur.slices) / Decimal(down.slices)
         if _fits(ev.peak_memory_gb, sm_there, down.memory_gb, Decimal(1), s):
-            f_down = frac(g.model, down, units)
+            f_down = frac(g.cluster, g.model, down, units)
             if f_down < f_cur:
                 return (Kind.MIG_DOWN, f"MIG {down.name}",
                         (g.cost * (1 - f_down / f_cur)).quantize(_Q6))

@@ -97,23 +97,26 @@ def test_spill_directory_from_the_environment(ledger: Path, tmp_path: Path,
 
 def _histogram_p95(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, ...], object]:
     rows = con.execute(waste._p95("mem_max")).fetchall()
-    return {tuple(r[:6]): r[6] for r in rows}
+    return {tuple(r[:7]): r[7] for r in rows}
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.one_of(st.none(), st.integers(0, 40)),
-                          st.booleans()), min_size=1, max_size=120))
-def test_p95_is_quantile_disc(rows: list[tuple[int, int | None, bool]]) -> None:
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 3),
+                          st.one_of(st.none(), st.integers(0, 40)), st.booleans()),
+                min_size=1, max_size=120))
+def test_p95_is_quantile_disc(rows: list[tuple[str, int, int | None, bool]]) -> None:
     """The histogram nearest-rank percentile equals DuckDB's quantile_disc(x, 0.95) over the
-    busy device-hours of each workload, NULLs left out, on every group size."""
+    busy device-hours of each workload (of each cluster), NULLs left out, on every group
+    size."""
     con = duckdb.connect()
-    con.execute(f"CREATE TEMP TABLE {waste._TABLE} (namespace VARCHAR, owner_kind VARCHAR, "
-                "owner_name VARCHAR, model VARCHAR, sharing VARCHAR, profile VARCHAR, "
-                "mem_max DOUBLE, idle BOOLEAN)")
-    con.executemany(f"INSERT INTO {waste._TABLE} VALUES ('ns', 'Job', ?, 'H100', "
-                    "'exclusive', '', ?, ?)", [(f"w{g}", v, idle) for g, v, idle in rows])
-    expected = {("ns", "Job", w, "H100", "exclusive", ""): q for w, q in con.execute(
-        f"SELECT owner_name, quantile_disc(mem_max, 0.95) FROM {waste._TABLE} "
+    con.execute(f"CREATE TEMP TABLE {waste._TABLE} (cluster VARCHAR, namespace VARCHAR, "
+                "owner_kind VARCHAR, owner_name VARCHAR, model VARCHAR, sharing VARCHAR, "
+                "profile VARCHAR, mem_max DOUBLE, idle BOOLEAN)")
+    con.executemany(f"INSERT INTO {waste._TABLE} VALUES (?, 'ns', 'Job', ?, 'H100', "
+                    "'exclusive', '', ?, ?)",
+                    [(c, f"w{g}", v, idle) for c, g, v, idle in rows])
+    expected = {(c, "ns", "Job", w, "H100", "exclusive", ""): q for c, w, q in con.execute(
+        f"SELECT cluster, owner_name, quantile_disc(mem_max, 0.95) FROM {waste._TABLE} "
         "WHERE NOT idle AND mem_max IS NOT NULL GROUP BY ALL").fetchall()}
     assert _histogram_p95(con) == expected
 
@@ -121,14 +124,15 @@ def test_p95_is_quantile_disc(rows: list[tuple[int, int | None, bool]]) -> None:
 def test_p95_is_quantile_disc_on_large_groups() -> None:
     rng = random.Random(5)
     con = duckdb.connect()
-    con.execute(f"CREATE TEMP TABLE {waste._TABLE} AS SELECT 'ns' AS namespace, 'Job' AS "
-                "owner_kind, 'w' || (i % 7) AS owner_name, 'H100' AS model, 'exclusive' AS "
-                "sharing, '' AS profile, NULL::DOUBLE AS mem_max, false AS idle FROM range(0) t(i)")
-    con.executemany(f"INSERT INTO {waste._TABLE} VALUES ('ns', 'Job', ?, 'H100', 'exclusive', "
-                    "'', ?, false)",
+    con.execute(f"CREATE TEMP TABLE {waste._TABLE} AS SELECT 'c' AS cluster, 'ns' AS "
+                "namespace, 'Job' AS owner_kind, 'w' || (i % 7) AS owner_name, 'H100' AS model, "
+                "'exclusive' AS sharing, '' AS profile, NULL::DOUBLE AS mem_max, false AS idle "
+                "FROM range(0) t(i)")
+    con.executemany(f"INSERT INTO {waste._TABLE} VALUES ('c', 'ns', 'Job', ?, 'H100', "
+                    "'exclusive', '', ?, false)",
                     [(f"w{rng.randrange(7)}", float(rng.randrange(10_000)))
                      for _ in range(20_000)])
-    expected = dict(((("ns", "Job", w, "H100", "exclusive", ""), q) for w, q in con.execute(
+    expected = dict(((("c", "ns", "Job", w, "H100", "exclusive", ""), q) for w, q in con.execute(
         f"SELECT owner_name, quantile_disc(mem_max, 0.95) FROM {waste._TABLE} GROUP BY ALL"
     ).fetchall()))
     assert _histogram_p95(con) == expected

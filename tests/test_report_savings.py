@@ -98,3 +98,23 @@ def test_savings_section_in_chromium(tmp_path: Path) -> None:
     positive = [r for r in report.savings or [] if r.saving > 0]
     assert len([b for b in bars if ": " in b]) >= len(positive)
     assert rows == [f"{r.namespace}/{r.owner_kind} {r.owner_name}" for r in report.savings or []]
+
+
+def test_fleet_report_names_each_workloads_cluster(tmp_path: Path) -> None:
+    # ml/Deployment infer in two clusters: two rows, each naming its cluster in the tables
+    # and in the CSV's cluster column; a one-cluster report does not add the name.
+    con, _ = _facts(tmp_path / "m.duckdb", [
+        Holder("infer-a", "GPU-1", H100, 200, owner=("Deployment", "infer")),
+        Holder("infer-b", "GPU-2", H100, 200, owner=("Deployment", "infer"), cluster="eu"),
+    ])
+    con.close()
+    report = make_report(str(tmp_path / "m.duckdb"), MONTH, str(tmp_path / "cm.yaml"), 20)
+    md = render_markdown(report)
+    assert "default: ml/Deployment infer" in md and "eu: ml/Deployment infer" in md
+    rows = [r for r in csv.DictReader(io.StringIO(render_csv(report).decode()))
+            if r["section"] == "savings"]
+    assert sorted((r["cluster"], r["owner_name"]) for r in rows) == [
+        ("default", "infer"), ("eu", "infer")]
+    one = make_report(str(tmp_path / "m.duckdb"), MONTH, str(tmp_path / "cm.yaml"), 20,
+                      cluster="eu")
+    assert [fmt.workload_name(one, r) for r in one.savings or []] == ["ml/Deployment infer"]

@@ -51,9 +51,10 @@ class Holder:
     mig: tuple[str, int, float | None] | None = None  # (profile, slices, GPM activity) on MIG
     peaks: dict[int, float] | None = None  # hour -> peak memory, overriding mem_gb
     namespace: str = "ml"
+    cluster: str = "default"
 
 
-def _facts(path: Path, holders: list[Holder]) -> Any:
+def _facts(path: Path, holders: list[Holder], cost_model: str = COST_MODEL) -> Any:
     path.parent.mkdir(exist_ok=True)
     con = connect(path)
     devices: dict[tuple[int, str], str] = {}
@@ -87,16 +88,23 @@ def _facts(path: Path, holders: list[Holder]) -> Any:
         mig = any(h.mig for h in holders if h.uuid == uuid)
         con.execute(ins("device_hours") + "VALUES (?, 'n1', '0', ?, ?, ?, 3600, 3600, NULL, "
                     "NULL)", [T0 + timedelta(hours=i), uuid, model, mig])
+    for h in holders:  # rows were written in cluster 'default'; move this holder's
+        if h.cluster != "default":
+            for table in ("allocation_hours", "workload_hours"):
+                con.execute(f"UPDATE {table} SET cluster = ? WHERE pod = ?", [h.cluster, h.pod])
+            for table in ("device_hours", "mig_hours"):
+                con.execute(f"UPDATE {table} SET cluster = ? WHERE uuid = ?", [h.cluster, h.uuid])
     insert_coverage(con, MONTH.start, MONTH.end, [])
     cm_path = path.parent / "cm.yaml"
-    cm_path.write_text(COST_MODEL)
+    cm_path.write_text(cost_model)
     cm = load_cost_model(cm_path)
     price_period(con, cm, MONTH.start, MONTH.end)
     return con, cm
 
 
-def _recs(tmp_path: Path, holders: list[Holder], **settings: Any) -> list[Recommendation]:
-    con, cm = _facts(tmp_path / "m.duckdb", holders)
+def _recs(tmp_path: Path, holders: list[Holder], cost_model: str = COST_MODEL,
+          **settings: Any) -> list[Recommendation]:
+    con, cm = _facts(tmp_path / "m.duckdb", holders, cost_model)
     try:
         return recommend(con, MONTH.start, MONTH.end, mig_fraction(cm), Settings(**settings))
     finally:
@@ -258,3 +266,51 @@ def test_idle_and_busy_hours_are_never_counted_twice(tmp_path: Path) -> None:
     recs = _recs(tmp_path / "b", [Holder("x", "GPU-1", H100, 100,
                                          peaks=dict.fromkeys(range(40, 100), 0.0))])
     assert [r.kind for r in recs] == [Kind.IDLE]
+
+
+def test_same_workload_name_in_two_clusters_is_two_workloads(tmp_path: Path) -> None:
+    # ml/Deployment infer runs in cluster 'default' (peak 9 GB) and in 'eu' (peak 30 GB), 100 h
+    # each on a whole H100, SM 10 %. Each is sized on its own hours and priced at its cluster's
+    # rate: default 100 h x 4.00 = 400.00 -> 1g.10gb, saving 400 x (1 - 1/7) = 342.857143;
+    # eu 100 h x 3.20 = 320.00 -> 3g.40gb (30 GB <= 36; 2g.20gb holds 18), saving 320 x
+    # (1 - 3/7) = 182.857143. Merged, the pair would be one workload with a 30 GB peak.
+    cost_model = COST_MODEL + """clusters:
+  eu:
+    pricing:
+      default: {hourly: 1.00}
+      gpus:
+        - {model: "NVIDIA H100 80GB HBM3", hourly: 3.20}
+"""
+    recs = _recs(tmp_path, [
+        Holder("infer-a", "GPU-1", H100, 100, mem_gb=9.0, owner=("Deployment", "infer")),
+        Holder("infer-b", "GPU-2", H100, 100, mem_gb=30.0, owner=("Deployment", "infer"),
+               cluster="eu"),
+    ], cost_model)
+    got = {(r.cluster, r.kind, r.proposed, r.cost, r.saving, r.evidence.peak_memory_gb)
+           for r in recs}
+    assert got == {
+        ("default", Kind.TO_MIG, "MIG 1g.10gb", D("400"), D("342.857143"), D("9.000000")),
+        ("eu", Kind.TO_MIG, "MIG 3g.40gb", D("320"), D("182.857143"), D("30.000000")),
+    }
+    assert recs[0].workload == "default/ml/Deployment/infer"  # largest saving first
+
+
+def test_a_clusters_mig_fraction_prices_its_workloads(tmp_path: Path) -> None:
+    # Cluster eu prices MIG by memory (1g.10gb = 10/80 of an H100 whose memory_gb is 80), the
+    # top level by slices (1/7): the same 100 h at 4.00 saves 400 x 7/8 = 350.00 in eu and
+    # 400 x 6/7 = 342.857143 in default.
+    cost_model = COST_MODEL + """clusters:
+  eu:
+    mig: {fraction: memory}
+    pricing:
+      default: {hourly: 1.00, memory_gb: 24}
+      gpus:
+        - {model: "NVIDIA H100 80GB HBM3", hourly: 4.00, memory_gb: 80}
+"""
+    recs = _recs(tmp_path, [
+        Holder("infer-a", "GPU-1", H100, 100, mem_gb=9.0, owner=("Deployment", "infer")),
+        Holder("infer-b", "GPU-2", H100, 100, mem_gb=9.0, owner=("Deployment", "infer"),
+               cluster="eu"),
+    ], cost_model)
+    assert {(r.cluster, r.proposed, r.saving) for r in recs} == {
+        ("default", "MIG 1g.10gb", D("342.857143")), ("eu", "MIG 1g.10gb", D("350.000000"))}

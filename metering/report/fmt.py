@@ -476,6 +476,14 @@ def savings_text(report: Report) -> str:
             f"{currency(report)} this month")
 
 
+def workload_name(report: Report, r: Recommendation, short: bool = False) -> str:
+    """A recommendation's workload as the report names it, with its cluster where the report
+    spans several (the same Deployment name in two clusters is two workloads)."""
+    name = (f"{r.namespace}/{r.owner_name}" if short
+            else f"{r.namespace}/{r.owner_kind} {r.owner_name}")
+    return f"{r.cluster}: {name}" if len(report.clusters) > 1 else name
+
+
 def savings_grid(report: Report) -> Grid | None:
     if not report.savings:
         return None
@@ -483,7 +491,7 @@ def savings_grid(report: Report) -> Grid | None:
              f"Saving ({currency(report)})", "Confidence", "Evidence"]
     rows, kinds = [], []
     for i, r in enumerate(report.savings, start=1):
-        rows.append([str(i), f"{r.namespace}/{r.owner_kind} {r.owner_name}", label(r.team),
+        rows.append([str(i), workload_name(report, r), label(r.team),
                      r.model, r.current, f"{r.kind.value}: {r.proposed}", money(r.saving),
                      r.confidence, evidence_text(r)])
         kinds.append("")

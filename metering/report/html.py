@@ -193,7 +193,7 @@ def _savings_chart(report: Report) -> str:
         return ""
     money = fmt.currency(report)
     rows = [
-        BarRow(f"{r.namespace}/{r.owner_name}",
+        BarRow(fmt.workload_name(report, r, short=True),
                [Segment(r.kind.value, float(r.saving), SAVINGS_COLORS[r.kind])],
                f"{fmt.money(r.saving)} · {r.proposed[:28]}")
         for r in recs

@@ -68,7 +68,7 @@ def render_summary(report: Report, written: list[str] | None = None) -> str:
         if report.savings:
             lines += ["", f"Savings ({fmt.savings_text(report)}), largest first:"]
             for rec in report.savings[:MAX_SAVINGS]:
-                who = printable(f"{rec.namespace}/{rec.owner_kind} {rec.owner_name}", None)
+                who = printable(fmt.workload_name(report, rec), None)
                 lines.append(f"  {fmt.money(rec.saving):>12}  {who}: {rec.current} -> "
                              f"{rec.proposed} ({rec.confidence} confidence)")
             if len(report.savings) > MAX_SAVINGS:

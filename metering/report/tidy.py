@@ -74,7 +74,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("coverage", "float"),
     ("idle_device_hours", "int"),
     # the cluster a row is about: the report's (--cluster), '' in the fleet view, and each
-    # cluster's own on rows of section `cluster`
+    # cluster's own on rows of section `cluster` and on `savings` rows (a workload's cluster)
     ("cluster", "str"),
 )
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
@@ -181,7 +181,7 @@ def rows(report: Report) -> Iterator[Row]:
 def _saving(r: Recommendation) -> Row:
     ev = r.evidence
     return {
-        "team": r.team, "namespace": r.namespace, "model": r.model,
+        "team": r.team, "cluster": r.cluster, "namespace": r.namespace, "model": r.model,
         "owner_kind": r.owner_kind, "owner_name": r.owner_name,
         "recommendation": r.kind.name.lower(), "current_unit": r.current,
         "proposed_unit": r.proposed, "cost": r.cost, "saving": r.saving,
