@@ -86,6 +86,12 @@ def test_host_instances_are_reported_and_attributed_to_virt_launcher_pods() -> N
     sm = {labels[2]: val for labels, val, _ in s["gpu_container_sm_utilization_ratio"]}
     assert sm == {"virt-launcher-vm-train": 0.6, "virt-launcher-vm-infer": 0.4,
                   "virt-launcher-vm-notebook": util[v[1].uuid]}
+    # ... and its memory is the instance's framebuffer use, so a busy VM is never an idle
+    # holder in metering's waste figures.
+    memory = {labels[2]: val for labels, val, _ in s["gpu_container_memory_used_bytes"]}
+    assert memory == {f"virt-launcher-{vm.split('/')[1]}": used[uuid]
+                      for uuid, (_, vm) in info.items()}
+    assert memory["virt-launcher-vm-train"] == 12 * GIB
 
 
 @pytest.mark.parametrize(("t", "state"), [(60, 1), (95 * 60, 0)])

@@ -92,10 +92,11 @@ class UsageKey(NamedTuple):
 
 @dataclass(frozen=True)
 class VgpuGrant(FractionalGrant):
-    """A vGPU instance a container holds: its framebuffer share, and the instance's SM use
-    (the only use figure the host has for it)."""
+    """A vGPU instance a container holds: its framebuffer share, and the instance's SM and
+    framebuffer use (the only use figures the host has for it)."""
 
     sm_util: float | None = None
+    memory_used: int | None = None
 
 
 @dataclass
@@ -252,10 +253,13 @@ class AttributionCollector:
     def _emit_usage(node: str, sink: SampleSink, usage: dict[UsageKey, Usage],
                     vgpus: dict[UsageKey, VgpuGrant] | None = None) -> None:
         ordered = sorted(usage)
-        for k in ordered:
-            sink.add("gpu_container_memory_used_bytes", k.labels(node), usage[k].memory_bytes,
-                     usage[k].labels)
         vgpus = vgpus or {}
+        for k in ordered:
+            u, vgpu = usage[k], vgpus.get(k)
+            memory = u.memory_bytes
+            if vgpu is not None and u.processes == 0 and vgpu.memory_used is not None:
+                memory = vgpu.memory_used  # the VM's framebuffer use, as for its SM figure
+            sink.add("gpu_container_memory_used_bytes", k.labels(node), memory, u.labels)
         for k in ordered:
             u = usage[k]
             vgpu = vgpus.get(k)
@@ -321,7 +325,8 @@ class AttributionCollector:
                     units[k] = units.get(k, 0) + 1
                     grants[UsageKey(holder, vgpu.gpu_uuid, "")] = VgpuGrant(
                         holder.container, device_id, a.resource,
-                        memory_fraction=vgpu.framebuffer_fraction, sm_util=vgpu.sm_util)
+                        memory_fraction=vgpu.framebuffer_fraction, sm_util=vgpu.sm_util,
+                        memory_used=vgpu.memory_used)
                     hs = holders.setdefault((vgpu.gpu_uuid, ""), [])
                     if holder not in hs:
                         hs.append(holder)

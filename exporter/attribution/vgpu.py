@@ -19,6 +19,7 @@ class VgpuInstance:
     gpu_uuid: str  # the physical GPU
     framebuffer_fraction: float | None  # the type's framebuffer / the GPU's; None: unknown
     sm_util: float | None = None  # its SM utilisation, 0-1 of the GPU; None: no sample
+    memory_used: int | None = None  # framebuffer the VM uses, bytes; None: unknown
 
 
 def vgpu_instances(ctx: CycleContext) -> dict[str, VgpuInstance]:
@@ -47,8 +48,9 @@ def vgpu_instances(ctx: CycleContext) -> dict[str, VgpuInstance]:
                 fb = r.call(nv.nvmlVgpuTypeGetFramebufferSize, type_id) \
                     if type_id is not None else None
                 frac = min(int(fb) / total, 1.0) if fb is not None and total else None
-                out[text(mdev).strip().lower()] = VgpuInstance(gpu.uuid, frac,
-                                                               util.get(int(inst)))
+                used = r.call(nv.nvmlVgpuInstanceGetFbUsage, inst)
+                out[text(mdev).strip().lower()] = VgpuInstance(
+                    gpu.uuid, frac, util.get(int(inst)), None if used is None else int(used))
         except GpuLost:
             continue  # the device collector reports the lost GPU
     return out
