@@ -78,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: team)")
     p.add_argument("--sharing-mode", action="append", default=[], metavar="RESOURCE=MODE",
                    help=f"sharing mode of a resource name ({'|'.join(DECLARABLE)}), "
-                        "e.g. nvidia.com/gpu.shared=mps; repeatable")
+                        "e.g. nvidia.com/gpu.shared=mps; for a DRA driver "
+                        "(gpu.nvidia.com=mps) it wins over the shared claims' own config; "
+                        "repeatable")
     p.add_argument("--rpc-timeout", type=parse_seconds, default=2.0,
                    help="deadline of each kubelet call (default 2s)")
     p.add_argument("--log-level", default="info",

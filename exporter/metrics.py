@@ -181,6 +181,11 @@ FAMILIES: tuple[Family, ...] = (
        "1 while this node's ResourceSlices cannot be read, so DRA devices named gpu-<n> are "
        "taken as NVML index n (and MIG devices are not resolved); 0 when they are read.",
        (), "attribution"),
+    _g("gpu_exporter_dra_claims_unreadable",
+       "DRA ResourceClaims whose device several containers on this node share and whose "
+       "sharing config the exporter could not read (no RBAC get on resourceclaims, deleted, "
+       "API down; each problem logged once): their shares are reported as time-slicing, not "
+       "as the MPS their config may say. No series with --no-kubernetes.", (), "attribution"),
     # --- the exporter itself --------------------------------------------------------------------
     _g("gpu_exporter_collector_success", "1 if the collector's last run succeeded.",
        ("collector",), "exporter"),

@@ -10,7 +10,7 @@ class SharingMode(StrEnum):
     EXCLUSIVE = "exclusive"  # a whole GPU
     MIG = "mig"  # a MIG instance
     TIME_SLICING = "time-slicing"  # a replica of a time-sliced GPU (or a shared DRA claim)
-    MPS = "mps"  # a replica of an MPS-shared GPU
+    MPS = "mps"  # a replica of an MPS-shared GPU (or a shared DRA claim whose config says MPS)
     FRACTIONAL = "fractional"  # a scheduler's memory / core grant (HAMi, gpushare)
     VGPU = "vgpu"  # an NVIDIA vGPU instance (KubeVirt), a profile's share of the GPU
 

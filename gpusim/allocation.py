@@ -1,12 +1,23 @@
 """How the simulated node's GPUs reach pods, in the forms the real allocators publish them:
-the device plugin's IDs under each `device_id_strategy`, the NVIDIA DRA driver's device names
-and ResourceSlice, and the pod annotations of the HAMi and gpushare schedulers."""
+the device plugin's IDs under each `device_id_strategy`, the NVIDIA DRA driver's device names,
+ResourceSlice and allocated ResourceClaims, and the pod annotations of the HAMi and gpushare
+schedulers."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpusim.model import DRA_DRIVER, ContainerSpec, GpuSpec, MigSpec, PodSpec, Scenario
+from gpu_ledger.sharing import SharingMode
+from gpusim.model import (
+    DRA_DRIVER,
+    ClaimSpec,
+    ContainerSpec,
+    GpuSpec,
+    MigSpec,
+    PodSpec,
+    Scenario,
+    stable_uuid,
+)
 
 MIB, GIB = 1 << 20, 1 << 30
 
@@ -75,6 +86,43 @@ def resource_slices(scenario: Scenario) -> list[dict[str, Any]]:
                  "pool": {"name": scenario.node, "generation": 1, "resourceSliceCount": 1},
                  "devices": devices},
     }]
+
+
+def resource_claim(scenario: Scenario, claim: ClaimSpec) -> dict[str, Any]:
+    """The ResourceClaim as the API server serves it once allocated: a request per kind of
+    device (`gpu`, `mig`), and with `sharing` an opaque config of the driver per request
+    (GpuConfig / MigDeviceConfig, strategy MPS or TimeSlicing), copied into the allocation
+    with `source: FromClaim` as the scheduler does."""
+    results: list[dict[str, str]] = []
+    for u in claim.units:
+        gpu = scenario.gpus[u.gpu]
+        mig = gpu.mig[u.mig] if gpu.mig is not None and u.mig is not None else None
+        results.append({"request": "mig" if mig is not None else "gpu", "driver": DRA_DRIVER,
+                        "pool": scenario.node, "device": dra_device(gpu, mig)})
+    kinds = sorted({r["request"] for r in results})
+    requests = [{"name": k, "exactly": {"deviceClassName": f"{k}.nvidia.com",
+                                        "count": sum(r["request"] == k for r in results)}}
+                for k in kinds]
+    config: list[dict[str, Any]] = []
+    if claim.sharing:
+        mps = claim.sharing == SharingMode.MPS
+        for k in kinds:
+            sharing: dict[str, Any] = {"strategy": "MPS" if mps else "TimeSlicing"}
+            if mps:
+                sharing["mpsConfig"] = {"defaultActiveThreadPercentage": 50}
+            elif k == "gpu":  # MIG devices have no time-slice settings
+                sharing["timeSlicingConfig"] = {"interval": "Default"}
+            config.append({"requests": [k], "opaque": {"driver": DRA_DRIVER, "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "MigDeviceConfig" if k == "mig" else "GpuConfig", "sharing": sharing}}})
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"namespace": claim.namespace, "name": claim.name,
+                     "uid": stable_uuid("resourceclaim", claim.namespace, claim.name)},
+        "spec": {"devices": {"requests": requests, "config": config}},
+        "status": {"allocation": {"devices": {
+            "results": results, "config": [{"source": "FromClaim", **c} for c in config]}}},
+    }
 
 
 def pod_annotations(scenario: Scenario, pod: PodSpec) -> dict[str, str]:

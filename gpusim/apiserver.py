@@ -1,8 +1,12 @@
-"""A simulated Kubernetes API server: just enough of the pods and ResourceSlices APIs for a
-client to list and watch them, on 127.0.0.1 with a free port, over HTTP or TLS.
+"""A simulated Kubernetes API server: just enough of the pods, ResourceSlices and ResourceClaims
+APIs for a client to list and watch them and get one object, on 127.0.0.1 with a free port, over
+HTTP or TLS.
 
-Collections: `/api/v1/pods`, `/api/v1/namespaces/<ns>/pods` and
-`/apis/resource.k8s.io/v1/resourceslices`, with `fieldSelector` (`a=b`, `a!=b`). Lists carry
+Collections: `/api/v1/pods`, `/api/v1/namespaces/<ns>/pods`,
+`/apis/resource.k8s.io/v1/resourceslices`, `/apis/resource.k8s.io/v1/resourceclaims` and
+`/apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims`, with `fieldSelector` (`a=b`,
+`a!=b`); one object of a namespaced kind at `.../namespaces/<ns>/<resource>/<name>` (404 if
+there is none). Lists carry
 metadata.resourceVersion; `?watch=true&resourceVersion=N` streams JSON lines of ADDED /
 MODIFIED / DELETED events after N, and BOOKMARK events (from `bookmark()`) when the request says
 `allowWatchBookmarks=true`. Failure modes, as a real server shows them:
@@ -10,7 +14,9 @@ MODIFIED / DELETED events after N, and BOOKMARK events (from `bookmark()`) when 
   compacted away);
 - `gone = "event"` / `gone = "http"`: every watch answers 410, as an ERROR event or as an
   HTTP 410 status, until reset to "" (a watch storm);
-- `end_watches()`: open watch streams end, as at their timeout.
+- `end_watches()`: open watch streams end, as at their timeout;
+- `forbidden`: resources (e.g. {"resourceclaims"}) every request for which answers 403, as
+  for a service account whose role does not grant them.
 Authentication: the bearer token TOKEN, or with `tls` that verifies client certificates, a
 verified certificate.
 """
@@ -33,6 +39,7 @@ TOKEN = "gpu-ledger-fake-token"
 _WAIT_TICK = 0.2  # how often an idle watch stream checks for shutdown
 PODS = "pods"
 SLICES = "resourceslices"
+CLAIMS = "resourceclaims"
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class _Resource:
 _RESOURCES = {
     PODS: _Resource(PODS, "v1", "Pod", True),
     SLICES: _Resource(SLICES, "resource.k8s.io/v1", "ResourceSlice", False),
+    CLAIMS: _Resource(CLAIMS, "resource.k8s.io/v1", "ResourceClaim", True),
 }
 _BOOKMARK = "BOOKMARK"
 
@@ -81,21 +89,31 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
             "message": message, "reason": reason, "code": code}
 
 
-def _route(path: str) -> tuple[_Resource, str] | None:
-    """URL path -> (resource, namespace or ''); None if not served."""
+def _route(path: str) -> tuple[_Resource, str, str] | None:
+    """URL path -> (resource, namespace or '', object name or '' for the collection); None if
+    not served."""
     parts = [p for p in path.split("/") if p]
-    if parts == ["api", "v1", "pods"]:
-        return _RESOURCES[PODS], ""
-    if len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
-        return _RESOURCES[PODS], parts[3]
-    if parts == ["apis", "resource.k8s.io", "v1", "resourceslices"]:
-        return _RESOURCES[SLICES], ""
+    for prefix in (["api", "v1"], ["apis", "resource.k8s.io", "v1"]):
+        if parts[:len(prefix)] != prefix:
+            continue
+        rest = parts[len(prefix):]
+        namespace, name = "", ""
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+            if len(rest) == 2:
+                rest, name = rest[:1], rest[1]
+        res = _RESOURCES.get(rest[0]) if len(rest) == 1 else None
+        if res is None or res.api_version != "/".join(prefix[1:]) \
+                or (namespace and not res.namespaced):
+            return None
+        return res, namespace, name
     return None
 
 
 class FakeApiServer:
     def __init__(self, pods: list[dict[str, Any]] | None = None, *,
                  slices: list[dict[str, Any]] | None = None,
+                 claims: list[dict[str, Any]] | None = None,
                  tls: ssl.SSLContext | None = None) -> None:
         self._cond = threading.Condition()
         self._rv = 1
@@ -108,10 +126,13 @@ class FakeApiServer:
         self._generation = 0  # bumped to end every open watch stream
         self._closed = False
         self.requests: list[str] = []  # path?query of every request, for tests
+        self.forbidden: set[str] = set()  # resources answered with 403
         for pod in pods or []:
             self._store(PODS, pod, record=False)
         for item in slices or []:
             self._store(SLICES, item, record=False)
+        for item in claims or []:
+            self._store(CLAIMS, item, record=False)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._tls = tls
@@ -180,6 +201,16 @@ class FakeApiServer:
 
     def delete_slice(self, name: str) -> None:
         self._delete(SLICES, "", name)
+
+    def add_claim(self, item: dict[str, Any]) -> dict[str, Any]:
+        """Create a ResourceClaim (namespaced) and push ADDED."""
+        return self._store(CLAIMS, item, record=True, kind="ADDED")
+
+    def modify_claim(self, item: dict[str, Any]) -> dict[str, Any]:
+        return self._modify(CLAIMS, item)
+
+    def delete_claim(self, namespace: str, name: str) -> None:
+        self._delete(CLAIMS, namespace, name)
 
     def bookmark(self) -> int:
         """Send a BOOKMARK at the current resourceVersion to watches that allow bookmarks;
@@ -288,7 +319,14 @@ class FakeApiServer:
                 if route is None:
                     self._json(404, _status(404, "NotFound", f"{url.path} not found"))
                     return
-                resource, namespace = route
+                resource, namespace, name = route
+                if resource.name in api.forbidden:
+                    self._json(403, _status(403, "Forbidden", f"{resource.name} is forbidden: "
+                                            "the service account cannot get it"))
+                    return
+                if name:
+                    self._get(resource, namespace, name)
+                    return
                 terms = _selector(query.get("fieldSelector", ""))
                 if namespace:
                     terms.append(("metadata.namespace", True, namespace))
@@ -304,6 +342,15 @@ class FakeApiServer:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _get(self, res: _Resource, namespace: str, name: str) -> None:
+                with api._cond:
+                    obj = api._objects[res.name].get((namespace, name))
+                if obj is None:
+                    self._json(404, _status(404, "NotFound",
+                                            f'{res.name} "{name}" not found'))
+                else:
+                    self._json(200, obj)
 
             def _list(self, res: _Resource, terms: list[tuple[str, bool, str]]) -> None:
                 with api._cond:

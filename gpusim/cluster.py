@@ -25,7 +25,7 @@ from exporter.core import CollectorSpec, ExporterOptions
 from exporter.render import Rendering
 from exporter.sampler import Sampler
 from gpu_ledger.sharing import SharingMode
-from gpusim.allocation import pod_annotations, resource_slices
+from gpusim.allocation import pod_annotations, resource_claim, resource_slices
 from gpusim.apiserver import FakeApiServer
 from gpusim.kubelet import ClaimAllocation, ContainerAllocation, FakeKubelet, PodAllocation
 from gpusim.model import PodSpec, Scenario
@@ -152,10 +152,12 @@ class SimCluster:
         loaded = [s if isinstance(s, Scenario) else load_scenario(s) for s in scenarios]
         pods: list[dict[str, Any]] = []
         slices: list[dict[str, Any]] = []
+        claims: list[dict[str, Any]] = []
         for sc in loaded:
             pods.extend(pod_objects(sc, *window))
             slices.extend(resource_slices(sc))
-        self.api = FakeApiServer(pods, slices=slices).start()
+            claims.extend(resource_claim(sc, c) for c in sc.claims)
+        self.api = FakeApiServer(pods, slices=slices, claims=claims).start()
         kubeconfig = self.api.kubeconfig(str(self.workdir / "kubeconfig"))
         specs: list[CollectorSpec] = [s for s in REGISTRY
                                       if collectors is None or s.name in collectors]
@@ -185,17 +187,21 @@ class SimCluster:
         self._wait_for_pod_watch()
 
     def _wait_for_pod_watch(self, timeout: float = 15.0) -> None:
-        """The pod and ResourceSlice watches run on their own threads; before stepping a
-        simulated clock, let them finish their first list so the first cycles already carry
-        pod names, labels and claimed devices."""
+        """The pod and ResourceSlice watches and the ResourceClaim reader run on their own
+        threads; before stepping a simulated clock, let the watches finish their first list and
+        the reader answer the claims the first cycle asked for, so the first cycles already
+        carry pod names, labels, claimed devices and their sharing."""
         for node in self.nodes:
             node.refresh_proc_tree()
             node.sampler.cycle()  # starts the collectors' background threads
         watches = [w for n in self.nodes for c in n.sampler.collectors
                    for attr in ("pod_watch", "slice_watch")
                    if (w := getattr(c, attr, None)) is not None]
+        readers = [r for n in self.nodes for c in n.sampler.collectors
+                   if (r := getattr(c, "claim_reader", None)) is not None]
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(w.lists < 1 for w in watches):
+        while time.monotonic() < deadline and (any(w.lists < 1 for w in watches)
+                                               or any(r.pending for r in readers)):
             time.sleep(0.02)
 
     def step(self, t: float) -> Iterator[tuple[SimNode, Rendering]]:

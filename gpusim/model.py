@@ -20,6 +20,8 @@ ALLOCATIONS = ("device-plugin", "dra", "hami", "gpushare")
 # How the device plugin names devices: GPU-<uuid>, 0 / 0::1 / 0:1, or CDI nvidia.com/gpu=0.
 DEVICE_ID_STRATEGIES = ("uuid", "index", "cdi")
 DRA_DRIVER = "gpu.nvidia.com"
+# What a DRA claim's opaque config may say of sharing (the driver's MPS / TimeSlicing).
+CLAIM_SHARING = (SharingMode.TIME_SLICING.value, SharingMode.MPS.value)
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 THROTTLE_REASONS = ("hw_thermal", "sw_thermal", "hw_power_brake", "sw_power_cap",
                     "hw_slowdown", "sync_boost")
@@ -171,6 +173,7 @@ class ClaimSpec:
     namespace: str
     name: str
     units: tuple[UnitRef, ...]
+    sharing: str = ""  # one of CLAIM_SHARING, the claim's config; "" = no sharing config
 
 
 @dataclass(frozen=True)

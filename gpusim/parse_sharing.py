@@ -5,8 +5,17 @@ against each GPU's `allocation`."""
 from __future__ import annotations
 
 from exporter.errors import ConfigError
-from gpusim.model import ClaimSpec, GpuSpec, UnitRef
-from gpusim.validate import Node, as_int, as_list, as_nonneg_int, as_size, int_range, k8s_name
+from gpusim.model import CLAIM_SHARING, ClaimSpec, GpuSpec, UnitRef
+from gpusim.validate import (
+    Node,
+    as_int,
+    as_list,
+    as_nonneg_int,
+    as_size,
+    int_range,
+    k8s_name,
+    one_of,
+)
 
 GIB = 1 << 30
 
@@ -50,6 +59,7 @@ def parse_claims(file: str, items: list[object],
         ns = n.need("namespace", k8s_name, "the claim's namespace (its pods')")
         name = n.need("name", k8s_name, "the claim's name")
         devices = n.need("devices", as_list, "the claimed devices: GPU indexes or {gpu, mig}")
+        sharing = n.get("sharing", one_of(CLAIM_SHARING), "")
         n.done()
         if (ns, name) in seen:
             raise ConfigError(file, f"{key}.name", "a claim name unique in its namespace",
@@ -59,7 +69,7 @@ def parse_claims(file: str, items: list[object],
             raise ConfigError(file, f"{key}.devices", "at least one device", "[]")
         units = tuple(claim_unit(file, f"{key}.devices[{j}]", d, gpus, name)
                       for j, d in enumerate(devices))
-        out.append(ClaimSpec(ns, name, units))
+        out.append(ClaimSpec(ns, name, units, sharing))
     return tuple(out)
 
 

@@ -251,13 +251,15 @@ def test_prometheusrule_holds_every_rule_file() -> None:
     assert not any("tests" in str(p.relative_to(ROOT / "alerts")) for p in files)
 
 
-def test_rbac_grants_only_reading_pods_and_resource_slices() -> None:
+def test_rbac_grants_only_reading_pods_resource_slices_and_claims() -> None:
     role, binding = one("ClusterRole"), one("ClusterRoleBinding")
     sa = one("ServiceAccount")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-         "verbs": ["get", "list", "watch"]}]
+         "verbs": ["get", "list", "watch"]},
+        # a shared claim's sharing config, one GET at a time: no list or watch of claims
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]}]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
                                   "kind": "ClusterRole", "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],

@@ -1,9 +1,10 @@
 """Every sharing mode, end to end with real parts: gpusim/scenarios/sharing.yaml (every
 allocation on one node) and vgpu-host.yaml (a KubeVirt vGPU host) simulated through the
 exporter's code path (real PodResources gRPC server serving device IDs by index, mdev UUIDs and
-DRA dynamic_resources, the real `kubernetes` client watching pods with HAMi and gpushare
-annotations and the DRA driver's ResourceSlices on an API-speaking server), 6 h every 60 s,
-backfilled into a real Prometheus, metered over PromQL into DuckDB, priced, reported.
+DRA dynamic_resources; the exporter's API client watching pods with HAMi and gpushare
+annotations and the DRA driver's ResourceSlices, and reading the shared claim's ResourceClaim,
+on an API-speaking server), 6 h every 60 s, backfilled into a real Prometheus, metered over
+PromQL into DuckDB, priced, reported.
 
 Hand computation (H100 = 4.00 per device-hour, 6 h = 24.00 per GPU; fractional: memory):
   alpha : whole (GPU 0, device plugin ID "0")                 24.00
@@ -12,7 +13,8 @@ Hand computation (H100 = 4.00 per device-hour, 6 h = 24.00 per GPU; fractional: 
   beta  : ts-a, ts-b (GPU 2, time-slicing 1 of 4): 2 x 1/4 x 24 = 12.00
           mps-a (GPU 3, MPS 1 of 2):                 1/2 x 24   = 12.00
   gamma : dra-one (GPU 4, a DRA claim of its own: exclusive)      24.00
-          dra-s1, dra-s2 (GPU 5, one claim, 2 holders): 2 x 1/2 x 24 = 24.00
+          dra-s1, dra-s2 (GPU 5, one claim, 2 holders, MPS as the claim's GpuConfig says):
+                                                     2 x 1/2 x 24 = 24.00
   delta : hami-a (GPU 6, 20 of 80 GiB = 0.25; cores 0.6 unused by the memory basis)  6.00
           hami-b (GPU 6, 40 of 80 GiB = 0.5)                                         12.00
           share-a (GPU 7, gpushare 60 of 80 GiB = 0.75)                              18.00
@@ -21,8 +23,8 @@ Hand computation (H100 = 4.00 per device-hour, 6 h = 24.00 per GPU; fractional: 
 vGPU host (2 A100s at the default 1.00 per device-hour, 6 h = 6.00 per GPU; vGPU priced by
 framebuffer share): vm-train A100-20C 20/80 x 6 = 1.50 (ml-research), vm-notebook 1.50 (data),
 vm-infer A100-40C 40/80 x 6 = 3.00 (product); idle 3.00 + 3.00 = 6.00; fleet 12.00.
-By sharing mode: exclusive 48, mig 10.28571, time-slicing 36 (12 beta, 24 gamma), mps 12,
-fractional 36, vgpu 6.
+By sharing mode: exclusive 48, mig 10.28571, time-slicing 12 (beta), mps 36 (12 beta's
+device plugin share, 24 gamma's DRA shares: priced alike), fractional 36, vgpu 6.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ VGPU_HOST = ROOT / "gpusim" / "scenarios" / "vgpu-host.yaml"
 COST_MODEL = Path(__file__).resolve().parent / "fixtures" / "e2e" / "sharing-cost-model.yaml"
 EXPECTED_TEAMS = {"alpha": 34.28571, "beta": 24.0, "gamma": 48.0, "delta": 36.0,
                   "ml-research": 1.5, "data": 1.5, "product": 3.0}
-EXPECTED_MODES = {"exclusive": 48.0, "mig": 10.28571, "time-slicing": 36.0, "mps": 12.0,
+EXPECTED_MODES = {"exclusive": 48.0, "mig": 10.28571, "time-slicing": 12.0, "mps": 36.0,
                   "fractional": 36.0, "vgpu": 6.0}
 EXPECTED_PODS = {"whole": 24.0, "mig": 10.28571, "ts-a": 6.0, "ts-b": 6.0, "mps-a": 12.0,
                  "dra-one": 24.0, "dra-s1": 12.0, "dra-s2": 12.0, "hami-a": 6.0,

@@ -637,6 +637,29 @@ def test_fractional_and_dra_shares_price_by_head_count(con: Any, tmp_path: Path)
     assert "fractional" in modes
 
 
+def test_a_dra_mps_share_is_priced_like_a_device_plugin_mps_share(con: Any,
+                                                                   tmp_path: Path) -> None:
+    """An MPS share is priced by its mode, not by who handed it out. H100s at 4.00/h,
+    sharing.efficiency mps 0.7: GPU-p, one device-plugin MPS share (nvidia.com/gpu.shared,
+    1 of 2 replicas): 4.00 x 1/2 x 0.7 = 1.40, idle 2.00; GPU-d, one DRA claim shared under
+    MPS by two pods (resource gpu.nvidia.com, 2 shares): 1.40 each. Efficiency gives away
+    3 x 0.60 = 1.80 (the adjustment row). Fleet 8.00 = 1.40 x 3 + 2.00 + 1.80."""
+    device(con, "GPU-p")
+    device(con, "GPU-d")
+    alloc(con, "plugin", "GPU-p", sharing="mps", replicas=2, resource="nvidia.com/gpu.shared")
+    for pod in ("claim-a", "claim-b"):
+        alloc(con, pod, "GPU-d", sharing="mps", replicas=2, resource="gpu.nvidia.com")
+    result = price(con, model(tmp_path, "sharing: {efficiency: {mps: 0.7}}\n"))
+    got = charges(con)
+    assert {k: v for k, v in got.items() if k[0] == "science"} == {
+        ("science", "plugin"): d("1.4"), ("science", "claim-a"): d("1.4"),
+        ("science", "claim-b"): d("1.4")}
+    assert got[("idle", "GPU-p")] == d("2")
+    assert con.execute("SELECT sum(cost) FROM charges WHERE team = 'adjustment'").fetchone() \
+        == (d("1.8"),)
+    assert result.fleet_cost == d("8")
+
+
 @pytest.mark.parametrize(("basis", "a_cost", "idle_h"), [
     ("memory", "1.00", "2.50"), ("cores", "2.40", "1.10"), ("larger", "2.40", "1.10")])
 def test_fractional_grants_pay_their_fraction(con: Any, tmp_path: Path, basis: str,

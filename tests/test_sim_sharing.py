@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
+from exporter.attribution.dra import SliceKey
 from exporter.attribution.fractional import parse_grants
+from exporter.attribution.resourceclaims import claim_config
 from exporter.errors import ConfigError
-from gpusim.allocation import pod_annotations, resource_slices
+from gpusim.allocation import pod_annotations, resource_claim, resource_slices
 from gpusim.cluster import SimCluster
 from gpusim.node import device_ids, pods_at
 from gpusim.scenario import load_scenario, parse_scenario
@@ -107,6 +109,52 @@ def test_claims_no_resource_slice_lists_are_counted_and_the_rest_attributed() ->
     assert pods == {"whole", "mig", "ts-a", "ts-b", "mps-a", "hami-a", "hami-b", "share-a"}
 
 
+def test_claim_sharing_is_served_as_the_driver_config_and_read_back() -> None:
+    """`sharing: mps` on a claim: the API server serves the ResourceClaim with the driver's
+    opaque GpuConfig (strategy MPS) in its allocation, which the exporter's reader takes as
+    MPS; a claim without `sharing` has no config. Through the simulated node, both holders of
+    the shared claim are MPS shares and every claim was read."""
+    sc = load_scenario(SHARING)
+    claims = {c.name: c for c in sc.claims}
+    assert (claims["shared-gpu"].sharing, claims["one-gpu"].sharing) == ("mps", "")
+    shared = resource_claim(sc, claims["shared-gpu"])
+    (entry,) = shared["status"]["allocation"]["devices"]["config"]
+    assert entry["source"] == "FromClaim" and entry["requests"] == ["gpu"]
+    assert entry["opaque"]["driver"] == "gpu.nvidia.com"
+    assert entry["opaque"]["parameters"]["kind"] == "GpuConfig"
+    assert entry["opaque"]["parameters"]["sharing"]["strategy"] == "MPS"
+    assert claim_config(shared).is_mps(SliceKey("gpu.nvidia.com", sc.node, "gpu-5"), mig=False)
+    one = resource_claim(sc, claims["one-gpu"])
+    assert one["spec"]["devices"]["config"] == []
+    assert not claim_config(one).is_mps(SliceKey("gpu.nvidia.com", sc.node, "gpu-4"), False)
+
+    with SimCluster([sc], start=T0) as cluster:
+        for _, rendering in cluster.step(T0 + 60):
+            samples = rendering.samples
+    dra = {labels[2]: (labels[7], labels[8])
+           for labels, _, _ in samples["gpu_container_allocation"]
+           if labels[6] == "gpu.nvidia.com"}
+    assert dra == {"dra-one": ("exclusive", "1"), "dra-s1": ("mps", "2"),
+                   "dra-s2": ("mps", "2")}
+    assert [v for _, v, _ in samples["gpu_exporter_dra_claims_unreadable"]] == [0.0]
+
+
+def test_a_mig_claim_shared_by_time_slicing() -> None:
+    """A MIG device's claim says so in a MigDeviceConfig (no time-slice settings)."""
+    sc = parse_scenario(_scenario(
+        [_gpu(allocation="dra", mig=[{"profile": "3g.40gb"}])], [],
+        resource_claims=[{"namespace": "ns", "name": "c", "devices": [{"gpu": 0, "mig": 0}],
+                          "sharing": "time-slicing"}]))
+    obj = resource_claim(sc, sc.claims[0])
+    assert obj["status"]["allocation"]["devices"]["results"] == [
+        {"request": "mig", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0-mig-0"}]
+    (entry,) = obj["spec"]["devices"]["config"]
+    assert entry["opaque"]["parameters"] == {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "TimeSlicing"}}
+    assert not claim_config(obj).is_mps(SliceKey("gpu.nvidia.com", "n1", "gpu-0-mig-0"), True)
+
+
 @pytest.mark.parametrize(("change", "key", "expected"), [
     (lambda d: d["pods"][0]["containers"][0].update(gpus=[4]),
      "pods[0].containers[0].gpus[0]", "a device plugin GPU: GPU 4 has allocation dra"),
@@ -132,6 +180,8 @@ def test_claims_no_resource_slice_lists_are_counted_and_the_rest_attributed() ->
      "pods[10].containers[0].gpus[1]", "one gpushare grant per pod"),
     (lambda d: d["gpus"][5].update(mig=[{"profile": "3g.40gb"}]),
      "gpus[5].mig", "no mig with allocation hami"),
+    (lambda d: d["resource_claims"][1].update(sharing="exclusive"),
+     "resource_claims[1].sharing", "one of time-slicing, mps"),
     (lambda d: d.update(device_id_strategy="name"),
      "device_id_strategy", "one of uuid, index, cdi"),
 ])

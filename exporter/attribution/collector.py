@@ -2,7 +2,9 @@
 
 Per cycle: one PodResources List (which container holds which device), the cgroup of each
 NVML process (which pod UID and container ID runs it, cached per pid) and the pod watch's cache
-(UID → namespace, name, labels). No API call happens here; the watch runs on its own thread.
+(UID → namespace, name, labels). No API call happens here: the watches and the ResourceClaim
+reader run on their own threads (a claim seen for the first time waits for its answer at most
+CLAIM_FIRST_WAIT).
 
 Who a process belongs to, best source first:
 1. its cgroup's pod UID (or container ID) found in the pod watch: the pod that really runs it,
@@ -32,6 +34,7 @@ from exporter.attribution.dra import ClaimDevice, DraResolver, SliceKey, slice_u
 from exporter.attribution.fractional import FractionalGrant
 from exporter.attribution.podresources import Allocation, PodResourcesClient
 from exporter.attribution.podwatch import PodInfo, PodWatch
+from exporter.attribution.resourceclaims import ClaimConfig, ClaimKey, ClaimReader
 from exporter.attribution.resourceslices import ResourceSlice, resource_slice_watch
 from exporter.attribution.vgpu import VgpuInstance, vgpu_instances
 from exporter.core import (
@@ -43,12 +46,16 @@ from exporter.core import (
     ProcessSample,
     SampleSink,
 )
+from exporter.kube.client import connector
 from exporter.kube.watch import NodeScopedWatch
 from gpu_ledger.sharing import SharingMode
 
 log = logging.getLogger(__name__)
 
 DeviceKey = tuple[str, str]  # DeviceRef.key: (uuid, mig_uuid)
+# How long a cycle waits for the config of a shared claim it has no answer for yet: long enough
+# for a GET to a healthy API server, short enough never to stall sampling.
+CLAIM_FIRST_WAIT = 0.25
 
 
 class Holder(NamedTuple):
@@ -132,19 +139,23 @@ class AttributionCollector:
     needs_nvml = False  # allocations are reported even while NVML is down
     reads_processes = True
 
-    def __init__(self, options: ExporterOptions, *,
-                 pod_watch: PodWatch | None = None) -> None:
+    def __init__(self, options: ExporterOptions, *, pod_watch: PodWatch | None = None,
+                 claim_reader: ClaimReader | None = None) -> None:
         self.options = options
         self._overrides = dict(options.sharing_modes)
         self._client = PodResourcesClient(options.pod_resources_socket, options.rpc_timeout)
         self._cgroups = CgroupResolver(options.proc_root)
         self._watch: PodWatch | None = None
         self._slices: NodeScopedWatch[ResourceSlice] | None = None
+        self._claim_reader: ClaimReader | None = None
         if options.kubernetes:
             self._watch = pod_watch if pod_watch is not None else PodWatch(options)
             if not self._watch.started:
                 self._watch.start()
             self._slices = resource_slice_watch(options).start()
+            self._claim_reader = claim_reader if claim_reader is not None else ClaimReader(
+                connector(options.kubeconfig, 5.0))
+        self._claims_unreadable = 0
         self._dra = DraResolver()
         self._slice_items: object = None
         self._slice_uuids: dict[SliceKey, str] = {}
@@ -200,6 +211,8 @@ class AttributionCollector:
                      self.unknown_ids.by_resource[resource])
         sink.add("gpu_exporter_fractional_errors_total", (), self._fractional_errors)
         sink.add("gpu_exporter_dra_fallback", (), 0.0 if uuids is not None else 1.0)
+        if self._claim_reader is not None:  # with --no-kubernetes no claim is read: no series
+            sink.add("gpu_exporter_dra_claims_unreadable", (), self._claims_unreadable)
         for proc, owner in per_process:
             labels = (ctx.node, str(proc.pid), proc.uuid, proc.mig_uuid, *owner.holder)
             sink.add("gpu_process_memory_used_bytes", labels, proc.memory_bytes)
@@ -290,11 +303,19 @@ class AttributionCollector:
         first list."""
         return self._slices
 
+    @property
+    def claim_reader(self) -> ClaimReader | None:
+        """The ResourceClaim reader (None with --no-kubernetes), for callers that wait until
+        the claims it was asked for are answered."""
+        return self._claim_reader
+
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()
         if self._slices is not None:
             self._slices.close()
+        if self._claim_reader is not None:
+            self._claim_reader.close()
         self._client.close()
 
     # --- helpers -------------------------------------------------------------------------------
@@ -357,9 +378,9 @@ class AttributionCollector:
                 uuids: dict[SliceKey, str] | None,
                 units: dict[UnitKey, int], holders: dict[DeviceKey, list[Holder]]) -> None:
         """DRA devices as allocation units. A device whose claim several containers consume
-        is one share per container, split like time-slicing (or as the driver's
-        --sharing-mode override says, e.g. gpu.nvidia.com=mps)."""
-        resolved: list[tuple[Holder, DeviceRef, str]] = []
+        is one share per container: MPS or time-slicing as the --sharing-mode override for the
+        driver says, else as the claim's config says (MPS, else time-slicing)."""
+        resolved: list[tuple[Holder, DeviceRef, ClaimDevice]] = []
         sharers: dict[DeviceKey, set[Holder]] = {}
         for c in claims:
             if not self._dra.is_gpu(c):
@@ -369,22 +390,45 @@ class AttributionCollector:
                 self.unknown_ids.report(c.driver, f"{c.pool}/{c.device}")
                 continue
             holder = Holder(c.namespace, c.pod, c.container)
-            resolved.append((holder, ref, c.driver))
+            resolved.append((holder, ref, c))
             sharers.setdefault(ref.key, set()).add(holder)
+        # Only a shared device's claim decides anything (one holder is exclusive whatever its
+        # config says), and an override makes reading it moot.
+        configs = self._claim_configs({
+            (c.claim_namespace, c.claim_name) for _, ref, c in resolved
+            if len(sharers[ref.key]) > 1 and c.driver not in self._overrides})
         done: set[tuple[Holder, DeviceKey]] = set()
-        for holder, ref, driver in resolved:
+        for holder, ref, c in resolved:
             if (holder, ref.key) in done:  # the same device twice in one container's claims
                 continue
             done.add((holder, ref.key))
             if len(sharers[ref.key]) > 1:
-                mode = self._overrides.get(driver) or SharingMode.TIME_SLICING
+                config = configs.get((c.claim_namespace, c.claim_name))
+                mode = self._overrides.get(c.driver) or (
+                    SharingMode.MPS if config is not None and config.is_mps(
+                        SliceKey(c.driver, c.pool, c.device), mig=bool(ref.mig_uuid))
+                    else SharingMode.TIME_SLICING)
             else:
                 mode = SharingMode.MIG if ref.mig_uuid else SharingMode.EXCLUSIVE
-            k = UnitKey(holder, ref.uuid, ref.mig_uuid, driver, mode)
+            k = UnitKey(holder, ref.uuid, ref.mig_uuid, c.driver, mode)
             units[k] = units.get(k, 0) + 1
             hs = holders.setdefault(ref.key, [])
             if holder not in hs:
                 hs.append(holder)
+
+    def _claim_configs(self, keys: set[ClaimKey]) -> dict[ClaimKey, ClaimConfig]:
+        """The configs of these claims the reader has; the rest are counted as unreadable."""
+        reader = self._claim_reader
+        if reader is None:
+            return {}
+        reader.want(keys)
+        if reader.pending:
+            reader.wait(keys, CLAIM_FIRST_WAIT)
+        entries = reader.entries
+        configs = {k: e.config for k in keys
+                   if (e := entries.get(k)) is not None and e.config is not None}
+        self._claims_unreadable = len(keys) - len(configs)
+        return configs
 
     def _fractional_error(self, uid: str, pod: str, message: str) -> None:
         """Counted and logged once per pod and message: the annotation does not change."""
