@@ -313,9 +313,9 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
         result.spacing = counts.spacing
         result.queries = source.queries
         if verbose:
-            spacing = ", ".join(f"{n}={s:g}s" for n, s in sorted(counts.spacing.items()))
             progress.message(f"meter: {where}: {source.queries - before} queries, "
-                             f"{counts.total} fact rows, sample interval {spacing}")
+                             f"{counts.total} fact rows, sample interval "
+                             f"{describe_spacing(counts.spacing)}")
         progress.chunk_done(chunk.label(), f"{counts.total} fact rows", counts.total,
                             "fact rows")
     if pending:
@@ -328,6 +328,25 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
                if foreign else ""), ExitCode.REFUSED)
     journal.finish(con)
     return result
+
+
+def describe_spacing(spacing: dict[str, float], named: int = 5) -> str:
+    """Nodes' sample intervals in one short line whatever the fleet size: each interval with
+    its node count, naming the nodes of an interval only when few (a fleet with a node or two
+    scraped differently shows which, not the thousands scraped alike)."""
+    if not spacing:
+        return "unknown (no samples)"
+    by: dict[float, list[str]] = {}
+    for node, seconds in spacing.items():
+        by.setdefault(seconds, []).append(node)
+    parts = []
+    for seconds, nodes in sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        nodes.sort()
+        if len(nodes) <= named:
+            parts.append(f"{seconds:g}s ({', '.join(nodes)})")
+        else:
+            parts.append(f"{seconds:g}s ({len(nodes):,} nodes)")
+    return "; ".join(parts)
 
 
 class _Empty(Exception):

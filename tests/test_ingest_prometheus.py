@@ -13,7 +13,7 @@ from promtools import http_server, proxy_to
 from metering.cli_meter import main
 from metering.db import connect
 from metering.facts import SIGNALS
-from metering.ingest import IngestError, PrometheusSource, ingest
+from metering.ingest import IngestError, PrometheusSource, describe_spacing, ingest
 from metering.openmetrics_source import OpenMetricsSource
 from metering.period import resolve
 from metering.promclient import PromClient
@@ -112,7 +112,8 @@ def test_cli_ingests_prices_and_reports_queries(fleet_prom_url: str, tmp_path: P
                "--verbose"])
     err = capsys.readouterr().err
     assert rc == 0, err
-    assert f"2 chunks, {2 * len(SIGNALS)} queries" in err and "node-a=60s" in err
+    assert f"2 chunks, {2 * len(SIGNALS)} queries" in err
+    assert "sample interval 30s (node-b); 60s (node-a)" in err
     assert "chunk 2/2" in err and "Traceback" not in err
     con = connect(db, read_only=True)
     assert con.execute("SELECT count(*) FROM device_hours").fetchone() == (144,)
@@ -178,3 +179,11 @@ def test_url_that_is_not_prometheus(tmp_path: Path, capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert rc == 5 and "does not look like the Prometheus HTTP API" in err
     assert "Traceback" not in err
+
+
+def test_sample_intervals_stay_one_short_line_at_fleet_size() -> None:
+    # 2,500 nodes at 300 s and two at 60 s: counted, and the odd ones named.
+    spacing = {f"node-{i:05d}": 300.0 for i in range(2_500)} | {"gpu-b": 60.0, "gpu-a": 60.0}
+    assert describe_spacing(spacing) == "300s (2,500 nodes); 60s (gpu-a, gpu-b)"
+    assert describe_spacing({"n1": 15.0}) == "15s (n1)"
+    assert describe_spacing({}) == "unknown (no samples)"
