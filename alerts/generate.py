@@ -84,6 +84,10 @@ class Config:
     stale_sample_s: int = 120
     stale_sample_for: str = "2m"
     attribution_lost_for: str = "10m"
+    # Allocations the exporter saw but could not attribute or classify (unresolved device IDs,
+    # unreadable fractional grants or shared DRA claims) within this window, for this long.
+    attribution_incomplete_window: str = "30m"
+    attribution_incomplete_for: str = "15m"
     nvml_down_for: str = "5m"
     # The exporter's resident memory grew this much within one process's lifetime (a leak).
     exporter_memory_growth_window: str = "6h"
@@ -380,6 +384,21 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
               "`gpu_exporter_source_error_info{instance=\"%s\",source=\"%s\"}` "
               "$labels.instance $labels.source) }} ({{ (index . 0).Labels.reason }}){{ end }}; "
               "GPU series are served without pod labels."),
+        Alert("GpuAttributionIncomplete", "warning",
+              "max without (resource) (\n"
+              "  increase(gpu_exporter_unresolved_device_ids_total"
+              f"[{T.attribution_incomplete_window}]) > 0\n"
+              "  or increase(gpu_exporter_fractional_errors_total"
+              f"[{T.attribution_incomplete_window}]) > 0\n"
+              "  or gpu_exporter_dra_claims_unreadable > 0\n"
+              ")",
+              T.attribution_incomplete_for,
+              "Some GPU allocations are not attributed correctly",
+              f"{EXPORTER} sees GPU allocations it cannot attribute or classify: device IDs "
+              "that match no GPU of the node, fractional grants (HAMi, gpushare) it cannot "
+              "read, or shared DRA claims whose sharing config it cannot read. Those devices "
+              "are billed as unallocated or at the time-slicing rate; the exporter's log names "
+              "each one."),
         Alert("GpuExporterNvmlUnavailable", "warning",
               'gpu_exporter_source_up{source="nvml"} == 0', T.nvml_down_for,
               "GPU Ledger exporter cannot reach NVML",
