@@ -255,7 +255,7 @@ def _price_only(args: argparse.Namespace, period: Period, model: CostModel,
 
 
 def _price_progress(args: argparse.Namespace) -> Progress:
-    return Progress(0, quiet=args.quiet, stage="price", unit="week")
+    return Progress(0, quiet=args.quiet, stage="price", unit="slice")
 
 
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -213,6 +213,17 @@ def memory_limit() -> str:
     return value.strip()
 
 
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def memory_limit_bytes() -> int:
+    """memory_limit() in bytes, with DuckDB's units (GB = 10^9 bytes, GiB = 2^30)."""
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$", memory_limit())
+    assert m is not None  # memory_limit() checked the form
+    return int(float(m[1]) * _UNITS[m[2].lower()])
+
+
 def out_of_memory(doing: str) -> OutOfMemoryError:
     """The one-line error for a DuckDB OutOfMemoryException while `doing` something."""
     return OutOfMemoryError(

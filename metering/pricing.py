@@ -20,7 +20,7 @@ import duckdb
 from metering import sqlfile
 from metering.cluster import DEFAULT_CLUSTER
 from metering.costmodel import MICRO, CostModel
-from metering.db import transaction
+from metering.db import memory_limit, memory_limit_bytes, transaction
 from metering.period import Period, utc_aware, utc_naive
 from metering.progress import Progress
 
@@ -138,9 +138,38 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str,
 
 # Hours priced per pass. Every figure in pricing.sql is per hour (device-hours, idle pools
 # and shares per hour x model), so pricing a period slice by slice gives the same rows as
-# pricing it at once; a slice bounds the work tables, which held a 1,000-node month at
-# once and took the process past 2 GB.
-SLICE_HOURS: Final = 168
+# pricing it at once; a slice bounds the work tables (temporary tables DuckDB keeps in
+# memory), which held a 1,000-node month at once and took the process past 2 GB. The slice
+# is the longest of SLICE_LADDER whose allocation rows fit the memory cap at
+# PRICING_BYTES_PER_ROW: a week up to ~10,000 GPUs; at 40,000 GPUs a week's 7M rows ran out
+# of memory under the 1.5GB cap, a day's 1M did not (docs/performance.md).
+SLICE_LADDER: Final = (168, 72, 48, 24, 12, 6, 3, 1)
+PRICING_BYTES_PER_ROW: Final = 1_000
+
+
+@dataclass(frozen=True)
+class SliceChoice:
+    hours: int
+    rows_per_hour: int  # allocation rows of the busiest cluster, per hour of the period
+
+    def describe(self, cap: str) -> str:
+        return (f"slices of {self.hours} h (automatic: ~{self.rows_per_hour:,} allocation rows "
+                f"per hour, ~{self.rows_per_hour * self.hours:,} per slice within DuckDB's "
+                f"{cap} cap)")
+
+
+def choose_slice(con: duckdb.DuckDBPyConnection, start: datetime, end: datetime,
+                 budget_bytes: int) -> SliceChoice:
+    """The longest slice whose work tables fit `budget_bytes`, from the period's allocation
+    rows per hour in its busiest cluster (clusters are priced one after another)."""
+    row = con.execute(
+        "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM allocation_hours "
+        "WHERE hour >= $s AND hour < $e GROUP BY cluster)", {"s": start, "e": end}).fetchone()
+    hours = max(1, int((end - start).total_seconds()) // 3600)
+    per_hour = -(-int(row[0] if row else 0) // hours)
+    fit = budget_bytes // PRICING_BYTES_PER_ROW
+    chosen = next((h for h in SLICE_LADDER if per_hour * h <= fit), SLICE_LADDER[-1])
+    return SliceChoice(chosen, per_hour)
 
 
 def clusters_in(con: duckdb.DuckDBPyConnection, start: datetime, end: datetime) -> list[str]:
@@ -155,7 +184,7 @@ def clusters_in(con: duckdb.DuckDBPyConnection, start: datetime, end: datetime) 
 
 def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                  start: datetime, end: datetime,
-                 slice_hours: int = SLICE_HOURS,
+                 slice_hours: int | None = None,
                  progress: Progress | None = None,
                  clusters: Sequence[str] | None = None) -> PricingResult:
     """Rebuild `charges` for hours in [start, end) from the facts, in one transaction.
@@ -165,11 +194,17 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
     cluster's charges are touched. Opens its own transaction, so `con` must not be inside one.
     On any error the transaction is rolled back and the period's previous charges stay as they
     were. The period is priced `slice_hours` at a time inside that transaction (same rows,
-    bounded memory); `progress` is told about each slice of each cluster.
+    bounded memory; None: chosen from the facts and the memory cap, and said to `progress`);
+    `progress` is told about each slice of each cluster.
     """
+    start, end = utc_naive(start), utc_naive(end)
+    if slice_hours is None:
+        choice = choose_slice(con, start, end, memory_limit_bytes())
+        slice_hours = choice.hours
+        if progress is not None:
+            progress.message(f"price: {choice.describe(memory_limit())}")
     if slice_hours < 1:
         raise ValueError(f"pricing slice: expected at least 1 hour, got {slice_hours}")
-    start, end = utc_naive(start), utc_naive(end)
     if end <= start:
         raise ValueError(f"pricing period: expected start before end, got {start} .. {end}")
     sql = sqlfile.load("pricing.sql")

@@ -170,19 +170,39 @@ class QueryPlanner:
         if self._chunk == chunk:
             return self._nodes
         self._chunk = chunk
-        families = "|".join(sorted({s.family for s in SIGNALS}))
+        families = sorted({s.family for s in SIGNALS})
         try:
-            values = self.client.label_values(
-                SHARD_LABEL, [self._with_selector(f'__name__=~"{families}"', "")],
-                chunk.start.timestamp() - HOUR_S, chunk.end.timestamp())
+            values = self._node_values(families, int(chunk.start.timestamp()) - HOUR_S,
+                                       int(chunk.end.timestamp()))
         except PromError as exc:
             self.stats.no_discovery = f"node names not listed ({exc})"
             self._nodes = None
             return None
-        self.stats.lookups += 1
         self._nodes = tuple(sorted({v for v in values if v}))
         self.stats.nodes = len(self._nodes)
         return self._nodes
+
+    def _node_values(self, families: Sequence[str], start: int, end: int) -> set[str]:
+        """Values of the node label on the families' series in [start, end]. A store that
+        refuses the lookup as too big (VictoriaMetrics counts every matching series against
+        -search.maxUniqueTimeseries, 300k by default: a 40,000-GPU fleet's families over a
+        chunk are more) is asked one family at a time, then for halves of the time range;
+        the union is the same set of names."""
+        match = [self._with_selector(f'__name__=~"{"|".join(families)}"', "")]
+        try:
+            values = self.client.label_values(SHARD_LABEL, match, start, end)
+        except PromError as exc:
+            if not is_limit_error(exc):
+                raise
+            if len(families) > 1:
+                return set().union(*(self._node_values([f], start, end) for f in families))
+            if end - start > HOUR_S:
+                mid = start + (end - start) // HOUR_S // 2 * HOUR_S
+                return self._node_values(families, start, mid) | \
+                    self._node_values(families, mid, end)
+            raise
+        self.stats.lookups += 1
+        return set(values)
 
     # --- estimates ------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ invariant (charges + idle + down + adjustments = fleet cost, to the cent, per ho
 
 from __future__ import annotations
 
+import io
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -13,9 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from metering import pricing
 from metering.costmodel import CostModel, load_cost_model
-from metering.db import connect
-from metering.pricing import PricingResult, price_period
+from metering.db import connect, memory_limit
+from metering.pricing import PricingResult, choose_slice, price_period
+from metering.progress import Progress
 from tests.ledger_rows import ins
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -745,3 +748,36 @@ def test_vgpu_instances_pay_their_profile_share(con: Any, tmp_path: Path, table:
         ("science", "vm-a"): d("0.5"), ("science", "vm-b"): d(b_cost),
         ("idle", "GPU-v"): d(idle_v), ("science", "vm-c"): d("1"), ("idle", "GPU-w"): d("1")}
     assert result.fleet_cost == d("4")
+
+
+def test_slice_length_follows_the_rows_and_the_memory_cap(con: Any) -> None:
+    """The longest slice whose allocation rows fit the cap at PRICING_BYTES_PER_ROW, from the
+    busiest cluster's rows per hour: 48 rows in 24 hours of cluster 'default' (2 per hour)
+    and 24 in cluster 'b' (1 per hour)."""
+    for h in range(24):
+        for pod in ("p1", "p2"):
+            alloc(con, pod, "GPU-a", hour=T0 + timedelta(hours=h))
+        con.execute("INSERT INTO allocation_hours SELECT * REPLACE ('b' AS cluster, 'q' AS pod) "
+                    "FROM allocation_hours WHERE pod = 'p1' AND hour = ?",
+                    [T0 + timedelta(hours=h)])
+    end = T0 + timedelta(hours=24)
+    per_row = pricing.PRICING_BYTES_PER_ROW
+    assert choose_slice(con, T0, end, 10**9) == pricing.SliceChoice(168, 2)  # a week fits
+    assert choose_slice(con, T0, end, 2 * 72 * per_row).hours == 72
+    assert choose_slice(con, T0, end, 2 * 71 * per_row).hours == 48
+    assert choose_slice(con, T0, end, 2 * 13 * per_row).hours == 12
+    assert choose_slice(con, T0, end, 0).hours == 1  # never less than an hour
+    assert choose_slice(con, end, end + timedelta(hours=5), 0).rows_per_hour == 0
+
+
+def test_pricing_says_the_slice_it_picked(con: Any, tmp_path: Path) -> None:
+    device(con, "GPU-a")
+    alloc(con, "p1", "GPU-a")
+    log = io.StringIO()
+    progress = Progress(0, stream=log, tty=False, stage="price", unit="slice")
+    auto = price_period(con, load_cost_model(None), T0, T1, progress=progress)
+    assert ("price: slices of 168 h (automatic: ~1 allocation rows per hour, ~168 per slice "
+            f"within DuckDB's {memory_limit()} cap)") in log.getvalue()
+    assert "price: slice 1/1" in log.getvalue()
+    hourly = price_period(con, load_cost_model(None), T0, T1, slice_hours=1)
+    assert (auto.fleet_cost, auto.rows) == (hourly.fleet_cost, hourly.rows)

@@ -16,6 +16,7 @@ from promtools import backfill, running_prometheus, running_victoria, vm_import
 from metering.cli_meter import main
 from metering.db import connect
 from metering.facts import SIGNALS
+from metering.period import resolve
 from metering.promclient import PromClient
 from metering.queryplan import HOUR_S, Limits, Piece, QueryPlanner, _time_ranges
 
@@ -164,3 +165,24 @@ def test_one_node_hour_over_the_limit_is_a_one_line_error(
     assert rc == 5 and "Traceback" not in err
     assert "maxSamplesPerQuery" in err and "raise the limit" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_victoria_metrics_series_limit_lists_nodes_family_by_family(
+        fleet_om_file: Path, tmp_path: Path) -> None:
+    # The fleet's metered families hold 44 series, the largest one 6. Under
+    # -search.maxUniqueTimeseries=10 the store refuses to list node names over all families at
+    # once; metering lists them family by family, so it still plans by node, and the bill is
+    # the unlimited store's.
+    plain, limited = tmp_path / "plain.duckdb", tmp_path / "limited.duckdb"
+    with _victoria(tmp_path / "vm-plain") as url:
+        _import(url, fleet_om_file)
+        _meter(url, plain)
+    with _victoria(tmp_path / "vm-limited", "-search.maxUniqueTimeseries=10") as url:
+        _import(url, fleet_om_file)
+        planner = QueryPlanner(PromClient(url))
+        day = resolve(None, "2026-10-05", "2026-10-06")
+        assert planner.nodes(day) == ("node-a", "node-b")
+        assert planner.stats.lookups > 1 and planner.stats.no_discovery == ""
+        out = _meter(url, limited)
+    assert "node names not listed" not in out, out
+    _same_ledger(plain, limited)
