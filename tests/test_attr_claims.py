@@ -10,7 +10,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from exporter.core import CycleContext, ExporterOptions, GpuRef, MigRef, SampleS
 from exporter.kube.client import connector
 from gpusim.apiserver import FakeApiServer
 from gpusim.kubelet import ClaimAllocation, ContainerAllocation, FakeKubelet, PodAllocation
+from tests.waiting import wait_until
 
 NODE = "node-a"
 DRA = "gpu.nvidia.com"
@@ -161,15 +162,6 @@ CLAIMS = [
 ALL_SHARED = {
     ("a1", GPU0, ""), ("a2", GPU0, ""), ("b1", GPU3, ""), ("b2", GPU3, ""),
     ("c1", GPU1, MIG_A), ("c2", GPU1, MIG_A), ("e1", GPU1, MIG_B), ("e2", GPU1, MIG_B)}
-
-
-def wait_until(cond: Callable[[], bool], what: str, limit: float = 20.0) -> None:
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from exporter.core import (
 )
 from gpusim.apiserver import FakeApiServer
 from gpusim.kubelet import ClaimAllocation, ContainerAllocation, FakeKubelet, PodAllocation
+from tests.waiting import wait_until
 
 Attached = tuple[AttributionCollector, ExporterOptions]
 NODE = "node-a"
@@ -120,15 +121,6 @@ def api_pod(ns: str, name: str, container: str, team: str, uid: str, cid: str,
             {"name": container, "containerID": f"containerd://{cid}"},
             {"name": "sidecar", "containerID": f"containerd://{'f' * 64}"}]},
     }
-
-
-def wait_until(cond: Callable[[], bool], what: str, limit: float = 20.0) -> None:
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """The pod watch with the exporter's Kubernetes client (exporter/kube) against FakeApiServer."""
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ from exporter.attribution.podwatch import PodWatch, pod_info
 from exporter.core import ExporterOptions, SourceStatus
 from exporter.kube.watch import BackoffPolicy
 from gpusim.apiserver import FakeApiServer
+from tests.waiting import wait_until
 
 NODE = "gpu-node-1"
 FAST = BackoffPolicy(initial=0.05, cap=0.1)
@@ -23,15 +23,6 @@ def pod(name: str, uid: str, node: str = NODE, team: str = "ml", ns: str = "defa
                          "labels": {"team": team, "secret-ish": "no"}},
             "spec": {"nodeName": node, "containers": [{"name": "main"}]},
             "status": {"containerStatuses": statuses}}
-
-
-def wait_until(cond: Callable[[], bool], what: str, limit: float = 20.0) -> None:
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ CA, a client certificate, tls-server-name and the in-cluster service account."""
 import logging
 import ssl
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +19,10 @@ from exporter.kube.config import load_in_cluster, load_kubeconfig
 from exporter.kube.watch import BackoffPolicy, NodeScopedWatch, WatchedKind
 from gpusim.apiserver import FakeApiServer
 from tests.pki import make_ca, make_leaf
+from tests.waiting import wait_until
 
 NODE = "gpu-node-1"
 FAST = BackoffPolicy(initial=0.05, cap=0.2, healthy_after=5.0)
-
-
-def wait_until(cond: Callable[[], bool], what: str, limit: float = 20.0) -> None:
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 def pod(name: str, node: str = NODE) -> dict[str, Any]:
