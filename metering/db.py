@@ -182,7 +182,7 @@ DEFAULT_MEMORY_LIMIT = "1.5GB"
 # tables spill there); default: next to a ledger file (DuckDB's <file>.tmp) and, for the
 # in-memory connections the report reads through, the system's temporary directory.
 TEMP_DIR_ENV = "GPU_LEDGER_TEMP_DIR"
-_SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$", re.I)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$", re.I)
 _memory_limit: str | None = None  # memory_cap(): a command's --memory-limit
 
 
@@ -219,7 +219,7 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 
 def memory_limit_bytes() -> int:
     """memory_limit() in bytes, with DuckDB's units (GB = 10^9 bytes, GiB = 2^30)."""
-    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$", memory_limit())
+    m = _SIZE.match(memory_limit())
     assert m is not None  # memory_limit() checked the form
     return int(float(m[1]) * _UNITS[m[2].lower()])
 

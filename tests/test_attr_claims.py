@@ -355,7 +355,7 @@ def test_claims_are_read_again_after_refresh_and_forgotten_when_released(node: N
     collector = node.attach(opts, reader)
     try:
         assert modes(settled(collector, opts))[("a1", GPU0, "")] == ("mps", "2")
-        assert reader.gets == 4
+        assert len(claim_gets(node.api)) == 4
         changed = claim("mps", {"gpu-0": "gpu"}, [opaque("GpuConfig", "TimeSlicing")])
         changed["metadata"]["uid"] = "uid-mps-2"  # deleted and made again under its name
         node.api.delete_claim(NS, "mps")
@@ -366,11 +366,11 @@ def test_claims_are_read_again_after_refresh_and_forgotten_when_released(node: N
         clock.now += 59.0  # neither due: cached answers
         sink = cycle(collector, opts)
         assert (modes(sink)[("a1", GPU0, "")], unreadable(sink)) == (("mps", "2"), 1.0)
-        assert reader.gets == 4
+        assert len(claim_gets(node.api)) == 4
 
         clock.now += 1.0  # the failed `gone` is due for a retry, `mps` not yet
         cycle(collector, opts)
-        wait_until(lambda: reader.gets == 5 and ("dra", "gone") in reader.entries
+        wait_until(lambda: len(claim_gets(node.api)) == 5 and ("dra", "gone") in reader.entries
                    and reader.entries[("dra", "gone")].config is not None, "the retry")
         sink = cycle(collector, opts)
         assert modes(sink)[("e1", GPU1, MIG_B)] == ("mps", "2")
@@ -378,11 +378,11 @@ def test_claims_are_read_again_after_refresh_and_forgotten_when_released(node: N
 
         clock.now += 240.0  # 300 s after the first read: every read claim is due
         cycle(collector, opts)
-        wait_until(lambda: reader.gets == 8, "the refresh")
+        wait_until(lambda: len(claim_gets(node.api)) == 8, "the refresh")
         entry = reader.entries[("dra", "mps")]
         assert entry.config is not None and entry.config.uid == "uid-mps-2"
         assert modes(cycle(collector, opts))[("a1", GPU0, "")] == ("time-slicing", "2")
-        assert reader.gets == 8
+        assert len(claim_gets(node.api)) == 8
 
         # b2 leaves: `ts` has one holder left, so it is no longer needed; a2 and e2 too
         node.allocations = [a for a in ALLOCATIONS if a.name not in ("a2", "b2", "e2")]

@@ -132,7 +132,6 @@ class ClaimReader:
         self.refresh, self.retry = refresh, retry
         self._clock = clock
         self.entries: Mapping[ClaimKey, Entry] = {}
-        self.gets = 0  # requests made, for tests
         self._wanted: frozenset[ClaimKey] = frozenset()
         self._cond = threading.Condition()  # guards writes of entries; notified per answer
         self._wake = threading.Event()
@@ -205,7 +204,6 @@ class ClaimReader:
         try:
             if self._api is None:
                 self._api = self._connect()
-            self.gets += 1
             config = claim_config(self._api.get_json(path, {}))
         except Exception as err:  # report and retry later; never a traceback
             if not isinstance(err, ApiError):
