@@ -8,6 +8,8 @@ committed stay when a later one fails.
 
 from __future__ import annotations
 
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,9 +34,10 @@ from metering.facts import (
 )
 from metering.matrix import Matrix
 from metering.period import Period, utc_naive
+from metering.prefetch import Prefetcher
 from metering.progress import Progress
 from metering.promclient import PromClient, PromError
-from metering.queryplan import Limits, QueryPlanner
+from metering.queryplan import Answered, Limits, Piece, QueryPlanner, Refusal, Sent, SignalSent
 from metering.resume import Journal, RunSettings
 from metering.selector import DEFAULT_SELECTOR, Screened, Selector
 
@@ -56,6 +59,9 @@ DEFAULT_INGEST_BUDGET = 3 << 30
 # the pick, so an interrupted run is resumed by a rerun (the chunk length is part of a run's
 # settings, metering/resume.py).
 CHUNK_LADDER = (72, 48, 24, 12, 6, 3, 2, 1)
+# Answers sent ahead of the one being decoded (metering.prefetch): enough to keep the store
+# busy, few enough that their bodies stay small beside a chunk's facts.
+PREFETCH_ANSWERS = 2
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,10 @@ class Source(Protocol):
 
     def fetch(self, chunk: Period) -> dict[str, pa.Table]: ...
 
+    def prefetching(self, chunks: Sequence[Period]) -> AbstractContextManager[None]:
+        """A context in which `fetch` is called for `chunks`, in order: the source may read
+        ahead."""
+
     def close(self) -> None:
         """Release what the source holds (connections, parsed samples); idempotent."""
 
@@ -131,6 +141,8 @@ class PrometheusSource:
         self.planner = QueryPlanner(client, limits, selector=selector.promql())
         self._window: str | None = None
         self.screened = Screened()
+        self._stream: Prefetcher[Sent | ChunkSent] | None = None
+        self._queries = 0
 
     def choose_chunk(self, period: Period, budget: int) -> ChunkChoice | None:
         """The chunk length for `period` from the planner's series estimate (one label-values
@@ -145,7 +157,8 @@ class PrometheusSource:
 
     @property
     def queries(self) -> int:
-        return self.client.queries
+        """Queries sent for the chunks fetched so far (not those prefetched beyond them)."""
+        return self._queries
 
     def close(self) -> None:
         """Each query opens and closes its connection; the answer reader is released."""
@@ -193,20 +206,68 @@ class PrometheusSource:
             self._window = "1h" if major is not None and major >= 3 else "3599999ms"
         return self._window
 
-    def fetch(self, chunk: Period) -> dict[str, pa.Table]:
+    def prefetching(self, chunks: Sequence[Period]) -> AbstractContextManager[None]:
+        """While in this context, the queries of `chunks` (in that order, which `fetch` must
+        follow) are sent from a thread while earlier answers are decoded and written: the
+        store and ingest work at the same time."""
+        return self._prefetching(list(chunks))
+
+    @contextmanager
+    def _prefetching(self, chunks: list[Period]) -> Iterator[None]:
+        if self._stream is not None:
+            raise RuntimeError("PrometheusSource: already prefetching")
+        self._stream = Prefetcher(self._send(chunks), depth=PREFETCH_ANSWERS)
+        try:
+            yield
+        finally:
+            self._stream.close()
+            self._stream = None
+
+    def _send(self, chunks: list[Period]) -> Generator[Sent | ChunkSent, None, None]:
+        """Every query of the chunks, chunk by chunk and signal by signal (the producer)."""
         window = self.window()
+        for chunk in chunks:
+            before = self.client.queries
+            self._check_foreign(chunk)
+            for spec in SIGNALS:
+                yield from self.planner.send(spec, window, chunk)
+            yield ChunkSent(chunk, self.client.queries - before)
+
+    def fetch(self, chunk: Period) -> dict[str, pa.Table]:
+        if self._stream is None:
+            with self.prefetching([chunk]):
+                return self.fetch(chunk)
         # Evaluation at T covers hour T-1h: T = start covers the hour before the chunk, which
         # the energy counter difference needs.
         out: dict[str, pa.Table] = {}
-        self._check_foreign(chunk)
-        for spec in SIGNALS:
-            m = self.planner.fetch(spec, window, chunk)
-            if not len(m):
-                continue
-            sid, ts, values = self._points(m, spec, chunk)
-            out[spec.name] = build_signal(spec, m.labels, sid, ts.astype(np.int64) - 3600,
-                                          values, m.keys)
-        return out
+        parts: list[tuple[Piece, Matrix]] = []
+        for sent in self._stream:
+            if isinstance(sent, Answered):
+                parts.append((sent.piece, self.planner.decode(sent)))
+            elif isinstance(sent, Refusal):
+                if self.planner.on_split:
+                    self.planner.on_split(sent.message)
+            elif isinstance(sent, SignalSent):
+                m, spec, parts = sent.assemble(parts), sent.spec, []
+                if len(m):
+                    sid, ts, values = self._points(m, spec, chunk)
+                    out[spec.name] = build_signal(spec, m.labels, sid,
+                                                  ts.astype(np.int64) - 3600, values, m.keys)
+            else:
+                if sent.chunk != chunk:
+                    raise RuntimeError(f"fetch({chunk.label()}) out of the prefetched order "
+                                       f"({sent.chunk.label()})")
+                self._queries += sent.queries
+                return out
+        raise RuntimeError(f"fetch({chunk.label()}): not among the prefetched chunks")
+
+
+@dataclass(frozen=True)
+class ChunkSent:
+    """Every query of a chunk was answered; `queries` were sent for it."""
+
+    chunk: Period
+    queries: int
 
 
 @dataclass
@@ -262,62 +323,64 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
     # Empty chunks (with their dropped values per hour), written once the run has seen a fact.
     pending: list[tuple[Period, dict[datetime, int]]] = []
     seen = result.resumed > 0  # some chunk had a fact (an interrupted run's did)
-    for i, chunk in enumerate(chunks, 1):
-        if result.resumed and journal.committed(chunk):
-            continue
-        where = f"chunk {i}/{len(chunks)} ({chunk.label()})"
-        before = source.queries
-        try:
-            signals = source.fetch(chunk)
-        except PromError as exc:
-            raise IngestError(f"{where}: {exc}; nothing written for this chunk"
-                              + (f", {i - 1} earlier chunk(s) kept" if i > 1 else ""),
-                              exc.code) from None
-        start, end = chunk.naive()
-        try:
-            first = int(chunk.start.timestamp())
-            dropped = {utc_naive(datetime.fromtimestamp(h, UTC)): n for h, n in
-                       source.screened.dropped_in(first, int(chunk.end.timestamp())).items()}
-            with transaction(con):
-                counts = write_facts(con, signals, start, end, sample_interval, clusters)
-                shrunk = counts.shrunk()
-                if shrunk and not replace:
-                    named = len(counts.clusters) > 1 or counts.clusters != ("default",)
-                    raise FactError("; ".join(
-                        (f"cluster {c}: " if named else "")
-                        + f"the source has {now} device-hours where the ledger holds {held}; "
-                        f"metering would lose {held - now}" for c, (held, now) in shrunk.items())
-                        + " (pass --replace to overwrite them with what the source has)")
-                if counts.total == 0 and not seen:
-                    raise _Empty  # nothing seen yet: maybe a source without GPU series
-                result.empty_hours += write_coverage(
-                    con, start, end, source.name, _now(), counts.clusters,
-                    duplicates=counts.duplicates, dropped=dropped)
-                journal.record(con, chunk, counts.clusters)
-        except _Empty:
-            pending.append((chunk, dropped))
-        except FactError as exc:
-            raise IngestError(f"{where}: {exc}; nothing written for this chunk", exc.code
-                              ) from None
-        else:
-            seen = True
-            result.clusters.update(counts.clusters)
-            for empty, lost in pending:  # the run has facts: the empty chunks before are gaps
-                _write_empty(con, empty, source.name, result, journal, lost, clusters)
-            pending.clear()
-        result.chunks += 1
-        result.dropped += sum(dropped.values())
-        for table in result.rows:
-            result.rows[table] += getattr(counts, table)
-        result.duplicate_seconds += counts.duplicate_seconds
-        result.spacing = counts.spacing
-        result.queries = source.queries
-        if verbose:
-            progress.message(f"meter: {where}: {source.queries - before} queries, "
-                             f"{counts.total} fact rows, sample interval "
-                             f"{describe_spacing(counts.spacing)}")
-        progress.chunk_done(chunk.label(), f"{counts.total} fact rows", counts.total,
-                            "fact rows")
+    todo = [(i, c) for i, c in enumerate(chunks, 1)
+            if not (result.resumed and journal.committed(c))]
+    with source.prefetching([c for _, c in todo]):
+        for i, chunk in todo:
+            where = f"chunk {i}/{len(chunks)} ({chunk.label()})"
+            before = source.queries
+            try:
+                signals = source.fetch(chunk)
+            except PromError as exc:
+                raise IngestError(f"{where}: {exc}; nothing written for this chunk"
+                                  + (f", {i - 1} earlier chunk(s) kept" if i > 1 else ""),
+                                  exc.code) from None
+            start, end = chunk.naive()
+            try:
+                first = int(chunk.start.timestamp())
+                dropped = {utc_naive(datetime.fromtimestamp(h, UTC)): n for h, n in
+                           source.screened.dropped_in(first, int(chunk.end.timestamp())).items()}
+                with transaction(con):
+                    counts = write_facts(con, signals, start, end, sample_interval, clusters)
+                    shrunk = counts.shrunk()
+                    if shrunk and not replace:
+                        named = len(counts.clusters) > 1 or counts.clusters != ("default",)
+                        raise FactError("; ".join(
+                            (f"cluster {c}: " if named else "")
+                            + f"the source has {now} device-hours where the ledger holds "
+                            f"{held}; metering would lose {held - now}"
+                            for c, (held, now) in shrunk.items())
+                            + " (pass --replace to overwrite them with what the source has)")
+                    if counts.total == 0 and not seen:
+                        raise _Empty  # nothing seen yet: maybe a source without GPU series
+                    result.empty_hours += write_coverage(
+                        con, start, end, source.name, _now(), counts.clusters,
+                        duplicates=counts.duplicates, dropped=dropped)
+                    journal.record(con, chunk, counts.clusters)
+            except _Empty:
+                pending.append((chunk, dropped))
+            except FactError as exc:
+                raise IngestError(f"{where}: {exc}; nothing written for this chunk", exc.code
+                                  ) from None
+            else:
+                seen = True
+                result.clusters.update(counts.clusters)
+                for empty, lost in pending:  # the run has facts: the empty chunks before are gaps
+                    _write_empty(con, empty, source.name, result, journal, lost, clusters)
+                pending.clear()
+            result.chunks += 1
+            result.dropped += sum(dropped.values())
+            for table in result.rows:
+                result.rows[table] += getattr(counts, table)
+            result.duplicate_seconds += counts.duplicate_seconds
+            result.spacing = counts.spacing
+            result.queries = source.queries
+            if verbose:
+                progress.message(f"meter: {where}: {source.queries - before} queries, "
+                                 f"{counts.total} fact rows, sample interval "
+                                 f"{describe_spacing(counts.spacing)}")
+            progress.chunk_done(chunk.label(), f"{counts.total} fact rows", counts.total,
+                                "fact rows")
     if pending:
         foreign = source.screened.describe_foreign()
         raise IngestError(

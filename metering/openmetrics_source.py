@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 from array import array
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,6 +191,10 @@ class OpenMetricsSource:
                 sid, hour_s, value = sid[keep], hour_s[keep], value[keep]
             out[spec.name] = build_signal(spec, series, sid, hour_s, value)
         return out
+
+    def prefetching(self, chunks: Sequence[Period]) -> AbstractContextManager[None]:
+        """The file is parsed already: nothing to read ahead."""
+        return nullcontext()
 
     def close(self) -> None:
         self._con.close()

@@ -23,7 +23,8 @@ was split.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +34,7 @@ from metering.db import engine_config
 from metering.facts import SIGNALS, SignalSpec
 from metering.matrix import Matrix, MatrixReader
 from metering.period import Period
-from metering.promclient import PromClient, PromError
+from metering.promclient import Answer, PromClient, PromError
 
 HOUR_S = 3600
 # Prometheus's default --query.max-samples: the smallest default among the stores we target.
@@ -124,6 +125,42 @@ class SplitStats:
                 f"{self.nodes} node(s): {split}{extra}{why}")
 
 
+@dataclass(frozen=True)
+class Answered:
+    """A piece's answer as the store sent it, not decoded yet."""
+
+    spec: SignalSpec
+    piece: Piece
+    promql: str
+    answer: Answer
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The store refused a piece as over a limit; it was split and sent again."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class SignalSent:
+    """Every piece of a signal's chunk query was answered."""
+
+    spec: SignalSpec
+    first: int  # evaluation hours first..last (unix seconds)
+    last: int
+
+    def assemble(self, parts: Sequence[tuple[Piece, Matrix]]) -> Matrix:
+        """The decoded pieces as one matrix: node shards one after another, time pieces
+        merged per series, so the facts do not depend on how the chunk was split."""
+        if all(p.first == self.first and p.last == self.last for p, _ in parts):
+            return matrix.concat([m for _, m in parts])
+        return matrix.merge([m for _, m in parts])
+
+
+Sent = Answered | Refusal | SignalSent
+
+
 @dataclass
 class _Learned:
     # family -> node -> series seen in the last answer
@@ -148,6 +185,7 @@ class QueryPlanner:
         self._chunk: Period | None = None
         self._metricsql: bool | None = None
         self.reader = MatrixReader(engine_config())
+        self._lock = threading.Lock()  # _learned: sent from one thread, decoded in another
 
     def metricsql(self) -> bool:
         """Whether the store speaks MetricsQL (VictoriaMetrics): then `tlast_over_time` gives
@@ -290,24 +328,32 @@ class QueryPlanner:
         return shards
 
     # --- running --------------------------------------------------------------------------
+    # Sending (planning, the store's answers, splitting refused queries) and decoding (the
+    # answers into matrices, learning from them) are separate steps, so that ingest can send
+    # the next queries while it decodes and writes earlier answers (metering.pipeline). The
+    # estimates both steps share are guarded by a lock.
 
-    def fetch(self, spec: SignalSpec, window: str, chunk: Period) -> Matrix:
-        """Every series of the signal over the chunk's evaluation hours (chunk start to end),
-        each series once with its points in time order."""
+    def send(self, spec: SignalSpec, window: str, chunk: Period) -> Iterator[Sent]:
+        """The signal's pieces over the chunk's evaluation hours (chunk start to end), each
+        answer as the store sent it; a piece the store refuses as over a limit is split in
+        two and sent again (`Refusal` says so). Ends with a `SignalSent`."""
         first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
         metricsql = self.metricsql()
         nodes = self.nodes(chunk)
-        pieces = self.plan(spec, first, last, nodes)
+        with self._lock:
+            pieces = self.plan(spec, first, last, nodes)
         self.stats.signal_queries += 1
         answered: list[Piece] = []
-        results: list[Matrix] = []
         todo = list(reversed(pieces))
         while todo:
             piece = todo.pop()
             promql = spec.promql(window, match=self._with_selector("", piece.matcher()),
                                  metricsql=metricsql)
             try:
-                result = self._query(promql, piece)
+                answer = self.client.query_range_answer(promql, piece.first, piece.last,
+                                                        HOUR_S)
+                if answer.status != 200:
+                    self.client.matrix(answer, promql)  # raises the store's error
             except PromError as exc:
                 if not is_limit_error(exc):
                     raise
@@ -317,40 +363,57 @@ class QueryPlanner:
                         f"{exc} (one node-hour of {spec.name} is over the store's limit: "
                         "raise the limit)") from None
                 self.stats.refused += 1
-                cost = self._cost(spec, piece, nodes or ())
-                if cost > 0:
-                    self._learned.budget[spec.name] = min(self._budget(spec), cost / 2)
-                if self.on_split:
-                    self.on_split(f"{spec.name}: the store refused a query "
-                                  f"({_describe(piece)}); splitting it in two")
+                with self._lock:
+                    cost = self._cost(spec, piece, nodes or ())
+                    if cost > 0:
+                        self._learned.budget[spec.name] = min(self._budget(spec), cost / 2)
+                yield Refusal(f"{spec.name}: the store refused a query ({_describe(piece)}); "
+                              "splitting it in two")
                 todo.extend(reversed(halves))
                 continue
             self.stats.queries += 1
             answered.append(piece)
-            results.append(result)
-            self._learn(spec, result)
+            yield Answered(spec, piece, promql, answer)
         shards = {p.nodes for p in answered}
         self.stats.max_shards = max(self.stats.max_shards, len(shards))
         self.stats.max_time_pieces = max(
             [self.stats.max_time_pieces,
              *(sum(1 for p in answered if p.nodes == s) for s in shards)])
-        if all(p.first == first and p.last == last for p in answered):
-            return matrix.concat(results)  # node shards only: each series in one answer
-        return matrix.merge(results)  # time pieces: a series' points from several answers
+        yield SignalSent(spec, first, last)
 
-    def _query(self, promql: str, piece: Piece) -> Matrix:
-        """One range query, decoded in columns (DuckDB), or by Python's json where the answer
-        is not a well-formed matrix (then its problem is a PromError naming the query)."""
-        answer = self.client.query_range_answer(promql, piece.first, piece.last, HOUR_S)
+    def decode(self, sent: Answered) -> Matrix:
+        """One answer in columns (DuckDB), or by Python's json where it is not a well-formed
+        matrix (then its problem is a PromError naming the query); learned from."""
+        m = self._decode(sent)
+        with self._lock:
+            self._learn(sent.spec, m)
+        return m
+
+    def fetch(self, spec: SignalSpec, window: str, chunk: Period) -> Matrix:
+        """Every series of the signal over the chunk's evaluation hours, each series once
+        with its points in time order: `send` and `decode` one after the other."""
+        parts: list[tuple[Piece, Matrix]] = []
+        for sent in self.send(spec, window, chunk):
+            if isinstance(sent, Answered):
+                parts.append((sent.piece, self.decode(sent)))
+            elif isinstance(sent, Refusal) and self.on_split:
+                self.on_split(sent.message)
+            elif isinstance(sent, SignalSent):
+                return sent.assemble(parts)
+        raise AssertionError("send() ends with SignalSent")
+
+    def _decode(self, sent: Answered) -> Matrix:
+        answer = sent.answer
         if answer.status == 200:
             m = self.reader.read(answer.body)
             if m is not None:
                 return m
-        result = self.client.matrix(answer, promql)
+        result = self.client.matrix(answer, sent.promql)
         try:
             return matrix.from_result(result)
         except matrix.NotAMatrix as exc:
-            raise PromError(f"{self.client.url}: answer to {promql!r} is not {exc}") from None
+            raise PromError(f"{self.client.url}: answer to {sent.promql!r} is not {exc}"
+                            ) from None
 
     def close(self) -> None:
         self.reader.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import urllib.parse
 from pathlib import Path
 
@@ -9,13 +10,14 @@ import conftest_prom
 import pytest
 from conftest_prom import expected_facts, fact_rows
 from promtools import http_server, proxy_to
+from waiting import wait_until
 
 from metering.cli_meter import main
 from metering.db import connect
 from metering.facts import SIGNALS
 from metering.ingest import IngestError, PrometheusSource, describe_spacing, ingest
 from metering.openmetrics_source import OpenMetricsSource
-from metering.period import resolve
+from metering.period import Period, resolve
 from metering.promclient import PromClient
 
 # Session fixtures: the fleet's OpenMetrics file and a Prometheus backfilled with it.
@@ -187,3 +189,38 @@ def test_sample_intervals_stay_one_short_line_at_fleet_size() -> None:
     assert describe_spacing(spacing) == "300s (2,500 nodes); 60s (gpu-a, gpu-b)"
     assert describe_spacing({"n1": 15.0}) == "15s (n1)"
     assert describe_spacing({}) == "unknown (no samples)"
+
+
+def test_the_next_chunks_queries_are_sent_while_the_current_one_is_written(
+        fleet_prom_url: str) -> None:
+    """In `prefetching`, the store is asked for the next chunk before ingest asks for it, the
+    answers are the same as fetched one chunk at a time, and leaving the context early (a
+    failed write) ends the sending thread."""
+    period = resolve(None, "2026-10-05", "2026-10-06")
+    first, second, third = list(period.chunks(8))
+    served: list[str] = []
+
+    def record(path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+        if "query_range" in path:
+            served.append(urllib.parse.unquote(path))
+        return proxy_to(fleet_prom_url, path, headers)
+
+    def asked_for(chunk: Period) -> bool:
+        return any(f"start={chunk.start.timestamp():.3f}&" in p for p in served)
+
+    alone = PrometheusSource(PromClient(fleet_prom_url))
+    expected = [alone.fetch(c) for c in (first, second)]
+    alone.close()
+    with http_server(record) as url:
+        source = PrometheusSource(PromClient(url, retries=0))
+        with pytest.raises(RuntimeError, match="out of the prefetched order"), \
+                source.prefetching([first, second, third]):
+            got = source.fetch(first)
+            wait_until(lambda: asked_for(second), "the second chunk's queries")
+            assert got == expected[0]
+            assert source.queries == len(SIGNALS)  # for this chunk only, though more were sent
+            assert source.fetch(second) == expected[1]
+            source.fetch(first)  # not the next chunk: a programming error, said at once
+        wait_until(lambda: not any(t.name == "gpu-ledger-prefetch"
+                                   for t in threading.enumerate()), "the sender to stop")
+        source.close()
