@@ -161,8 +161,7 @@ class PrometheusSource:
         return self._queries
 
     def close(self) -> None:
-        """Each query opens and closes its connection; the answer reader is released."""
-        self.planner.close()
+        """Nothing to release: each query opens and closes its connection."""
 
     def _points(self, m: Matrix, spec: SignalSpec, chunk: Period
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,7 +1,8 @@
 """A range query's answer in columns: per series its labels and identity, per point its series,
-time and value. DuckDB's JSON reader parses the answer (C++, no Python object per point); an
-answer it cannot take as a well-formed matrix is parsed by Python's json and checked point by
-point instead, so an odd answer gives the same errors and drops as before.
+time and value. A scanner reads the answer in the layout stores write (Arrow parses the
+points: no Python object per point); an answer it cannot take as a well-formed matrix is
+parsed by Python's json and checked point by point instead, so an odd answer gives the same
+errors and drops as before.
 
 Ingest reads hundreds of millions of points a month at fleet size: decoding them into Python
 lists and converting them series by series cost more than everything else it does
@@ -10,15 +11,17 @@ lists and converting them series by series cost more than everything else it doe
 
 from __future__ import annotations
 
+import io
+import json
 import math
-import os
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
 
 from metering.facts import series_key
 
@@ -135,80 +138,123 @@ def _series_points(points: list[Any]) -> tuple[np.ndarray, np.ndarray]:
         return np.array(ts, np.float64), np.array(values, np.float64)
 
 
-# --- DuckDB's JSON reader: well-formed matrices -------------------------------------------
+# --- the scanner: well-formed matrices ---------------------------------------------------
+# Stores write a matrix answer in one canonical layout (no whitespace; each entry "metric"
+# then "values"; values as [time,"value"] pairs). The scanner takes exactly that layout:
+# the envelope key by key (json for every value but data.result), each entry by one regular
+# expression that admits only JSON strings, JSON numbers and the value spellings Python's
+# float and Arrow's parser read alike, the label maps by one json call, and every point by
+# Arrow's CSV parser (C++, no Python object per point). Anything else is left to the json
+# path, so an odd answer gives the same errors and drops whichever decoder would have run.
 
-_SHAPE = ("{status: 'VARCHAR', data: 'STRUCT(resultType VARCHAR, result STRUCT(metric "
-          "MAP(VARCHAR, VARCHAR), \"values\" VARCHAR[][])[])'}")
-_READ = ("CREATE OR REPLACE TEMP TABLE doc AS SELECT status, data.resultType AS kind, "
-         "data.result AS result FROM "
-         f"read_json(?, columns = {_SHAPE}, format = 'unstructured', "
-         "maximum_object_size = MAX_SIZE)")
-_ANSWER = ("CREATE OR REPLACE TEMP TABLE answer AS SELECT unnest(result) AS r, "
-           "generate_subscripts(result, 1) - 1 AS sid FROM doc")
-# Answers of any other shape (not one success document holding a matrix, an entry without
-# metric or values, a point without two elements or a numeric time, a value neither a number
-# nor null) go to Python's json, which says what is wrong or drops exactly what it drops.
-_ODD = """
-SELECT (SELECT count(*) <> 1 OR count(*) FILTER (WHERE status = 'success' AND kind = 'matrix'
-                                                AND result IS NOT NULL) <> 1 FROM doc)::INT
-       + (SELECT count(*) FROM answer WHERE r.metric IS NULL OR r."values" IS NULL)
-       + (SELECT count(*) FROM (SELECT unnest(r."values") AS p FROM answer)
-          WHERE len(p) <> 2 OR TRY_CAST(p[1] AS DOUBLE) IS NULL
-             OR (p[2] IS NOT NULL AND TRY_CAST(p[2] AS DOUBLE) IS NULL))
-"""
-_SERIES = """
-SELECT map_keys(r.metric), map_values(r.metric),
-       array_to_string(list_transform(list_sort(list_filter(map_entries(r.metric),
-           lambda e: e.key <> '__name__')), lambda e: e.key || '=' || e.value), chr(31))
-FROM answer ORDER BY sid
-"""
-_POINTS = """
-SELECT sid, CAST(p[1] AS DOUBLE) AS t, coalesce(TRY_CAST(p[2] AS DOUBLE), 'NaN') AS v
-FROM (SELECT sid, unnest(r."values") AS p FROM answer)
-"""
+_DECODER = json.JSONDecoder()
+# Per point (RE2, in Arrow): the time a JSON number; the value a quoted spelling that Python's
+# float and Arrow's cast read alike.
+_TIME = r"^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?$"
+_VALUE = r'^"(?:[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?Inf|NaN)"$'
+_CSV_READ = pa_csv.ReadOptions(column_names=["t", "v"])
+_CSV_PARSE = pa_csv.ParseOptions(quote_char=False)
+_CSV_CONVERT = pa_csv.ConvertOptions(
+    column_types={"t": pa.string(), "v": pa.string()}, null_values=[],
+    strings_can_be_null=False, quoted_strings_can_be_null=False)
 
 
-class MatrixReader:
-    """Parses range-query answers with DuckDB (one in-memory connection, one thread, under
-    the metering memory cap)."""
+class _Odd(Exception):
+    """Not the canonical layout: the json path decodes the answer."""
 
-    def __init__(self, config: dict[str, str | bool | int | float | list[str]]) -> None:
-        self._config = {**config, "threads": 1}
-        self._con: duckdb.DuckDBPyConnection | None = None
 
-    def read(self, body: bytes) -> Matrix | None:
-        """The matrix of a well-formed success answer; None for any other answer (decode it
-        with json and from_result, which name the problem)."""
-        if self._con is None:
-            self._con = duckdb.connect(":memory:", config=self._config)
-        con = self._con
-        fd, path = tempfile.mkstemp(prefix="gpu-ledger-answer-", suffix=".json")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
-            try:
-                con.execute(_READ.replace("MAX_SIZE", str(max(len(body) + 1, 1 << 20))), [path])
-                con.execute(_ANSWER)
-                odd = con.execute(_ODD).fetchall()[0][0]
-            except duckdb.OutOfMemoryException:
-                raise
-            except duckdb.Error:
-                return None  # not of the expected shape at all
-            if odd:
-                return None
-            rows = con.execute(_SERIES).fetchall()
-            points = con.execute(_POINTS).fetchnumpy()
-        finally:
-            os.unlink(path)
-            if self._con is not None:
-                self._con.execute("DROP TABLE IF EXISTS answer; DROP TABLE IF EXISTS doc")
-        if not rows:
-            return Matrix.empty()
-        return Matrix([dict(zip(k, v, strict=True)) for k, v, _ in rows], [s for _, _, s in rows],
-                      np.asarray(points["sid"], np.int64), np.asarray(points["t"], np.float64),
-                      np.asarray(points["v"], np.float64))
+def read(body: bytes) -> Matrix | None:
+    """The matrix of a well-formed success answer in the canonical layout; None for any
+    other answer (decode it with json and from_result, which name the problem)."""
+    try:
+        text = body.decode("utf-8")
+        entries: list[tuple[dict[str, str], str]] = []  # (labels, points text) per series
 
-    def close(self) -> None:
-        if self._con is not None:
-            self._con.close()
-            self._con = None
+        def result(pos: int) -> tuple[object, int]:
+            if text[pos] != "[":
+                raise _Odd
+            pos += 1
+            if text[pos] == "]":
+                return None, pos + 1
+            while True:  # {"metric":{...},"values":[...]}
+                if not text.startswith('{"metric":', pos):
+                    raise _Odd
+                metric, pos = _DECODER.raw_decode(text, pos + 10)
+                if not text.startswith(',"values":[', pos) or not isinstance(metric, dict) \
+                        or not all(isinstance(v, str) for v in metric.values()):
+                    raise _Odd  # json's path turns label values that are not text into text
+                # The array ends at the first "]}": a point's "]" is followed by "," or "]",
+                # and a "]}" inside a value is refused with the value (_points).
+                end = text.find("]}", pos + 11)
+                if end < 0:
+                    raise _Odd
+                entries.append((metric, text[pos + 11:end]))
+                pos = end + 2
+                if text[pos] == "]":
+                    return None, pos + 1
+                if text[pos] != ",":
+                    raise _Odd
+                pos += 1
+
+        def data(pos: int) -> tuple[object, int]:
+            return _object(text, pos, {"result": result})
+
+        top, end = _object(text, 0, {"data": data})
+        if text[end:].strip() or top.get("status") != "success":
+            raise _Odd
+        inner = top.get("data")
+        if not isinstance(inner, dict) or inner.get("resultType") != "matrix" \
+                or "result" not in inner:
+            raise _Odd
+        labels = [m for m, _ in entries]
+        counts = np.array([pts.count("[") for _, pts in entries], np.int64)
+        t, v = _points([pts for _, pts in entries if pts], int(counts.sum()))
+    except (_Odd, IndexError, ValueError, UnicodeDecodeError, pa.ArrowInvalid):
+        return None
+    if not entries:
+        return Matrix.empty()
+    return Matrix(labels, [series_key(m) for m in labels],
+                  np.repeat(np.arange(len(entries), dtype=np.int64), counts), t, v)
+
+
+def _object(text: str, pos: int, fields: dict[str, Callable[[int], tuple[object, int]]]
+            ) -> tuple[dict[str, object], int]:
+    """The JSON object at `pos` (no whitespace) and the position after it: each key's value
+    read by its entry in `fields`, or by json; a repeated key is odd (json keeps the last)."""
+    if text[pos] != "{":
+        raise _Odd
+    pos += 1
+    out: dict[str, object] = {}
+    if text[pos] == "}":
+        return out, pos + 1
+    while True:
+        if text[pos] != '"':
+            raise _Odd
+        key, pos = _DECODER.raw_decode(text, pos)
+        if text[pos] != ":" or key in out:
+            raise _Odd
+        read_value = fields.get(key)
+        value, pos = read_value(pos + 1) if read_value else _DECODER.raw_decode(text, pos + 1)
+        out[key] = value
+        if text[pos] == "}":
+            return out, pos + 1
+        if text[pos] != ",":
+            raise _Odd
+        pos += 1
+
+
+def _points(texts: list[str], expected: int) -> tuple[np.ndarray, np.ndarray]:
+    """Times and values of `[t,"v"],[t,"v"]...` texts, in order, as two float64 arrays;
+    _Odd unless every point is such a pair."""
+    if not texts:
+        return np.zeros(0), np.zeros(0)
+    csv = ",".join(texts)[1:-1].replace("],[", "\n").encode()
+    table = pa_csv.read_csv(io.BytesIO(csv), read_options=_CSV_READ,
+                            parse_options=_CSV_PARSE, convert_options=_CSV_CONVERT)
+    t, v = table.column("t"), table.column("v")
+    if table.num_rows != expected or not (pc.all(pc.match_substring_regex(t, _TIME)).as_py()
+                                          and pc.all(pc.match_substring_regex(v, _VALUE)
+                                                     ).as_py()):
+        raise _Odd
+    v = pc.utf8_slice_codeunits(v, 1, -1)  # the quotes
+    return (pc.cast(t, pa.float64()).to_numpy(), pc.cast(v, pa.float64()).to_numpy())

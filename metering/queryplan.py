@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from metering import matrix
-from metering.db import engine_config
 from metering.facts import SIGNALS, SignalSpec
-from metering.matrix import Matrix, MatrixReader
+from metering.matrix import Matrix
 from metering.period import Period
 from metering.promclient import Answer, PromClient, PromError
 
@@ -184,7 +183,6 @@ class QueryPlanner:
         self._nodes: tuple[str, ...] | None = None
         self._chunk: Period | None = None
         self._metricsql: bool | None = None
-        self.reader = MatrixReader(engine_config())
         self._lock = threading.Lock()  # _learned: sent from one thread, decoded in another
 
     def metricsql(self) -> bool:
@@ -382,8 +380,9 @@ class QueryPlanner:
         yield SignalSent(spec, first, last)
 
     def decode(self, sent: Answered) -> Matrix:
-        """One answer in columns (DuckDB), or by Python's json where it is not a well-formed
-        matrix (then its problem is a PromError naming the query); learned from."""
+        """One answer in columns (metering.matrix's scanner), or by Python's json where it is
+        not a well-formed matrix (then its problem is a PromError naming the query); learned
+        from."""
         m = self._decode(sent)
         with self._lock:
             self._learn(sent.spec, m)
@@ -405,7 +404,7 @@ class QueryPlanner:
     def _decode(self, sent: Answered) -> Matrix:
         answer = sent.answer
         if answer.status == 200:
-            m = self.reader.read(answer.body)
+            m = matrix.read(answer.body)
             if m is not None:
                 return m
         result = self.client.matrix(answer, sent.promql)
@@ -414,9 +413,6 @@ class QueryPlanner:
         except matrix.NotAMatrix as exc:
             raise PromError(f"{self.client.url}: answer to {sent.promql!r} is not {exc}"
                             ) from None
-
-    def close(self) -> None:
-        self.reader.close()
 
     def _with_selector(self, first: str, match: str) -> str:
         """`first`, the selector's matchers and `match`, comma-joined (braced when `first`
