@@ -170,7 +170,8 @@ class _Learned:
 
 
 class QueryPlanner:
-    """Plans, sends and merges the range queries of one signal over one chunk."""
+    """Plans and sends the range queries of a signal over a chunk (`send`) and decodes their
+    answers (`decode`): ingest runs the two in different threads."""
 
     def __init__(self, client: PromClient, limits: Limits | None = None,
                  on_split: Callable[[str], None] | None = None, selector: str = "") -> None:
@@ -387,19 +388,6 @@ class QueryPlanner:
         with self._lock:
             self._learn(sent.spec, m)
         return m
-
-    def fetch(self, spec: SignalSpec, window: str, chunk: Period) -> Matrix:
-        """Every series of the signal over the chunk's evaluation hours, each series once
-        with its points in time order: `send` and `decode` one after the other."""
-        parts: list[tuple[Piece, Matrix]] = []
-        for sent in self.send(spec, window, chunk):
-            if isinstance(sent, Answered):
-                parts.append((sent.piece, self.decode(sent)))
-            elif isinstance(sent, Refusal) and self.on_split:
-                self.on_split(sent.message)
-            elif isinstance(sent, SignalSent):
-                return sent.assemble(parts)
-        raise AssertionError("send() ends with SignalSent")
 
     def _decode(self, sent: Answered) -> Matrix:
         answer = sent.answer
