@@ -140,12 +140,12 @@ def _series_points(points: list[Any]) -> tuple[np.ndarray, np.ndarray]:
 
 # --- the scanner: well-formed matrices ---------------------------------------------------
 # Stores write a matrix answer in one canonical layout (no whitespace; each entry "metric"
-# then "values"; values as [time,"value"] pairs). The scanner takes exactly that layout:
-# the envelope key by key (json for every value but data.result), each entry by one regular
-# expression that admits only JSON strings, JSON numbers and the value spellings Python's
-# float and Arrow's parser read alike, the label maps by one json call, and every point by
-# Arrow's CSV parser (C++, no Python object per point). Anything else is left to the json
-# path, so an odd answer gives the same errors and drops whichever decoder would have run.
+# then "values"; values as [time,"value"] pairs). The scanner takes exactly that layout: the
+# envelope key by key and each entry's labels by json, each entry's points as the text up to
+# its closing "]}", and every point by Arrow's CSV parser (C++, no Python object per point),
+# which must find a JSON number and a quoted value spelling that Python's float and Arrow
+# read alike. Anything else is left to the json path, so an odd answer gives the same errors
+# and drops whichever decoder would have run.
 
 _DECODER = json.JSONDecoder()
 # Per point (RE2, in Arrow): the time a JSON number; the value a quoted spelling that Python's

@@ -329,7 +329,7 @@ class QueryPlanner:
     # --- running --------------------------------------------------------------------------
     # Sending (planning, the store's answers, splitting refused queries) and decoding (the
     # answers into matrices, learning from them) are separate steps, so that ingest can send
-    # the next queries while it decodes and writes earlier answers (metering.pipeline). The
+    # the next queries while it decodes and writes earlier answers (metering.prefetch). The
     # estimates both steps share are guarded by a lock.
 
     def send(self, spec: SignalSpec, window: str, chunk: Period) -> Iterator[Sent]:
