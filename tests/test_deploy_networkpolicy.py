@@ -4,14 +4,13 @@ an overlay can name another namespace (issue 14). Built with the real `kubectl k
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
+from tests.deploytools import kubectl
 from tests.test_deploy import BASE, DAEMONSET, DS_CONTAINER, one
 
 POLICY = one("NetworkPolicy", "gpu-ledger-exporter")
@@ -34,7 +33,6 @@ def test_only_the_prometheus_namespace_reaches_only_the_metrics_port() -> None:
     assert metrics and port["protocol"] == "TCP"
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_an_overlay_names_another_prometheus_namespace(tmp_path: Path) -> None:
     """The patch docs/operations.md gives, applied to the base by kubectl kustomize."""
     overlay = tmp_path / "overlay"
@@ -51,7 +49,7 @@ patches:
         path: /spec/ingress/0/from/0/namespaceSelector/matchLabels
         value: {{kubernetes.io/metadata.name: observability}}
 """)
-    out = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True,
+    out = subprocess.run([kubectl(), "kustomize", str(overlay)], capture_output=True,
                          text=True, check=True).stdout
     docs: list[Any] = [d for d in yaml.safe_load_all(out) if d]
     (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]

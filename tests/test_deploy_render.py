@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 import yaml
 
 from alerts.generate import DEFAULT_CONFIG
+from tests.deploytools import kubectl
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -31,9 +31,7 @@ K8S_VERSIONS = ("1.27.0", "1.37.0")
 CRD_SCHEMAS = {"ServiceMonitor": "servicemonitor-v1.json",
                "PrometheusRule": "prometheusrule-v1.json"}
 
-KUBECTL = shutil.which("kubectl")
-if KUBECTL is None:
-    raise RuntimeError("kubectl is needed to render deploy/ (README.md, Prerequisites)")
+KUBECTL = kubectl()
 
 
 def kustomize(directory: Path) -> list[dict[str, Any]]:
