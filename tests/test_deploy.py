@@ -131,8 +131,8 @@ def test_every_manifest_parses() -> None:
             assert isinstance(doc, dict) and "kind" in doc and "apiVersion" in doc, path
 
 
-@pytest.mark.parametrize("directory", [BASE, BASE / "dashboards", OVERLAY],
-                         ids=lambda p: str(p.relative_to(DEPLOY)))
+@pytest.mark.parametrize("directory", [BASE, ROOT / "dashboards", OVERLAY],
+                         ids=lambda p: str(p.relative_to(ROOT)))
 def test_kustomization_lists_files_that_exist(directory: Path) -> None:
     k = kustomization(directory)
     for res in k.get("resources", []):
@@ -156,15 +156,19 @@ def test_generated_copies_are_current() -> None:
 
 def test_generate_check_flags_a_stale_copy(tmp_path: Path) -> None:
     gen = load_generate()
-    base = tmp_path / "base"
-    gen.write(base=base)
-    assert gen.stale(base=base) == []
-    (base / "files" / "cost-model.yaml").write_text("version: 1\n")
-    (base / "dashboards" / "gone.json").write_text("{}")
-    assert gen.stale(base=base) == ["files/cost-model.yaml", "dashboards/gone.json"]
-    gen.write(base=base)
-    assert gen.stale(base=base) == []
-    assert not (base / "dashboards" / "gone.json").exists()
+    dirs = {"base": tmp_path / "base", "dashboards": tmp_path / "dashboards"}
+    gen.write(**dirs)
+    assert gen.stale(**dirs) == []
+    (dirs["base"] / "files" / "cost-model.yaml").write_text("version: 1\n")
+    (dirs["dashboards"] / "kustomization.yaml").write_text("{}")
+    # a copy of a dashboard where they were copied before: they are committed once now
+    (dirs["base"] / "dashboards").mkdir()
+    (dirs["base"] / "dashboards" / "fleet.json").write_text("{}")
+    assert gen.stale(**dirs) == ["files/cost-model.yaml", "../../dashboards/kustomization.yaml",
+                                 "dashboards/fleet.json"]
+    gen.write(**dirs)
+    assert gen.stale(**dirs) == []
+    assert not (dirs["base"] / "dashboards").exists()
 
 
 def test_generate_names_a_bad_rule_file(tmp_path: Path) -> None:
@@ -402,8 +406,15 @@ def test_dashboards_are_configmaps_for_the_grafana_sidecar() -> None:
             and o["metadata"]["labels"].get("grafana_dashboard") == "1"]
     names = sorted(p.name for p in (ROOT / "dashboards").glob("*.json"))
     assert sorted(k for m in maps for k in m["data"]) == names
-    gens = kustomization(BASE / "dashboards")["configMapGenerator"]
+    gens = kustomization(ROOT / "dashboards")["configMapGenerator"]
     assert all(g["options"]["disableNameSuffixHash"] is True for g in gens)
+
+
+def test_dashboards_are_committed_once() -> None:
+    """deploy/ holds no copy of a dashboard: the base includes dashboards/'s kustomization."""
+    assert "../../dashboards" in kustomization(BASE)["resources"]
+    assert sorted(p.name for p in DEPLOY.rglob("*.json")) == sorted(
+        p.name for p in (DEPLOY / "schemas").glob("*.json"))
 
 
 def test_cost_model_configmap_is_the_repository_one() -> None:
