@@ -12,6 +12,7 @@ import os
 import re
 import stat
 import subprocess
+import tarfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,20 @@ def test_a_replaced_cost_model_gets_kustomizes_name(tmp_path: Path) -> None:
     assert {v["configMap"]["name"] for v in volumes if "configMap" in v} == names[0]
 
 
+def test_the_packaged_chart_renders_the_same(tmp_path: Path) -> None:
+    """`helm package` resolves files/'s links into the archive (what a chart repository
+    serves), leaving the dashboards' generator out (.helmignore); it renders the same."""
+    out = helm_run("package", str(CHART), "-d", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    (archive,) = tmp_path.glob("gpu-ledger-*.tgz")
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert not [n for n in names if n.endswith(".py") or n.endswith("kustomization.yaml")]
+    rendered = helm_run("template", "gpu-ledger", str(archive))
+    assert rendered.returncode == 0, rendered.stderr
+    assert tuple(d for d in yaml.safe_load_all(rendered.stdout) if d) == template()
+
+
 # --- lint and validation of every values file --------------------------------------------
 
 
@@ -165,6 +180,25 @@ def test_rendered_objects_validate(values: Path | None, version: str) -> None:
         except kubernetes_validate.ValidationError as err:
             raise AssertionError(f"{obj['kind']} {obj['metadata']['name']}: {err.message} "
                                  f"at {list(err.path)}") from err
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("metering.shedule=0 3 * * *", "additional properties 'shedule' not allowed"),
+    ("exporter.sharingModes.nvidia\\.com/gpu=mpss", "value must be one of"),
+    ("metering.memoryLimit=1.5 gigs", "/metering/memoryLimit"),
+])
+def test_values_schema_refuses_a_mistake(setting: str, message: str) -> None:
+    out = helm_run("template", "gpu-ledger", str(CHART), "--set", setting)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
+def test_memory_limit_pattern_accepts_what_metering_does() -> None:
+    from metering.db import _SIZE
+
+    pattern = json.loads((CHART / "values.schema.json").read_text())["properties"]["metering"][
+        "properties"]["memoryLimit"]["pattern"]
+    for value in ("1.5GB", "4GB", "512MiB", "70MB", "2 GiB", "1.5 gigs", "GB", "1.5"):
+        assert bool(re.match(pattern, value)) == bool(_SIZE.match(value)), value
 
 
 def test_examples_cover_the_options_users_set() -> None:
