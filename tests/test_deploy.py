@@ -173,6 +173,23 @@ def test_generate_check_flags_a_stale_copy(tmp_path: Path) -> None:
     assert not (dirs["base"] / "dashboards").exists()
 
 
+def test_chart_dashboard_links_are_current(tmp_path: Path) -> None:
+    """The chart reads each dashboard through a link (deploy/generate.py keeps them)."""
+    gen = load_generate()
+    assert gen.stale_links() == [], "run `python deploy/generate.py`"
+    chart = tmp_path / "files" / "dashboards"
+    gen.write_links(chart=chart)
+    assert gen.stale_links(chart=chart) == []
+    assert [p.read_bytes() for p in sorted(chart.iterdir())] == [
+        p.read_bytes() for p in sorted((ROOT / "dashboards").glob("*.json"))]
+    (chart / "fleet.json").unlink()
+    (chart / "gone.json").write_text("{}")
+    assert gen.stale_links(chart=chart) == ["files/dashboards/fleet.json",
+                                            "files/dashboards/gone.json"]
+    gen.write_links(chart=chart)
+    assert gen.stale_links(chart=chart) == []
+
+
 def test_generate_names_a_bad_rule_file(tmp_path: Path) -> None:
     gen = load_generate()
     (tmp_path / "alerts").mkdir()
@@ -417,8 +434,8 @@ def test_dashboards_are_committed_once() -> None:
     assert "../../dashboards" in kustomization(BASE)["resources"]
     originals = list((ROOT / "dashboards").glob("*.json"))
     names, contents = {p.name for p in originals}, {p.read_bytes() for p in originals}
-    copies = [p for p in DEPLOY.rglob("*.json")  # not into the chart's link to dashboards/
-              if p.name in names or p.read_bytes() in contents]
+    copies = [p for p in DEPLOY.rglob("*.json")  # the chart's links to them are no copies
+              if not p.is_symlink() and (p.name in names or p.read_bytes() in contents)]
     assert len(originals) >= 4 and copies == []
 
 

@@ -144,7 +144,7 @@ def test_a_replaced_cost_model_gets_kustomizes_name(tmp_path: Path) -> None:
 
 def test_the_packaged_chart_renders_the_same(tmp_path: Path) -> None:
     """`helm package` resolves files/'s links into the archive (what a chart repository
-    serves), leaving the dashboards' generator out (.helmignore); it renders the same."""
+    serves), and takes nothing else from dashboards/; it renders the same."""
     out = helm_run("package", str(CHART), "-d", str(tmp_path))
     assert out.returncode == 0, out.stderr
     (archive,) = tmp_path.glob("gpu-ledger-*.tgz")
