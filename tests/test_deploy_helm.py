@@ -27,6 +27,7 @@ from tests.test_deploy_render import (
     CRD_SCHEMAS,
     DEPLOY,
     K8S_VERSIONS,
+    METERING_OPTIONS,
     crd_schema,
     kustomize,
     overlay,
@@ -154,6 +155,17 @@ def test_the_packaged_chart_renders_the_same(tmp_path: Path) -> None:
     rendered = helm_run("template", "gpu-ledger", str(archive))
     assert rendered.returncode == 0, rendered.stderr
     assert tuple(d for d in yaml.safe_load_all(rendered.stdout) if d) == template()
+
+
+def test_metering_options_match_the_documented_overlay(tmp_path: Path) -> None:
+    """The selector and cluster docs/operations.md sets with an overlay, set as chart values:
+    the same objects, the merged ConfigMap's hashed name included."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"metering": {
+        "selector": 'job="kubernetes-pods",app_kubernetes_io_name="gpu-ledger"',
+        "cluster": "eu-west"}}))
+    assert_same_objects(template("-f", str(values)),
+                        kustomize(overlay(tmp_path, "metering-options", METERING_OPTIONS)))
 
 
 # --- lint and validation of every values file --------------------------------------------
