@@ -26,6 +26,7 @@ RECORDING_FILE = HERE / "gpu-ledger-recording.yml"
 # Optional, so not under alerts/ directly (deploy/generate.py puts those in the base's
 # PrometheusRule): the deploy/components/dcgm-compat Kustomize component adds it.
 DCGM_FILE = HERE / "optional" / "gpu-ledger-dcgm.yml"
+OTEL_FILE = HERE / "optional" / "gpu-ledger-otel.yml"
 
 # --- the one place to change ------------------------------------------------------------------
 # The exporter's scrape job: the ServiceMonitor's Service name, or job_name in a static config.
@@ -605,7 +606,7 @@ POWER_SPLIT = (
     '    sum by (uuid) (container:gpu_power:watts{mig_uuid!=""}))\n'
     "or (gpu_power_watts unless on (uuid) container:gpu_power:watts)")
 
-DCGM_RECORDS: tuple[Record, ...] = (
+_DCGM_CORE: tuple[Record, ...] = (
     # device properties, one series per GPU
     Record("DCGM_FI_DEV_GPU_TEMP", dcgm_labels("gpu_temperature_celsius")),
     Record("DCGM_FI_DEV_MEMORY_TEMP", dcgm_labels("gpu_memory_temperature_celsius")),
@@ -628,6 +629,122 @@ DCGM_RECORDS: tuple[Record, ...] = (
     Record("DCGM_FI_PROF_GR_ENGINE_ACTIVE", dcgm_labels(
         split_whole_gpu("gpu_utilization_ratio") + "\nor\n" + GR_ENGINE_MIG, "sum")),
     Record("DCGM_FI_DEV_POWER_USAGE", dcgm_labels(POWER_SPLIT, "sum")),
+)
+
+# XID, PCIe, NVLink and clock-violation fields, named, typed and scaled as NVIDIA's dcgm-exporter
+# 4.5.3-4.8.2 (etc/default-counters.csv, etc/dcp-metrics-included.csv) and DCGM's
+# dcgm_fields.h write them (docs/dcgm-compat.md).
+NVLINK_LINKS = 18  # DCGM has per-link fields L0..L17 (Hopper's 18 links)
+DCGM_NVLINK_ERRORS = (("crc_flit", "CRC_FLIT"), ("crc_data", "CRC_DATA"), ("replay", "REPLAY"),
+                      ("recovery", "RECOVERY"))  # our `type` label -> DCGM's field infix
+DCGM_VIOLATIONS = (("power", "POWER"), ("thermal", "THERMAL"), ("sync_boost", "SYNC_BOOST"),
+                   ("board_limit", "BOARD_LIMIT"), ("low_utilization", "LOW_UTIL"),
+                   ("reliability", "RELIABILITY"))  # our throttle `reason` -> DCGM's prefix
+NS_PER_SECOND = 1_000_000_000  # DCGM 4's violation counters are in ns (NVML's violationTime)
+XID_DIGITS = 3  # XID codes are below 1000
+# each GPU's most recent XID code (one series per GPU, also when two codes share a second)
+XID_LAST = "topk by (uuid) (1, gpu_xid_last_timestamp_seconds)"
+
+
+def xid_code_value() -> str:
+    """The code of each GPU's most recent XID as the sample value: PromQL cannot read a label
+    as a number, so the code is summed from its decimal digits, one `xid=~` match per digit
+    and place (a helper label keeps the places apart until the sum); 0 for a GPU without
+    XIDs, as dcgm-exporter reports."""
+    terms = [f'label_replace((gpu_xid_last_timestamp_seconds{{xid=~"[0-9]*{d}{"[0-9]" * place}"}}'
+             f' and on (uuid, xid) {XID_LAST}) * 0 + {d * 10 ** place}, '
+             f'"xid_place", "{place}", "", "")'
+             for place in range(XID_DIGITS) for d in range(1, 10)]
+    return "\nor ".join([*terms, "gpu_info * 0"])
+
+
+def dcgm_extra_records() -> tuple[Record, ...]:
+    nvlink = tuple(
+        Record(f"DCGM_FI_DEV_NVLINK_{field}_ERROR_COUNT_L{link}", dcgm_labels(
+            f'gpu_nvlink_errors_total{{type="{kind}", link="{link}"}}'))
+        for kind, field in DCGM_NVLINK_ERRORS for link in range(NVLINK_LINKS))
+    totals = tuple(
+        Record(f"DCGM_FI_DEV_NVLINK_{field}_ERROR_COUNT_TOTAL", dcgm_labels(
+            f'gpu_nvlink_errors_total{{type="{kind}"}}', "sum"))
+        for kind, field in DCGM_NVLINK_ERRORS)
+    violations = tuple(
+        Record(f"DCGM_FI_DEV_{field}_VIOLATION", dcgm_labels(
+            f'gpu_throttle_seconds_total{{reason="{reason}"}} * {NS_PER_SECOND}'))
+        for reason, field in DCGM_VIOLATIONS)
+    return (
+        Record("DCGM_FI_DEV_XID_ERRORS", dcgm_labels(xid_code_value(), "sum")),
+        Record("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", dcgm_labels("gpu_pcie_replay_total")),
+        Record("DCGM_FI_PROF_PCIE_TX_BYTES", dcgm_labels(
+            'gpu_pcie_throughput_bytes_per_second{direction="tx"}')),
+        Record("DCGM_FI_PROF_PCIE_RX_BYTES", dcgm_labels(
+            'gpu_pcie_throughput_bytes_per_second{direction="rx"}')),
+        Record("DCGM_FI_PROF_NVLINK_TX_BYTES", dcgm_labels(
+            'gpu_nvlink_throughput_bytes_per_second{direction="tx"}')),
+        Record("DCGM_FI_PROF_NVLINK_RX_BYTES", dcgm_labels(
+            'gpu_nvlink_throughput_bytes_per_second{direction="rx"}')),
+        *violations, *totals, *nvlink,
+    )
+
+
+DCGM_RECORDS: tuple[Record, ...] = (*_DCGM_CORE, *dcgm_extra_records())
+
+
+# --- OpenTelemetry hardware view (optional) ---------------------------------------------------
+# OpenTelemetry's hardware semantic conventions for GPUs (semantic-conventions v1.44.0,
+# model/hardware/gpu-metrics.yaml and common-metrics.yaml), under the names OTel's Prometheus
+# translation gives them (prometheus/otlptranslator, Prometheus' default
+# UnderscoreEscapingWithSuffixes: dots to `_`, unit suffix, `_total` on counters, `_ratio` on
+# unit-"1" gauges only) and attributes as labels (hw.id -> hw_id). docs/otel-hw.md.
+
+OTEL_LABELS = "cluster, job, instance, k8s_node_name, hw_id, hw_type, hw_vendor, hw_model"
+
+
+def otel_labels(expr: str, *extra: str) -> str:
+    """`expr` per physical GPU with the OTel hardware attributes: hw.id (the GPU UUID),
+    hw.model, hw.vendor, hw.type `gpu`, k8s.node.name, plus `extra` labels set by `expr`."""
+    out = expr
+    for dst, repl, src in (("hw_id", "$1", "uuid"), ("hw_model", "$1", "model"),
+                           ("k8s_node_name", "$1", "node"), ("hw_vendor", "NVIDIA", ""),
+                           ("hw_type", "gpu", "")):
+        out = f'label_replace({out}, "{dst}", "{repl}", "{src}", "(.*)")'
+    by = ", ".join([OTEL_LABELS, *extra])
+    return f"max by ({by}) (\n  {out}\n)"
+
+
+def _set(expr: str, label: str, value: str) -> str:
+    return f'label_replace({expr}, "{label}", "{value}", "", "")'
+
+
+# hw.status as a state set per GPU (one series per state, 1 for the current one): failed when
+# NVML no longer answers; predicted_failure when a row remap failed (the GPU still runs, NVIDIA
+# says replace it); degraded while a remap is pending (memory rows retired until a reset); ok
+# otherwise. GPUs without row remapping (before Ampere) count as neither failure.
+_REMAP_FAILED = "(gpu_row_remap_failure or gpu_up * 0)"
+_REMAP_PENDING = "(gpu_row_remap_pending or gpu_up * 0)"
+HW_STATES = (
+    ("ok", f"gpu_up * (1 - {_REMAP_FAILED}) * (1 - {_REMAP_PENDING})"),
+    ("degraded", f"gpu_up * (1 - {_REMAP_FAILED}) * {_REMAP_PENDING}"),
+    ("failed", "(gpu_up == bool 0)"),
+    ("predicted_failure", f"gpu_up * {_REMAP_FAILED}"),
+)
+GPU_TASKS = (("general", "gpu_utilization_ratio"), ("encoder", "gpu_encoder_utilization_ratio"),
+             ("decoder", "gpu_decoder_utilization_ratio"))
+
+OTEL_RECORDS: tuple[Record, ...] = (
+    Record("hw_gpu_utilization_ratio", otel_labels(
+        "\nor ".join(_set(src, "hw_gpu_task", task) for task, src in GPU_TASKS),
+        "hw_gpu_task")),
+    Record("hw_gpu_memory_usage_bytes", otel_labels("gpu_memory_used_bytes")),
+    Record("hw_gpu_memory_limit_bytes", otel_labels("gpu_memory_total_bytes")),
+    Record("hw_gpu_memory_utilization_ratio", otel_labels(
+        "gpu_memory_used_bytes / (gpu_memory_total_bytes > 0)")),
+    Record("hw_energy_joules_total", otel_labels("gpu_energy_joules_total")),
+    Record("hw_power_watts", otel_labels("gpu_power_watts")),
+    Record("hw_errors_total", otel_labels(
+        'label_replace(gpu_ecc_errors_total, "error_type", "$1", "type", "(.+)")',
+        "error_type")),
+    Record("hw_status", otel_labels(
+        "\nor ".join(_set(expr, "hw_state", state) for state, expr in HW_STATES), "hw_state")),
 )
 
 
@@ -667,11 +784,17 @@ def dcgm_yaml() -> str:
                               "rules": [r.rule() for r in DCGM_RECORDS]}]})
 
 
+def otel_yaml() -> str:
+    return _dump({"groups": [{"name": "gpu-ledger.otel-hw",
+                              "rules": [r.rule() for r in OTEL_RECORDS]}]})
+
+
 def outputs(config: Config = DEFAULT_CONFIG, directory: Path = HERE) -> dict[Path, str]:
     out = {directory / ALERTS_FILE.name: alerts_yaml(config),
            directory / RECORDING_FILE.name: recording_yaml()}
-    if directory == HERE:  # the DCGM view takes no configuration: --out DIR leaves it out
+    if directory == HERE:  # the optional views take no configuration: --out DIR leaves them out
         out[DCGM_FILE] = dcgm_yaml()
+        out[OTEL_FILE] = otel_yaml()
     return out
 
 

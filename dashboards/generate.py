@@ -108,7 +108,25 @@ class Board:
         board = self.builder.build()
         board.schema_version = SCHEMA_VERSION
         doc: dict[str, Any] = json.loads(json.dumps(board, cls=JSONEncoder))
-        return doc
+        return schema_clean(doc)
+
+
+# Fields the SDK still writes that Grafana's current dashboard schema (@grafana/schema 13)
+# no longer has: the board's theme `style`, and on every variable the interval-variable knobs
+# and a placeholder `id`. tests/test_dashboard_schema.py type-checks the output with tsc.
+STALE_BOARD_FIELDS = ("style",)
+STALE_VARIABLE_FIELDS = ("auto", "auto_count", "auto_min", "id")
+
+
+def schema_clean(doc: dict[str, Any]) -> dict[str, Any]:
+    """Drop the fields the SDK writes that are not in Grafana's dashboard schema."""
+    out = {k: v for k, v in doc.items() if k not in STALE_BOARD_FIELDS}
+    templating = out.get("templating")
+    if isinstance(templating, dict) and isinstance(templating.get("list"), list):
+        out["templating"] = {**templating, "list": [
+            {k: v for k, v in var.items() if k not in STALE_VARIABLE_FIELDS}
+            for var in templating["list"]]}
+    return out
 
 
 # --- variables -----------------------------------------------------------------------------

@@ -18,7 +18,8 @@ These files keep the base buildable with no flags:
   package` stores their contents). One link per file rather than one to the directory, so the
   chart never takes in what else lives in dashboards/;
 - deploy/components/dcgm-compat/prometheusrule-dcgm.yaml: the optional DCGM-compatible
-  recording rules (alerts/optional/gpu-ledger-dcgm.yml) as a PrometheusRule of their own.
+  recording rules (alerts/optional/gpu-ledger-dcgm.yml) as a PrometheusRule of their own;
+  deploy/components/otel-hw/prometheusrule-otel.yaml likewise for the OpenTelemetry hw.* view.
 """
 
 from __future__ import annotations
@@ -90,25 +91,31 @@ def prometheus_rule(root: Path = ROOT) -> str:
     return HEADER.format(src=src) + _dump(obj)
 
 
-def dcgm_rule(root: Path = ROOT) -> str:
-    src = root / "alerts" / "optional" / "gpu-ledger-dcgm.yml"
+def optional_rule(view: str, component: str, root: Path = ROOT) -> str:
+    """The optional view alerts/optional/gpu-ledger-<view>.yml as a PrometheusRule."""
+    src = root / "alerts" / "optional" / f"gpu-ledger-{view}.yml"
     obj = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {
-            "name": "gpu-ledger-dcgm",
+            "name": f"gpu-ledger-{view}",
             "namespace": "gpu-ledger",
             "labels": {"app.kubernetes.io/name": NAME_LABEL,
-                       "app.kubernetes.io/component": "dcgm-compat"},
+                       "app.kubernetes.io/component": component},
         },
         "spec": {"groups": load_groups(src)},
     }
     return HEADER.format(src=src.relative_to(root)) + _dump(obj)
 
 
+def dcgm_rule(root: Path = ROOT) -> str:
+    return optional_rule("dcgm", "dcgm-compat", root)
+
+
 def render_components(root: Path = ROOT) -> dict[Path, str]:
     """Every generated file under deploy/components (relative path -> text)."""
-    return {Path("dcgm-compat/prometheusrule-dcgm.yaml"): dcgm_rule(root)}
+    return {Path("dcgm-compat/prometheusrule-dcgm.yaml"): dcgm_rule(root),
+            Path("otel-hw/prometheusrule-otel.yaml"): optional_rule("otel", "otel-hw", root)}
 
 
 def dashboards_kustomization(names: list[str]) -> str:

@@ -60,7 +60,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = [ROOT / "alerts" / "gpu-ledger-alerts.yml",
               ROOT / "alerts" / "gpu-ledger-recording.yml",
-              ROOT / "alerts" / "optional" / "gpu-ledger-dcgm.yml"]
+              ROOT / "alerts" / "optional" / "gpu-ledger-dcgm.yml",
+              ROOT / "alerts" / "optional" / "gpu-ledger-otel.yml"]
 NODE = "proof-node"
 CLUSTER = "proof"
 # Another exporter's process_* series, scraped under a job of its own in the same cluster:
@@ -366,8 +367,17 @@ def test_every_variable_finds_values(prometheus: str) -> None:
         assert any(m.group(2) in s for s in series), f"{where}: no {m.group(2)} values"
 
 
+NVLINK_LINKS = 4  # nvlink_links in SCENARIO
+
+
 def test_every_recording_rule_returns_data(prometheus: str) -> None:
-    empty = [r["record"] for r in _rules("record") if not query(prometheus, r["expr"])]
+    """Every rule but DCGM's per-link NVLink fields of links the scenario's GPUs do not have."""
+    def absent_link(record: str) -> bool:
+        m = re.fullmatch(r"DCGM_FI_DEV_NVLINK_\w+_L(\d+)", record)
+        return m is not None and int(m.group(1)) >= NVLINK_LINKS
+
+    empty = [r["record"] for r in _rules("record")
+             if not absent_link(r["record"]) and not query(prometheus, r["expr"])]
     assert empty == [], f"recording rules without data: {empty}"
 
 
@@ -565,3 +575,111 @@ def test_exporter_panels_show_gpu_ledgers_exporters_only(prometheus: str) -> Non
             else:
                 assert {r["metric"].get("job") for r in rows} == {JOB}, (panel["title"], rows)
     assert seen == titles
+
+
+# --- the DCGM view's XID, NVLink, PCIe and violation fields ------------------------------------
+
+def test_dcgm_xid_is_each_gpus_last_xid_code(prometheus: str) -> None:
+    """DCGM_FI_DEV_XID_ERRORS holds the code of the GPU's most recent XID (GPU 2: 48; GPU 1
+    got 13 and 92 in the same second: one of them, never their sum) and 0 on the others."""
+    t = rule_time(prometheus, "DCGM_FI_DEV_XID_ERRORS")
+    got = by(query(prometheus, "DCGM_FI_DEV_XID_ERRORS", t), "UUID")
+    assert len(got) == GPUS
+    last: dict[str, tuple[float, set[float]]] = {}
+    for r in query(prometheus, "gpu_xid_last_timestamp_seconds", t):
+        uuid, when, code = r["metric"]["uuid"], float(r["value"][1]), float(r["metric"]["xid"])
+        newest, codes = last.get(uuid, (-1.0, set()))
+        last[uuid] = (when, {code}) if when > newest else (
+            newest, codes | {code} if when == newest else codes)
+    assert {48.0} in [codes for _, codes in last.values()]
+    assert any(codes <= {13.0, 92.0} for _, codes in last.values())
+    for (uuid,), value in got.items():
+        assert value in last.get(uuid, (0, {0.0}))[1], (uuid, value)
+
+
+def test_dcgm_nvlink_pcie_and_violations_equal_the_exporters(prometheus: str) -> None:
+    """Per link and error type, per GPU total, PCIe replays and throughput, and each clock
+    violation (seconds -> DCGM's ns) equal the exporter's series at the rules' instant."""
+    from alerts.generate import DCGM_NVLINK_ERRORS, DCGM_VIOLATIONS
+
+    t = rule_time(prometheus, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL")
+    raw = query(prometheus, "gpu_nvlink_errors_total", t)
+    assert any(float(r["value"][1]) > 0 for r in raw)  # the scenario's replay error on link 1
+    for kind, field in DCGM_NVLINK_ERRORS:
+        want_total: dict[tuple[str, ...], float] = {}
+        for r in raw:
+            if r["metric"]["type"] != kind:
+                continue
+            link, uuid = r["metric"]["link"], r["metric"]["uuid"]
+            got = by(query(prometheus, f'DCGM_FI_DEV_NVLINK_{field}_ERROR_COUNT_L{link}'
+                                       f'{{UUID="{uuid}"}}', t), "UUID")
+            assert got == {(uuid,): float(r["value"][1])}, (kind, link, uuid)
+            want_total[(uuid,)] = want_total.get((uuid,), 0.0) + float(r["value"][1])
+        total = by(query(prometheus, f"DCGM_FI_DEV_NVLINK_{field}_ERROR_COUNT_TOTAL", t), "UUID")
+        assert total == want_total and len(total) == 3, kind  # the three NVLink GPUs
+    pairs = [("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "gpu_pcie_replay_total"),
+             ("DCGM_FI_PROF_PCIE_TX_BYTES", 'gpu_pcie_throughput_bytes_per_second'
+                                            '{direction="tx", mig_uuid=""}'),
+             ("DCGM_FI_PROF_NVLINK_RX_BYTES", 'gpu_nvlink_throughput_bytes_per_second'
+                                              '{direction="rx", mig_uuid=""}'),
+             *[(f"DCGM_FI_DEV_{field}_VIOLATION",
+                f'gpu_throttle_seconds_total{{reason="{reason}"}} * 1e9')
+               for reason, field in DCGM_VIOLATIONS]]
+    for record, exporter_expr in pairs:
+        t = rule_time(prometheus, record)
+        got = by(query(prometheus, f'{record}{{GPU_I_ID=""}}', t), "UUID")
+        want = by(query(prometheus, exporter_expr, t), "uuid")
+        assert want and got == pytest.approx(want, rel=1e-9), record
+    t = rule_time(prometheus, "DCGM_FI_DEV_THERMAL_VIOLATION")
+    thermal = query(prometheus, "DCGM_FI_DEV_THERMAL_VIOLATION > 0", t)
+    assert len(thermal) == 1 and thermal[0]["metric"]["gpu"] == "2"  # its hw_thermal hour
+
+
+# --- the OpenTelemetry hardware view -----------------------------------------------------------
+
+OTEL_KEYS = ("hw_id", "hw_type", "hw_vendor", "hw_model", "k8s_node_name")
+
+
+def test_otel_hw_series_are_the_exporters_per_gpu(prometheus: str) -> None:
+    """Each hw_* record: the exporter's value in OTel's unit, one series per physical GPU with
+    hw.id (the UUID), hw.type gpu, hw.vendor, hw.model and the node."""
+    info = by(query(prometheus, "gpu_info"), "uuid", "model", "node")
+    pairs = [("hw_gpu_memory_usage_bytes", "gpu_memory_used_bytes", ()),
+             ("hw_gpu_memory_limit_bytes", "gpu_memory_total_bytes", ()),
+             ("hw_gpu_memory_utilization_ratio",
+              "gpu_memory_used_bytes / gpu_memory_total_bytes", ()),
+             ("hw_energy_joules_total", "gpu_energy_joules_total", ()),
+             ("hw_power_watts", "gpu_power_watts", ()),
+             ('hw_gpu_utilization_ratio{hw_gpu_task="general"}', "gpu_utilization_ratio", ()),
+             ('hw_gpu_utilization_ratio{hw_gpu_task="decoder"}',
+              "gpu_decoder_utilization_ratio", ()),
+             ("hw_errors_total", "gpu_ecc_errors_total", (("error_type", "type"),))]
+    for record, exporter_expr, extra in pairs:
+        t = rule_time(prometheus, record)
+        rows = query(prometheus, record, t)
+        for r in rows:
+            m = r["metric"]
+            assert (m["hw_type"], m["hw_vendor"]) == ("gpu", "NVIDIA"), record
+            assert (m["hw_id"], m["hw_model"], m["k8s_node_name"]) in info, record
+        got = by(rows, *OTEL_KEYS[:1], *(otel for otel, _ in extra))
+        want = by(query(prometheus, exporter_expr, t), "uuid", *(ours for _, ours in extra))
+        assert want and got == pytest.approx(want, rel=1e-9), record
+    ecc = by(query(prometheus, "sum by (error_type) (hw_errors_total)"), "error_type")
+    assert ecc == {("corrected",): 3, ("uncorrected",): 1}  # GPU 2's ECC fault
+
+
+def test_otel_hw_status_is_one_state_per_gpu(prometheus: str) -> None:
+    """hw_status is a state set: every GPU has the four states, exactly one of them 1; the GPU
+    with a pending row remap is degraded, the others ok."""
+    t = rule_time(prometheus, "hw_status")
+    rows = query(prometheus, "hw_status", t)
+    states = by(rows, "hw_id", "hw_state")
+    gpus = {uuid for uuid, _ in states}
+    assert len(gpus) == GPUS
+    assert {state for _, state in states} == {"ok", "degraded", "failed", "predicted_failure"}
+    for uuid in gpus:
+        assert sum(v for (u, _), v in states.items() if u == uuid) == 1, uuid
+    [pending] = [r["metric"]["uuid"] for r in query(prometheus, "gpu_row_remap_pending == 1", t)]
+    current = {u: s for (u, s), v in states.items() if v == 1}
+    assert current.pop(pending) == "degraded"
+    assert set(current.values()) == {"ok"}
