@@ -43,6 +43,13 @@ def test_before_v2_9_groups_follow_the_containers_only() -> None:
     assert parsed == ParsedGrants((FractionalGrant("main", U0, MEM, memory_bytes=2048 * MiB),))
 
 
+def test_v2_4_placeholder_for_a_container_without_a_device() -> None:
+    """v2.4.x-v2.5.x `calcScore` gives a later container without a device `,,0,0:`."""
+    parsed = parse_grants({HAMI: f"{U0},NVIDIA,3000,30:;,,0,0:;"}, ("main", "sidecar"))
+    assert parsed == ParsedGrants((FractionalGrant("main", U0, MEM, memory_bytes=3000 * MiB,
+                                                   core_fraction=0.3),))
+
+
 def test_since_v2_9_init_containers_come_first() -> None:
     # HAMi's TestGetNextDeviceRequest_DeviceInRegularContainerWithInitOffset
     parsed = parse_grants({HAMI: f";;{U0},NVIDIA,2000,50:;"}, ("main-with-gpu",),

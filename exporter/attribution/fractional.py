@@ -11,9 +11,11 @@ limited". Which containers the groups are for depends on the scheduler's version
 - up to v2.8.x: one group per `spec.containers` entry (`Resourcereqs` walks those only);
 - since v2.9.0 (#1650): `spec.initContainers` first, then `spec.containers`.
 The scheduler writes a group, empty or not, for every container it walked (`calcScore` fills
-the ones without a device). A pod without init containers reads the same either way; with
-some, the group count says which encoding it is (init + regular, or regular only); any other
-count is refused, since no position could be trusted.
+the ones without a device; v2.4.x-v2.5.x wrote `,,0,0:` for such a container after the first
+one with a device and no group for those before it, so fewer groups than containers are read
+by position, as HAMi's device plugin reads them). A pod without init containers reads the
+same either way; with some, the group count says which encoding it is (init + regular, or
+regular only); any other count is refused, since no position could be trusted.
 In HAMi's MIG mode the UUID carries the MIG template, `GPU-<uuid>[<template>-<position>]`:
 the grant is attributed to the GPU.
 
@@ -45,6 +47,9 @@ MiB = 1 << 20
 MAX_ANNOTATION = 64 * 1024
 MAX_GPU_INDEX = 65535
 # `GPU-<uuid>` as NVML spells it, optionally with HAMi's MIG template `[<t>-<p>]`
+# v2.4.x-v2.5.x `calcScore` gives a container without a device after the first one with a
+# device an empty ContainerDevice, encoded `,,0,0`
+_PLACEHOLDER = re.compile(r",,0,0(?:,.*)?")
 _HAMI_UUID = re.compile(r"(?P<uuid>[A-Za-z0-9-]{1,100})(?:\[[0-9]{1,4}-[0-9]{1,4}\])?")
 
 
@@ -108,8 +113,8 @@ def _hami(value: object, containers: tuple[str, ...], init_containers: tuple[str
     out: list[FractionalGrant] = []
     for name, group in zip(names, groups, strict=True):
         for dev in group.split(":"):
-            if not dev:
-                continue  # the terminator after a group's last device
+            if not dev or _PLACEHOLDER.fullmatch(dev):
+                continue  # the terminator after a group's last device; v2.4-2.5's no device
             grant = _hami_device(dev, name)
             if isinstance(grant, str):
                 return grant
