@@ -330,3 +330,34 @@ def test_first_cycle_waits_for_the_slice_list(sockdir: Path, tmp_path: Path) -> 
 def test_no_slice_list_yet_is_not_unresolved(sockdir: Path, tmp_path: Path) -> None:
     # the wait is bounded, and what it could not see is not counted
     assert _dra_cycle(sockdir, tmp_path, _StartingWatch()) == 0
+
+
+def test_a_failing_source_or_parser_costs_only_its_own_rows(
+        sockdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Defence in depth: should a source or the annotation parser ever raise, the cycle and
+    the pod list go on; the vGPU source (no vGPU here) failing changes no series, a parser
+    failing on one pod costs that pod alone."""
+    import exporter.attribution.collector as collector_module
+    import exporter.attribution.podwatch as podwatch_module
+    from exporter.attribution.fractional import parse_grants as real_parse
+
+    clean, _ = _run_node(sockdir, tmp_path, hostile=False)
+
+    def broken_source(*_: object) -> list[Any]:
+        raise RuntimeError("boom")
+
+    def parse_or_raise(annotations: dict[str, Any], *args: Any) -> ParsedGrants:
+        if "2000,50" in str(annotations.get(HAMI)):  # the v29-offset pod
+            raise RuntimeError("boom")
+        return real_parse(annotations, *args)
+
+    monkeypatch.setattr(collector_module, "vgpu_units", broken_source)
+    monkeypatch.setattr(podwatch_module, "parse_grants", parse_or_raise)
+    with caplog.at_level(logging.WARNING, logger="exporter.attribution.collector"):
+        broken, _ = _run_node(sockdir, tmp_path, hostile=False)
+    want = {k: v for k, v in _family(clean, "gpu_container_memory_fraction").items()
+            if k[2] != "v29-offset"}
+    assert _family(broken, "gpu_container_memory_fraction") == want
+    assert _family(broken, "gpu_exporter_fractional_errors_total") == {(): 1.0}
+    assert sum("source vgpu failed" in r.getMessage() for r in caplog.records) == 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -139,6 +140,7 @@ class AttributionCollector:
         self._pod_errors_seen: set[str] = set()  # pod UIDs whose bad grant was reported
         self._pod_errors = 0
         self._slice_wait_left = SLICE_FIRST_WAIT
+        self._sources_failed: set[str] = set()
 
     # --- per cycle -----------------------------------------------------------------------------
     def collect(self, ctx: CycleContext, sink: SampleSink) -> int:
@@ -160,11 +162,15 @@ class AttributionCollector:
         watch = self._watch
         pod_infos = watch.pods if watch is not None else {}
         rows: list[Unit] = [
-            *device_plugin_units(allocations, index, self._overrides, self.unknown_ids, vgpus),
-            *dra_units(claims, self._dra, uuids, index, self._overrides, self._claim_configs,
-                       self.unknown_ids, count_unresolved=slices_listed),
-            *fractional_units(pod_infos.values(), index, self._pod_error),
-            *vgpu_units(allocations, index, vgpus, self._overrides),
+            *self._source("device plugin", lambda: device_plugin_units(
+                allocations, index, self._overrides, self.unknown_ids, vgpus)),
+            *self._source("dra", lambda: dra_units(
+                claims, self._dra, uuids, index, self._overrides, self._claim_configs,
+                self.unknown_ids, count_unresolved=slices_listed)),
+            *self._source("fractional", lambda: fractional_units(
+                pod_infos.values(), index, self._pod_error)),
+            *self._source("vgpu", lambda: vgpu_units(allocations, index, vgpus,
+                                                     self._overrides)),
         ]
         self._pod_errors_seen &= pod_infos.keys()  # forget pods that are gone
         merged = merge(rows, self._replica_counts(index))
@@ -325,6 +331,17 @@ class AttributionCollector:
                    if (e := entries.get(k)) is not None and e.config is not None}
         self._claims_unreadable = len(keys) - len(configs)
         return configs
+
+    def _source(self, name: str, rows: Callable[[], list[Unit]]) -> list[Unit]:
+        """One source's rows. Sources never raise by design; should one, its rows are lost
+        for the cycle (logged once per source), not the other sources' nor the cycle."""
+        try:
+            return rows()
+        except Exception:
+            if name not in self._sources_failed:
+                self._sources_failed.add(name)
+                log.exception("attribution source %s failed; its allocations are skipped", name)
+            return []
 
     def _pod_error(self, info: PodInfo, message: str) -> None:
         """A pod's unreadable or unplaceable grant: counted and logged once per pod, however

@@ -71,6 +71,16 @@ def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _grants(annotations: dict[str, Any], names: tuple[str, ...],
+            init_names: tuple[str, ...]) -> ParsedGrants:
+    """parse_grants never raises by design; should it ever, the pod loses its grant, not the
+    node its pod list (this runs inside the watch's list and event handling)."""
+    try:
+        return parse_grants(annotations, names, init_names)
+    except Exception as e:  # tenant-written input must never fail a list
+        return ParsedGrants(errors=(f"annotations unreadable ({type(e).__name__})",))
+
+
 def pod_info(obj: dict[str, Any], allowlist: frozenset[str]) -> PodInfo | None:
     """PodInfo from a pod as JSON; None when it lacks identity (uid, namespace, name). Never
     raises: a field of the wrong shape is read as absent, so one odd pod cannot fail a list."""
@@ -92,7 +102,7 @@ def pod_info(obj: dict[str, Any], allowlist: frozenset[str]) -> PodInfo | None:
     spec = _dict(obj.get("spec"))
     names, init_names = _names(spec.get("containers")), _names(spec.get("initContainers"))
     annotations = meta.get("annotations")
-    grants = parse_grants(annotations, names, init_names) if isinstance(annotations, dict) \
+    grants = _grants(annotations, names, init_names) if isinstance(annotations, dict) \
         else ParsedGrants()
     return PodInfo(uid.lower(), ns, name, labels, containers, names, owner_of(meta), grants)
 

@@ -121,17 +121,26 @@ def fractional_units(pods: Iterable[PodInfo], index: DeviceIndex,
     through `on_error` (its readable grants on this node's GPUs still count)."""
     rows: list[Unit] = []
     for info in pods:
-        if info.grants.errors:
-            on_error(info, "; ".join(info.grants.errors))
-        for grant in info.grants.grants:
-            ref = index.resolve(grant.device)
-            if ref is None or ref.slot:
-                on_error(info, f"{grant.resource} device {grant.device[:80]!r} is no GPU of "
-                               "this node")
-                continue
-            ctr = grant.container or (info.container_names[0] if info.container_names else "")
-            rows.append(Unit(Holder(info.namespace, info.name, ctr), ref.key, grant.resource,
-                             SharingMode.FRACTIONAL,
-                             Grant(grant.memory_bytes, grant.memory_fraction,
-                                   grant.core_fraction)))
+        try:
+            rows.extend(_pod_units(info, index, on_error))
+        except Exception as e:  # one tenant's pod never costs another's grant
+            on_error(info, f"grant unreadable ({type(e).__name__})")
+    return rows
+
+
+def _pod_units(info: PodInfo, index: DeviceIndex,
+               on_error: Callable[[PodInfo, str], None]) -> list[Unit]:
+    if info.grants.errors:
+        on_error(info, "; ".join(info.grants.errors))
+    rows: list[Unit] = []
+    for grant in info.grants.grants:
+        ref = index.resolve(grant.device)
+        if ref is None or ref.slot:
+            on_error(info, f"{grant.resource} device {grant.device[:80]!r} is no GPU of this "
+                           "node")
+            continue
+        ctr = grant.container or (info.container_names[0] if info.container_names else "")
+        rows.append(Unit(Holder(info.namespace, info.name, ctr), ref.key, grant.resource,
+                         SharingMode.FRACTIONAL,
+                         Grant(grant.memory_bytes, grant.memory_fraction, grant.core_fraction)))
     return rows
