@@ -2,7 +2,7 @@
 
 HAMi (`nvidia.com/gpumem`, `gpumem-percentage`, `gpucores`; Project-HAMi/HAMi
 `pkg/device/devices.go` EncodePodSingleDevice / DecodePodDevices, `pkg/util/util.go` before
-v2.5): the scheduler writes its decision to `hami.io/vgpu-devices-allocated` as one `;`-ended
+v2.7): the scheduler writes its decision to `hami.io/vgpu-devices-allocated` as one `;`-ended
 group per container, devices in a group `:`-ended, each `<uuid>,<type>,<memory MiB>,<core %>`
 (e.g. `GPU-0fc3...,NVIDIA,3000,30:;`). Memory is in MiB whichever resource asked for it (a
 `gpumem-percentage` request is turned into MiB of the chosen GPU before it is written); HAMi
@@ -11,11 +11,12 @@ limited". Which containers the groups are for depends on the scheduler's version
 - up to v2.8.x: one group per `spec.containers` entry (`Resourcereqs` walks those only);
 - since v2.9.0 (#1650): `spec.initContainers` first, then `spec.containers`.
 The scheduler writes a group, empty or not, for every container it walked (`calcScore` fills
-the ones without a device; v2.4.x-v2.5.x wrote `,,0,0:` for such a container after the first
-one with a device and no group for those before it, so fewer groups than containers are read
-by position, as HAMi's device plugin reads them). A pod without init containers reads the
-same either way; with some, the group count says which encoding it is (init + regular, or
-regular only); any other count is refused, since no position could be trusted.
+the ones without a device since v2.7.0; before, those ahead of the first container with a
+device could get none, and v2.4.x-v2.5.x wrote `,,0,0:` for one after it, so fewer groups
+than containers are read by position, as HAMi's device plugin reads them). A pod without
+init containers reads the same either way; with some, the group count says which encoding it
+is (init + regular, or regular only); any other count is refused, since no position could be
+trusted.
 In HAMi's MIG mode the UUID carries the MIG template, `GPU-<uuid>[<template>-<position>]`:
 the grant is attributed to the GPU.
 
