@@ -4,7 +4,9 @@ Per cycle: one PodResources List (which container holds which device), the cgrou
 NVML process (which pod UID and container ID runs it, cached per pid) and the pod watch's cache
 (UID → namespace, name, labels). No API call happens here: the watches and the ResourceClaim
 reader run on their own threads (a claim seen for the first time waits for its answer at most
-CLAIM_FIRST_WAIT).
+CLAIM_FIRST_WAIT). Allocations come from the sources (sources.py: device plugin, DRA,
+fractional grants, vGPU), each turning its inputs into `Unit` rows, merged once
+(units.merge) into the allocation, grant and usage series.
 
 Who a process belongs to, best source first:
 1. its cgroup's pod UID (or container ID) found in the pod watch: the pod that really runs it,
