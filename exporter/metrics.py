@@ -174,8 +174,9 @@ FAMILIES: tuple[Family, ...] = (
        "node (each logged once), counted once per PodResources answer that held them: those "
        "allocations are not attributed.", ("resource",), "attribution"),
     _c("gpu_exporter_fractional_errors_total",
-       "Fractional GPU grants (HAMi, gpushare pod annotations) that could not be read or "
-       "name no GPU of this node, once per pod and problem (each logged).", (),
+       "Pods whose fractional GPU grant (HAMi, gpushare pod annotations) could not be read "
+       "or names no GPU of this node, counted and logged once per pod: that pod's grant is "
+       "not attributed, every other pod's is.", (),
        "attribution"),
     _g("gpu_exporter_dra_fallback",
        "1 while this node's ResourceSlices cannot be read, so DRA devices named gpu-<n> are "

@@ -20,6 +20,9 @@ from gpusim.model import (
 )
 
 MIB, GIB = 1 << 20, 1 << 30
+# HAMi's device plugin registers each GPU this many times as `GPU-<uuid>-<n>` (its chart's
+# devicePlugin.deviceSplitCount; Project-HAMi/HAMi rm/devices.go GetPluginDevices)
+HAMI_SPLIT_COUNT = 10
 
 
 def plugin_id(scenario: Scenario, gpu: GpuSpec, mig: MigSpec | None) -> str:
@@ -125,10 +128,42 @@ def resource_claim(scenario: Scenario, claim: ClaimSpec) -> dict[str, Any]:
     }
 
 
+def hami_slot_ids(scenario: Scenario) -> list[str]:
+    """HAMi's kubelet device IDs: `GPU-<uuid>-<n>`, HAMI_SPLIT_COUNT per GPU it hands out."""
+    return [f"{gpu.uuid}-{n}" for gpu in scenario.gpus if gpu.allocation == "hami"
+            for n in range(HAMI_SPLIT_COUNT)]
+
+
+def hami_slots(scenario: Scenario, pod: PodSpec, container: int) -> list[str]:
+    """The slot IDs the kubelet gave a container for its HAMi grants: one per grant, on the
+    granted GPU (HAMi's GetPreferredAllocation lines them up), numbered in the order the
+    scenario's pods take that GPU's slots."""
+    taken: dict[int, int] = {}
+    for p in scenario.pods:
+        for ci, c in enumerate(p.containers):
+            out = []
+            for u in c.units:
+                if u.memory is None or scenario.gpus[u.gpu].allocation != "hami":
+                    continue
+                n = taken.get(u.gpu, 0)
+                taken[u.gpu] = n + 1
+                out.append(f"{scenario.gpus[u.gpu].uuid}-{n % HAMI_SPLIT_COUNT}")
+            if p.index == pod.index and ci == container:
+                return out
+    return []
+
+
 def pod_annotations(scenario: Scenario, pod: PodSpec) -> dict[str, str]:
-    """The scheduler's decision for the pod's fractional grants: HAMi's
-    `hami.io/vgpu-devices-allocated` (one `;`-ended group per container, devices `:`-ended,
-    `<uuid>,NVIDIA,<MiB>,<core %>`), gpushare's `ALIYUN_COM_GPU_MEM_IDX/_POD/_DEV` (GiB)."""
+    """The scheduler's decision for the pod's fractional grants, as the schedulers write it.
+
+    HAMi (Project-HAMi/HAMi v2.9.0 `EncodePodSingleDevice`, nvidia `PatchAnnotations`):
+    `hami.io/vgpu-devices-allocated`, one `;`-ended group per container the scheduler walked,
+    empty for a container without a device (simulated pods have no init containers, which
+    since v2.9.0 would come first), devices `:`-ended, `<uuid>,NVIDIA,<MiB>,<core %>`; the
+    same string in `hami.io/vgpu-devices-to-allocate`, which the device plugin empties one
+    group per Allocate (`eraseNextDeviceTypeFromAnnotation`, each re-encode adding a `;`), so a
+    running pod shows only `;`s there; `hami.io/vgpu-node` and `hami.io/bind-phase: success`.
+    gpushare: `ALIYUN_COM_GPU_MEM_IDX/_POD/_DEV` (GiB)."""
     out: dict[str, str] = {}
     groups: list[str] = []
     for c in pod.containers:
@@ -146,4 +181,8 @@ def pod_annotations(scenario: Scenario, pod: PodSpec) -> dict[str, str]:
         groups.append(devs + ";")
     if any(g != ";" for g in groups):
         out["hami.io/vgpu-devices-allocated"] = "".join(groups)
+        out["hami.io/vgpu-devices-to-allocate"] = ";" * (
+            len(groups) + sum(g != ";" for g in groups))
+        out["hami.io/vgpu-node"] = scenario.node
+        out["hami.io/bind-phase"] = "success"
     return out

@@ -18,7 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from gpusim.allocation import container_claims, plugin_id, vgpu_resource
+from gpusim.allocation import (
+    container_claims,
+    hami_slot_ids,
+    hami_slots,
+    plugin_id,
+    vgpu_resource,
+)
 from gpusim.model import (
     HostProcessSpec,
     PodSpec,
@@ -320,8 +326,10 @@ def device_units(scenario: Scenario) -> list[UnitRef]:
 
 
 def device_ids(scenario: Scenario) -> list[tuple[str, str]]:
-    """The device plugin's allocatable list: (resource_name, device_id) per unit."""
-    return [unit_device(scenario, u) for u in device_units(scenario)]
+    """The device plugins' allocatable list: (resource_name, device_id) per unit, then HAMi's
+    slots of the GPUs it hands out."""
+    return [unit_device(scenario, u) for u in device_units(scenario)] + [
+        ("nvidia.com/gpu", slot) for slot in hami_slot_ids(scenario)]
 
 
 def sharing_modes(scenario: Scenario) -> dict[str, str]:
@@ -366,10 +374,12 @@ def pods_at(scenario: Scenario, t: float) -> list[SimPod]:
         for ci, c in enumerate(pod.containers):
             grouped: dict[str, list[str]] = {}
             for u in c.units:
-                if u.claim or u.is_grant:  # PodResources lists claims apart; grants not at all
+                if u.claim or u.is_grant:  # PodResources lists claims apart, grants as slots
                     continue
                 resource, dev = unit_device(scenario, u)
                 grouped.setdefault(c.resource or resource, []).append(dev)
+            if slots := hami_slots(scenario, pod, ci):
+                grouped.setdefault("nvidia.com/gpu", []).extend(slots)
             containers.append(SimContainer(
                 name=c.name, container_id=container_id(uid, c.name),
                 devices=tuple((r, tuple(ids)) for r, ids in grouped.items()),

@@ -53,8 +53,12 @@ def test_device_id_strategies(strategy: str, ids: list[str]) -> None:
 def test_the_example_node_has_every_allocation() -> None:
     sc = load_scenario(SHARING)
     assert {g.allocation for g in sc.gpus} == {"device-plugin", "dra", "hami", "gpushare"}
-    # The device plugin advertises only its own GPUs (0-3), by index.
-    assert {i.split(":")[0] for _, i in device_ids(sc)} == {"0", "1", "2", "3"}
+    # The device plugin advertises only its own GPUs (0-3), by index; HAMi's plugin its GPU
+    # (6) as ten `GPU-<uuid>-<n>` slots.
+    hami_slots = {f"{sc.gpus[6].uuid}-{n}" for n in range(10)}
+    ids = {i for _, i in device_ids(sc)}
+    assert {i.split(":")[0] for i in ids - hami_slots} == {"0", "1", "2", "3"}
+    assert hami_slots <= ids
     pods = {p.name: p for p in pods_at(sc, 60.0)}
     # A DRA claim is listed apart from device IDs, as PodResources' dynamic_resources.
     s1, s2 = pods["dra-s1"].containers[0], pods["dra-s2"].containers[0]
@@ -63,7 +67,9 @@ def test_the_example_node_has_every_allocation() -> None:
     # Processes run on the claimed and granted GPUs.
     assert s1.processes[0].uuid == sc.gpus[5].uuid
     assert pods["hami-a"].containers[0].processes[0].uuid == sc.gpus[6].uuid
-    assert pods["hami-a"].containers[0].devices == ()
+    # the kubelet gave each HAMi holder a slot of the granted GPU
+    assert pods["hami-a"].containers[0].devices == (("nvidia.com/gpu", (f"{sc.gpus[6].uuid}-0",)),)
+    assert pods["hami-b"].containers[0].devices == (("nvidia.com/gpu", (f"{sc.gpus[6].uuid}-1",)),)
     (slice_,) = resource_slices(sc)
     names = [d["name"] for d in slice_["spec"]["devices"]]
     assert names == ["gpu-4", "gpu-5"]
@@ -75,7 +81,9 @@ def test_grant_annotations_read_back_as_the_exporter_reads_them() -> None:
     sc = load_scenario(SHARING)
     by_name = {p.name: p for p in sc.pods}
     hami = pod_annotations(sc, by_name["hami-a"])
-    assert hami == {"hami.io/vgpu-devices-allocated": f"{sc.gpus[6].uuid},NVIDIA,20480,60:;"}
+    assert hami == {"hami.io/vgpu-devices-allocated": f"{sc.gpus[6].uuid},NVIDIA,20480,60:;",
+                    "hami.io/vgpu-devices-to-allocate": ";;", "hami.io/vgpu-node": sc.node,
+                    "hami.io/bind-phase": "success"}
     (g,) = parse_grants(hami, ("main",)).grants
     assert (g.device, g.memory_bytes, g.core_fraction) == (sc.gpus[6].uuid, 20 << 30, 0.6)
     share = pod_annotations(sc, by_name["share-a"])
@@ -105,6 +113,8 @@ def test_claims_no_resource_slice_lists_are_counted_and_the_rest_attributed() ->
     assert [v for _, v, _ in samples["gpu_exporter_dra_fallback"]] == [0.0]
     # per PodResources answer: dra-one's, dra-s1's and dra-s2's device
     assert counts[1]["gpu.nvidia.com"] - counts[0]["gpu.nvidia.com"] == 3
+    # HAMi's kubelet slots (GPU-<uuid>-<n>, in List and GetAllocatableResources) are no miss
+    assert counts[0]["nvidia.com/gpu"] == counts[1]["nvidia.com/gpu"] == 0
     pods = {labels[2] for labels, _, _ in samples["gpu_container_allocation"]}
     assert pods == {"whole", "mig", "ts-a", "ts-b", "mps-a", "hami-a", "hami-b", "share-a"}
 

@@ -4,7 +4,9 @@ Per cycle: one PodResources List (which container holds which device), the cgrou
 NVML process (which pod UID and container ID runs it, cached per pid) and the pod watch's cache
 (UID → namespace, name, labels). No API call happens here: the watches and the ResourceClaim
 reader run on their own threads (a claim seen for the first time waits for its answer at most
-CLAIM_FIRST_WAIT).
+CLAIM_FIRST_WAIT). Allocations come from the sources (sources.py: device plugin, DRA,
+fractional grants, vGPU), each turning its inputs into `Unit` rows, merged once
+(units.merge) into the allocation, grant and usage series.
 
 Who a process belongs to, best source first:
 1. its cgroup's pod UID (or container ID) found in the pod watch: the pod that really runs it,
@@ -18,25 +20,34 @@ Who a process belongs to, best source first:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from exporter.attribution.cgroup import CgroupRef, CgroupResolver
-from exporter.attribution.deviceids import (
-    DeviceIndex,
-    DeviceRef,
-    UnknownIds,
-    is_gpu_resource,
-    sharing_mode,
-)
-from exporter.attribution.dra import ClaimDevice, DraResolver, SliceKey, slice_uuids
-from exporter.attribution.fractional import FractionalGrant
-from exporter.attribution.podresources import Allocation, PodResourcesClient
+from exporter.attribution.deviceids import DeviceIndex, UnknownIds, is_gpu_resource
+from exporter.attribution.dra import DraResolver, SliceKey, slice_uuids
+from exporter.attribution.podresources import PodResourcesClient
 from exporter.attribution.podwatch import PodInfo, PodWatch
 from exporter.attribution.resourceclaims import ClaimConfig, ClaimKey, ClaimReader
 from exporter.attribution.resourceslices import ResourceSlice, resource_slice_watch
-from exporter.attribution.vgpu import VgpuInstance, vgpu_instances
+from exporter.attribution.sources import (
+    device_plugin_units,
+    dra_units,
+    fractional_units,
+    vgpu_units,
+)
+from exporter.attribution.units import (
+    DeviceKey,
+    Holder,
+    InstanceUse,
+    Merged,
+    Unit,
+    UsageKey,
+    merge,
+)
+from exporter.attribution.vgpu import vgpu_instances
 from exporter.core import (
     CycleContext,
     ExporterOptions,
@@ -48,22 +59,16 @@ from exporter.core import (
 )
 from exporter.kube.client import connector
 from exporter.kube.watch import NodeScopedWatch
-from gpu_ledger.sharing import SharingMode
 
 log = logging.getLogger(__name__)
 
-DeviceKey = tuple[str, str]  # DeviceRef.key: (uuid, mig_uuid)
 # How long a cycle waits for the config of a shared claim it has no answer for yet: long enough
 # for a GET to a healthy API server, short enough never to stall sampling.
 CLAIM_FIRST_WAIT = 0.25
-
-
-class Holder(NamedTuple):
-    """A container, as PodResources and the pod watch name it."""
-
-    namespace: str
-    pod: str
-    container: str
+# How long the cycles after a start wait, in all, for the first ResourceSlice list when they
+# hold DRA devices: a healthy API server lists them well within it. Until that list, a DRA
+# device that does not resolve is not counted as unresolved (it may be in a slice not read yet).
+SLICE_FIRST_WAIT = 2.0
 
 
 class Owner(NamedTuple):
@@ -74,36 +79,6 @@ class Owner(NamedTuple):
 
 
 _NOBODY = Owner(Holder("", "", ""), ())
-
-
-class UnitKey(NamedTuple):
-    """One line of gpu_container_allocation: a container's units of one resource on a device."""
-
-    holder: Holder
-    uuid: str
-    mig_uuid: str
-    resource: str
-    sharing: SharingMode
-
-
-class UsageKey(NamedTuple):
-    """A container on a device: the labels of gpu_container_{memory,sm,processes}."""
-
-    holder: Holder
-    uuid: str
-    mig_uuid: str
-
-    def labels(self, node: str) -> tuple[str, ...]:
-        return (node, *self.holder, self.uuid, self.mig_uuid)
-
-
-@dataclass(frozen=True)
-class VgpuGrant(FractionalGrant):
-    """A vGPU instance a container holds: its framebuffer share, and the instance's SM and
-    framebuffer use (the only use figures the host has for it)."""
-
-    sm_util: float | None = None
-    memory_used: int | None = None
 
 
 @dataclass
@@ -164,8 +139,10 @@ class AttributionCollector:
         self._replicas_from: tuple[tuple[str, str], ...] | None = None
         self._replicas: dict[DeviceKey, int] = {}
         self.unknown_ids = UnknownIds()
-        self._fractional_seen: set[tuple[str, str]] = set()
-        self._fractional_errors = 0
+        self._pod_errors_seen: set[str] = set()  # pod UIDs whose bad grant was reported
+        self._pod_errors = 0
+        self._slice_wait_left = SLICE_FIRST_WAIT
+        self._sources_failed: set[str] = set()
 
     # --- per cycle -----------------------------------------------------------------------------
     def collect(self, ctx: CycleContext, sink: SampleSink) -> int:
@@ -179,37 +156,36 @@ class AttributionCollector:
         if self._watch is not None:
             ctx.sources["kubernetes"] = self._watch.status
         vgpus = vgpu_instances(ctx)
-        units, holders, vgpu_grants = self._allocations(allocations, index, vgpus)
+        claims = self._client.claim_devices
+        slices_listed = self._await_slices(any(self._dra.is_gpu(c) for c in claims))
         uuids = self._resource_slice_uuids()
         if self._slices is not None:  # off with --no-kubernetes: no series, as for kubernetes
             ctx.sources["resourceslices"] = self._slices.status
-        self._claims(self._client.claim_devices, index, uuids, units, holders)
         watch = self._watch
-        fractions = self._fractional(watch.pods.values() if watch is not None else (), index,
-                                     units, holders)
-        fractions.update(vgpu_grants)
-        pods = PodDirectory(watch.pods if watch is not None else {},
-                            watch.by_name if watch is not None else {},
-                            watch.by_container if watch is not None else {}, holders)
-        self._emit_allocations(ctx.node, sink, units, self._replica_counts(index), pods)
-        gpus = {g.uuid: g for g in ctx.gpus}
-        for k, grant in sorted(fractions.items(), key=lambda kv: kv[0]):
-            mem = grant.memory_fraction
-            if mem is None and grant.memory_bytes is not None:
-                total = self._memory_total(ctx, gpus.get(k.uuid))
-                mem = min(grant.memory_bytes / total, 1.0) if total else None
-            plabels = pods.labels_of(k.holder.namespace, k.holder.pod)
-            if mem is not None:
-                sink.add("gpu_container_memory_fraction", k.labels(ctx.node), mem, plabels)
-            if grant.core_fraction is not None:
-                sink.add("gpu_container_core_fraction", k.labels(ctx.node), grant.core_fraction,
-                         plabels)
+        pod_infos = watch.pods if watch is not None else {}
+        rows: list[Unit] = [
+            *self._source("device plugin", lambda: device_plugin_units(
+                allocations, index, self._overrides, self.unknown_ids, vgpus)),
+            *self._source("dra", lambda: dra_units(
+                claims, self._dra, uuids, index, self._overrides, self._claim_configs,
+                self.unknown_ids, count_unresolved=slices_listed)),
+            *self._source("fractional", lambda: fractional_units(
+                pod_infos.values(), index, self._pod_error)),
+            *self._source("vgpu", lambda: vgpu_units(allocations, index, vgpus,
+                                                     self._overrides)),
+        ]
+        self._pod_errors_seen &= pod_infos.keys()  # forget pods that are gone
+        merged = merge(rows, self._replica_counts(index))
+        pods = PodDirectory(pod_infos, watch.by_name if watch is not None else {},
+                            watch.by_container if watch is not None else {}, merged.holders)
+        self._emit_allocations(ctx.node, sink, merged, pods)
+        self._emit_grants(ctx, sink, merged, pods)
         usage, per_process = self._usage(ctx.processes, pods)
-        self._emit_usage(ctx.node, sink, usage, vgpu_grants)
+        self._emit_usage(ctx.node, sink, usage, merged.uses)
         for resource in sorted(self.unknown_ids.by_resource):
             sink.add("gpu_exporter_unresolved_device_ids_total", (resource,),
                      self.unknown_ids.by_resource[resource])
-        sink.add("gpu_exporter_fractional_errors_total", (), self._fractional_errors)
+        sink.add("gpu_exporter_fractional_errors_total", (), self._pod_errors)
         sink.add("gpu_exporter_dra_fallback", (), 0.0 if uuids is not None else 1.0)
         if self._claim_reader is not None:  # with --no-kubernetes no claim is read: no series
             sink.add("gpu_exporter_dra_claims_unreadable", (), self._claims_unreadable)
@@ -221,22 +197,30 @@ class AttributionCollector:
         return ctx.process_failures
 
     @staticmethod
-    def _emit_allocations(node: str, sink: SampleSink, units: dict[UnitKey, int],
-                          replicas: dict[DeviceKey, int], pods: PodDirectory) -> None:
-        handed_out: dict[DeviceKey, int] = {}
-        for key, n in units.items():
-            dev = (key.uuid, key.mig_uuid)
-            handed_out[dev] = handed_out.get(dev, 0) + n
-        for key in sorted(units):
-            dev = (key.uuid, key.mig_uuid)
-            if key.sharing in (SharingMode.EXCLUSIVE, SharingMode.MIG):
-                count = 1
-            else:  # a share: how many the kubelet can hand out, else how many are handed out
-                count = replicas.get(dev) or max(handed_out[dev], 1)
+    def _emit_allocations(node: str, sink: SampleSink, merged: Merged,
+                          pods: PodDirectory) -> None:
+        for key in sorted(merged.units):
             sink.add("gpu_container_allocation",
                      (node, *key.holder, key.uuid, key.mig_uuid, key.resource, key.sharing,
-                      str(count), *pods.owner_of(key.holder.namespace, key.holder.pod)),
-                     units[key], pods.labels_of(key.holder.namespace, key.holder.pod))
+                      str(merged.replicas[key]),
+                      *pods.owner_of(key.holder.namespace, key.holder.pod)),
+                     merged.units[key], pods.labels_of(key.holder.namespace, key.holder.pod))
+
+    def _emit_grants(self, ctx: CycleContext, sink: SampleSink, merged: Merged,
+                     pods: PodDirectory) -> None:
+        """The memory and core fractions granted (fractional schedulers, vGPU types)."""
+        gpus = {g.uuid: g for g in ctx.gpus}
+        for k, grant in sorted(merged.grants.items(), key=lambda kv: kv[0]):
+            mem = grant.memory_fraction
+            if mem is None and grant.memory_bytes is not None:
+                total = self._memory_total(ctx, gpus.get(k.uuid))
+                mem = min(grant.memory_bytes / total, 1.0) if total else None
+            plabels = pods.labels_of(k.holder.namespace, k.holder.pod)
+            if mem is not None:
+                sink.add("gpu_container_memory_fraction", k.labels(ctx.node), mem, plabels)
+            if grant.core_fraction is not None:
+                sink.add("gpu_container_core_fraction", k.labels(ctx.node), grant.core_fraction,
+                         plabels)
 
     def _usage(self, processes: list[ProcessSample], pods: PodDirectory) -> tuple[
             dict[UsageKey, Usage], list[tuple[ProcessSample, Owner]]]:
@@ -264,9 +248,8 @@ class AttributionCollector:
 
     @staticmethod
     def _emit_usage(node: str, sink: SampleSink, usage: dict[UsageKey, Usage],
-                    vgpus: dict[UsageKey, VgpuGrant] | None = None) -> None:
+                    vgpus: dict[UsageKey, InstanceUse]) -> None:
         ordered = sorted(usage)
-        vgpus = vgpus or {}
         for k in ordered:
             u, vgpu = usage[k], vgpus.get(k)
             memory = u.memory_bytes
@@ -326,43 +309,6 @@ class AttributionCollector:
             self._replicas_from = None  # IDs may resolve differently now
         return self._index
 
-    def _allocations(self, allocations: Iterable[Allocation], index: DeviceIndex,
-                     vgpus: dict[str, VgpuInstance]) -> tuple[
-            dict[UnitKey, int], dict[DeviceKey, list[Holder]], dict[UsageKey, VgpuGrant]]:
-        """Device plugin units per container, the holders of each device, and the vGPU
-        instances held (as grants of their framebuffer share)."""
-        units: dict[UnitKey, int] = {}
-        holders: dict[DeviceKey, list[Holder]] = {}
-        grants: dict[UsageKey, VgpuGrant] = {}
-        for a in allocations:
-            if not is_gpu_resource(a.resource, self._overrides):
-                continue
-            for device_id in a.device_ids:
-                holder = Holder(a.namespace, a.pod, a.container)
-                refs = index.resolve_all(device_id)
-                vgpu = vgpus.get(device_id.strip().lower()) if not refs else None
-                if vgpu is not None:  # a KubeVirt vGPU: its mdev UUID
-                    k = UnitKey(holder, vgpu.gpu_uuid, "", a.resource, SharingMode.VGPU)
-                    units[k] = units.get(k, 0) + 1
-                    grants[UsageKey(holder, vgpu.gpu_uuid, "")] = VgpuGrant(
-                        holder.container, device_id, a.resource,
-                        memory_fraction=vgpu.framebuffer_fraction, sm_util=vgpu.sm_util,
-                        memory_used=vgpu.memory_used)
-                    hs = holders.setdefault((vgpu.gpu_uuid, ""), [])
-                    if holder not in hs:
-                        hs.append(holder)
-                    continue
-                if not refs:
-                    self.unknown_ids.report(a.resource, device_id)
-                for ref in refs:
-                    mode = sharing_mode(a.resource, ref, self._overrides)
-                    k = UnitKey(holder, ref.uuid, ref.mig_uuid, a.resource, mode)
-                    units[k] = units.get(k, 0) + 1
-                    hs = holders.setdefault(ref.key, [])
-                    if holder not in hs:
-                        hs.append(holder)
-        return units, holders, grants
-
     def _resource_slice_uuids(self) -> dict[SliceKey, str] | None:
         """Device name → UUID from this node's ResourceSlices; None while they cannot be read
         (the `gpu-<n>` fallback then applies). Rebuilt only when the watch publishes."""
@@ -373,48 +319,6 @@ class AttributionCollector:
         if items is not self._slice_items:
             self._slice_uuids, self._slice_items = slice_uuids(items.values()), items
         return self._slice_uuids
-
-    def _claims(self, claims: Iterable[ClaimDevice], index: DeviceIndex,
-                uuids: dict[SliceKey, str] | None,
-                units: dict[UnitKey, int], holders: dict[DeviceKey, list[Holder]]) -> None:
-        """DRA devices as allocation units. A device whose claim several containers consume
-        is one share per container: MPS or time-slicing as the --sharing-mode override for the
-        driver says, else as the claim's config says (MPS, else time-slicing)."""
-        resolved: list[tuple[Holder, DeviceRef, ClaimDevice]] = []
-        sharers: dict[DeviceKey, set[Holder]] = {}
-        for c in claims:
-            if not self._dra.is_gpu(c):
-                continue
-            ref = self._dra.resolve(c, uuids, index)
-            if ref is None:
-                self.unknown_ids.report(c.driver, f"{c.pool}/{c.device}")
-                continue
-            holder = Holder(c.namespace, c.pod, c.container)
-            resolved.append((holder, ref, c))
-            sharers.setdefault(ref.key, set()).add(holder)
-        # Only a shared device's claim decides anything (one holder is exclusive whatever its
-        # config says), and an override makes reading it moot.
-        configs = self._claim_configs({
-            (c.claim_namespace, c.claim_name) for _, ref, c in resolved
-            if len(sharers[ref.key]) > 1 and c.driver not in self._overrides})
-        done: set[tuple[Holder, DeviceKey]] = set()
-        for holder, ref, c in resolved:
-            if (holder, ref.key) in done:  # the same device twice in one container's claims
-                continue
-            done.add((holder, ref.key))
-            if len(sharers[ref.key]) > 1:
-                config = configs.get((c.claim_namespace, c.claim_name))
-                mode = self._overrides.get(c.driver) or (
-                    SharingMode.MPS if config is not None and config.is_mps(
-                        SliceKey(c.driver, c.pool, c.device), mig=bool(ref.mig_uuid))
-                    else SharingMode.TIME_SLICING)
-            else:
-                mode = SharingMode.MIG if ref.mig_uuid else SharingMode.EXCLUSIVE
-            k = UnitKey(holder, ref.uuid, ref.mig_uuid, c.driver, mode)
-            units[k] = units.get(k, 0) + 1
-            hs = holders.setdefault(ref.key, [])
-            if holder not in hs:
-                hs.append(holder)
 
     def _claim_configs(self, keys: set[ClaimKey]) -> dict[ClaimKey, ClaimConfig]:
         """The configs of these claims the reader has; the rest are counted as unreadable."""
@@ -430,39 +334,39 @@ class AttributionCollector:
         self._claims_unreadable = len(keys) - len(configs)
         return configs
 
-    def _fractional_error(self, uid: str, pod: str, message: str) -> None:
-        """Counted and logged once per pod and message: the annotation does not change."""
-        if (uid, message) not in self._fractional_seen:
-            self._fractional_seen.add((uid, message))
-            self._fractional_errors += 1
-            log.warning("fractional GPU grant of pod %s: %s; not attributed", pod, message)
+    def _source(self, name: str, rows: Callable[[], list[Unit]]) -> list[Unit]:
+        """One source's rows. Sources never raise by design; should one, its rows are lost
+        for the cycle (logged once per source), not the other sources' nor the cycle."""
+        try:
+            return rows()
+        except Exception:
+            if name not in self._sources_failed:
+                self._sources_failed.add(name)
+                log.exception("attribution source %s failed; its allocations are skipped", name)
+            return []
 
-    def _fractional(self, pods: Iterable[PodInfo], index: DeviceIndex,
-                    units: dict[UnitKey, int], holders: dict[DeviceKey, list[Holder]]
-                    ) -> dict[UsageKey, FractionalGrant]:
-        """HAMi / gpushare grants of this node's pods as `fractional` allocation units; the
-        granted fractions by (namespace, pod, container, uuid, mig_uuid)."""
-        out: dict[UsageKey, FractionalGrant] = {}
-        for info in pods:
-            where = f"{info.namespace}/{info.name}"
-            for message in info.grants.errors:
-                self._fractional_error(info.uid, where, message)
-            for grant in info.grants.grants:
-                ref = index.resolve(grant.device)
-                if ref is None:
-                    self._fractional_error(info.uid, where, f"{grant.resource} device "
-                                           f"{grant.device!r} is no GPU of this node")
-                    continue
-                ctr = grant.container or (info.container_names[0]
-                                          if info.container_names else "")
-                holder = Holder(info.namespace, info.name, ctr)
-                k = UnitKey(holder, ref.uuid, ref.mig_uuid, grant.resource, SharingMode.FRACTIONAL)
-                units[k] = units.get(k, 0) + 1
-                out[UsageKey(holder, ref.uuid, ref.mig_uuid)] = grant
-                hs = holders.setdefault(ref.key, [])
-                if holder not in hs:
-                    hs.append(holder)
-        return out
+    def _pod_error(self, info: PodInfo, message: str) -> None:
+        """A pod's unreadable or unplaceable grant: counted and logged once per pod, however
+        many groups or cycles repeat it (the annotation does not change)."""
+        if info.uid not in self._pod_errors_seen:
+            self._pod_errors_seen.add(info.uid)
+            self._pod_errors += 1
+            log.warning("fractional GPU grant of pod %s/%s: %s; not attributed",
+                        info.namespace, info.name, message[:300])
+
+    def _await_slices(self, needed: bool) -> bool:
+        """Whether this node's ResourceSlices have been listed (or cannot be: no watch, or its
+        first try failed), so an unresolved DRA device is a fact worth counting. Before the
+        first list, a cycle that holds DRA devices waits for it, SLICE_FIRST_WAIT in all."""
+        w = self._slices
+        if w is None or w.lists or w.status.reason != "starting":
+            return True
+        deadline = time.monotonic() + (self._slice_wait_left if needed else 0.0)
+        while not w.lists and w.status.reason == "starting" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._slice_wait_left = max(0.0, deadline - time.monotonic()) if needed \
+            else self._slice_wait_left
+        return bool(w.lists) or w.status.reason != "starting"
 
     @staticmethod
     def _memory_total(ctx: CycleContext, gpu: GpuRef | None) -> int | None:
@@ -485,7 +389,8 @@ class AttributionCollector:
                 # the counter exists at 0 for every GPU resource, so increase() sees the first
                 self.unknown_ids.by_resource.setdefault(resource, 0)
                 for ref in index.resolve_all(device_id):
-                    counts[ref.key] = counts.get(ref.key, 0) + 1
+                    if not ref.slot:  # HAMi's slots are not shares (units.merge)
+                        counts[ref.key] = counts.get(ref.key, 0) + 1
             self._replicas, self._replicas_from = counts, allocatable
         return self._replicas
 

@@ -7,13 +7,23 @@ Forms (DESIGN.md §4): `GPU-<uuid>`, `MIG-<uuid>`, either with a `::<n>` replica
 and CDI fully-qualified names `<vendor>/<class>=<name>` whose name is any of the above or
 `all`. The same physical device can appear under several IDs (replicas), so every ID resolves
 to a `DeviceRef` keyed by (uuid, mig_uuid).
+
+HAMi's device plugin registers each GPU `deviceSplitCount` times (10 in its chart) as
+`GPU-<uuid>-<n>` (Project-HAMi/HAMi `pkg/device-plugin/nvidiadevice/nvinternal/rm/devices.go`
+GetPluginDevices, v2.4.0 to v2.10.0; MIG devices keep their `MIG-<uuid>`). Such an ID resolves
+to its GPU as a `slot`: the kubelet picks slots without knowing HAMi's decision (unless HAMi's
+GetPreferredAllocation is on), so the pod's `hami.io/vgpu-devices-allocated` annotation, not
+the slot, says which GPU and how much (fractional.py); a slot is never a unit of its own.
+
+Numbers in IDs are ASCII digits of bounded length (a regex digit class would take `٣`;
+`int()` refuses 4,300 digits): anything else is no ID form and resolves to nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from exporter.core import GpuRef, MigRef
@@ -22,10 +32,13 @@ from gpu_ledger.sharing import SharingMode
 log = logging.getLogger(__name__)
 
 
-_REPLICA = re.compile(r"^(?P<base>.+?)::(?P<n>\d+)$")
-_GKE = re.compile(r"^nvidia(?P<index>\d+)(?:/(?P<kind>gi|vgpu)(?P<n>\d+))?$")
-_LEGACY_MIG = re.compile(r"^MIG-(?P<parent>GPU-[0-9A-Fa-f-]+)/(?P<gi>\d+)/(?P<ci>\d+)$")
-_INDEX = re.compile(r"^(?P<gpu>\d+)(?::(?P<slot>\d+))?$")
+MAX_ID = 256  # longer device IDs are no form we know
+_N = "[0-9]{1,6}"  # an index, replica or instance number
+_REPLICA = re.compile(rf"^(?P<base>.+?)::(?P<n>{_N})$")
+_GKE = re.compile(rf"^nvidia(?P<index>{_N})(?:/(?P<kind>gi|vgpu)(?P<n>{_N}))?$")
+_LEGACY_MIG = re.compile(rf"^MIG-(?P<parent>GPU-[0-9A-Fa-f-]+)/(?P<gi>{_N})/(?P<ci>{_N})$")
+_INDEX = re.compile(rf"^(?P<gpu>{_N})(?::(?P<slot>{_N}))?$")
+_HAMI_SLOT = re.compile(rf"^(?P<gpu>GPU-[0-9A-Fa-f-]+)-(?P<n>{_N})$")
 # CDI fully-qualified device name: vendor/class=name (the kind is not checked: the resource
 # already said this is a GPU)
 _CDI = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*=(?P<name>.+)$")
@@ -36,6 +49,7 @@ class DeviceRef:
     uuid: str  # the GPU (parent for MIG)
     mig_uuid: str  # '' for a whole GPU
     replica: bool  # the ID names one share of the device (time-slicing / MPS)
+    slot: bool = False  # HAMi's kubelet slot `GPU-<uuid>-<n>`: the annotation is the unit
 
     @property
     def key(self) -> tuple[str, str]:
@@ -90,6 +104,8 @@ class DeviceIndex:
     def _parse(self, device_id: str) -> DeviceRef | None:
         replica = False
         base = device_id.strip()
+        if len(base) > MAX_ID:
+            return None
         cdi = _CDI.match(base)
         if cdi:
             base = cdi["name"]
@@ -115,7 +131,9 @@ class DeviceIndex:
         mig_ref = self._mig_by_uuid.get(bare)
         if mig_ref is not None:
             return DeviceRef(mig_ref.parent.uuid, mig_ref.uuid, replica)
-        return None
+        slot = _HAMI_SLOT.match(base)
+        gpu = self._gpu_by_uuid.get(_bare(slot["gpu"])) if slot else None
+        return DeviceRef(gpu.uuid, "", False, slot=True) if gpu is not None else None
 
     def _by_index(self, gpu_index: int, slot: str | None, replica: bool) -> DeviceRef | None:
         if slot is None:
@@ -135,13 +153,13 @@ class DeviceIndex:
         return DeviceRef(gpu.uuid, "", replica or kind == "vgpu")
 
 
-def is_gpu_resource(resource: str, overrides: dict[str, SharingMode]) -> bool:
+def is_gpu_resource(resource: str, overrides: Mapping[str, SharingMode]) -> bool:
     """Resources whose IDs we try to resolve; anything else (NICs, FPGAs) is ignored quietly."""
     return resource.startswith("nvidia.com/") or resource in overrides
 
 
 def sharing_mode(resource: str, ref: DeviceRef,
-                 overrides: dict[str, SharingMode]) -> SharingMode:
+                 overrides: Mapping[str, SharingMode]) -> SharingMode:
     """Sharing mode for a unit of `resource`. IDs cannot tell MPS from time-slicing, so a
     configured override for the resource name wins over everything inferred here."""
     mode = overrides.get(resource)

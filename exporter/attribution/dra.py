@@ -23,7 +23,7 @@ from exporter.attribution.deviceids import DeviceIndex, DeviceRef
 from exporter.attribution.resourceslices import ResourceSlice
 
 NVIDIA_DRA_DRIVER = "gpu.nvidia.com"
-_GPU_NAME = re.compile(r"^gpu-(?P<n>\d+)$")
+_GPU_NAME = re.compile(r"gpu-(?P<n>[0-9]{1,6})\Z")  # ASCII: `\d` would take `٣`
 
 
 @dataclass(frozen=True)

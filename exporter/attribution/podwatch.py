@@ -59,26 +59,50 @@ def _container_id(raw: str) -> str:
     return raw.rsplit("://", 1)[-1].strip().lower()
 
 
+def _names(containers: object) -> tuple[str, ...]:
+    """The names of a spec's container list, in order."""
+    if not isinstance(containers, list):
+        return ()
+    return tuple(c["name"] for c in containers
+                 if isinstance(c, dict) and isinstance(c.get("name"), str) and c["name"])
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _grants(annotations: dict[str, Any], names: tuple[str, ...],
+            init_names: tuple[str, ...]) -> ParsedGrants:
+    """parse_grants never raises by design; should it ever, the pod loses its grant, not the
+    node its pod list (this runs inside the watch's list and event handling)."""
+    try:
+        return parse_grants(annotations, names, init_names)
+    except Exception as e:  # tenant-written input must never fail a list
+        return ParsedGrants(errors=(f"annotations unreadable ({type(e).__name__})",))
+
+
 def pod_info(obj: dict[str, Any], allowlist: frozenset[str]) -> PodInfo | None:
-    """PodInfo from a pod as JSON; None when it lacks identity (uid, namespace, name)."""
-    meta = obj.get("metadata") or {}
+    """PodInfo from a pod as JSON; None when it lacks identity (uid, namespace, name). Never
+    raises: a field of the wrong shape is read as absent, so one odd pod cannot fail a list."""
+    meta = _dict(obj.get("metadata"))
     uid, ns, name = meta.get("uid"), meta.get("namespace"), meta.get("name")
     if not (isinstance(uid, str) and isinstance(ns, str) and isinstance(name, str)):
         return None
-    raw_labels = meta.get("labels") or {}
-    labels = tuple(sorted((k, str(v)) for k, v in raw_labels.items() if k in allowlist)) \
-        if isinstance(raw_labels, dict) else ()
-    status = obj.get("status") or {}
+    raw_labels = _dict(meta.get("labels"))
+    labels = tuple(sorted((k, str(v)) for k, v in raw_labels.items()
+                          if k in allowlist and isinstance(v, str)))
+    status = _dict(obj.get("status"))
     containers: dict[str, str] = {}
     for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
-        for cs in status.get(key) or ():
-            if isinstance(cs, dict) and cs.get("containerID") and cs.get("name"):
-                containers[_container_id(str(cs["containerID"]))] = str(cs["name"])
-    spec = obj.get("spec") or {}
-    names = tuple(str(c.get("name")) for c in spec.get("containers") or ()
-                  if isinstance(c, dict) and c.get("name"))
-    annotations = meta.get("annotations") or {}
-    grants = parse_grants(annotations, names) if isinstance(annotations, dict) \
+        statuses = status.get(key)
+        for cs in statuses if isinstance(statuses, list) else ():
+            if isinstance(cs, dict) and isinstance(cs.get("containerID"), str) and \
+                    isinstance(cs.get("name"), str) and cs["containerID"] and cs["name"]:
+                containers[_container_id(cs["containerID"])] = cs["name"]
+    spec = _dict(obj.get("spec"))
+    names, init_names = _names(spec.get("containers")), _names(spec.get("initContainers"))
+    annotations = meta.get("annotations")
+    grants = _grants(annotations, names, init_names) if isinstance(annotations, dict) \
         else ParsedGrants()
     return PodInfo(uid.lower(), ns, name, labels, containers, names, owner_of(meta), grants)
 

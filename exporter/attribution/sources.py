@@ -1,0 +1,146 @@
+"""Allocation sources: each a function from its inputs to `Unit` rows (units.py merges them).
+
+A source resolves its own IDs, decides the sharing mode of what it hands out and reports what
+it cannot resolve; it never counts units, lists holders or decides replicas (that is `merge`).
+Adding a source (AMD, Intel) is one more function here and one line in the collector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping
+
+from exporter.attribution.deviceids import DeviceIndex, UnknownIds, is_gpu_resource, sharing_mode
+from exporter.attribution.dra import ClaimDevice, DraResolver, SliceKey
+from exporter.attribution.podresources import Allocation
+from exporter.attribution.podwatch import PodInfo
+from exporter.attribution.resourceclaims import ClaimConfig, ClaimKey
+from exporter.attribution.units import DeviceKey, Grant, Holder, InstanceUse, Unit
+from exporter.attribution.vgpu import VgpuInstance
+from gpu_ledger.sharing import SharingMode
+
+Overrides = Mapping[str, SharingMode]
+
+
+def _vgpu_id(device_id: str) -> str:
+    return device_id.strip().lower()
+
+
+def device_plugin_units(allocations: Iterable[Allocation], index: DeviceIndex,
+                        overrides: Overrides, unknown: UnknownIds,
+                        vgpu_ids: Collection[str] = ()) -> list[Unit]:
+    """PodResources device IDs of GPU resources: one row per device an ID names. HAMi's
+    kubelet slots are recognised and left to the fractional source; IDs in `vgpu_ids` (mdev
+    UUIDs) to the vGPU source; anything else that names nothing here is reported."""
+    rows: list[Unit] = []
+    for a in allocations:
+        if not is_gpu_resource(a.resource, overrides):
+            continue
+        holder = Holder(a.namespace, a.pod, a.container)
+        for device_id in a.device_ids:
+            refs = index.resolve_all(device_id)
+            if not refs:
+                if _vgpu_id(device_id) not in vgpu_ids:
+                    unknown.report(a.resource, device_id)
+                continue
+            rows.extend(Unit(holder, ref.key, a.resource, sharing_mode(a.resource, ref, overrides))
+                        for ref in refs if not ref.slot)
+    return rows
+
+
+def vgpu_units(allocations: Iterable[Allocation], index: DeviceIndex,
+               vgpus: Mapping[str, VgpuInstance], overrides: Overrides) -> list[Unit]:
+    """KubeVirt vGPUs: a device ID that is the mdev UUID of an active vGPU instance is a
+    `vgpu` unit of its physical GPU, with the type's framebuffer share as its grant and the
+    instance's use figures as the holder's."""
+    rows: list[Unit] = []
+    if not vgpus:
+        return rows
+    for a in allocations:
+        if not is_gpu_resource(a.resource, overrides):
+            continue
+        holder = Holder(a.namespace, a.pod, a.container)
+        for device_id in a.device_ids:
+            vgpu = vgpus.get(_vgpu_id(device_id))
+            if vgpu is None or index.resolve_all(device_id):
+                continue
+            rows.append(Unit(holder, (vgpu.gpu_uuid, ""), a.resource, SharingMode.VGPU,
+                             Grant(memory_fraction=vgpu.framebuffer_fraction),
+                             InstanceUse(vgpu.sm_util, vgpu.memory_used)))
+    return rows
+
+
+def dra_units(claims: Iterable[ClaimDevice], dra: DraResolver, uuids: dict[SliceKey, str] | None,
+              index: DeviceIndex, overrides: Overrides,
+              configs: Callable[[set[ClaimKey]], Mapping[ClaimKey, ClaimConfig]],
+              unknown: UnknownIds, *, count_unresolved: bool = True) -> list[Unit]:
+    """DRA devices. A device whose claim several containers consume is one share per
+    container: MPS or time-slicing as the --sharing-mode override for the driver says, else as
+    the claim's config says (MPS, else time-slicing). `configs` is asked only for the claims
+    of shared devices without an override. A device named twice in one container's claims is
+    one unit. `count_unresolved` False: a device that resolves to nothing is not reported
+    (the node's ResourceSlices are not listed yet)."""
+    resolved: list[tuple[Holder, DeviceKey, bool, ClaimDevice]] = []
+    sharers: dict[DeviceKey, set[Holder]] = {}
+    for c in claims:
+        if not dra.is_gpu(c):
+            continue
+        ref = dra.resolve(c, uuids, index)
+        if ref is None:
+            if count_unresolved:
+                unknown.report(c.driver, f"{c.pool}/{c.device}")
+            continue
+        holder = Holder(c.namespace, c.pod, c.container)
+        resolved.append((holder, ref.key, bool(ref.mig_uuid), c))
+        sharers.setdefault(ref.key, set()).add(holder)
+    # Only a shared device's claim decides anything (one holder is exclusive whatever its
+    # config says), and an override makes reading it moot.
+    read = configs({(c.claim_namespace, c.claim_name) for _, dev, _, c in resolved
+                    if len(sharers[dev]) > 1 and c.driver not in overrides})
+    rows: list[Unit] = []
+    done: set[tuple[Holder, DeviceKey]] = set()
+    for holder, dev, is_mig, c in resolved:
+        if (holder, dev) in done:
+            continue
+        done.add((holder, dev))
+        if len(sharers[dev]) > 1:
+            config = read.get((c.claim_namespace, c.claim_name))
+            mode = overrides.get(c.driver) or (
+                SharingMode.MPS if config is not None and config.is_mps(
+                    SliceKey(c.driver, c.pool, c.device), mig=is_mig)
+                else SharingMode.TIME_SLICING)
+        else:
+            mode = SharingMode.MIG if is_mig else SharingMode.EXCLUSIVE
+        rows.append(Unit(holder, dev, c.driver, mode))
+    return rows
+
+
+def fractional_units(pods: Iterable[PodInfo], index: DeviceIndex,
+                     on_error: Callable[[PodInfo, str], None]) -> list[Unit]:
+    """HAMi / gpushare grants of this node's pods as `fractional` units. A pod whose
+    annotations could not be read, or whose grant names no GPU of this node, is reported
+    through `on_error` (its readable grants on this node's GPUs still count)."""
+    rows: list[Unit] = []
+    for info in pods:
+        try:
+            rows.extend(_pod_units(info, index, on_error))
+        except Exception as e:  # one tenant's pod never costs another's grant
+            on_error(info, f"grant unreadable ({type(e).__name__})")
+    return rows
+
+
+def _pod_units(info: PodInfo, index: DeviceIndex,
+               on_error: Callable[[PodInfo, str], None]) -> list[Unit]:
+    if info.grants.errors:
+        on_error(info, "; ".join(info.grants.errors))
+    rows: list[Unit] = []
+    for grant in info.grants.grants:
+        ref = index.resolve(grant.device)
+        if ref is None or ref.slot:
+            on_error(info, f"{grant.resource} device {grant.device[:80]!r} is no GPU of this "
+                           "node")
+            continue
+        ctr = grant.container or (info.container_names[0] if info.container_names else "")
+        rows.append(Unit(Holder(info.namespace, info.name, ctr), ref.key, grant.resource,
+                         SharingMode.FRACTIONAL,
+                         Grant(grant.memory_bytes, grant.memory_fraction, grant.core_fraction)))
+    return rows
