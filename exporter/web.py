@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -20,8 +21,9 @@ import re
 import socket
 import ssl
 import threading
-from collections import Counter, OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -35,8 +37,8 @@ log = logging.getLogger(__name__)
 OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REALM = "gpu-ledger"
-# bcrypt checks waiting or running at once, in all and per client address: past either, the
-# request is answered 503 at once instead of queueing behind a flood of wrong passwords.
+# bcrypt checks: AUTH_WORKERS run at once; AUTH_QUEUE_PER_CLIENT per client address wait or
+# run, AUTH_QUEUE wait in all (see _AuthQueue): past them, 503 at once instead of a queue.
 AUTH_QUEUE = 16
 AUTH_QUEUE_PER_CLIENT = 2
 AUTH_WORKERS = 2
@@ -201,6 +203,83 @@ def _decode_basic(header: str | None) -> tuple[str, bytes] | None:
     return (user, password) if sep else None
 
 
+class _AuthQueue:
+    """bcrypt checks off the event loop, fairly: AUTH_WORKERS run at once; the waiting ones
+    are kept per client address and started round-robin across addresses, so a check from a
+    new address waits for at most one check per other address, however many one address
+    sends. At most AUTH_QUEUE_PER_CLIENT per address wait or run, AUTH_QUEUE wait in all;
+    when full, a newcomer from an address with fewer waiting takes the newest waiting slot
+    of the address with the most (that request is answered 503). Event-loop state only."""
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self.pool = pool
+        self.waiting: dict[str, deque[tuple[asyncio.Future[bool | None],
+                                            Callable[[], bool]]]] = {}
+        self.held: Counter[str] = Counter()  # waiting or running, per address
+        self.running = 0
+
+    async def check(self, client: str, fn: Callable[[], bool]) -> bool | None:
+        """fn()'s answer; None: no room (answer 503)."""
+        if self.held[client] >= AUTH_QUEUE_PER_CLIENT:
+            return None
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool | None] = loop.create_future()
+        if self.running < AUTH_WORKERS and not self.waiting:
+            self.held[client] += 1
+            self._start(client, fut, fn)
+        else:
+            if sum(len(q) for q in self.waiting.values()) >= AUTH_QUEUE and \
+                    not self._evict_for(client):
+                return None
+            self.held[client] += 1
+            self.waiting.setdefault(client, deque()).append((fut, fn))
+        return await fut
+
+    def _evict_for(self, client: str) -> bool:
+        mine = len(self.waiting.get(client, ()))
+        heavy = max(self.waiting, key=lambda a: len(self.waiting[a]))
+        if len(self.waiting[heavy]) <= mine + 1:
+            return False
+        fut, _ = self.waiting[heavy].pop()
+        self._release(heavy)
+        if not self.waiting[heavy]:
+            del self.waiting[heavy]
+        fut.set_result(None)
+        return True
+
+    def _start(self, client: str, fut: asyncio.Future[bool | None],
+               fn: Callable[[], bool]) -> None:
+        self.running += 1
+        loop = asyncio.get_running_loop()
+        work = self.pool.submit(fn)
+
+        def done(w: Future[bool]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: shutting down
+                loop.call_soon_threadsafe(self._finished, client, fut, w)
+
+        work.add_done_callback(done)
+
+    def _finished(self, client: str, fut: asyncio.Future[bool | None],
+                  work: Future[bool]) -> None:
+        self.running -= 1
+        self._release(client)
+        if not fut.done():
+            ok = not work.cancelled() and work.exception() is None and work.result()
+            fut.set_result(bool(ok))
+        if self.waiting:  # round-robin: the address waiting longest since its last turn
+            nxt = next(iter(self.waiting))
+            queue = self.waiting.pop(nxt)
+            nfut, fn = queue.popleft()
+            if queue:
+                self.waiting[nxt] = queue  # to the back of the line
+            self._start(nxt, nfut, fn)
+
+    def _release(self, client: str) -> None:
+        self.held[client] -= 1
+        if self.held[client] <= 0:
+            del self.held[client]
+
+
 # --- TLS -----------------------------------------------------------------------------------
 
 
@@ -262,10 +341,9 @@ class WebServer:
         self.auth = BasicAuth(dict(self.web_config.basic_auth_users)) \
             if self.web_config.basic_auth_users else None
         self.tls = _TlsContexts(self.web_config.tls) if self.web_config.tls else None
-        # bcrypt takes ~50-250 ms of CPU: off the event loop, two at a time at most, with at
-        # most AUTH_QUEUE waiting (AUTH_QUEUE_PER_CLIENT per address; event-loop state only).
+        # bcrypt takes ~50-250 ms of CPU: off the event loop, fairly queued (_AuthQueue).
         self._auth_pool = ThreadPoolExecutor(AUTH_WORKERS, thread_name_prefix="exporter-auth")
-        self._auth_pending: Counter[str] = Counter()
+        self._auth_queue = _AuthQueue(self._auth_pool)
         family, addr = info[0][0], info[0][4]
         bind_host = str(addr[0])
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -344,18 +422,10 @@ class WebServer:
         known = auth.cached(header)
         if known is not None:
             return known
-        pending, client = self._auth_pending, request.client
-        if pending[client] >= AUTH_QUEUE_PER_CLIENT or pending.total() >= AUTH_QUEUE:
-            log.debug("%s: bcrypt queue full, answering 503", client)
-            return None
-        pending[client] += 1
-        try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._auth_pool, auth.check, header)
-        finally:
-            pending[client] -= 1
-            if not pending[client]:
-                del pending[client]
+        ok = await self._auth_queue.check(request.client, lambda: auth.check(header))
+        if ok is None:
+            log.debug("%s: bcrypt queue full, answering 503", request.client)
+        return ok
 
     def _metrics(self, request: Request) -> Response:
         openmetrics = wants_openmetrics(request.header("Accept"))
