@@ -56,9 +56,10 @@ def huge_pod(name: str) -> dict[str, Any]:
     return pod(name, containers=[{"name": "main", "env": env}])
 
 
-def kind(noun: str, max_items: int = kwatch.MAX_CACHED) -> WatchedKind[Any]:
+def kind(noun: str, max_items: int = kwatch.MAX_CACHED,
+         max_bytes: int = kwatch.MAX_CACHED_BYTES) -> WatchedKind[Any]:
     return WatchedKind(noun, "/api/v1/pods", lambda obj: pod_info(obj, frozenset()),
-                       max_items=max_items)
+                       max_items=max_items, max_bytes=max_bytes)
 
 
 def node_watch(server: FakeApiServer, tmp_path: Path, k: WatchedKind[Any],
@@ -137,6 +138,34 @@ def test_pods_past_the_cache_bound_are_counted_not_cached(tmp_path: Path,
             watch.close()
     lines = [r for r in caplog.records if "not cached" in r.getMessage()]
     assert len(lines) == 1 and "gpu_exporter_kube_objects_dropped_total" in lines[0].getMessage()
+
+
+def statuses(n: int) -> dict[str, Any]:
+    return {"containerStatuses": [{"name": f"c{i}", "containerID": f"containerd://{i:064x}"}
+                                  for i in range(n)]}
+
+
+def test_the_cache_is_bounded_in_bytes_of_what_it_keeps(tmp_path: Path) -> None:
+    """Few objects, each within the per-object bounds, can still be large once parsed (a pod
+    with 5,000 container statuses keeps 5,000 container IDs): the cache's byte budget stops
+    them, and a pod that outgrows the budget by a MODIFIED leaves the cache, counted."""
+    noun = "pod-bytes"
+    small = pod("small")
+    big = [dict(pod(f"big{i}"), status=statuses(5_000)) for i in range(4)]
+    one_big = pod_info(big[0], frozenset())
+    assert one_big is not None
+    budget = 2 * kwatch.retained_bytes(one_big) + 100_000
+    with FakeApiServer([small, *big]) as server:
+        watch = node_watch(server, tmp_path, kind(noun, max_bytes=budget))
+        try:
+            wait_until(lambda: watch.status.up, "the first list")
+            assert "uid-small" in watch.items and len(watch.items) == 3
+            assert dropped(noun, CACHE_FULL) == 2
+            server.modify_pod(dict(small, status=statuses(5_000)))
+            wait_until(lambda: "uid-small" not in watch.items, "the outgrown pod dropped")
+            assert dropped(noun, CACHE_FULL) == 3 and len(watch.items) == 2
+        finally:
+            watch.close()
 
 
 def test_the_pod_watch_caches_at_most_its_default_bound(tmp_path: Path) -> None:

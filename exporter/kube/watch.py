@@ -13,9 +13,11 @@ sooner than that counts as a failure too (a server closing every stream would be
 watches). Logging: the first failure of a streak, one line when it becomes a storm (with the
 count so far), one line with the total when it ends.
 
-Bounded: the cache holds at most `WatchedKind.max_items` objects; one more (a list past it, an
-ADDED past it) is not cached but counted in `dropped()` (gpu_exporter_kube_objects_dropped_total)
-and logged once per cache. A list may hold at most LIST_FACTOR times that many items in all
+Bounded: the cache holds at most `WatchedKind.max_items` objects of at most `max_bytes` in all
+(their parsed form's approximate size, `retained_bytes`: what a cached object costs whatever
+its JSON held); one more (a list past it, an ADDED past it, a MODIFIED that outgrows it) is not
+cached but counted in `dropped()` (gpu_exporter_kube_objects_dropped_total) and logged once per
+cache. A list may hold at most LIST_FACTOR times that many items in all
 (objects that parse to nothing included), else it is refused. An event costs O(1): it changes a
 private dict, and readers get a copy published at most every `publish_interval` seconds (at
 once when the last publish is older), so a flood of events costs one copy per interval.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import logging
 import random
 import ssl
+import sys
 import threading
 import time
 from collections import Counter
@@ -55,6 +58,9 @@ SHORT_WATCH = "watch-ended-early"
 # collector deletes them, at 12,500 finished pods cluster-wide by default
 # (--terminated-pod-gc-threshold): a node can legitimately hold that many.
 MAX_CACHED = 13_000
+# The parsed objects' size: 13,000 pods of ~2 KB parsed is ~26 MiB; the DaemonSet's limit is
+# 192 MiB, so a hostile server filling the cache with large objects stops here.
+MAX_CACHED_BYTES = 64 << 20
 LIST_FACTOR = 4  # list items read per cache slot before a list is refused
 PUBLISH_INTERVAL = 0.25
 
@@ -82,6 +88,7 @@ class WatchedKind(Generic[T]):
     path: str  # e.g. "/api/v1/pods", "/apis/resource.k8s.io/v1/resourceslices"
     parse: Callable[[dict[str, Any]], T | None]  # None: not usable (kept out of the cache)
     max_items: int = MAX_CACHED  # objects cached at most; past it, counted in dropped()
+    max_bytes: int = MAX_CACHED_BYTES  # their retained_bytes in all, likewise
 
 
 @dataclass(frozen=True)
@@ -188,6 +195,9 @@ class NodeScopedWatch(Generic[T]):
         self._watch_started = 0.0  # when the current watch request was answered
         # the cache as events change it (watch thread only, under _lock); published copies
         self._work: dict[str, T] = {}
+        self._sizes: dict[str, int] = {}  # uid -> retained_bytes of its cached object
+        self._bytes = 0  # their sum
+        self._bytes_before = 0
         self._lock = threading.Lock()
         self._dirty = False
         self._published_at = -1e9
@@ -272,6 +282,7 @@ class NodeScopedWatch(Generic[T]):
 
     def _list(self, api: ApiClient) -> None:
         items: dict[str, T] = {}
+        sizes: dict[str, int] = {}
         over = 0
 
         def keep(obj: Any) -> None:
@@ -281,25 +292,33 @@ class NodeScopedWatch(Generic[T]):
             elif isinstance(obj, dict):
                 uid, parsed = _uid(obj), self.kind.parse(obj)
                 if uid and parsed is not None:
-                    if len(items) < self.kind.max_items or uid in items:
-                        items[uid] = parsed
+                    size = retained_bytes(parsed)
+                    if self._fits(items, sizes, uid, size):
+                        self._bytes += size - sizes.get(uid, 0)
+                        items[uid], sizes[uid] = parsed, size
                     else:
                         over += 1
 
+        self._bytes_before, self._bytes = self._bytes, 0
         try:
             body = api.get_list(self.kind.path, self._query(), keep,
                                 max_items=LIST_FACTOR * self.kind.max_items,
                                 deadline=self.request_deadline)
         except ApiError as err:
+            self._bytes = self._bytes_before
             if err.status == GONE:
                 raise _Expired(str(err)) from err
             raise
+        except BaseException:
+            self._bytes = self._bytes_before
+            raise
         version = (body.get("metadata") or {}).get("resourceVersion")
         if not isinstance(version, str) or not version:
+            self._bytes = self._bytes_before
             raise BadResponse(f"{self.kind.path}: a list without metadata.resourceVersion")
         self._drop(over, CACHE_FULL)
         with self._lock:
-            self._work = items
+            self._work, self._sizes = items, sizes
             self._publish_locked()
         self._version = version
         self.lists += 1
@@ -342,18 +361,28 @@ class NodeScopedWatch(Generic[T]):
             uid = _uid(obj)
             if uid:
                 parsed = self.kind.parse(obj) if kind != "DELETED" else None
+                size = retained_bytes(parsed) if parsed is not None else 0
                 with self._lock:
-                    work = self._work
-                    if parsed is None:
+                    work, sizes = self._work, self._sizes
+                    if parsed is not None and self._fits(work, sizes, uid, size):
+                        work[uid] = parsed
+                        self._bytes += size - sizes.get(uid, 0)
+                        sizes[uid] = size
+                    else:
+                        if parsed is not None:
+                            self._drop(1, CACHE_FULL)
                         if work.pop(uid, None) is None:
                             return
-                    elif uid in work or len(work) < self.kind.max_items:
-                        work[uid] = parsed
-                    else:
-                        self._drop(1, CACHE_FULL)
-                        return
+                        self._bytes -= sizes.pop(uid)
                     self._changed_locked()
         # BOOKMARK (and a type this client does not know) only moves the version
+
+    def _fits(self, items: Mapping[str, T], sizes: Mapping[str, int], uid: str,
+              size: int) -> bool:
+        """Whether `uid` at `size` fits the bounds (replacing what it had, if cached)."""
+        if uid not in items and len(items) >= self.kind.max_items:
+            return False
+        return self._bytes - sizes.get(uid, 0) + size <= self.kind.max_bytes
 
     def _drop(self, n: int, reason: str) -> None:
         if n <= 0:
@@ -393,6 +422,24 @@ class NodeScopedWatch(Generic[T]):
         self.items = items
         if self._on_change is not None:
             self._on_change(items)
+
+
+def retained_bytes(obj: object, depth: int = 0) -> int:
+    """An approximate upper bound on the memory `obj` holds: sys.getsizeof over it and what
+    it contains (dataclass fields, mappings, sequences, sets), shared objects counted each
+    time. Linear in the object's size, which its JSON's bounds already limit."""
+    size = sys.getsizeof(obj)
+    if depth > 32 or isinstance(obj, (str, bytes, int, float, bool)) or obj is None:
+        return size
+    if isinstance(obj, dict):
+        return size + sum(retained_bytes(k, depth + 1) + retained_bytes(v, depth + 1)
+                          for k, v in obj.items())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return size + sum(retained_bytes(v, depth + 1) for v in obj)
+    fields = getattr(obj, "__dataclass_fields__", None)
+    if fields is not None:
+        return size + sum(retained_bytes(getattr(obj, f), depth + 1) for f in fields)
+    return size
 
 
 def _uid(obj: dict[str, Any]) -> str:
