@@ -58,9 +58,10 @@ SHORT_WATCH = "watch-ended-early"
 # collector deletes them, at 12,500 finished pods cluster-wide by default
 # (--terminated-pod-gc-threshold): a node can legitimately hold that many.
 MAX_CACHED = 13_000
-# The parsed objects' size: 13,000 pods of ~2 KB parsed is ~26 MiB; the DaemonSet's limit is
-# 192 MiB, so a hostile server filling the cache with large objects stops here.
-MAX_CACHED_BYTES = 64 << 20
+# The parsed objects' size: an ordinary pod is ~1.3 KB parsed (13,000: ~17 MiB). The process
+# pays ~2.4x this estimate (the pod watch's indexes, the copy being built while readers hold
+# the last, allocator overhead; bench/kube_hostile.py), and the DaemonSet's limit is 192 MiB.
+MAX_CACHED_BYTES = 32 << 20
 LIST_FACTOR = 4  # list items read per cache slot before a list is refused
 PUBLISH_INTERVAL = 0.25
 
