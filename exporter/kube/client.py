@@ -4,9 +4,9 @@ One ApiClient serves one thread (the watch loop that owns it); abort() may be ca
 another thread to end whatever request is in flight. A connection per request: lists and
 watches are minutes apart, so keep-alive would save nothing worth a pool.
 
-Bounded in objects, not only bytes (docs/attribution.md, "Kubernetes client limits"): a JSON
-value costs ~50-100 bytes of Python objects per byte-pair of input (`{}` is 2 bytes and a
-64-byte dict), so every document is counted before it is decoded (`value_bound`, a C-speed
+Bounded in objects, not only bytes (docs/attribution.md, "Kubernetes client limits"): decoded
+JSON can cost 30x its bytes (`{}` is 2 bytes and a 64-byte dict), so every document is counted
+before it is decoded (`value_bound`, a C-speed
 count of `,:{[`), one object at most MAX_OBJECT_BYTES and MAX_OBJECT_VALUES; a list is decoded
 one item at a time (`get_list`), never whole. Every request has a total deadline as well as
 a per-read timeout, so a server dripping a byte at a time cannot hold it open.
@@ -38,7 +38,7 @@ from exporter.kube.config import Credentials, load_credentials
 # default (--max-request-bytes), and its JSON is at most about twice its protobuf.
 MAX_OBJECT_BYTES = 3 << 20
 # JSON values (incl. keys) in one object: a pod with 100 containers of 50 env vars each has
-# ~20,000; 50,000 values cost at most ~5 MiB of Python objects.
+# ~20,000; 50,000 values cost ~10 MiB of Python objects at most.
 MAX_OBJECT_VALUES = 50_000
 # A whole list (read item by item: this bounds time, not memory): 13,000 pods of 20 KB.
 MAX_LIST_BYTES = 256 << 20
