@@ -14,11 +14,12 @@ any client can cost before it is authenticated (docs/web-config.md, "Connections
   (`_admit`): a connection that has not yet completed a request ("fresh") may use all but
   `reserved` slots, which only "proven" connections (a request answered 2xx/3xx, or a verified
   client certificate) hold; when the table is full, a newcomer takes the slot of the oldest
-  fresh, idle connection of the IP address holding the most (each of n addresses ends up
-  with about 1/n of the bound, so a few hosts cannot fill it), or of its own address's oldest
-  idle keep-alive connection; a scraper's idle keep-alive connection is never taken for
-  another address's newcomer unless that scraper's address holds the most. If nothing can be
-  taken, the new one gets an immediate 503 (plain HTTP) or is closed (TLS), never a hang;
+  fresh connection (not mid-answer) of the IP address holding the most, if that holds two
+  more than the newcomer's (each of n addresses ends up with about 1/n of the bound, so a few
+  hosts cannot fill it), or else its own address's oldest idle keep-alive connection; a
+  scraper's idle keep-alive connection is never taken for another address's newcomer unless
+  that scraper's address holds the most. If nothing can be taken, the new one gets an
+  immediate 503 (plain HTTP) or is closed (TLS), never a hang;
 - a request with a body (`Content-Length` above 0, or `Transfer-Encoding`) is answered and the
   connection closed, so a body can never be parsed as a second request (request smuggling);
 - a listen backlog of `backlog` (capped by the kernel's somaxconn), for Prometheus fan-in.
