@@ -4,6 +4,8 @@ scrape still gets through, scrape latency, and basic-auth timing (issue 14).
     python -m bench.web_hostile            # full run (about 3 minutes on 2 cores)
     python -m bench.web_hostile --quick    # fewer connections and scrapes
     python -m bench.web_hostile --json out.json
+    python -m bench.web_hostile --admission    # many hosts, wrong passwords (issue 24)
+    python -m bench.web_hostile --admission --root /work/main   # the same, another tree's exporter
 
 Designs, each served from its own process so that its RSS can be read from /proc:
 - `threads`: the stdlib ThreadingHTTPServer, one thread per connection, a 30 s timeout per
@@ -14,6 +16,13 @@ Designs, each served from its own process so that its RSS can be read from /proc
 - `ours`: exporter.web.start_server (exporter/httpserver.py, asyncio) with its default limits.
 Every design serves the same bytes: a 318 KB body (the big node's exposition size) or 13 KB
 gzip, so the figures compare the HTTP layers, not the rendering.
+
+`--admission` measures only `ours` (loaded from `--root`, default this tree, so a checkout of
+an older commit gives the before figures) against attackers on several loopback addresses
+(127.0.0.2-9; Linux routes all of 127/8 to lo): a scrape on a keep-alive connection and from
+hosts never seen before, behind 2,000 slow connections from 8 hosts; and a fresh exporter's
+first good scrape (basic auth, cost 10) behind 100 keep-alive connections sending wrong
+passwords, each request a different one.
 """
 
 from __future__ import annotations
@@ -331,14 +340,177 @@ def report(res: dict[str, Any]) -> str:
     return out
 
 
+# --- admission: many hosts, wrong passwords (issue 24) ---------------------------------------
+
+_ADMISSION_SERVER = """
+import sys, threading
+from pathlib import Path
+from exporter.web import start_server
+from exporter.webconfig import WebConfig
+class Source:
+    def exposition(self, openmetrics, gzipped): return b"gpu_x 1\\n" * 2000
+    def health(self): return True, "ok"
+users = {"prometheus": sys.argv[2]} if sys.argv[2] else {}
+server = start_server(Source(), "127.0.0.1", 0, WebConfig(basic_auth_users=users))
+Path(sys.argv[1]).write_text(str(server.port))
+threading.Event().wait()
+"""
+HOSTS = [f"127.0.0.{i}" for i in range(2, 10)]
+
+
+def start_admission(root: Path, hashed: str) -> tuple[subprocess.Popen[bytes], int]:
+    port_file = Path(tempfile.mkdtemp(prefix="gpu-ledger-admission-")) / "port"
+    proc = subprocess.Popen([sys.executable, "-c", _ADMISSION_SERVER, str(port_file), hashed],
+                            cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    deadline = time.monotonic() + 30
+    while not port_file.exists() or not port_file.read_text():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError("the exporter did not start")
+        time.sleep(0.05)
+    return proc, int(port_file.read_text())
+
+
+def _get(conn: http.client.HTTPConnection, headers: dict[str, str]) -> float | str:
+    t0 = time.perf_counter()
+    try:
+        conn.request("GET", "/metrics", headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        conn.close()
+        return type(exc).__name__
+    return time.perf_counter() - t0 if resp.status == 200 else f"HTTP {resp.status}"
+
+
+def many_hosts(port: int, slow: int) -> dict[str, Any]:
+    """`slow` connections stopping mid-head, round-robin from 8 hosts; then 6 scrapes on a
+    keep-alive connection opened before them and 6 from hosts never seen before."""
+    keep = http.client.HTTPConnection("127.0.0.1", port, timeout=10,
+                                      source_address=("127.0.0.10", 0))
+    first = _get(keep, {})
+    socks: list[socket.socket] = []
+    for i in range(slow):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5,
+                                         source_address=(HOSTS[i % len(HOSTS)], 0))
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            socks.append(s)
+        except OSError:
+            pass
+    time.sleep(1.0)
+    kept = [_get(keep, {}) for _ in range(6)]
+    fresh = []
+    for i in range(6):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10,
+                                       source_address=(f"127.0.0.{11 + i}", 0))
+        fresh.append(_get(c, {}))
+        c.close()
+    keep.close()
+    held: dict[str, int] = {h: 0 for h in HOSTS}
+    for s in socks:
+        s.setblocking(False)
+        try:
+            s.recv(1)
+        except BlockingIOError:
+            held[s.getsockname()[0]] += 1
+        except OSError:
+            pass
+        s.close()
+    return {"first": first, "keep_alive": kept, "fresh_hosts": fresh, "held": held}
+
+
+def wrong_passwords(port: int, connections: int, hosts: list[str]) -> dict[str, Any]:
+    """`connections` keep-alive clients sending a different wrong password each request,
+    from `hosts` in turn; after 1 s, the first good scrape from another host, timed."""
+    stop = threading.Event()
+    answers: list[str] = []
+
+    def flood(k: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60,
+                                          source_address=(hosts[k % len(hosts)], 0))
+        n = 0
+        while not stop.is_set():
+            n += 1
+            r = _get(conn, {"Authorization": _basic("prometheus", f"wrong-{k}-{n}")})
+            answers.append(r if isinstance(r, str) else "HTTP 200")
+        conn.close()
+
+    threads = [threading.Thread(target=flood, args=(k,), daemon=True)
+               for k in range(connections)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    good = http.client.HTTPConnection("127.0.0.1", port, timeout=120,
+                                      source_address=("127.0.0.20", 0))
+    t0 = time.perf_counter()
+    result = _get(good, {"Authorization": _basic("prometheus", "right")})
+    took = time.perf_counter() - t0
+    good.close()
+    stop.set()
+    for t in threads:
+        t.join(timeout=120)
+    counts = {a: answers.count(a) for a in sorted(set(answers))}
+    return {"good": "200" if isinstance(result, float) else result, "seconds": took,
+            "flood_answers": counts}
+
+
+def _fmt(results: list[float | str]) -> str:
+    ok = [r for r in results if isinstance(r, float)]
+    bad = [r for r in results if isinstance(r, str)]
+    text = f"{len(ok)}/{len(results)} OK"
+    if ok:
+        text += f" (max {max(ok) * 1e3:.1f} ms)"
+    if bad:
+        text += ", " + ", ".join(f"{bad.count(b)}x {b}" for b in sorted(set(bad)))
+    return text
+
+
+def admission(root: Path) -> str:
+    rows = []
+    proc, port = start_admission(root, "")
+    try:
+        r = many_hosts(port, 2000)
+    finally:
+        proc.kill()
+        proc.wait()
+    held = r["held"]
+    rows.append(["2,000 slow connections from 8 hosts",
+                 f"keep-alive scraper: {_fmt(r['keep_alive'])}",
+                 f"fresh hosts: {_fmt(r['fresh_hosts'])}",
+                 f"held {sum(held.values())}, {min(held.values())}-{max(held.values())} "
+                 "per host"])
+    hashed = bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=10)).decode()
+    for label, hosts in (("100 wrong-password connections, 1 host", ["127.0.0.1"]),
+                         ("100 wrong-password connections, 8 hosts", HOSTS)):
+        proc, port = start_admission(root, hashed)
+        try:
+            w = wrong_passwords(port, 100, hosts)
+        finally:
+            proc.kill()
+            proc.wait()
+        rows.append([label, "", f"first good scrape (fresh exporter): {w['good']} after "
+                     f"{w['seconds']:.2f} s",
+                     ", ".join(f"{n}x {a}" for a, n in w["flood_answers"].items())])
+    return table(["attack", "keep-alive", "fresh host", "attackers"], rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json")
+    p.add_argument("--admission", action="store_true", help="issue 24's attacks only")
+    p.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
+                   help="the tree whose exporter --admission measures")
     p.add_argument("--serve", nargs=2, metavar=("DESIGN", "PORT_FILE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
         serve(args.serve[0], Path(args.serve[1]))
+        return 0
+    if args.admission:
+        info = machine()
+        say(f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}; "
+            f"exporter from {args.root}")
+        say(admission(args.root))
         return 0
     plan = QUICK if args.quick else FULL
     res: dict[str, Any] = {"machine": machine()}

@@ -10,8 +10,15 @@ any client can cost before it is authenticated (docs/web-config.md, "Connections
 - one deadline for the whole head, from the first byte of a request (from accept, TLS
   handshake included, for the first request), not per read: trickling a byte at a time does
   not extend it;
-- at most `max_connections` (and `max_per_client` from one IP address) at once; past the bound
-  the oldest idle keep-alive connection is closed, and if none is idle the new one gets an
+- at most `max_connections` at once (`max_per_client` from one IP address), admitted fairly
+  (`_admit`): a connection that has not yet completed a request ("fresh") may use all but
+  `reserved` slots, which only "proven" connections (a request answered 2xx/3xx, or a verified
+  client certificate) hold; when the table is full, a newcomer takes the slot of the oldest
+  fresh connection (not mid-answer) of the IP address holding the most, if that holds two
+  more than the newcomer's (each of n addresses ends up with about 1/n of the bound, so a few
+  hosts cannot fill it), or else its own address's oldest idle keep-alive connection; a
+  scraper's idle keep-alive connection is never taken for another address's newcomer unless
+  that scraper's address holds the most. If nothing can be taken, the new one gets an
   immediate 503 (plain HTTP) or is closed (TLS), never a hang;
 - a request with a body (`Content-Length` above 0, or `Transfer-Encoding`) is answered and the
   connection closed, so a body can never be parsed as a second request (request smuggling);
@@ -41,6 +48,7 @@ log = logging.getLogger(__name__)
 class Limits:
     max_connections: int = 512
     max_per_client: int = 256  # one IP address: a single hostile pod cannot take every slot
+    reserved: int = 64  # slots fresh connections may not take: kept for proven ones
     head_timeout: float = 10.0  # seconds for a whole request head (and the TLS handshake)
     idle_timeout: float = 120.0  # keep-alive between requests (Prometheus scrapes every 15-60s)
     write_timeout: float = 30.0  # seconds for a whole response to be taken by the client
@@ -48,6 +56,11 @@ class Limits:
     max_header_line: int = 8 * 1024
     max_headers: int = 64
     backlog: int = 4096  # Go's default (somaxconn); the kernel caps it
+
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.reserved < self.max_connections:
+            raise ValueError("Limits.reserved must be in [0, max_connections)")
 
 
 DEFAULT_LIMITS = Limits()
@@ -87,6 +100,8 @@ class _Conn:
     client: str
     idle: bool = False  # between requests on a keep-alive connection: may be evicted
     idle_since: float = 0.0
+    proven: bool = False  # completed a request (2xx/3xx) or verified a client certificate
+    busy: bool = False  # a request is being answered: never evicted then
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -112,6 +127,10 @@ class HttpServer:
         self.extra_headers = extra_headers
         self._conns: dict[_Conn, None] = {}  # insertion-ordered: oldest first
         self._per_client: dict[str, int] = {}
+        # fresh connections per address, oldest first; and how many there are in all
+        self._fresh: dict[str, dict[_Conn, None]] = {}
+        self._fresh_total = 0
+        self.evicted = 0  # connections closed to admit another (for tests and benches)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -165,33 +184,77 @@ class HttpServer:
     def connections(self) -> int:
         return len(self._conns)
 
-    # --- admission ----------------------------------------------------------------------------
+    # --- admission ---------------------------------------------------------------------------
     def _admit(self, conn: _Conn) -> bool:
-        lim = self.limits
-        if self._per_client.get(conn.client, 0) >= lim.max_per_client and \
-                not self._evict_idle(conn.client):
+        lim, c = self.limits, conn.client
+        if self._per_client.get(c, 0) >= lim.max_per_client and \
+                not self._evict(self._idle_proven(c)):
             return False
-        if len(self._conns) >= lim.max_connections and not self._evict_idle(None):
+        if self._fresh_total >= lim.max_connections - lim.reserved and \
+                not self._evict(self._fresh_victim(c)):
+            return False
+        if len(self._conns) >= lim.max_connections and not self._evict(self._any_victim(c)):
             return False
         self._conns[conn] = None
-        self._per_client[conn.client] = self._per_client.get(conn.client, 0) + 1
+        self._per_client[c] = self._per_client.get(c, 0) + 1
+        self._fresh.setdefault(c, {})[conn] = None
+        self._fresh_total += 1
         return True
 
-    def _evict_idle(self, client: str | None) -> bool:
-        """Close the oldest idle keep-alive connection (of `client`, or of anyone)."""
+    def _fresh_victim(self, client: str) -> _Conn | None:
+        """The oldest fresh connection, not mid-request, of the address holding the most fresh
+        ones, if it holds at least two more than `client` (then the two end up no further
+        apart): a few hosts cannot keep a new one out. Else `client`'s oldest idle proven."""
+        mine = len(self._fresh.get(client, ()))
+        heavy = max(self._fresh, key=lambda a: len(self._fresh[a]), default=None)
+        if heavy is not None and heavy != client and len(self._fresh[heavy]) > mine + 1:
+            for conn in self._fresh[heavy]:
+                if not conn.busy:
+                    return conn
+        return None
+
+    def _any_victim(self, client: str) -> _Conn | None:
+        """Full with proven connections: an idle one (fresh first) of the address holding the
+        most if it holds at least two more than `client`, else `client`'s own oldest idle."""
+        mine = self._per_client.get(client, 0)
+        heavy = max(self._per_client, key=self._per_client.__getitem__, default=None)
+        if heavy is not None and heavy != client and self._per_client[heavy] > mine + 1:
+            fresh = next((c for c in self._fresh.get(heavy, ()) if not c.busy), None)
+            return fresh or self._idle_proven(heavy)
+        return self._idle_proven(client)
+
+    def _idle_proven(self, client: str) -> _Conn | None:
+        """`client`'s keep-alive connection idle the longest (the old rule, within an IP)."""
         oldest: _Conn | None = None
         for c in self._conns:
-            if c.idle and (client is None or c.client == client) and (
+            if c.idle and c.proven and c.client == client and (
                     oldest is None or c.idle_since < oldest.idle_since):
                 oldest = c
-        if oldest is None:
+        return oldest
+
+    def _evict(self, victim: _Conn | None) -> bool:
+        if victim is None:
             return False
-        self._release(oldest)
-        oldest.writer.transport.abort()
+        self._release(victim)
+        victim.writer.transport.abort()
+        self.evicted += 1
         return True
+
+    def _prove(self, conn: _Conn) -> None:
+        if not conn.proven:
+            conn.proven = True
+            self._drop_fresh(conn)
+
+    def _drop_fresh(self, conn: _Conn) -> None:
+        mine = self._fresh.get(conn.client)
+        if mine is not None and mine.pop(conn, False) is None:
+            self._fresh_total -= 1
+            if not mine:
+                del self._fresh[conn.client]
 
     def _release(self, conn: _Conn) -> None:
         if self._conns.pop(conn, False) is None:
+            self._drop_fresh(conn)
             left = self._per_client[conn.client] - 1
             if left:
                 self._per_client[conn.client] = left
@@ -239,6 +302,8 @@ class HttpServer:
             if self.peer_ok is not None and not self.peer_ok(peercert):
                 log.info("client %s: certificate SAN not in client_allowed_sans", conn.client)
                 return
+            if peercert:
+                self._prove(conn)  # a verified client certificate: authenticated
         first = True
         while True:
             if not first:
@@ -263,12 +328,16 @@ class HttpServer:
                 return
             if request is None:
                 return
+            conn.busy = True
             response = await self._respond(request)
             head_only = request.method == "HEAD"
             keep = not response.close and _keep_alive(request)
             if not keep and not response.close:
                 response = Response(response.status, response.body, response.headers, True)
             await self._send(writer, response, head_only)
+            conn.busy = False
+            if 200 <= response.status < 400:
+                self._prove(conn)
             if response.close:
                 await self._linger(reader, writer)
                 return

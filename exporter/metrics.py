@@ -213,6 +213,12 @@ FAMILIES: tuple[Family, ...] = (
     _c("gpu_exporter_label_values_replaced_total",
        "Label values that were not valid Unicode (lone surrogates), repaired with U+FFFD.",
        (), "exporter"),
+    _c("gpu_exporter_kube_objects_dropped_total",
+       "Objects from the Kubernetes API (kind: pod, ResourceSlice) this node's cache did not "
+       "take, by reason: cache-full (it holds its maximum: 13,000 objects or 32 MiB parsed, "
+       "per kind) or too-large (over the client's per-object bounds: 3 MiB, 50,000 JSON "
+       "values); each reason logged once. No series until one is dropped.",
+       ("kind", "reason"), "attribution"),
 )
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}

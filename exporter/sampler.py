@@ -22,6 +22,7 @@ from exporter.core import (
     SampleSink,
 )
 from exporter.inventory import Inventory, discover
+from exporter.kube.watch import dropped as kube_dropped
 from exporter.pcidevices import nvidia_gpu_functions
 from exporter.processes import ProcessLister
 from exporter.render import Rendering
@@ -156,6 +157,8 @@ class Sampler:
         sink.add("gpu_exporter_last_sample_timestamp_seconds", (), now)
         sink.add("gpu_exporter_build_info", (__version__, platform.python_version()), 1)
         sink.add("gpu_exporter_label_values_replaced_total", (), self._replaced_total)
+        for (kind, reason), n in sorted(kube_dropped(ctx.node).items()):
+            sink.add("gpu_exporter_kube_objects_dropped_total", (kind, reason), n)
         sources = {"nvml": (self._nvml_ok, self._nvml_reason)}
         for name, status in sorted(ctx.sources.items()):
             sources[name] = (status.up, status.reason)

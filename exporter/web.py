@@ -3,7 +3,8 @@
 It only serves what a MetricsSource has already rendered; it never talks to NVML, so a hung GPU
 cannot hang a scrape. The HTTP layer is exporter.httpserver (one event loop, bounded heads,
 connections and deadlines); this module is the application: routes, content negotiation,
-basic auth (bcrypt in a small thread pool, off the event loop) and TLS contexts.
+basic auth (bcrypt in a small thread pool, off the event loop, behind a bounded and per-address
+fair queue) and TLS contexts.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -19,7 +21,9 @@ import re
 import socket
 import ssl
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -33,6 +37,12 @@ log = logging.getLogger(__name__)
 OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REALM = "gpu-ledger"
+# bcrypt checks: AUTH_WORKERS run at once; AUTH_QUEUE_PER_CLIENT per client address wait or
+# run, AUTH_QUEUE wait in all (see _AuthQueue): past them, 503 at once instead of a queue.
+AUTH_QUEUE = 16
+AUTH_QUEUE_PER_CLIENT = 2
+AUTH_WORKERS = 2
+REJECTED_CACHE = 4096  # wrong credentials remembered (LRU), answered 401 without bcrypt
 
 LANDING_PAGE = f"""<!DOCTYPE html>
 <html lang="en">
@@ -112,15 +122,18 @@ class BasicAuth:
     """Checks `Authorization: Basic` against bcrypt hashes.
 
     bcrypt is slow on purpose, so a verified (user, password) is remembered as a salted SHA-256
-    and later scrapes cost one hash and a constant-time compare (`cached`). Unknown users are
-    checked against a dummy hash of the highest cost in the file, so an unknown user takes as
-    long as the slowest known one: timing does not tell which users exist.
+    and later scrapes cost one hash and a constant-time compare (`cached`); so is a rejected
+    one (the last REJECTED_CACHE of them), so a client repeating a wrong password costs no
+    bcrypt either. Unknown users are checked against a dummy hash of the highest cost in the
+    file, so an unknown user takes as long as the slowest known one: timing does not tell
+    which users exist.
     """
 
     def __init__(self, users: dict[str, str]) -> None:
         self._users = {u: h.encode() for u, h in users.items()}
         self._salt = os.urandom(16)
         self._verified: dict[str, bytes] = {}
+        self._rejected: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
         self.dummy_cost = max((_bcrypt_cost(h) for h in self._users.values()), default=10)
         import bcrypt  # only when basic auth is configured
@@ -130,14 +143,20 @@ class BasicAuth:
     def _digest(self, user: str, password: bytes) -> bytes:
         return hashlib.sha256(self._salt + user.encode() + b"\0" + password).digest()
 
-    def cached(self, header: str | None) -> bool:
-        """True when these credentials were verified before (no bcrypt); False: call check."""
+    def cached(self, header: str | None) -> bool | None:
+        """True: verified before; False: malformed, or rejected before; None: call check."""
         creds = _decode_basic(header)
         if creds is None:
             return False
+        digest = self._digest(*creds)
         with self._lock:
             known = self._verified.get(creds[0])
-        return known is not None and hmac.compare_digest(known, self._digest(*creds))
+            if known is not None and hmac.compare_digest(known, digest):
+                return True
+            if digest in self._rejected:
+                self._rejected.move_to_end(digest)
+                return False
+        return None
 
     def check(self, header: str | None) -> bool:
         creds = _decode_basic(header)
@@ -154,10 +173,13 @@ class BasicAuth:
 
         # bcrypt uses only the first 72 bytes (htpasswd hashes that prefix); bcrypt>=5 raises.
         ok = bcrypt.checkpw(password[:72], hashed or self._dummy)
-        if ok and hashed is not None:
-            with self._lock:
+        with self._lock:
+            if ok and hashed is not None:
                 self._verified[user] = digest
-            return True
+                return True
+            self._rejected[digest] = None
+            if len(self._rejected) > REJECTED_CACHE:
+                self._rejected.popitem(last=False)
         return False
 
 
@@ -179,6 +201,83 @@ def _decode_basic(header: str | None) -> tuple[str, bytes] | None:
     except (binascii.Error, UnicodeDecodeError):
         return None
     return (user, password) if sep else None
+
+
+class _AuthQueue:
+    """bcrypt checks off the event loop, fairly: AUTH_WORKERS run at once; the waiting ones
+    are kept per client address and started round-robin across addresses, so a check from a
+    new address waits for at most one check per other address, however many one address
+    sends. At most AUTH_QUEUE_PER_CLIENT per address wait or run, AUTH_QUEUE wait in all;
+    when full, a newcomer from an address with fewer waiting takes the newest waiting slot
+    of the address with the most (that request is answered 503). Event-loop state only."""
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self.pool = pool
+        self.waiting: dict[str, deque[tuple[asyncio.Future[bool | None],
+                                            Callable[[], bool]]]] = {}
+        self.held: Counter[str] = Counter()  # waiting or running, per address
+        self.running = 0
+
+    async def check(self, client: str, fn: Callable[[], bool]) -> bool | None:
+        """fn()'s answer; None: no room (answer 503)."""
+        if self.held[client] >= AUTH_QUEUE_PER_CLIENT:
+            return None
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool | None] = loop.create_future()
+        if self.running < AUTH_WORKERS and not self.waiting:
+            self.held[client] += 1
+            self._start(client, fut, fn)
+        else:
+            if sum(len(q) for q in self.waiting.values()) >= AUTH_QUEUE and \
+                    not self._evict_for(client):
+                return None
+            self.held[client] += 1
+            self.waiting.setdefault(client, deque()).append((fut, fn))
+        return await fut
+
+    def _evict_for(self, client: str) -> bool:
+        mine = len(self.waiting.get(client, ()))
+        heavy = max(self.waiting, key=lambda a: len(self.waiting[a]))
+        if len(self.waiting[heavy]) <= mine + 1:
+            return False
+        fut, _ = self.waiting[heavy].pop()
+        self._release(heavy)
+        if not self.waiting[heavy]:
+            del self.waiting[heavy]
+        fut.set_result(None)
+        return True
+
+    def _start(self, client: str, fut: asyncio.Future[bool | None],
+               fn: Callable[[], bool]) -> None:
+        self.running += 1
+        loop = asyncio.get_running_loop()
+        work = self.pool.submit(fn)
+
+        def done(w: Future[bool]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: shutting down
+                loop.call_soon_threadsafe(self._finished, client, fut, w)
+
+        work.add_done_callback(done)
+
+    def _finished(self, client: str, fut: asyncio.Future[bool | None],
+                  work: Future[bool]) -> None:
+        self.running -= 1
+        self._release(client)
+        if not fut.done():
+            ok = not work.cancelled() and work.exception() is None and work.result()
+            fut.set_result(bool(ok))
+        if self.waiting:  # round-robin: the address waiting longest since its last turn
+            nxt = next(iter(self.waiting))
+            queue = self.waiting.pop(nxt)
+            nfut, fn = queue.popleft()
+            if queue:
+                self.waiting[nxt] = queue  # to the back of the line
+            self._start(nxt, nfut, fn)
+
+    def _release(self, client: str) -> None:
+        self.held[client] -= 1
+        if self.held[client] <= 0:
+            del self.held[client]
 
 
 # --- TLS -----------------------------------------------------------------------------------
@@ -242,8 +341,9 @@ class WebServer:
         self.auth = BasicAuth(dict(self.web_config.basic_auth_users)) \
             if self.web_config.basic_auth_users else None
         self.tls = _TlsContexts(self.web_config.tls) if self.web_config.tls else None
-        # bcrypt takes ~50-250 ms of CPU: off the event loop, two at a time at most.
-        self._auth_pool = ThreadPoolExecutor(2, thread_name_prefix="exporter-auth")
+        # bcrypt takes ~50-250 ms of CPU: off the event loop, fairly queued (_AuthQueue).
+        self._auth_pool = ThreadPoolExecutor(AUTH_WORKERS, thread_name_prefix="exporter-auth")
+        self._auth_queue = _AuthQueue(self._auth_pool)
         family, addr = info[0][0], info[0][4]
         bind_host = str(addr[0])
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -292,12 +392,12 @@ class WebServer:
     # --- the application ----------------------------------------------------------------------
     async def _handle(self, request: Request) -> Response:
         if request.method not in ("GET", "HEAD"):
-            if not await self._authorized(request):
-                return _unauthorized(close=True)
+            if not (ok := await self._authorized(request)):
+                return _unauthorized(close=True) if ok is False else _busy()
             return Response(405, b"method not allowed\n", (("Allow", "GET, HEAD"),),
                             close=True)
-        if not await self._authorized(request):
-            return _unauthorized(close=False)
+        if not (ok := await self._authorized(request)):
+            return _unauthorized(close=False) if ok is False else _busy()
         target = request.target
         if target.startswith("//"):  # as http.server does: never read as "//host/path"
             target = "/" + target.lstrip("/")
@@ -313,15 +413,19 @@ class WebServer:
                             (("Content-Type", "text/html; charset=utf-8"),))
         return Response(404, b"not found\n")
 
-    async def _authorized(self, request: Request) -> bool:
+    async def _authorized(self, request: Request) -> bool | None:
+        """True/False; None: the bcrypt queue is full (for this client or in all)."""
         auth = self.auth
         if auth is None:
             return True
         header = request.header("Authorization")
-        if auth.cached(header):
-            return True
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._auth_pool, auth.check, header)
+        known = auth.cached(header)
+        if known is not None:
+            return known
+        ok = await self._auth_queue.check(request.client, lambda: auth.check(header))
+        if ok is None:
+            log.debug("%s: bcrypt queue full, answering 503", request.client)
+        return ok
 
     def _metrics(self, request: Request) -> Response:
         openmetrics = wants_openmetrics(request.header("Accept"))
@@ -341,6 +445,11 @@ class WebServer:
 def _unauthorized(close: bool) -> Response:
     return Response(401, b"unauthorized\n",
                     (("WWW-Authenticate", f'Basic realm="{REALM}"'),), close=close)
+
+
+def _busy() -> Response:
+    return Response(503, b"too many password checks in progress\n", (("Retry-After", "1"),),
+                    close=True)
 
 
 def start_server(source: MetricsSource, host: str, port: int,

@@ -16,7 +16,10 @@ MODIFIED / DELETED events after N, and BOOKMARK events (from `bookmark()`) when 
   HTTP 410 status, until reset to "" (a watch storm);
 - `end_watches()`: open watch streams end, as at their timeout;
 - `forbidden`: resources (e.g. {"resourceclaims"}) every request for which answers 403, as
-  for a service account whose role does not grant them.
+  for a service account whose role does not grant them;
+- `hostile`: a function of a request's path?query that returns the body of a 200 answer as
+  pieces (each sent as one chunk and flushed, so a generator can drip, sleep or never end),
+  or None to answer as usual: a broken or hostile server's answers (bench, tests).
 Authentication: the bearer token TOKEN, or with `tls` that verifies client certificates, a
 verified certificate.
 """
@@ -30,6 +33,7 @@ import ssl
 import threading
 import time
 import uuid as uuidlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -127,6 +131,7 @@ class FakeApiServer:
         self._closed = False
         self.requests: list[str] = []  # path?query of every request, for tests
         self.forbidden: set[str] = set()  # resources answered with 403
+        self.hostile: Callable[[str], Iterable[bytes] | None] | None = None
         for pod in pods or []:
             self._store(PODS, pod, record=False)
         for item in slices or []:
@@ -313,6 +318,10 @@ class FakeApiServer:
                 if not self._authenticated():
                     self._json(401, _status(401, "Unauthorized", "Unauthorized"))
                     return
+                pieces = api.hostile(self.path) if api.hostile is not None else None
+                if pieces is not None:
+                    self._chunked(pieces)
+                    return
                 url = urlsplit(self.path)
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
                 route = _route(url.path)
@@ -334,6 +343,22 @@ class FakeApiServer:
                     self._watch(resource, terms, query)
                 else:
                     self._list(resource, terms)
+
+            def _chunked(self, pieces: Iterable[bytes]) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                with contextlib.suppress(OSError):  # the client gave up: that is the point
+                    for piece in pieces:
+                        if api._closed:
+                            return
+                        if piece:
+                            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                            self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
 
             def _json(self, code: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()

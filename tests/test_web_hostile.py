@@ -150,7 +150,8 @@ def test_trickling_client_is_cut_at_the_request_deadline() -> None:
 
 
 def test_connections_past_the_bound_get_503_not_a_hang() -> None:
-    with serving(Limits(max_connections=8, max_per_client=8)) as server, ExitStack() as st:
+    limits = Limits(max_connections=8, max_per_client=8, reserved=0)
+    with serving(limits) as server, ExitStack() as st:
         slow = [st.enter_context(connect(server)) for _ in range(8)]
         for s in slow:
             s.sendall(b"GET /metrics HTTP/1.1\r\n")  # heads never finish
@@ -165,7 +166,7 @@ def test_connections_past_the_bound_get_503_not_a_hang() -> None:
 def test_idle_keepalive_connections_give_way_to_new_ones() -> None:
     """Prometheus keeps connections open between scrapes; at the bound the oldest idle one is
     closed for a newcomer instead of refusing it."""
-    with serving(Limits(max_connections=4, max_per_client=4)) as server:
+    with serving(Limits(max_connections=4, max_per_client=4, reserved=1)) as server:
         conns = []
         for _ in range(4):
             c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)

@@ -3,19 +3,30 @@
 One ApiClient serves one thread (the watch loop that owns it); abort() may be called from
 another thread to end whatever request is in flight. A connection per request: lists and
 watches are minutes apart, so keep-alive would save nothing worth a pool.
+
+Bounded in objects, not only bytes (docs/attribution.md, "Kubernetes client limits"): decoded
+JSON can cost 30x its bytes (`{}` is 2 bytes and a 64-byte dict), so every document is counted
+before it is decoded (`value_bound`, a C-speed
+count of `,:{[`), one object at most MAX_OBJECT_BYTES and MAX_OBJECT_VALUES; a list is decoded
+one item at a time (`get_list`), never whole. Every request has a total deadline as well as
+a per-read timeout, so a server dripping a byte at a time cannot hold it open.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import http.client
 import json
 import os
+import re
 import socket
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -23,10 +34,19 @@ from exporter import __version__
 from exporter.errors import ConfigError
 from exporter.kube.config import Credentials, load_credentials
 
-MAX_BODY = 64 << 20  # a list response larger than this is refused, not buffered
-MAX_EVENT = 16 << 20  # one watch event (one JSON line)
+# One object (a get, one list item, one watch event): etcd refuses a request over 1.5 MiB by
+# default (--max-request-bytes), and its JSON is at most about twice its protobuf.
+MAX_OBJECT_BYTES = 3 << 20
+# JSON values (incl. keys) in one object: a pod with 100 containers of 50 env vars each has
+# ~20,000; 50,000 values cost ~10 MiB of Python objects at most.
+MAX_OBJECT_VALUES = 50_000
+# A whole list (read item by item: this bounds time, not memory): 13,000 pods of 20 KB.
+MAX_LIST_BYTES = 256 << 20
+MAX_ENVELOPE_BYTES = 64 << 10  # a list's fields other than its items (kind, metadata)
+REQUEST_DEADLINE = 60.0  # a get or a whole list, however the bytes arrive
 _ERROR_BODY = 64 << 10  # read at most this much of an error answer
 _READ = 64 << 10
+_FIRST_WINDOW = 1 << 10  # a list item is first decoded from this many characters
 
 
 class ApiError(Exception):
@@ -39,6 +59,19 @@ class ApiError(Exception):
 
 class BadResponse(ValueError):
     """The server's answer is not what the API returns (not JSON, too large, wrong shape)."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """In place of a list item or watch event over MAX_OBJECT_VALUES (or, for an event,
+    MAX_OBJECT_BYTES): passed on undecoded, so one tenant's oversized object costs only
+    that object (the caller counts it), never the list or the watch."""
+
+    reason: str
+
+
+class DeadlineExceeded(TimeoutError):
+    """A request ran past its total deadline (however slowly the server sent)."""
 
 
 class _Connection(http.client.HTTPConnection):
@@ -107,36 +140,78 @@ class ApiClient:
         self._lock = threading.Lock()
         self._inflight: _Connection | None = None
         self._aborted = False
+        self._expired = False  # the request in flight was cut at its deadline
 
     @property
     def server(self) -> str:
         return self.creds.server
 
     # --- requests ------------------------------------------------------------------------------
-    def get_json(self, path: str, query: Mapping[str, str]) -> dict[str, Any]:
-        """GET path?query and return the JSON object it answers. Raises ApiError, BadResponse,
-        OSError (unreachable, timed out, TLS) or http.client.HTTPException."""
-        conn, resp = self._open(path, query)
-        try:
-            body = resp.read(MAX_BODY + 1)
-        finally:
-            self._done(conn, resp)
-        if len(body) > MAX_BODY:
-            raise BadResponse(f"{path}: response larger than {MAX_BODY} bytes")
+    def get_json(self, path: str, query: Mapping[str, str], *,
+                 deadline: float = REQUEST_DEADLINE) -> dict[str, Any]:
+        """GET path?query and return the one JSON object it answers (at most MAX_OBJECT_BYTES
+        and MAX_OBJECT_VALUES). Raises ApiError, BadResponse, DeadlineExceeded, OSError
+        (unreachable, timed out, TLS) or http.client.HTTPException."""
+        with self._request(path, query, deadline) as resp:
+            body = resp.read(MAX_OBJECT_BYTES + 1)
+        if len(body) > MAX_OBJECT_BYTES:
+            raise BadResponse(f"{path}: response larger than {MAX_OBJECT_BYTES} bytes")
         return _json_object(body, path)
+
+    def get_list(self, path: str, query: Mapping[str, str], on_item: Callable[[Any], None],
+                 *, max_items: int, deadline: float = REQUEST_DEADLINE) -> dict[str, Any]:
+        """GET a list, decoding one item at a time and handing each to `on_item`; returns the
+        list's other fields (`metadata` with its resourceVersion). At most `max_items` items,
+        MAX_LIST_BYTES in all, each item bounded as in get_json; an item over
+        MAX_OBJECT_VALUES is skipped undecoded and handed on as a Skipped. Raises like
+        get_json."""
+        with self._request(path, query, deadline) as resp:
+            return _ListReader(resp, path).read(on_item, max_items)
 
     @contextlib.contextmanager
     def watch(self, path: str, query: Mapping[str, str],
-              read_timeout: float) -> Iterator[Iterator[dict[str, Any]]]:
-        """A watch request: yields an iterator of its events (JSON objects, one per line) that
-        ends when the server ends the stream. Raises like get_json."""
-        conn, resp = self._open(path, query)
-        try:
-            if conn.raw is not None:
-                conn.raw.settimeout(read_timeout)  # the server ends a watch at timeoutSeconds
+              read_timeout: float) -> Iterator[Iterator[dict[str, Any] | Skipped]]:
+        """A watch request: yields an iterator of its events (JSON objects, one per line, or
+        a Skipped for a line over the bounds) that ends when the server ends the stream. The
+        whole stream has `read_timeout` as its total deadline too (the server ends a watch at
+        its timeoutSeconds). Raises like get_json."""
+        with self._request(path, query, read_timeout) as resp:
+            conn = self._inflight
+            if conn is not None and conn.raw is not None:
+                conn.raw.settimeout(read_timeout)
             yield _events(resp, path)
+
+    @contextlib.contextmanager
+    def _request(self, path: str, query: Mapping[str, str],
+                 deadline: float) -> Iterator[http.client.HTTPResponse]:
+        """One request whose connection is shut down `deadline` seconds after it starts, from
+        a timer: connect, TLS, headers and body all count, a drip cannot extend it."""
+        timer = threading.Timer(deadline, self._expire)
+        timer.daemon = True
+        self._expired = False
+        timer.start()
+        start = time.monotonic()
+        try:
+            conn, resp = self._open(path, query)
+            try:
+                yield resp
+            finally:
+                self._done(conn, resp)
+        except (OSError, http.client.HTTPException, ValueError) as err:
+            if self._expired or time.monotonic() - start >= deadline:
+                raise DeadlineExceeded(f"{path}: no complete answer within {deadline:g}s") \
+                    from err
+            raise
         finally:
-            self._done(conn, resp)
+            timer.cancel()
+
+    def _expire(self) -> None:
+        with self._lock:
+            conn = self._inflight
+            self._expired = conn is not None
+        if conn is not None and conn.raw is not None:
+            with contextlib.suppress(OSError):
+                conn.raw.shutdown(socket.SHUT_RDWR)
 
     def abort(self) -> None:
         """End the request in flight (from another thread); later requests fail at once."""
@@ -194,7 +269,17 @@ def _api_error(resp: http.client.HTTPResponse) -> ApiError:
     return ApiError(resp.status, reason, message[:300])
 
 
+def value_bound(text: bytes | str) -> int:
+    """An upper bound on the JSON values (keys included) `text` decodes to: every value but
+    the first follows a `,` `:` `[` or `{` (counted inside strings too: an over-estimate)."""
+    if isinstance(text, str):
+        return sum(text.count(c) for c in ",:[{") + 1
+    return sum(text.count(c) for c in (b",", b":", b"[", b"{")) + 1
+
+
 def _json_object(data: bytes, what: str) -> dict[str, Any]:
+    if value_bound(data) > MAX_OBJECT_VALUES:
+        raise BadResponse(f"{what}: an object of more than {MAX_OBJECT_VALUES} JSON values")
     try:
         obj = json.loads(data)
     except ValueError as err:
@@ -204,22 +289,210 @@ def _json_object(data: bytes, what: str) -> dict[str, Any]:
     return obj
 
 
-def _events(resp: http.client.HTTPResponse, what: str) -> Iterator[dict[str, Any]]:
-    """JSON lines from a streamed body, chunks split anywhere; each line bounded."""
-    buffer = b""
-    while True:
-        chunk = resp.read1(_READ)
-        if not chunk:
-            break
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        if len(buffer) > MAX_EVENT:
-            raise BadResponse(f"{what}: a watch event larger than {MAX_EVENT} bytes")
-        for line in lines:
-            if line.strip():
-                yield _json_object(line, what)
-    if buffer.strip():
-        yield _json_object(buffer, what)
+def _events(resp: http.client.HTTPResponse, what: str) -> Iterator[dict[str, Any] | Skipped]:
+    """JSON lines from a streamed body, chunks split anywhere; a line over MAX_OBJECT_BYTES
+    is discarded as it arrives (never buffered), one over MAX_OBJECT_VALUES is not decoded:
+    either is a Skipped."""
+    pending: list[bytes] = []  # pieces of the line being received
+    size = 0
+    discarding = False  # within a line already over the byte bound
+    while chunk := resp.read1(_READ):
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if discarding:
+                discarding = False
+                yield Skipped("too-large")
+            else:
+                line = b"".join((*pending, chunk[start:end]))
+                if line.strip():
+                    yield _event(line, what)
+            pending, size, start = [], 0, end + 1
+        rest = chunk[start:]
+        if not discarding and rest:
+            size += len(rest)
+            if size > MAX_OBJECT_BYTES:
+                discarding, pending = True, []
+            else:
+                pending.append(rest)
+    if discarding:
+        yield Skipped("too-large")
+    elif (line := b"".join(pending)).strip():
+        yield _event(line, what)
+
+
+def _event(line: bytes, what: str) -> dict[str, Any] | Skipped:
+    if len(line) > MAX_OBJECT_BYTES or value_bound(line) > MAX_OBJECT_VALUES:
+        return Skipped("too-large")
+    return _json_object(line, what)
+
+
+# One token of JSON text for skipping a value undecoded: a whole string, a run of anything
+# but strings and brackets, a bracket, or a string's opening quote whose end is not buffered.
+_SKIP_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[^"\[\]{}]+|[\[\]{}]|"')
+
+
+class _ListReader:
+    """Decodes `{"kind": ..., "metadata": {...}, "items": [...]}` from a response one item
+    at a time: each item is decoded from a window of the text that holds at most
+    MAX_OBJECT_VALUES values (counted first), grown by doubling while the item is longer,
+    so neither a huge item nor a flood of tiny ones is ever decoded at once."""
+
+    _decoder = json.JSONDecoder()
+    _SPACE = " \t\r\n"
+
+    def __init__(self, resp: http.client.HTTPResponse, what: str) -> None:
+        self.resp, self.what = resp, what
+        self.text = ""
+        self.pos = 0
+        self.read_bytes = 0
+        self.eof = False
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()
+        self._window = _FIRST_WINDOW
+
+    def read(self, on_item: Callable[[Any], None], max_items: int) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        self._expect("{")
+        if self._peek() == "}":
+            self.pos += 1
+            return fields
+        while True:
+            key = self._value(MAX_ENVELOPE_BYTES, 1)
+            if not isinstance(key, str):
+                raise BadResponse(f"{self.what}: a list with a non-string key")
+            self._expect(":")
+            if key == "items" and self._peek() == "[":
+                self.pos += 1
+                self._items(on_item, max_items)
+            else:
+                fields[key] = self._value(MAX_ENVELOPE_BYTES, 10_000)
+            sep = self._peek()
+            self.pos += 1
+            if sep == "}":
+                return fields
+            if sep != ",":
+                raise BadResponse(f"{self.what}: not JSON (expected , or }} in the list)")
+
+    def _items(self, on_item: Callable[[Any], None], max_items: int) -> None:
+        if self._peek() == "]":
+            self.pos += 1
+            return
+        count = 0
+        while True:
+            count += 1
+            if count > max_items:
+                raise BadResponse(f"{self.what}: a list of more than {max_items} items")
+            on_item(self._value(MAX_OBJECT_BYTES, MAX_OBJECT_VALUES, skip=True))
+            sep = self._peek()
+            self.pos += 1
+            if sep == "]":
+                return
+            if sep != ",":
+                raise BadResponse(f"{self.what}: not JSON (expected , or ] in items)")
+
+    def _value(self, max_chars: int, max_values: int, skip: bool = False) -> Any:
+        """Decode the next JSON value, at most max_chars long and of max_values values; with
+        `skip`, one of more values is passed over undecoded and returned as a Skipped."""
+        self._peek()
+        window = min(self._window, max_chars)
+        while True:
+            self._fill(window)
+            end = min(len(self.text), self.pos + window)
+            cut = self._cut(end, max_values)
+            try:
+                value, used = self._decoder.raw_decode(self.text[self.pos:cut])
+            except ValueError as err:
+                if cut < end:
+                    if skip:
+                        self._skip(max_chars)
+                        return Skipped("too-large")
+                    raise BadResponse(f"{self.what}: an item of more than {max_values} JSON "
+                                      "values") from None
+                if end - self.pos >= max_chars:
+                    raise BadResponse(f"{self.what}: an item larger than {max_chars} "
+                                      "characters") from None
+                if self.eof and end == len(self.text):
+                    raise BadResponse(f"{self.what}: not JSON ({err})") from None
+                window = min(window * 2, max_chars)
+                continue
+            self.pos += used
+            self._window = max(_FIRST_WINDOW, min(2 * used, MAX_OBJECT_BYTES))
+            return value
+
+    def _skip(self, max_chars: int) -> None:
+        """Move past the value at pos without decoding it: count brackets outside strings,
+        a token at a time (runs without brackets or quotes at C speed)."""
+        depth, rel = 0, 0  # rel: offset from pos (pos moves when _fill drops what was read)
+        while True:
+            if rel > max_chars:
+                raise BadResponse(f"{self.what}: an item larger than {max_chars} characters")
+            m = _SKIP_TOKEN.match(self.text, self.pos + rel)
+            token = m.group() if m else ""
+            if not m or token == '"' or (m.end() == len(self.text) and token[0] not in "[]{}"):
+                if self.eof:  # an unterminated string, or the body ended inside the value
+                    raise BadResponse(f"{self.what}: not JSON (an item ends unfinished)")
+                self._fill(rel + _READ)
+                continue
+            rel = m.end() - self.pos
+            if token in ("[", "{"):
+                depth += 1
+            elif token in ("]", "}"):
+                depth -= 1
+            if depth <= 0:  # the value ended: its closing bracket, or a whole string
+                if depth < 0 or token[0] not in "]}\"":
+                    raise BadResponse(f"{self.what}: not JSON (unbalanced item)")
+                self.pos += rel
+                return
+
+    def _cut(self, end: int, max_values: int) -> int:
+        """The furthest end <= `end` such that text[pos:end] holds at most max_values
+        values (binary search over C-speed counts: log steps)."""
+        text, pos = self.text, self.pos
+
+        def bound(stop: int) -> int:
+            return sum(text.count(c, pos, stop) for c in ",:[{") + 1
+
+        if bound(end) <= max_values:
+            return end
+        lo, hi = pos, end
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if bound(mid) <= max_values:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _peek(self) -> str:
+        """The next character that is not white space (consumed up to it); '' at the end."""
+        while True:
+            while self.pos < len(self.text) and self.text[self.pos] in self._SPACE:
+                self.pos += 1
+            if self.pos < len(self.text):
+                return self.text[self.pos]
+            if self.eof:
+                return ""
+            self._fill(len(self.text) - self.pos + 1)
+
+    def _expect(self, char: str) -> None:
+        if self._peek() != char:
+            raise BadResponse(f"{self.what}: not JSON (expected {char!r})")
+        self.pos += 1
+
+    def _fill(self, want: int) -> None:
+        """Read until `want` characters from pos are buffered (or the body ends)."""
+        if self.pos > _READ:  # drop what was decoded
+            self.text, self.pos = self.text[self.pos:], 0
+        while len(self.text) - self.pos < want and not self.eof:
+            chunk = self.resp.read1(_READ)
+            self.read_bytes += len(chunk)
+            if self.read_bytes > MAX_LIST_BYTES:
+                raise BadResponse(f"{self.what}: a list larger than {MAX_LIST_BYTES} bytes")
+            if not chunk:
+                self.eof = True
+            try:
+                self.text += self._utf8.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as err:
+                raise BadResponse(f"{self.what}: not UTF-8 ({err})") from None
 
 
 def connector(kubeconfig: str | None, timeout: float) -> Callable[[], ApiClient]:

@@ -12,6 +12,15 @@ watch with 410 right away is a storm, however fast it lists. A watch that ends c
 sooner than that counts as a failure too (a server closing every stream would be a storm of
 watches). Logging: the first failure of a streak, one line when it becomes a storm (with the
 count so far), one line with the total when it ends.
+
+Bounded: the cache holds at most `WatchedKind.max_items` objects of at most `max_bytes` in all
+(their parsed form's approximate size, `retained_bytes`: what a cached object costs whatever
+its JSON held); one more (a list past it, an ADDED past it, a MODIFIED that outgrows it) is not
+cached but counted in `dropped()` (gpu_exporter_kube_objects_dropped_total) and logged once per
+cache. A list may hold at most LIST_FACTOR times that many items in all
+(objects that parse to nothing included), else it is refused. An event costs O(1): it changes a
+private dict, and readers get a copy published at most every `publish_interval` seconds (at
+once when the last publish is older), so a flood of events costs one copy per interval.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import logging
 import random
 import ssl
+import sys
 import threading
 import time
 from collections import Counter
@@ -28,7 +38,14 @@ from typing import Any, Generic, TypeVar
 
 from exporter.core import SourceStatus
 from exporter.errors import ConfigError
-from exporter.kube.client import ApiClient, ApiError, BadResponse
+from exporter.kube.client import (
+    REQUEST_DEADLINE,
+    ApiClient,
+    ApiError,
+    BadResponse,
+    DeadlineExceeded,
+    Skipped,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +53,32 @@ T = TypeVar("T")
 GONE = 410
 EXPIRED = "410-expired"
 SHORT_WATCH = "watch-ended-early"
+# Objects cached per node: running pods are at most the kubelet's --max-pods (110 by default,
+# 250-737 on cloud maxima), but finished pods stay bound to the node until the pod garbage
+# collector deletes them, at 12,500 finished pods cluster-wide by default
+# (--terminated-pod-gc-threshold): a node can legitimately hold that many.
+MAX_CACHED = 13_000
+# The parsed objects' size: an ordinary pod is ~1.3 KB parsed (13,000: ~17 MiB). The process
+# pays ~2.4x this estimate (the pod watch's indexes, the copy being built while readers hold
+# the last, allocator overhead; bench/kube_hostile.py), and the DaemonSet's limit is 192 MiB.
+MAX_CACHED_BYTES = 32 << 20
+LIST_FACTOR = 4  # list items read per cache slot before a list is refused
+PUBLISH_INTERVAL = 0.25
+
+CACHE_FULL = "cache-full"
+TOO_LARGE = "too-large"
+# (node, noun, reason) -> objects not cached; by node, as the simulator runs many exporters
+# in one process
+_dropped: Counter[tuple[str, str, str]] = Counter()
+_dropped_lock = threading.Lock()
+
+
+def dropped(node: str) -> dict[tuple[str, str], int]:
+    """Objects of each watched kind (noun) not cached for `node` since start, by reason:
+    CACHE_FULL (the cache held max_items) or TOO_LARGE (over the client's per-object
+    bounds)."""
+    with _dropped_lock:
+        return {(noun, reason): n for (at, noun, reason), n in _dropped.items() if at == node}
 
 
 @dataclass(frozen=True)
@@ -45,6 +88,8 @@ class WatchedKind(Generic[T]):
     noun: str  # "pod", "ResourceSlice": in log lines and the thread's name
     path: str  # e.g. "/api/v1/pods", "/apis/resource.k8s.io/v1/resourceslices"
     parse: Callable[[dict[str, Any]], T | None]  # None: not usable (kept out of the cache)
+    max_items: int = MAX_CACHED  # objects cached at most; past it, counted in dropped()
+    max_bytes: int = MAX_CACHED_BYTES  # their retained_bytes in all, likewise
 
 
 @dataclass(frozen=True)
@@ -126,12 +171,15 @@ def _clock(t: float) -> str:
 class NodeScopedWatch(Generic[T]):
     """Call start(); read `items` (metadata.uid → parsed object), `status` and `lists` from any
     thread. `items` is replaced whole on change, never mutated, so readers need no lock;
-    `on_change` (if given) is called with each new mapping on the watch thread."""
+    `on_change` (if given) is called with each new mapping, one call at a time (on the watch
+    thread, or on the timer that publishes the last changes of a burst)."""
 
     def __init__(self, kind: WatchedKind[T], node: str, connect: Callable[[], ApiClient], *,
                  on_change: Callable[[Mapping[str, T]], None] | None = None,
                  policy: BackoffPolicy = DEFAULT_BACKOFF, watch_timeout: int = 300,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 publish_interval: float = PUBLISH_INTERVAL,
+                 request_deadline: float = REQUEST_DEADLINE) -> None:
         self.kind, self.node = kind, node
         self._connect = connect
         self._on_change = on_change
@@ -146,6 +194,18 @@ class NodeScopedWatch(Generic[T]):
         self._api: ApiClient | None = None
         self._version = ""  # resume from here; "" until a list succeeds, and after a 410
         self._watch_started = 0.0  # when the current watch request was answered
+        # the cache as events change it (watch thread only, under _lock); published copies
+        self._work: dict[str, T] = {}
+        self._sizes: dict[str, int] = {}  # uid -> retained_bytes of its cached object
+        self._bytes = 0  # their sum
+        self._bytes_before = 0
+        self._lock = threading.Lock()
+        self._dirty = False
+        self._published_at = -1e9
+        self._timer: threading.Timer | None = None
+        self.publish_interval = publish_interval
+        self.request_deadline = request_deadline  # a whole list, however slowly it arrives
+        self._logged: set[str] = set()  # drop reasons logged already
 
     @property
     def started(self) -> bool:
@@ -170,6 +230,9 @@ class NodeScopedWatch(Generic[T]):
 
     def close(self) -> None:
         self._stop.set()
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
         api = self._api
         if api is not None:
             api.abort()
@@ -219,22 +282,45 @@ class NodeScopedWatch(Generic[T]):
         return {"fieldSelector": f"spec.nodeName={self.node}"}
 
     def _list(self, api: ApiClient) -> None:
+        items: dict[str, T] = {}
+        sizes: dict[str, int] = {}
+        over = 0
+
+        def keep(obj: Any) -> None:
+            nonlocal over
+            if isinstance(obj, Skipped):
+                self._drop(1, TOO_LARGE)
+            elif isinstance(obj, dict):
+                uid, parsed = _uid(obj), self.kind.parse(obj)
+                if uid and parsed is not None:
+                    size = retained_bytes(parsed)
+                    if self._fits(items, sizes, uid, size):
+                        self._bytes += size - sizes.get(uid, 0)
+                        items[uid], sizes[uid] = parsed, size
+                    else:
+                        over += 1
+
+        self._bytes_before, self._bytes = self._bytes, 0
         try:
-            body = api.get_json(self.kind.path, self._query())
+            body = api.get_list(self.kind.path, self._query(), keep,
+                                max_items=LIST_FACTOR * self.kind.max_items,
+                                deadline=self.request_deadline)
         except ApiError as err:
+            self._bytes = self._bytes_before
             if err.status == GONE:
                 raise _Expired(str(err)) from err
             raise
-        items: dict[str, T] = {}
-        for obj in body.get("items") or ():
-            if isinstance(obj, dict):
-                uid, parsed = _uid(obj), self.kind.parse(obj)
-                if uid and parsed is not None:
-                    items[uid] = parsed
+        except BaseException:
+            self._bytes = self._bytes_before
+            raise
         version = (body.get("metadata") or {}).get("resourceVersion")
         if not isinstance(version, str) or not version:
+            self._bytes = self._bytes_before
             raise BadResponse(f"{self.kind.path}: a list without metadata.resourceVersion")
-        self._publish(items)
+        self._drop(over, CACHE_FULL)
+        with self._lock:
+            self._work, self._sizes = items, sizes
+            self._publish_locked()
         self._version = version
         self.lists += 1
         self.status = SourceStatus(True)
@@ -258,7 +344,10 @@ class NodeScopedWatch(Generic[T]):
                 raise _Expired(str(err)) from err
             raise
 
-    def _apply(self, event: dict[str, Any]) -> None:
+    def _apply(self, event: dict[str, Any] | Skipped) -> None:
+        if isinstance(event, Skipped):
+            self._drop(1, TOO_LARGE)  # its object keeps its last state until a relist
+            return
         kind, obj = event.get("type"), event.get("object")
         if not isinstance(obj, dict):
             raise BadResponse(f"{self.kind.path}: a watch event without an object")
@@ -272,19 +361,86 @@ class NodeScopedWatch(Generic[T]):
         if kind in ("ADDED", "MODIFIED", "DELETED"):
             uid = _uid(obj)
             if uid:
-                items = dict(self.items)
                 parsed = self.kind.parse(obj) if kind != "DELETED" else None
-                if parsed is None:
-                    items.pop(uid, None)
-                else:
-                    items[uid] = parsed
-                self._publish(items)
+                size = retained_bytes(parsed) if parsed is not None else 0
+                with self._lock:
+                    work, sizes = self._work, self._sizes
+                    if parsed is not None and self._fits(work, sizes, uid, size):
+                        work[uid] = parsed
+                        self._bytes += size - sizes.get(uid, 0)
+                        sizes[uid] = size
+                    else:
+                        if parsed is not None:
+                            self._drop(1, CACHE_FULL)
+                        if work.pop(uid, None) is None:
+                            return
+                        self._bytes -= sizes.pop(uid)
+                    self._changed_locked()
         # BOOKMARK (and a type this client does not know) only moves the version
 
-    def _publish(self, items: dict[str, T]) -> None:
+    def _fits(self, items: Mapping[str, T], sizes: Mapping[str, int], uid: str,
+              size: int) -> bool:
+        """Whether `uid` at `size` fits the bounds (replacing what it had, if cached)."""
+        if uid not in items and len(items) >= self.kind.max_items:
+            return False
+        return self._bytes - sizes.get(uid, 0) + size <= self.kind.max_bytes
+
+    def _drop(self, n: int, reason: str) -> None:
+        if n <= 0:
+            return
+        with _dropped_lock:
+            _dropped[self.node, self.kind.noun, reason] += n
+        if reason not in self._logged:
+            self._logged.add(reason)
+            why = f"the cache holds its maximum of {self.kind.max_items}" \
+                if reason == CACHE_FULL else "over the per-object bounds"
+            log.warning("node %s: %d %s(s) not cached: %s; counted in "
+                        "gpu_exporter_kube_objects_dropped_total{kind=%r,reason=%r}, "
+                        "logged once", self.node, n, self.kind.noun, why, self.kind.noun,
+                        reason)
+
+    def _changed_locked(self) -> None:
+        """Publish now if the last publish is older than the interval, else once it is."""
+        self._dirty = True
+        wait = self._published_at + self.publish_interval - time.monotonic()
+        if wait <= 0:
+            self._publish_locked()
+        elif self._timer is None and not self._stop.is_set():
+            self._timer = threading.Timer(wait, self._publish_later)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _publish_later(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._dirty and not self._stop.is_set():
+                self._publish_locked()
+
+    def _publish_locked(self) -> None:
+        items = dict(self._work)
+        self._dirty = False
+        self._published_at = time.monotonic()
         self.items = items
         if self._on_change is not None:
             self._on_change(items)
+
+
+def retained_bytes(obj: object, depth: int = 0) -> int:
+    """An approximate upper bound on the memory `obj` holds: sys.getsizeof over it and what
+    it contains (dataclass fields, mappings, sequences, sets), shared objects counted each
+    time. Linear in the object's size, which its JSON's bounds already limit."""
+    size = sys.getsizeof(obj)
+    if depth > 32 or isinstance(obj, (str, bytes, int, float, bool)) or obj is None:
+        return size
+    if isinstance(obj, dict):
+        return size + sum(retained_bytes(k, depth + 1) + retained_bytes(v, depth + 1)
+                          for k, v in obj.items())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return size + sum(retained_bytes(v, depth + 1) for v in obj)
+    fields = getattr(obj, "__dataclass_fields__", None)
+    if fields is not None:
+        return size + sum(retained_bytes(getattr(obj, f), depth + 1) for f in fields)
+    return size
 
 
 def _uid(obj: dict[str, Any]) -> str:
@@ -299,6 +455,8 @@ def failure_reason(err: BaseException) -> str:
             err.status, f"http-{err.status}")
     if isinstance(err, ConfigError):
         return "no-config"
+    if isinstance(err, DeadlineExceeded):
+        return "deadline"
     if isinstance(err, BadResponse):
         return "bad-response"
     if isinstance(err, ssl.SSLError):
