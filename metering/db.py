@@ -6,6 +6,7 @@ its header before DuckDB does, so nothing can "repair" it by writing over someon
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tempfile
@@ -291,6 +292,10 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
                 int(holder.group(1)) if holder else None) from None
         raise DatabaseError(str(p), f"cannot open as a DuckDB database: {_first_line(e)}") \
             from None
+    problem = _not_a_ledger(con, writing=not read_only)
+    if problem:
+        con.close()
+        raise DatabaseError(str(p), problem)
     if not read_only:
         for step, doing in ((lambda: con.execute(schema_sql()), "create the metering tables"),
                             (lambda: migrate(con), "update the metering tables to this version")):
@@ -302,7 +307,57 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
             except duckdb.Error as e:
                 con.close()
                 raise DatabaseError(str(p), f"cannot {doing}: {_first_line(e)}") from None
+    if not read_only:
+        problem = _not_a_ledger(con, writing=False)  # migrated: every column must fit now
+        if problem:
+            con.close()
+            raise DatabaseError(str(p), problem)
     return con
+
+
+# Tables every ledger has had since the first version: a database holding tables but not these
+# is someone else's, and creating the ledger's beside them would mix two databases.
+_LEDGER_MARKERS = ("device_hours", "coverage", "charges")
+
+
+@functools.cache
+def _expected_columns() -> dict[str, dict[str, str]]:
+    """table -> column -> DuckDB type, as schema.sql creates them."""
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute(schema_sql())
+        return _columns(con)
+    finally:
+        con.close()
+
+
+def _columns(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for table, column, kind in con.execute(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns WHERE "
+            "table_catalog = current_database() AND table_schema = 'main'").fetchall():
+        out.setdefault(str(table), {})[str(column)] = str(kind)
+    return out
+
+
+def _not_a_ledger(con: duckdb.DuckDBPyConnection, writing: bool) -> str | None:
+    """Why the database is not a ledger (None when it is one, or empty): tables named like
+    the ledger's must have its columns' types (an older version's missing columns are what
+    the migrations add); `writing` (about to create the ledger's tables): a database of other
+    tables is refused too."""
+    have = _columns(con)
+    if writing:
+        if have and not all(t in have for t in _LEDGER_MARKERS):
+            shown = ", ".join(sorted(have)[:5]) + (", ..." if len(have) > 5 else "")
+            return (f"expected a GPU Ledger database (or an empty one), got a DuckDB database "
+                    f"of other tables ({shown}); left untouched: give --db a new file")
+    for table, columns in _expected_columns().items():
+        for column, kind in have.get(table, {}).items():
+            want = columns.get(column)
+            if want is not None and want != kind:
+                return (f"table {table}: column {column} is {kind}, a ledger's is {want}: "
+                        "not a GPU Ledger database, or a damaged one; left untouched")
+    return None
 
 
 def _first_line(e: BaseException) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import duckdb
 
-from metering import db
+from metering import db, manifest
 from metering.cluster import is_cluster_name
 from metering.errors import ExitCode
 from metering.ledgerview import (
@@ -89,6 +89,24 @@ def export_ledger(ledger: str | Path, out: Path, months: Sequence[Month] = (),
         wanted = [p for p in wanted if (not month_names or p.month in month_names)
                   and (not clusters or p.cluster in clusters)]
         result.partitions = wanted
+        out.mkdir(parents=True, exist_ok=True)
+        # Partitions outside the selection keep their entries; until the new manifest is
+        # written last, the directory reads as an export that did not finish.
+        try:
+            old = manifest.read(out) or manifest.Manifest()
+        except manifest.ManifestError:
+            old = manifest.Manifest()
+        selected = {(p.cluster, p.month) for p in wanted}
+
+        def kept(cluster: str, month: str) -> bool:
+            return bool(cluster) and (cluster, month) not in selected and not (
+                (not month_names or month in month_names)
+                and (not clusters or cluster in clusters))
+
+        new = manifest.Manifest(
+            {k: f for k, f in old.files.items() if kept(f.cluster, f.month)},
+            {k: v for k, v in old.cost_models.items() if kept(*k.split("/", 1))})
+        manifest.remove(out)
         for table in LEDGER_TABLES:
             written: set[Path] = set()
             for part in wanted:
@@ -110,6 +128,9 @@ def export_ledger(ledger: str | Path, out: Path, months: Sequence[Month] = (),
                         tmp.unlink()
                     raise
                 written.add(target / PART_FILE)
+                entry = manifest.describe(out, target / PART_FILE, table, part.cluster,
+                                          part.month)
+                new.files[entry.path] = entry
                 result.files += 1
                 result.rows += int(rows)
             result.removed += _remove_stale(out / table, written, month_names, set(clusters))
@@ -120,7 +141,16 @@ def export_ledger(ledger: str | Path, out: Path, months: Sequence[Month] = (),
                 con.execute(f"COPY (SELECT * FROM {table} ORDER BY ALL) TO '{_quoted(tmp)}' "
                             "(FORMAT PARQUET, COMPRESSION ZSTD)")
                 os.replace(tmp, out / table / PART_FILE)
+                entry = manifest.describe(out, out / table / PART_FILE, table)
+                new.files[entry.path] = entry
                 result.files += 1
+            elif (out / table / PART_FILE).exists():
+                (out / table / PART_FILE).unlink()
+        for part in wanted:
+            new.cost_models[f"{part.cluster}/{part.month}"] = [str(r[0]) for r in con.execute(
+                f"SELECT DISTINCT cost_model_hash FROM charges WHERE {part.where()} "
+                "ORDER BY 1").fetchall()]
+        manifest.write(out, new)  # last: the files it names are all in place
     finally:
         con.close()
     return result

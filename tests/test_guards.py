@@ -1,0 +1,103 @@
+"""Guards on the paths that replace metered facts (issue 26, deliverable 1): each fact family
+is compared with what it replaces, and a shrink is refused (exit 6, one line naming the family
+and the hours) unless --replace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import conftest_prom
+import pytest
+
+from metering.cli_meter import main
+from metering.db import connect
+
+fleet_om_file = conftest_prom.fleet_om_file  # session fixture
+DAY = ["--from", "2026-10-05", "--to", "2026-10-06"]
+NOON = conftest_prom.DAY_TS + 12 * 3600
+
+
+def filtered(src: Path, out: Path, drop: Callable[[str, int], bool]) -> Path:
+    """`src` without the samples `drop(family, timestamp)` names."""
+    lines = []
+    for line in src.read_text().splitlines():
+        if not line.startswith("#"):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if drop(name, int(line.rsplit(" ", 1)[1])):
+                continue
+        lines.append(line)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def _ledger(db: Path) -> tuple[object, ...]:
+    with connect(db, read_only=True) as con:
+        row = con.execute(
+            "SELECT (SELECT count(*) FROM device_hours), (SELECT count(*) FROM "
+            "allocation_hours), (SELECT count(*) FROM workload_hours), (SELECT sum(cost) "
+            "FROM charges), (SELECT coalesce(sum(cost), 0) FROM charges WHERE team NOT IN "
+            "('idle', 'down', 'adjustment'))").fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_a_source_without_allocation_series_cannot_move_the_day_to_idle(
+        fleet_om_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Repro 1: the store lost gpu_container_allocation but kept gpu_up. Device-hours are the
+    same, so only a per-family guard sees that 121 allocation-hours would become 0."""
+    db = tmp_path / "m.duckdb"
+    assert main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db), "-q"]) == 0
+    before = _ledger(db)
+    assert before[1] == 121
+    poor = filtered(fleet_om_file, tmp_path / "noalloc.om",
+                    lambda name, _: name == "gpu_container_allocation")
+    capsys.readouterr()
+    rc = main(["--openmetrics", str(poor), *DAY, "--db", str(db), "-q"])
+    err = capsys.readouterr().err
+    assert rc == 6, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "allocation-hours where the ledger holds" in err and "--replace" in err
+    assert "device-hours" not in err  # the family that shrank, not one that did not
+    assert _ledger(db) == before
+    # --replace accepts it: the source's poorer day is what the ledger then holds.
+    assert main(["--openmetrics", str(poor), *DAY, "--db", str(db), "-q", "--replace"]) == 0
+    after = _ledger(db)
+    assert after[0] == before[0] and after[1] == 0
+    assert after[3] == before[3] and before[4] > 0 and after[4] == 0  # no team pays now
+
+
+def test_the_message_names_the_hours_each_family_loses(
+        fleet_om_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "m.duckdb"
+    assert main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db), "-q",
+                 "--chunk", "24"]) == 0
+    with connect(db, read_only=True) as con:
+        held = con.execute("SELECT count(*) FROM allocation_hours").fetchone()
+    poor = filtered(fleet_om_file, tmp_path / "noalloc.om",
+                    lambda name, _: name == "gpu_container_allocation")
+    capsys.readouterr()
+    assert main(["--openmetrics", str(poor), *DAY, "--db", str(db), "-q", "--chunk",
+                 "24"]) == 6
+    err = capsys.readouterr().err
+    assert held is not None
+    assert (f"the source has 0 allocation-hours where the ledger holds {held[0]}; metering "
+            f"would lose {held[0]}") in err
+
+
+def test_a_source_missing_the_first_half_cannot_wipe_it(
+        fleet_om_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A store whose retention starts at noon: its morning chunks are empty. They are written
+    as hours without data only once a later chunk has facts, a path of its own: guarded too."""
+    db = tmp_path / "m.duckdb"
+    assert main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db), "-q",
+                 "--chunk", "6"]) == 0
+    before = _ledger(db)
+    late = filtered(fleet_om_file, tmp_path / "late.om", lambda _, t: t <= NOON)
+    capsys.readouterr()
+    rc = main(["--openmetrics", str(late), *DAY, "--db", str(db), "-q", "--chunk", "6"])
+    err = capsys.readouterr().err
+    assert rc == 6, err
+    assert "device-hours where the ledger holds" in err and "--replace" in err
+    assert len(err.strip().splitlines()) == 1
+    assert _ledger(db) == before
