@@ -17,7 +17,7 @@ from pathlib import Path
 
 import duckdb
 
-from metering.errors import ExitCode, InputError, OutOfMemoryError, UsageError
+from metering.errors import ExitCode, InputError, MeteringError, OutOfMemoryError, UsageError
 
 # A DuckDB file starts with an 8-byte checksum, then this magic.
 _MAGIC = b"DUCK"
@@ -201,8 +201,32 @@ def memory_cap(value: str | None, doing: str) -> Iterator[None]:
         yield
     except duckdb.OutOfMemoryException:
         raise out_of_memory(doing) from None
+    except (duckdb.IOException, duckdb.TransactionException, duckdb.FatalException) as e:
+        failed = write_failed(doing, e)
+        if failed is None:
+            raise
+        raise failed from None
     finally:
         _memory_limit = before
+
+
+# DuckDB's words for a write the file system refused (disk full, quota, file size limit).
+_WRITE_FAILED = re.compile(r"(?:Could not write (?:to )?file|Failed to commit|"
+                           r"No space left on device|Disk quota exceeded|File too large)")
+
+
+def write_failed(doing: str, e: BaseException) -> MeteringError | None:
+    """The one-line error for DuckDB failing to write its file (disk full, quota, size
+    limit), or None when `e` is not that. The transaction being committed is rolled back
+    (DuckDB's write-ahead log keeps only whole commits), so what was committed before stays."""
+    text = _first_line(e)
+    if not _WRITE_FAILED.search(text):
+        return None
+    reason = re.search(r"No space left on device|Disk quota exceeded|File too large", text)
+    return MeteringError(f"{doing}: could not write to disk ("
+                         f"{reason.group(0) if reason else text}); what was being written is "
+                         "not kept, what was committed before is: free space and run the same "
+                         "command again")
 
 
 def memory_limit() -> str:
