@@ -106,6 +106,10 @@ def meter(ledger: str | Path, source: Source, period: Period, *,
     is waited for up to `wait` seconds, then refused (`LedgerLocked`, exit 7)."""
     with open_ledger(ledger, wait=wait, say=say) as con:
         say(f"meter: {period.label()} ({period.hours} h) from {source.name} into {ledger}")
+        if isinstance(source, PrometheusSource):
+            settled = source.settle_selector(period)  # the exporter's identity, not no job
+            if settled:
+                say(f"meter: {settled}")
         if progress is not None and verbose and isinstance(source, PrometheusSource):
             source.planner.on_split = progress.message  # a store refused a query: say so
         result = ingest(con, source, period, chunk_hours, sample_interval,

@@ -339,11 +339,6 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
     return con
 
 
-# Tables every ledger has had since the first version: a database holding tables but not these
-# is someone else's, and creating the ledger's beside them would mix two databases.
-_LEDGER_MARKERS = ("device_hours", "coverage", "charges")
-
-
 @functools.cache
 def _expected_columns() -> dict[str, dict[str, str]]:
     """table -> column -> DuckDB type, as schema.sql creates them."""
@@ -370,11 +365,12 @@ def _not_a_ledger(con: duckdb.DuckDBPyConnection, writing: bool) -> str | None:
     the migrations add); `writing` (about to create the ledger's tables): a database of other
     tables is refused too."""
     have = _columns(con)
-    if writing:
-        if have and not all(t in have for t in _LEDGER_MARKERS):
-            shown = ", ".join(sorted(have)[:5]) + (", ..." if len(have) > 5 else "")
-            return (f"expected a GPU Ledger database (or an empty one), got a DuckDB database "
-                    f"of other tables ({shown}); left untouched: give --db a new file")
+    # Tables, none of them a ledger's: someone else's database, which creating the ledger's
+    # tables beside would mix with a bill.
+    if writing and have and not set(have) & set(_expected_columns()):
+        shown = ", ".join(sorted(have)[:5]) + (", ..." if len(have) > 5 else "")
+        return (f"expected a GPU Ledger database (or an empty one), got a DuckDB database of "
+                f"other tables ({shown}); left untouched: give --db a new file")
     for table, columns in _expected_columns().items():
         for column, kind in have.get(table, {}).items():
             want = columns.get(column)

@@ -8,6 +8,7 @@ committed stay when a later one fails.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from metering.progress import Progress
 from metering.promclient import PromClient, PromError
 from metering.queryplan import Answered, Limits, Piece, QueryPlanner, Refusal, Sent, SignalSent
 from metering.resume import Journal, RunSettings
-from metering.selector import DEFAULT_SELECTOR, Screened, Selector
+from metering.selector import DEFAULT_SELECTOR, EXPORTER_SELECTOR, Screened, Selector
 
 # Prometheus answers at most 11,000 points per series; a chunk of N hours asks for N+1.
 MAX_CHUNK_HOURS = 10_000
@@ -144,6 +145,30 @@ class PrometheusSource:
         self.screened = Screened()
         self._stream: Prefetcher[Sent | ChunkSent] | None = None
         self._queries = 0
+
+    def settle_selector(self, period: Period) -> str | None:
+        """With the default selector, decide whether series without a job label may be
+        metered: only in a store that scrapes nothing (no `up` series in the period or the
+        last hour), i.e. history backfilled with promtool. A store that scrapes narrows the
+        default to the exporter's job (EXPORTER_SELECTOR). Returns what it decided, to say."""
+        if self.selector is not DEFAULT_SELECTOR:  # a selector given, even the same text
+            return None
+        now = time.time()
+        jobs: set[str] = set()
+        try:
+            for start, end in ((period.start.timestamp(), period.end.timestamp()),
+                               (now - 3600, now)):
+                jobs.update(self.client.label_values("job", ["up"], start, end))
+        except PromError as exc:  # cannot tell: the exporter's job, named, is the safe side
+            jobs.add(f"unknown: {exc}")
+        if not jobs:
+            return None
+        self.selector = EXPORTER_SELECTOR
+        self.planner.selector = EXPORTER_SELECTOR.promql()
+        shown = ", ".join(sorted(jobs)[:3]) + (", ..." if len(jobs) > 3 else "")
+        return (f"this store scrapes (jobs {shown}): only series of job gpu-ledger-exporter "
+                f"are metered, not series without a job label (--selector names another "
+                f"job; docs/metering.md, \"Whose series are metered\")")
 
     def choose_chunk(self, period: Period, budget: int) -> ChunkChoice | None:
         """The chunk length for `period` from the planner's series estimate (one label-values

@@ -85,7 +85,7 @@ def test_a_directory_that_does_not_match_its_manifest_is_refused(
         capsys: pytest.CaptureFixture[str]) -> None:
     """A copied part-1.parquet, the same file under another month= partition, a file
     rewritten or removed behind the export's back: report and merge refuse, exit 4."""
-    db, out = exported
+    _, out = exported
     part = out / "charges" / PART / "part-0.parquet"
     if tamper == "copy":
         shutil.copy(part, part.with_name("part-1.parquet"))
@@ -129,7 +129,7 @@ def test_the_same_cluster_month_twice_is_refused_even_with_a_matching_manifest(
         capsys: pytest.CaptureFixture[str]) -> None:
     """Beyond the manifest: a file holding hours of another month than its partition's (an
     export rewritten by hand, manifest and all) is refused on its contents."""
-    db, out = exported
+    _, out = exported
     from metering import manifest
     src = out / "charges" / PART / "part-0.parquet"
     moved = out / "charges" / "cluster=east" / "month=2026-11" / "part-0.parquet"
