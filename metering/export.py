@@ -20,7 +20,7 @@ from pathlib import Path
 
 import duckdb
 
-from metering import db, manifest
+from metering import db, guards, manifest
 from metering.cluster import is_cluster_name
 from metering.errors import ExitCode
 from metering.ledgerview import (
@@ -190,11 +190,14 @@ class MergeResult:
     mixed_hashes: list[str] = field(default_factory=list)
 
 
-def merge_ledgers(target: str | Path, sources: Sequence[str | Path]) -> MergeResult:
+def merge_ledgers(target: str | Path, sources: Sequence[str | Path],
+                  replace: bool = False) -> MergeResult:
     """Copy every cluster-month of `sources` into the DuckDB ledger `target` (created if
     missing), replacing that cluster-month there, all in one transaction. A cluster-month
-    held by two sources is refused. After copying, each copied cluster-month's row counts and
-    costs in the target are checked against its source."""
+    held by two sources is refused, and so is one whose source has fewer rows of a fact
+    family than the target holds (metering.guards) unless `replace`. After copying, each
+    copied cluster-month's row counts and costs in the target are checked against its
+    source."""
     try:
         db.connect(target).close()  # creates or migrates it, refuses a non-DuckDB file
     except db.LedgerLocked:
@@ -225,6 +228,14 @@ def merge_ledgers(target: str | Path, sources: Sequence[str | Path]) -> MergeRes
         try:
             for src, schema, parts in plan:
                 for part in parts:
+                    start, end = part.bounds
+                    lost = guards.shrinks(
+                        guards.held(con, start, end, [part.cluster], "target.main."),
+                        guards.held(con, start, end, [part.cluster], f"{schema}."))
+                    if lost and not replace:
+                        raise MergeError(f"{src}: {part.month}: " + str(guards.refuse(
+                            lost, True, "pass --replace to overwrite the merged ledger's "
+                            "cluster-month with this source's")) + "; nothing written")
                     for table in LEDGER_TABLES:
                         con.execute(f"DELETE FROM target.main.{table} WHERE {part.where()}")
                         n = con.execute(f"INSERT INTO target.main.{table} BY NAME SELECT * "

@@ -101,3 +101,26 @@ def test_a_source_missing_the_first_half_cannot_wipe_it(
     assert "device-hours where the ledger holds" in err and "--replace" in err
     assert len(err.strip().splitlines()) == 1
     assert _ledger(db) == before
+
+
+def test_merge_cannot_replace_a_cluster_month_with_a_poorer_one(
+        fleet_om_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ledger merge` replaces whole cluster-months: the same per-family guard as metering."""
+    from metering.cli_ledger import main as ledger_main
+
+    good, poor_db, fleet = tmp_path / "good.duckdb", tmp_path / "poor.duckdb", \
+        tmp_path / "fleet.duckdb"
+    assert main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(good), "-q"]) == 0
+    poor = filtered(fleet_om_file, tmp_path / "noalloc.om",
+                    lambda name, _: name == "gpu_container_allocation")
+    assert main(["--openmetrics", str(poor), *DAY, "--db", str(poor_db), "-q"]) == 0
+    assert ledger_main(["merge", "--into", str(fleet), str(good)]) == 0
+    before = _ledger(fleet)
+    capsys.readouterr()
+    assert ledger_main(["merge", "--into", str(fleet), str(poor_db)]) == 6
+    err = capsys.readouterr().err
+    assert "cluster default: the source has 0 allocation-hours where the ledger holds 121" in err
+    assert "--replace" in err and len(err.strip().splitlines()) == 1
+    assert _ledger(fleet) == before
+    assert ledger_main(["merge", "--into", str(fleet), str(poor_db), "--replace"]) == 0
+    assert _ledger(fleet)[1] == 0
