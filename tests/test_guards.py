@@ -15,7 +15,7 @@ from metering.db import connect
 
 fleet_om_file = conftest_prom.fleet_om_file  # session fixture
 DAY = ["--from", "2026-10-05", "--to", "2026-10-06"]
-NOON = conftest_prom.DAY_TS + 12 * 3600
+SIX = conftest_prom.DAY_TS + 6 * 3600
 
 
 def filtered(src: Path, out: Path, drop: Callable[[str, int], bool]) -> Path:
@@ -87,19 +87,24 @@ def test_the_message_names_the_hours_each_family_loses(
 
 def test_a_source_missing_the_first_half_cannot_wipe_it(
         fleet_om_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A store whose retention starts at noon: its morning chunks are empty. They are written
-    as hours without data only once a later chunk has facts, a path of its own: guarded too."""
+    """A store whose retention starts at 06:00: its first chunk is empty, and every family
+    it would empty is named, each with its hours."""
     db = tmp_path / "m.duckdb"
     assert main(["--openmetrics", str(fleet_om_file), *DAY, "--db", str(db), "-q",
                  "--chunk", "6"]) == 0
     before = _ledger(db)
-    late = filtered(fleet_om_file, tmp_path / "late.om", lambda _, t: t <= NOON)
+    late = filtered(fleet_om_file, tmp_path / "late.om", lambda _, t: t <= SIX)
     capsys.readouterr()
     rc = main(["--openmetrics", str(late), *DAY, "--db", str(db), "-q", "--chunk", "6"])
     err = capsys.readouterr().err
     assert rc == 6, err
-    assert "device-hours where the ledger holds" in err and "--replace" in err
-    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("gpu-ledger meter: chunk 1/4 (2026-10-05T00:00Z .. "
+                          "2026-10-05T06:00Z): the source has 0 allocation-hours"), err
+    for family, held in (("allocation", 31), ("device", 36), ("MIG-instance", 12),
+                         ("workload", 31)):
+        assert f"the source has 0 {family}-hours where the ledger holds {held}; metering " \
+               f"would lose {held}" in err
+    assert "--replace" in err and len(err.strip().splitlines()) == 1
     assert _ledger(db) == before
 
 
