@@ -129,3 +129,37 @@ def test_merge_cannot_replace_a_cluster_month_with_a_poorer_one(
     assert _ledger(fleet) == before
     assert ledger_main(["merge", "--into", str(fleet), str(poor_db), "--replace"]) == 0
     assert _ledger(fleet)[1] == 0
+
+
+def test_an_empty_first_chunk_cannot_wipe_clusters_of_a_label(tmp_path: Path) -> None:
+    """With --cluster-label an empty chunk names no cluster, so its own check compares nothing;
+    it is written as hours without data for the run's clusters once a later chunk has facts:
+    that write is guarded too (the clusters' facts of the hour are kept)."""
+    import re
+
+    from test_clusters import H100, gpu_hour, meter, om
+
+    from metering.cluster import ClusterScope
+    from metering.ingest import IngestError
+
+    def later(text: str) -> str:  # the same samples an hour later
+        return re.sub(r" (\d+)$", lambda m: f" {int(m.group(1)) + 3600}", text, flags=re.M)
+
+    parts = [gpu_hour(H100, 30, f',cluster="{c}"') for c in ("east", "west")]
+    both = om(tmp_path, "both.om", *parts, *(later(p) for p in parts))
+    late = om(tmp_path, "late.om", *(later(p) for p in parts))
+    scope = ClusterScope("default", "cluster")
+    con = connect(tmp_path / "m.duckdb")
+    try:
+        assert meter(con, both, scope, end="2026-10-05T02:00", chunk_hours=1) == {"east", "west"}
+        held = con.execute("SELECT count(*) FROM device_hours").fetchall()
+        with pytest.raises(IngestError, match=r"chunk 2026-10-05T00:00Z .. 2026-10-05T01:00Z: "
+                           r"cluster east: the source has 0 allocation-hours where the ledger "
+                           r"holds 1"):
+            meter(con, late, scope, end="2026-10-05T02:00", chunk_hours=1)
+        assert con.execute("SELECT count(*) FROM device_hours").fetchall() == held == [(4,)]
+        meter(con, late, scope, end="2026-10-05T02:00", chunk_hours=1, replace=True,
+              resume=False)
+        assert con.execute("SELECT count(*) FROM device_hours").fetchall() == [(2,)]
+    finally:
+        con.close()
