@@ -100,8 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between exporter samples (default: detected per node)")
     p.add_argument("--no-price", action="store_true", help="ingest only")
     p.add_argument("--replace", action="store_true",
-                   help="overwrite hours even where the source has fewer device-hours than "
-                        "the ledger holds (refused by default)")
+                   help="overwrite hours even where the source has fewer rows of a fact "
+                        "family (device, MIG, allocation, workload, fraction hours) than the "
+                        "ledger holds (refused by default, exit 6)")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="when another process holds the ledger, wait up to this long for it "
                         "(polling) instead of exiting 7 at once (default 0)")

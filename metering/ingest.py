@@ -319,9 +319,10 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
            clusters: ClusterScope | None = None, finish: bool = True) -> IngestResult:
     """Meter `period` from `source` chunk by chunk into the cluster(s) `clusters` names (one
     cluster, or the values of a cluster label; other clusters' hours are never touched). A
-    chunk whose source yields fewer device-hours for a cluster than the ledger already holds
-    for those hours is refused (nothing written) unless `replace`: a Prometheus past its
-    retention or an empty source never wipes a metered month. An earlier run of the same
+    chunk whose source yields fewer rows of any fact family (metering.guards) for a cluster
+    than the ledger already holds for those hours is refused (nothing written) unless
+    `replace`: a Prometheus past its retention, an empty source or one that lost a family's
+    series never wipes a metered month. An earlier run of the same
     source, settings (selector, clusters, chunk length, sample interval) and period that
     stopped before its end is resumed after its committed chunks unless not `resume`
     (metering/resume.py). A source with no GPU series at all for the period is refused too:

@@ -14,7 +14,7 @@ a committed chunk is skipped only if no later run (of any source or settings) re
 of its clusters.
 
 Skipped chunks are not rewritten, so they neither grow nor shrink; the chunks still to do are
-checked like any other (a source with fewer device-hours than the ledger holds is refused
+checked like any other (a source with fewer facts of a family than the ledger holds is refused
 unless --replace).
 """
 
