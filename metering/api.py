@@ -106,11 +106,15 @@ def meter(ledger: str | Path, source: Source, period: Period, *,
     is waited for up to `wait` seconds, then refused (`LedgerLocked`, exit 7)."""
     with open_ledger(ledger, wait=wait, say=say) as con:
         say(f"meter: {period.label()} ({period.hours} h) from {source.name} into {ledger}")
+        if isinstance(source, PrometheusSource):
+            settled = source.settle_selector(period)  # the exporter's identity, not no job
+            if settled:
+                say(f"meter: {settled}")
         if progress is not None and verbose and isinstance(source, PrometheusSource):
             source.planner.on_split = progress.message  # a store refused a query: say so
         result = ingest(con, source, period, chunk_hours, sample_interval,
                         progress, verbose=verbose, replace=replace, resume=resume,
-                        clusters=clusters)
+                        clusters=clusters, finish=False)
         rows = ", ".join(f"{n} {t}" for t, n in result.rows.items())
         say(f"meter: {result.chunks} chunks, {result.queries} queries, {rows}")
         if isinstance(source, PrometheusSource):
@@ -127,10 +131,12 @@ def meter(ledger: str | Path, source: Source, period: Period, *,
         if result.empty_hours:
             gaps = ", ".join(r.label() for r in hour_ranges(result.empty_hours))
             say(f"meter: no device data for {len(result.empty_hours)} hour(s): {gaps}")
-        if cost_model is None:
-            return MeterResult(result, None)
-        priced = _price(con, period, cost_model, price_progress, sorted(result.clusters))
-        say(f"meter: priced {period.label()}")
+        priced = None
+        if cost_model is not None:
+            priced = _price(con, period, cost_model, price_progress, sorted(result.clusters))
+            say(f"meter: priced {period.label()}")
+        assert result.journal is not None
+        result.journal.finish(con)  # finished when priced: killed before, a rerun prices
         return MeterResult(result, priced)
 
 

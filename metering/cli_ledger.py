@@ -2,7 +2,8 @@
 ledgers (one per cluster, from separate CronJobs) merged into one.
 
 Exit status (metering.errors.ExitCode): 0 done, 2 usage, 4 a ledger that cannot be read,
-6 a merge refused (a cluster-month in two sources), 8 out of memory under the DuckDB cap
+6 a merge refused (a cluster-month in two sources, or one that would lose facts the merged
+ledger holds), 8 out of memory under the DuckDB cap
 (--memory-limit), 1 anything else; nothing half-written.
 """
 
@@ -46,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="the DuckDB ledger to merge into (created if missing)")
     mg.add_argument("sources", nargs="+", metavar="LEDGER",
                     help="DuckDB files or export directories, e.g. one per cluster")
+    mg.add_argument("--replace", action="store_true",
+                    help="replace a cluster-month even where the source has fewer device, "
+                         "allocation, workload or fraction rows than the merged ledger "
+                         "(refused by default, exit 6)")
     for action in (ex, mg):
         action.add_argument(db.MEMORY_LIMIT_OPTION, metavar="SIZE",
                             help=f"DuckDB's memory cap, e.g. 4GB (default "
@@ -109,7 +114,7 @@ def _merge(args: argparse.Namespace) -> int:
             return _usage("merge", f"{src}: expected a ledger, found nothing there")
         if Path(src).resolve() == Path(args.into).resolve():
             return _usage("merge", f"{src}: is the ledger merged into")
-    result = merge_ledgers(args.into, args.sources)
+    result = merge_ledgers(args.into, args.sources, replace=args.replace)
     for src, parts in result.partitions.items():
         clusters = sorted({p.cluster for p in parts})
         print(f"gpu-ledger ledger merge: {src}: {len(parts)} cluster-month(s) of "

@@ -93,15 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "-search.maxUniqueTimeseries)")
     p.add_argument("--selector", metavar="MATCHERS", default=None,
                    help="PromQL label matchers naming the exporter's series; only those are "
-                        "metered (default: $GPU_LEDGER_SELECTOR, else job=~\"gpu-ledger-"
-                        "exporter|\", the shipped scrape job, or no job label for backfilled "
-                        "history)")
+                        "metered (default: $GPU_LEDGER_SELECTOR, else job=\"gpu-ledger-"
+                        "exporter\", the shipped scrape job, in a store that scrapes; also "
+                        "series without a job label in a store of backfilled history only)")
     p.add_argument("--sample-interval", type=float, default=None, metavar="SECONDS",
                    help="seconds between exporter samples (default: detected per node)")
     p.add_argument("--no-price", action="store_true", help="ingest only")
     p.add_argument("--replace", action="store_true",
-                   help="overwrite hours even where the source has fewer device-hours than "
-                        "the ledger holds (refused by default)")
+                   help="overwrite hours even where the source has fewer rows of a fact "
+                        "family (device, MIG, allocation, workload, fraction hours) than the "
+                        "ledger holds (refused by default, exit 6)")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="when another process holds the ledger, wait up to this long for it "
                         "(polling) instead of exiting 7 at once (default 0)")
@@ -177,6 +178,10 @@ def _run(args: argparse.Namespace) -> int:
             proxy = source.client.proxy
             say(f"meter: connecting through proxy {proxy.shown} (${proxy.variable}; "
                 "$NO_PROXY lists hosts reached directly)")
+        if isinstance(source, PrometheusSource):
+            settled = source.settle_selector(period)  # before the chunk estimate reads nodes
+            if settled:
+                say(f"meter: {settled}")
         chunk = args.chunk or _auto_chunk(source, period, say)
         progress = Progress(-(-period.hours // chunk), quiet=args.quiet)
         api.meter(args.db, source, period, cost_model=model, chunk_hours=chunk,

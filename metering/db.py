@@ -6,6 +6,7 @@ its header before DuckDB does, so nothing can "repair" it by writing over someon
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tempfile
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import duckdb
 
-from metering.errors import ExitCode, InputError, OutOfMemoryError, UsageError
+from metering.errors import ExitCode, InputError, MeteringError, OutOfMemoryError, UsageError
 
 # A DuckDB file starts with an 8-byte checksum, then this magic.
 _MAGIC = b"DUCK"
@@ -200,8 +201,32 @@ def memory_cap(value: str | None, doing: str) -> Iterator[None]:
         yield
     except duckdb.OutOfMemoryException:
         raise out_of_memory(doing) from None
+    except (duckdb.IOException, duckdb.TransactionException, duckdb.FatalException) as e:
+        failed = write_failed(doing, e)
+        if failed is None:
+            raise
+        raise failed from None
     finally:
         _memory_limit = before
+
+
+# DuckDB's words for a write the file system refused (disk full, quota, file size limit).
+_WRITE_FAILED = re.compile(r"(?:Could not write (?:to )?file|Failed to commit|"
+                           r"No space left on device|Disk quota exceeded|File too large)")
+
+
+def write_failed(doing: str, e: BaseException) -> MeteringError | None:
+    """The one-line error for DuckDB failing to write its file (disk full, quota, size
+    limit), or None when `e` is not that. The transaction being committed is rolled back
+    (DuckDB's write-ahead log keeps only whole commits), so what was committed before stays."""
+    text = _first_line(e)
+    if not _WRITE_FAILED.search(text):
+        return None
+    reason = re.search(r"No space left on device|Disk quota exceeded|File too large", text)
+    return MeteringError(f"{doing}: could not write to disk ("
+                         f"{reason.group(0) if reason else text}); what was being written is "
+                         "not kept, what was committed before is: free space and run the same "
+                         "command again")
 
 
 def memory_limit() -> str:
@@ -291,6 +316,10 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
                 int(holder.group(1)) if holder else None) from None
         raise DatabaseError(str(p), f"cannot open as a DuckDB database: {_first_line(e)}") \
             from None
+    problem = _not_a_ledger(con, writing=not read_only)
+    if problem:
+        con.close()
+        raise DatabaseError(str(p), problem)
     if not read_only:
         for step, doing in ((lambda: con.execute(schema_sql()), "create the metering tables"),
                             (lambda: migrate(con), "update the metering tables to this version")):
@@ -302,7 +331,53 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
             except duckdb.Error as e:
                 con.close()
                 raise DatabaseError(str(p), f"cannot {doing}: {_first_line(e)}") from None
+    if not read_only:
+        problem = _not_a_ledger(con, writing=False)  # migrated: every column must fit now
+        if problem:
+            con.close()
+            raise DatabaseError(str(p), problem)
     return con
+
+
+@functools.cache
+def _expected_columns() -> dict[str, dict[str, str]]:
+    """table -> column -> DuckDB type, as schema.sql creates them."""
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute(schema_sql())
+        return _columns(con)
+    finally:
+        con.close()
+
+
+def _columns(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for table, column, kind in con.execute(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns WHERE "
+            "table_catalog = current_database() AND table_schema = 'main'").fetchall():
+        out.setdefault(str(table), {})[str(column)] = str(kind)
+    return out
+
+
+def _not_a_ledger(con: duckdb.DuckDBPyConnection, writing: bool) -> str | None:
+    """Why the database is not a ledger (None when it is one, or empty): tables named like
+    the ledger's must have its columns' types (an older version's missing columns are what
+    the migrations add); `writing` (about to create the ledger's tables): a database of other
+    tables is refused too."""
+    have = _columns(con)
+    # Tables, none of them a ledger's: someone else's database, which creating the ledger's
+    # tables beside would mix with a bill.
+    if writing and have and not set(have) & set(_expected_columns()):
+        shown = ", ".join(sorted(have)[:5]) + (", ..." if len(have) > 5 else "")
+        return (f"expected a GPU Ledger database (or an empty one), got a DuckDB database of "
+                f"other tables ({shown}); left untouched: give --db a new file")
+    for table, columns in _expected_columns().items():
+        for column, kind in have.get(table, {}).items():
+            want = columns.get(column)
+            if want is not None and want != kind:
+                return (f"table {table}: column {column} is {kind}, a ledger's is {want}: "
+                        "not a GPU Ledger database, or a damaged one; left untouched")
+    return None
 
 
 def _first_line(e: BaseException) -> str:

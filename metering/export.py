@@ -20,7 +20,7 @@ from pathlib import Path
 
 import duckdb
 
-from metering import db
+from metering import db, guards, manifest
 from metering.cluster import is_cluster_name
 from metering.errors import ExitCode
 from metering.ledgerview import (
@@ -89,6 +89,24 @@ def export_ledger(ledger: str | Path, out: Path, months: Sequence[Month] = (),
         wanted = [p for p in wanted if (not month_names or p.month in month_names)
                   and (not clusters or p.cluster in clusters)]
         result.partitions = wanted
+        out.mkdir(parents=True, exist_ok=True)
+        # Partitions outside the selection keep their entries; until the new manifest is
+        # written last, the directory reads as an export that did not finish.
+        try:
+            old = manifest.read(out) or manifest.Manifest()
+        except manifest.ManifestError:
+            old = manifest.Manifest()
+        selected = {(p.cluster, p.month) for p in wanted}
+
+        def kept(cluster: str, month: str) -> bool:
+            return bool(cluster) and (cluster, month) not in selected and not (
+                (not month_names or month in month_names)
+                and (not clusters or cluster in clusters))
+
+        new = manifest.Manifest(
+            {k: f for k, f in old.files.items() if kept(f.cluster, f.month)},
+            {k: v for k, v in old.cost_models.items() if kept(*k.split("/", 1))})
+        manifest.remove(out)
         for table in LEDGER_TABLES:
             written: set[Path] = set()
             for part in wanted:
@@ -110,6 +128,9 @@ def export_ledger(ledger: str | Path, out: Path, months: Sequence[Month] = (),
                         tmp.unlink()
                     raise
                 written.add(target / PART_FILE)
+                entry = manifest.describe(out, target / PART_FILE, table, part.cluster,
+                                          part.month)
+                new.files[entry.path] = entry
                 result.files += 1
                 result.rows += int(rows)
             result.removed += _remove_stale(out / table, written, month_names, set(clusters))
@@ -120,7 +141,16 @@ def export_ledger(ledger: str | Path, out: Path, months: Sequence[Month] = (),
                 con.execute(f"COPY (SELECT * FROM {table} ORDER BY ALL) TO '{_quoted(tmp)}' "
                             "(FORMAT PARQUET, COMPRESSION ZSTD)")
                 os.replace(tmp, out / table / PART_FILE)
+                entry = manifest.describe(out, out / table / PART_FILE, table)
+                new.files[entry.path] = entry
                 result.files += 1
+            elif (out / table / PART_FILE).exists():
+                (out / table / PART_FILE).unlink()
+        for part in wanted:
+            new.cost_models[f"{part.cluster}/{part.month}"] = [str(r[0]) for r in con.execute(
+                f"SELECT DISTINCT cost_model_hash FROM charges WHERE {part.where()} "
+                "ORDER BY 1").fetchall()]
+        manifest.write(out, new)  # last: the files it names are all in place
     finally:
         con.close()
     return result
@@ -160,11 +190,14 @@ class MergeResult:
     mixed_hashes: list[str] = field(default_factory=list)
 
 
-def merge_ledgers(target: str | Path, sources: Sequence[str | Path]) -> MergeResult:
+def merge_ledgers(target: str | Path, sources: Sequence[str | Path],
+                  replace: bool = False) -> MergeResult:
     """Copy every cluster-month of `sources` into the DuckDB ledger `target` (created if
     missing), replacing that cluster-month there, all in one transaction. A cluster-month
-    held by two sources is refused. After copying, each copied cluster-month's row counts and
-    costs in the target are checked against its source."""
+    held by two sources is refused, and so is one whose source has fewer rows of a fact
+    family than the target holds (metering.guards) unless `replace`. After copying, each
+    copied cluster-month's row counts and costs in the target are checked against its
+    source."""
     try:
         db.connect(target).close()  # creates or migrates it, refuses a non-DuckDB file
     except db.LedgerLocked:
@@ -195,6 +228,14 @@ def merge_ledgers(target: str | Path, sources: Sequence[str | Path]) -> MergeRes
         try:
             for src, schema, parts in plan:
                 for part in parts:
+                    start, end = part.bounds
+                    lost = guards.shrinks(
+                        guards.held(con, start, end, [part.cluster], "target.main."),
+                        guards.held(con, start, end, [part.cluster], f"{schema}."))
+                    if lost and not replace:
+                        raise MergeError(f"{src}: {part.month}: " + str(guards.refuse(
+                            lost, True, "pass --replace to overwrite the merged ledger's "
+                            "cluster-month with this source's")) + "; nothing written")
                     for table in LEDGER_TABLES:
                         con.execute(f"DELETE FROM target.main.{table} WHERE {part.where()}")
                         n = con.execute(f"INSERT INTO target.main.{table} BY NAME SELECT * "

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from metering import sqlfile
+from metering import guards, sqlfile
 from metering.cluster import DEFAULT_CLUSTER, ClusterScope, cluster_name_problem
 from metering.errors import RefusedError
 from metering.sqlfile import SqlFile
@@ -235,9 +235,10 @@ class FactCounts:
     # node -> seconds per sample ("cluster/node" when the chunk holds several clusters)
     spacing: dict[str, float] = field(default_factory=dict)
     clusters: tuple[str, ...] = ()  # clusters whose hours this chunk replaced
-    # Per cluster written: device-hours the ledger held for the chunk before, and now.
-    held: dict[str, int] = field(default_factory=dict)
-    written: dict[str, int] = field(default_factory=dict)
+    # Per cluster written: rows of each fact family the ledger held for the chunk before,
+    # and now (metering.guards).
+    held: guards.Held = field(default_factory=dict)
+    written: guards.Held = field(default_factory=dict)
     # (cluster, hour) -> sample-seconds of device, MIG and allocation series counted once
     # instead of twice or more (overlapping duplicates: two jobs, an HA pair, a store without
     # dedup)
@@ -252,11 +253,9 @@ class FactCounts:
         return (self.device_hours + self.mig_hours + self.allocation_hours
                 + self.workload_hours + self.grant_hours)
 
-    def shrunk(self) -> dict[str, tuple[int, int]]:
-        """Clusters for which the chunk has fewer device-hours than the ledger held:
-        cluster -> (held, now)."""
-        return {c: (h, self.written.get(c, 0)) for c, h in self.held.items()
-                if self.written.get(c, 0) < h}
+    def shrunk(self) -> list[guards.Shrink]:
+        """Families of clusters for which the chunk has fewer rows than the ledger held."""
+        return guards.shrinks(self.held, self.written)
 
 
 # Integer labels that pricing divides by: a bad value is an error, never a silent 0.
@@ -377,7 +376,7 @@ def write_facts(con: Any, signals: Mapping[str, pa.Table], start: datetime, end:
             "seconds": pa.array(list(spacing.values()), pa.float64())}))
         names.append("spacing")
         con.execute("SET VARIABLE gl_dflt = ?", [default])
-        held = _device_hours(con, start, end, written)
+        held = guards.held(con, start, end, written)
         delete_hours(con, start, end, written)
         single = len({c for c, _ in spacing}) <= 1
         counts = FactCounts(
@@ -388,7 +387,7 @@ def write_facts(con: Any, signals: Mapping[str, pa.Table], start: datetime, end:
             rows = con.execute(body).fetchall()
             if step in _COUNTED:
                 setattr(counts, step, int(rows[0][0]) if rows else 0)
-        counts.written = _device_hours(con, start, end, written)
+        counts.written = guards.held(con, start, end, written)
         counts.duplicates = {(str(c), h): float(v) for c, h, v in
                              con.execute(sql.query("duplicates")).fetchall()}
         return counts
@@ -402,16 +401,6 @@ _COUNTED = frozenset(("device_hours", "mig_hours", "allocation_hours", "workload
                       "grant_hours"))
 FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours",
                "coverage")
-
-
-def _device_hours(con: Any, start: datetime, end: datetime,
-                  clusters: Iterable[str]) -> dict[str, int]:
-    wanted = sorted(clusters)
-    rows = con.execute("SELECT cluster, count(*) FROM device_hours WHERE hour >= ? AND "
-                       "hour < ? AND list_contains(?, cluster) GROUP BY cluster",
-                       [start, end, wanted]).fetchall()
-    found = {str(c): int(n) for c, n in rows}
-    return {c: found.get(c, 0) for c in wanted}
 
 
 def delete_hours(con: Any, start: datetime, end: datetime, clusters: Iterable[str]) -> None:

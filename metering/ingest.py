@@ -8,6 +8,7 @@ committed stay when a later one fails.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from metering import guards
 from metering.cluster import ClusterScope
 from metering.db import transaction
 from metering.errors import ExitCode, MeteringError
@@ -39,7 +41,7 @@ from metering.progress import Progress
 from metering.promclient import PromClient, PromError
 from metering.queryplan import Answered, Limits, Piece, QueryPlanner, Refusal, Sent, SignalSent
 from metering.resume import Journal, RunSettings
-from metering.selector import DEFAULT_SELECTOR, Screened, Selector
+from metering.selector import DEFAULT_SELECTOR, EXPORTER_SELECTOR, Screened, Selector
 
 # Prometheus answers at most 11,000 points per series; a chunk of N hours asks for N+1.
 MAX_CHUNK_HOURS = 10_000
@@ -143,6 +145,30 @@ class PrometheusSource:
         self.screened = Screened()
         self._stream: Prefetcher[Sent | ChunkSent] | None = None
         self._queries = 0
+
+    def settle_selector(self, period: Period) -> str | None:
+        """With the default selector, decide whether series without a job label may be
+        metered: only in a store that scrapes nothing (no `up` series in the period or the
+        last hour), i.e. history backfilled with promtool. A store that scrapes narrows the
+        default to the exporter's job (EXPORTER_SELECTOR). Returns what it decided, to say."""
+        if self.selector is not DEFAULT_SELECTOR:  # a selector given, even the same text
+            return None
+        now = time.time()
+        jobs: set[str] = set()
+        try:
+            for start, end in ((period.start.timestamp(), period.end.timestamp()),
+                               (now - 3600, now)):
+                jobs.update(self.client.label_values("job", ["up"], start, end))
+        except PromError as exc:  # cannot tell: the exporter's job, named, is the safe side
+            jobs.add(f"unknown: {exc}")
+        if not jobs:
+            return None
+        self.selector = EXPORTER_SELECTOR
+        self.planner.selector = EXPORTER_SELECTOR.promql()
+        shown = ", ".join(sorted(jobs)[:3]) + (", ..." if len(jobs) > 3 else "")
+        return (f"this store scrapes (jobs {shown}): only series of job gpu-ledger-exporter "
+                f"are metered, not series without a job label (--selector names another "
+                f"job; docs/metering.md, \"Whose series are metered\")")
 
     def choose_chunk(self, period: Period, budget: int) -> ChunkChoice | None:
         """The chunk length for `period` from the planner's series estimate (one label-values
@@ -283,22 +309,27 @@ class IngestResult:
     duplicate_seconds: float = 0.0  # sample-seconds de-duplication counted once, not twice+
     dropped: int = 0  # values dropped as not plausible (NaN, Inf, not a number, out of range)
     clusters: set[str] = field(default_factory=set)  # clusters whose hours were replaced
+    # The run's journal, for a caller that finishes it after pricing (ingest(finish=False)).
+    journal: Journal | None = field(default=None, repr=False)
 
 
 def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_CHUNK_HOURS,
            sample_interval: float | None = None, progress: Progress | None = None,
            verbose: bool = False, replace: bool = False, resume: bool = True,
-           clusters: ClusterScope | None = None) -> IngestResult:
+           clusters: ClusterScope | None = None, finish: bool = True) -> IngestResult:
     """Meter `period` from `source` chunk by chunk into the cluster(s) `clusters` names (one
     cluster, or the values of a cluster label; other clusters' hours are never touched). A
-    chunk whose source yields fewer device-hours for a cluster than the ledger already holds
-    for those hours is refused (nothing written) unless `replace`: a Prometheus past its
-    retention or an empty source never wipes a metered month. An earlier run of the same
+    chunk whose source yields fewer rows of any fact family (metering.guards) for a cluster
+    than the ledger already holds for those hours is refused (nothing written) unless
+    `replace`: a Prometheus past its retention, an empty source or one that lost a family's
+    series never wipes a metered month. An earlier run of the same
     source, settings (selector, clusters, chunk length, sample interval) and period that
     stopped before its end is resumed after its committed chunks unless not `resume`
     (metering/resume.py). A source with no GPU series at all for the period is refused too:
     chunks without any fact are only written (as hours without data) once some chunk has
-    facts."""
+    facts. With `finish` False the run is left unfinished for the caller to finish once it
+    has priced (`result.journal.finish`): a run killed before its pricing is resumed, and
+    priced, by a rerun."""
     if not 1 <= chunk_hours <= MAX_CHUNK_HOURS:
         raise IngestError(f"--chunk: expected 1 to {MAX_CHUNK_HOURS} hours, got {chunk_hours}",
                           ExitCode.USAGE)
@@ -312,7 +343,12 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
         progress.message(f"meter: not resuming the interrupted run of this source and period: "
                          f"it used other settings ({journal.passed_over}); every chunk is "
                          "metered")
+    result.journal = journal
     result.resumed = sum(1 for c in chunks if journal.committed(c))
+    result.clusters.update(journal.clusters)  # priced even if every chunk was committed
+    if journal.distrusted:
+        progress.message(f"meter: {journal.distrusted} chunk(s) the interrupted run recorded "
+                         "as committed are not in the ledger's facts; metering them again")
     if result.resumed and journal.resumed_from is not None:
         progress.total = len(chunks) - result.resumed
         began = journal.resumed_from.strftime("%Y-%m-%d %H:%M")
@@ -343,13 +379,7 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
                     counts = write_facts(con, signals, start, end, sample_interval, clusters)
                     shrunk = counts.shrunk()
                     if shrunk and not replace:
-                        named = len(counts.clusters) > 1 or counts.clusters != ("default",)
-                        raise FactError("; ".join(
-                            (f"cluster {c}: " if named else "")
-                            + f"the source has {now} device-hours where the ledger holds "
-                            f"{held}; metering would lose {held - now}"
-                            for c, (held, now) in shrunk.items())
-                            + " (pass --replace to overwrite them with what the source has)")
+                        raise guards.refuse(shrunk, _named(counts.clusters))
                     if counts.total == 0 and not seen:
                         raise _Empty  # nothing seen yet: maybe a source without GPU series
                     result.empty_hours += write_coverage(
@@ -358,14 +388,19 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
                     journal.record(con, chunk, counts.clusters)
             except _Empty:
                 pending.append((chunk, dropped))
-            except FactError as exc:
+            except (FactError, guards.ShrinkRefused) as exc:
                 raise IngestError(f"{where}: {exc}; nothing written for this chunk", exc.code
                                   ) from None
             else:
                 seen = True
                 result.clusters.update(counts.clusters)
                 for empty, lost in pending:  # the run has facts: the empty chunks before are gaps
-                    _write_empty(con, empty, source.name, result, journal, lost, clusters)
+                    try:
+                        _write_empty(con, empty, source.name, result, journal, lost, clusters,
+                                     replace)
+                    except guards.ShrinkRefused as exc:
+                        raise IngestError(f"chunk {empty.label()}: {exc}; nothing written for "
+                                          "this chunk", exc.code) from None
                 pending.clear()
             result.chunks += 1
             result.dropped += sum(dropped.values())
@@ -388,7 +423,8 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
             "URL or file, or an exporter not scraped?)"
             + (f"; outside the selector (--selector names the exporter's job): {foreign}"
                if foreign else ""), ExitCode.REFUSED)
-    journal.finish(con)
+    if finish:
+        journal.finish(con)
     return result
 
 
@@ -419,14 +455,24 @@ def _now() -> datetime:
     return utc_naive(datetime.now(UTC))
 
 
+def _named(clusters: Sequence[str]) -> bool:
+    """Whether messages name the cluster: not for a ledger of cluster 'default' alone."""
+    return len(clusters) > 1 or tuple(clusters) != ("default",)
+
+
 def _write_empty(con: Any, chunk: Period, source: str, result: IngestResult,
                  journal: Journal, dropped: dict[datetime, int],
-                 clusters: ClusterScope | None = None) -> None:
+                 clusters: ClusterScope | None = None, replace: bool = False) -> None:
     """A chunk the source has no fact for, once the run has seen facts: hours without data
-    for the run's clusters (the one named, or those the label gave in other chunks)."""
+    for the run's clusters (the one named, or those the label gave in other chunks). Facts
+    the ledger holds for those hours are a shrink like any other: refused unless `replace`."""
     start, end = chunk.naive()
     scope = clusters or ClusterScope()
     names = sorted(result.clusters) if scope.label is not None else [scope.name]
+    if not replace:
+        lost = guards.shrinks(guards.held(con, start, end, names), {})
+        if lost:
+            raise guards.refuse(lost, _named(names))
     with transaction(con):
         delete_hours(con, start, end, names)
         result.empty_hours += write_coverage(con, start, end, source, _now(), names,

@@ -13,7 +13,7 @@ from typing import Final
 
 import duckdb
 
-from metering import db
+from metering import db, manifest
 from metering.cluster import CLUSTER_NAME_RULE, is_cluster_name
 
 LEDGER_TABLES: Final = ("device_hours", "mig_hours", "allocation_hours", "workload_hours",
@@ -126,6 +126,10 @@ def _parquet_sources(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, st
         raise LedgerError(f"{root}: expected a ledger export (directories "
                           f"{', '.join(_REQUIRED)} holding cluster=NAME/month=YYYY-MM/*.parquet"
                           "), found none")
+    try:  # the files the export wrote, and no others (metering/manifest.py)
+        manifest.verify(root, (*LEDGER_TABLES, *SIDE_TABLES))
+    except manifest.ManifestError as e:
+        raise LedgerError(str(e)) from None
     sources = {}
     for table in SIDE_TABLES:
         whole = root / table / "part-0.parquet"
@@ -140,6 +144,48 @@ def _parquet_sources(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, st
             "'memory' AND table_schema = 'blank' AND table_name = ? ORDER BY ordinal_position",
             [table]).fetchall())
         # Columns in the schema's order and types; month is the partition key only.
-        sources[table] = (f"(SELECT {columns} FROM read_parquet({parquet_glob(root, table)}, "
-                          f"hive_partitioning = true, hive_types = {PARTITION_TYPES}))")
+        files = (f"read_parquet({parquet_glob(root, table)}, hive_partitioning = true, "
+                 f"hive_types = {PARTITION_TYPES}, filename = true)")
+        _check_parquet(con, root, table, files)
+        sources[table] = f"(SELECT {columns} FROM {files})"
     return sources
+
+
+def _check_parquet(con: duckdb.DuckDBPyConnection, root: Path, table: str, files: str) -> None:
+    """One line, not a wrong bill or a traceback later: every column of the table's files has
+    the ledger's type, and each cluster-month comes from one file holding that month's hours
+    only (the same file under another month= partition would count its hours twice)."""
+    want = {str(c): str(t) for c, t in con.execute(
+        "SELECT column_name, data_type FROM information_schema.columns WHERE table_catalog = "
+        "'memory' AND table_schema = 'blank' AND table_name = ?", [table]).fetchall()}
+    try:
+        have = {str(r[0]): str(r[1]) for r in con.execute(f"DESCRIBE SELECT * FROM {files}"
+                                                          ).fetchall()}
+    except duckdb.OutOfMemoryException:
+        raise
+    except duckdb.Error as e:
+        raise LedgerError(f"{root / table}: cannot read it as the ledger's {table}: "
+                          f"{str(e).strip().splitlines()[0]}") from None
+    for column, kind in want.items():
+        if have.get(column, kind) != kind:
+            raise LedgerError(f"{root / table}: column {column} is {have[column]}, the "
+                              f"ledger's is {kind} (a file not written by `gpu-ledger ledger "
+                              "export`); export the ledger again")
+    if "hour" not in have:
+        return
+    try:
+        row = con.execute(
+            f"SELECT filename, cluster, month FROM {files} GROUP BY ALL HAVING "
+            "bool_or(strftime(hour, '%Y-%m') <> month) UNION ALL SELECT min(filename), cluster, "
+            f"month FROM {files} GROUP BY cluster, month HAVING count(DISTINCT filename) > 1 "
+            "LIMIT 1").fetchall()
+    except duckdb.OutOfMemoryException:
+        raise
+    except duckdb.Error as e:
+        raise LedgerError(f"{root / table}: cannot read it as the ledger's {table}: "
+                          f"{str(e).strip().splitlines()[0]}") from None
+    if row:
+        name, cluster, month = row[0]
+        raise LedgerError(f"{name}: cluster {cluster}, {month} of {table} is not this file's "
+                          "alone or holds hours of another month: its rows would be counted "
+                          "twice; export the ledger again")

@@ -14,7 +14,7 @@ a committed chunk is skipped only if no later run (of any source or settings) re
 of its clusters.
 
 Skipped chunks are not rewritten, so they neither grow nor shrink; the chunks still to do are
-checked like any other (a source with fewer device-hours than the ledger holds is refused
+checked like any other (a source with fewer facts of a family than the ledger holds is refused
 unless --replace).
 """
 
@@ -63,6 +63,11 @@ class Journal:
     resumed_from: datetime | None = None  # start of the interrupted run taken over
     # An interrupted run of this source and period under other settings: not taken over.
     passed_over: str | None = None
+    # Clusters the taken-over chunks rewrote: priced with the run's own, even when every
+    # chunk was committed before the run was killed.
+    clusters: set[str] = field(default_factory=set)
+    # Chunks the interrupted run recorded whose hours the ledger does not hold: metered again.
+    distrusted: int = 0
 
     @classmethod
     def begin(cls, con: Any, source: str, settings: RunSettings, period: Period,
@@ -84,14 +89,21 @@ class Journal:
             run_id, started = int(mine[0][0]), mine[0][1]
             # A chunk whose hours of its clusters a later run (any source or settings)
             # rewrote is done again; NULL clusters (not recorded) overlap every cluster.
-            done = [(a, b) for a, b in con.execute(
-                "SELECT chunk_start, chunk_end FROM ingest_chunks c WHERE run_id = $r AND NOT "
-                "EXISTS (SELECT 1 FROM ingest_chunks l WHERE l.run_id > $r AND "
+            rows = con.execute(
+                "SELECT chunk_start, chunk_end, clusters FROM ingest_chunks c WHERE run_id = $r "
+                "AND NOT EXISTS (SELECT 1 FROM ingest_chunks l WHERE l.run_id > $r AND "
                 "l.chunk_start < c.chunk_end AND l.chunk_end > c.chunk_start AND "
                 "coalesce(list_has_any(l.clusters, c.clusters), true)) "
-                "ORDER BY chunk_start", {"r": run_id}).fetchall()]
-            if done:
-                return cls(run_id, done, started)
+                "ORDER BY chunk_start", {"r": run_id}).fetchall()
+            # The journal is a claim; the ledger's own facts are the proof: a chunk is skipped
+            # only if its hours are there (restored from a backup, deleted by hand, a journal
+            # copied from another ledger: metered again, not trusted).
+            kept = [(a, b, list(c or ())) for a, b, c in rows
+                    if c is not None and _holds(con, a, b, c)]
+            if kept:
+                clusters = {n for _, _, c in kept for n in c}
+                return cls(run_id, [(a, b) for a, b, _ in kept], started,
+                           clusters=clusters, distrusted=len(rows) - len(kept))
         next_id = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM ingest_runs"
                               ).fetchall()[0][0]
         con.execute("INSERT INTO ingest_runs (run_id, source, period_start, period_end, "
@@ -120,5 +132,21 @@ class Journal:
                      "now": _now(), "c": sorted(clusters)})
 
     def finish(self, con: Any) -> None:
+        """The run is done: its last chunk committed and, when it prices, its charges too.
+        A run killed in between is unfinished, so a rerun takes it over and prices."""
         con.execute("UPDATE ingest_runs SET finished_at = $now WHERE run_id = $r",
                     {"r": self.run_id, "now": _now()})
+
+
+def _holds(con: Any, start: datetime, end: datetime, clusters: list[str]) -> bool:
+    """Whether the ledger holds what a committed chunk wrote for `clusters`: a coverage row
+    for every hour and cluster, and as many device facts in each as that row counted."""
+    hours = int((end - start).total_seconds()) // 3600
+    row = con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE c.devices = coalesce(d.n, 0)) FROM coverage c "
+        "LEFT JOIN (SELECT hour, cluster, count(*) AS n FROM device_hours WHERE hour >= $s AND "
+        "hour < $e GROUP BY ALL) d ON d.hour = c.hour AND d.cluster = c.cluster "
+        "WHERE c.hour >= $s AND c.hour < $e AND list_contains($c, c.cluster)",
+        {"s": start, "e": end, "c": clusters}).fetchone()
+    want = hours * len(set(clusters))
+    return row is not None and row[0] == want and row[1] == want

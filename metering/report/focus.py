@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from metering.report.csvout import neutralise
 from metering.report.model import ChargeDay, ModelPrice, Report
 
 PROVIDER_DEFAULT = "GPU platform"
@@ -197,6 +198,8 @@ def _text(value: Any) -> str:
         return _iso(value)
     if isinstance(value, Decimal):
         return f"{value:.6f}"
+    if isinstance(value, str):  # pod, team, namespace names: formula text is not run
+        return neutralise(value)
     return str(value)
 
 
