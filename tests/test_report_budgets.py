@@ -14,6 +14,7 @@ from metering.costmodel import CostModelError, load_cost_model
 from metering.db import connect
 from metering.pricing import price_period
 from metering.report import fmt, tidy
+from metering.report.builder import build_report
 from metering.report.cli import BUDGET_EXCEEDED
 from metering.report.cli import main as report_main
 from metering.report.model import (
@@ -22,7 +23,6 @@ from metering.report.model import (
     Line,
     Month,
     budget_lines,
-    build_report,
 )
 
 D = Decimal

@@ -28,9 +28,10 @@ from test_report_fixtures import HASH, OCT2, OCTOBER, charge, make_db
 from gpu_ledger.procutil import stop
 from metering.db import connect
 from metering.period import Month
+from metering.report.builder import build_report
 from metering.report.charts import IDLE_COLOR, PALETTE
 from metering.report.html import render_html
-from metering.report.model import CostModelInfo, build_report
+from metering.report.model import CostModelInfo
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 HOSTILE_POD = "<script>document.title='owned'</script>"

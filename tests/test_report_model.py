@@ -20,7 +20,8 @@ from test_report_fixtures import (
 from metering.db import connect
 from metering.period import HourRange, Month, hour_ranges
 from metering.report import fmt
-from metering.report.model import CostModelInfo, Report, build_report
+from metering.report.builder import build_report
+from metering.report.model import CostModelInfo, Report
 
 D = Decimal
 INFO = CostModelInfo("cost-model.yaml", HASH, "USD")

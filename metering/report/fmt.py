@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_FLOOR, ROUND_HALF_UP, Decimal
 
 from metering.report.model import Line, Report
-from metering.waste import Kind, Recommendation
+from metering.report.waste import Kind, Recommendation
 
 CENT = Decimal("0.01")
 DASH = "—"

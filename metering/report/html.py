@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from metering.report import charts, fmt
 from metering.report.charts import BarRow, Segment, Series, esc
 from metering.report.model import KINDS, Line, Report
-from metering.waste import Kind
+from metering.report.waste import Kind
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:64rem;color:#222;padding:0 1rem}
