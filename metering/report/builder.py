@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import metering
 from metering import db, ledgerview, sqlfile
 from metering.costmodel import CostModel, CostModelError, load_cost_model, parse_cost_model
 from metering.errors import InputError, MeteringError, RefusedError, UsageError
-from metering.period import HOUR, Month, hour_ranges
+from metering.period import HOUR, Month, hour_ranges, utc_naive
 from metering.progress import Progress
 from metering.report import focus, waste
 from metering.report.csvout import render_csv
@@ -295,11 +295,15 @@ def build_report(
     days: list[ChargeDay] | None = None,
     cluster_prices: Mapping[str, Mapping[str, ModelPrice]] | None = None,
     notes: Sequence[str] = (),
+    default_priced: Sequence[str] = (),
+    now: datetime | None = None,
 ) -> Report:
     """Read the month's charges (and the previous month's, for the change) into the report's
     tables, and construct the Report with what the caller computed apart (savings, FOCUS
     rows, per-cluster prices). `con` sees the ledger the report is about (metering.
-    ledgerview: the whole fleet, or one cluster's rows, named by `cluster`)."""
+    ledgerview: the whole fleet, or one cluster's rows, named by `cluster`). `now` (default:
+    the clock) tells a closed month, whose budgets show actuals, from an open one."""
+    closed = month.end <= utc_naive(now or datetime.now(UTC))
     covered = covered_hours(con, month)
     every_hour = (month.start + i * HOUR for i in range(month.hours))
     missing = hour_ranges(h for h in every_hour if h not in covered)
@@ -346,13 +350,15 @@ def build_report(
         has_data=fleet_now is not None,
         top_pods=top_pods,
         notes=list(notes),
+        default_priced_models=list(default_priced),
         sm_unknown_mig_gpu_hours=fleet_now.sm_unknown_mig if fleet_now else _ZERO,
         capacity=capacity,
         maturity=_maturity(capacity, capacity_before),
         savings=savings,
         budgets=None if budgets is None
-        else budget_lines(teams, budgets, warn_at, elapsed, month.hours),
+        else budget_lines(teams, budgets, warn_at, elapsed, month.hours, closed=closed),
         elapsed_hours=elapsed,
+        closed=closed,
         charge_days=list(days or []),
         cluster=cluster,
         clusters=section("clusters"),
@@ -417,10 +423,46 @@ def price_lookup(cm: CostModel) -> PriceLookup:
             text += f' (pattern "{rule.pattern}")'
         if rule.derived is not None:
             text += ", derived from purchase price, power and overhead"
+        if resolved.guest is not None:  # a vGPU type: its share of the whole GPU's price
+            text += f"; vGPU guest: {resolved.guest.fraction:g} of it ({resolved.guest.basis})"
         fallback = rule.model is None and rule.pattern is None
         return ModelPrice(resolved.hourly, text, fallback, resolved.discount)
 
     return lookup
+
+
+def price_warnings(con: Any, month: Month, cm: CostModel) -> tuple[list[str], list[str]]:
+    """What a finance reader must know about the prices before the figures, and the GPU
+    models that fell to pricing.default (--strict-prices refuses those): a model no entry
+    matched, and a vGPU type priced by an entry written for whole GPUs."""
+    defaults: dict[str, list[str]] = {}
+    guests: dict[tuple[str, str], list[str]] = {}
+    currency = cm.currency
+    for cluster, gpu in con.execute(_sql("cluster_models"), _month(month)).fetchall():
+        c = cm.for_cluster(cluster)
+        price = c.price_for(gpu)
+        rule = price_lookup(c)(gpu).rule
+        if price.rule == c.default_price.key:
+            defaults.setdefault(f"{gpu}: {price.hourly:,.2f} {currency} per GPU-hour",
+                                []).append(cluster)
+        if price.guest is not None and price.guest.fraction > 0:
+            hourly = f"{price.hourly:,.6f}".rstrip("0").rstrip(".")
+            text = (f'vGPU type "{gpu}" matched {rule.split(";")[0]}, an entry for whole GPUs: '
+                    f"priced at {price.guest.fraction:g} of it ({price.guest.basis}) = "
+                    f"{hourly} {currency} per GPU-hour")
+            guests.setdefault((gpu, text), []).append(cluster)
+    several = len({r[0] for r in con.execute(_sql("clusters"), _month(month)).fetchall()}) > 1
+
+    def where(clusters: list[str]) -> str:
+        return f" (cluster {', '.join(clusters)})" if several else ""
+
+    notes = [f"DEFAULT PRICE: no pricing.gpus entry matches {text}{where(cl)} (pricing."
+             "default); add an entry, or refuse such a month with --strict-prices"
+             for text, cl in defaults.items()]
+    notes += [f"WARNING: {text}{where(cl)}. If its host cluster is metered too, its vGPU rows "
+              "already bill this hardware: set vgpu.guests: exclude for this cluster "
+              "(docs/cost-model.md)" for (_, text), cl in guests.items()]
+    return notes, sorted({t.split(":")[0] for t in defaults})
 
 
 def _open(path: str, cluster: str | None) -> duckdb.DuckDBPyConnection:
@@ -467,6 +509,7 @@ def make_report(
             for name in sorted({cd.cluster for cd in days}):
                 lookup = price_lookup(cm.for_cluster(name))
                 by_cluster[name] = {m: lookup(m) for m in gpu_models}
+        warnings, default_priced = price_warnings(con, month, cm) if same else ([], [])
         recs = waste.recommend(con, month.start, month.end, waste.mig_fraction(cm),
                                settings or waste.Settings()) if same else None
         budgets = cm.budgets if same else None
@@ -476,6 +519,7 @@ def make_report(
             budgets.monthly if budgets else None,
             budgets.warn_at if budgets else Decimal(1),
             cluster or "", savings=recs, days=days, cluster_prices=by_cluster,
+            notes=warnings, default_priced=default_priced,
         )
     finally:
         con.close()

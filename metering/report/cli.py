@@ -2,7 +2,8 @@
 
 Exit status (`metering.errors.ExitCode`, the table in docs/operations.md): 0 report written,
 1 files could not be written (nothing changed), 2 bad options, 3 (with --check-budgets) the
-report was written and a team is over its monthly budget, 4 a bad cost model or ledger file,
+report was written and a team is over its monthly budget (with --strict-prices: a GPU model
+was priced at the cost model's default price), 4 a bad cost model or ledger file,
 6 the month is not metered or not priced (or priced with another cost model), 7 the ledger is
 being written by another run, 8 out of memory under DuckDB's cap (--memory-limit).
 """
@@ -27,6 +28,9 @@ DEFAULT_OUT = "reports"
 
 
 BUDGET_EXCEEDED = ExitCode.OVER_BUDGET  # --check-budgets: a team is over budget
+# --strict-prices: a model fell to the default price. Exit 3 as for budgets: the report is
+# written, and a check a finance run asked for failed.
+STRICT_PRICES_FAILED = ExitCode.OVER_BUDGET
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
         "its monthly budget in the cost model",
     )
     p.add_argument(
+        "--strict-prices",
+        action="store_true",
+        help=f"exit {STRICT_PRICES_FAILED} (after writing the report, which lists them at the "
+        "top) when a GPU model was priced at pricing.default: no cost model entry matches it",
+    )
+    p.add_argument(
         "--top", type=int, default=model.DEFAULT_TOP_PODS, help="pods listed by cost (default 20)"
     )
     p.add_argument(
@@ -105,6 +115,12 @@ def main(argv: list[str]) -> int:
                             cluster=args.cluster, memory_limit=args.memory_limit,
                             progress=progress)
         report, written = done.report, done.files
+        if args.strict_prices and report.budgets is None:  # None: cost model not at hand
+            raise UsageError(
+                "--strict-prices: which entry priced each model is in the cost model the "
+                "charges were priced with; pass it with --cost-model (the report files were "
+                "written)"
+            )
         if args.check_budgets and report.budgets is None:
             raise UsageError(
                 "--check-budgets: the budgets are in the cost model the charges were priced "
@@ -114,9 +130,13 @@ def main(argv: list[str]) -> int:
         print(f"gpu-ledger report: {e}", file=sys.stderr)
         return e.code
     sys.stdout.write(render_summary(report, [str(p) for p in written]))
-    if args.check_budgets:
-        return _check_budgets(report)
-    return 0
+    rc = _check_budgets(report) if args.check_budgets else 0
+    if args.strict_prices and report.default_priced_models:
+        print(f"gpu-ledger report: --strict-prices: {len(report.default_priced_models)} GPU "
+              f"model(s) priced at pricing.default: {', '.join(report.default_priced_models)}; "
+              "add them under pricing.gpus and re-price the month", file=sys.stderr)
+        rc = STRICT_PRICES_FAILED
+    return rc
 
 
 def _check_budgets(report: Report) -> int:

@@ -62,10 +62,16 @@ class Line:
 
     @property
     def efficiency(self) -> Decimal | None:
-        """used / allocated, over the allocated hours with SM data only; None where nothing
-        was allocated (idle, no data) or SM activity is unknown for all of it."""
-        known = self.sm_known_gpu_hours
-        if self.used_gpu_hours is None or known <= 0:
+        """Used GPU-hours / the row's own GPU-hours (`gpu_hours`) whose SM activity is known
+        (docs/reports.md, "Efficiency, utilisation, allocation rate"). On a team's row those
+        are its allocated GPU-hours; on a total row every GPU-hour it shows, idle and down
+        included, so the fleet total reads as the fleet's use of its hours. None on the
+        idle, down and adjustment rows (nobody held those hours), and where SM activity is
+        unknown for all of the row."""
+        if self.overhead or self.used_gpu_hours is None:
+            return None
+        known = self.gpu_hours - self.sm_unknown_gpu_hours
+        if known <= 0:
             return None
         return (self.used_gpu_hours / known).quantize(_Q6)
 
@@ -183,13 +189,14 @@ class BudgetStatus(enum.Enum):
 
 @dataclass(frozen=True)
 class BudgetLine:
-    """A team's month against its budget. Forecast: the month so far, extrapolated linearly
-    to the month's end (spend x hours in month / hours elapsed)."""
+    """A team's month against its budget. Forecast, in an open month only: the month so far,
+    extrapolated linearly to the month's end (spend x hours in month / hours elapsed). A
+    closed month has its actuals: spend, no forecast."""
 
     team: str
     budget: Decimal
     spend: Decimal
-    forecast: Decimal | None  # None: no hour of the month has data yet
+    forecast: Decimal | None  # None: the month is closed, or no hour of it has data yet
     status: BudgetStatus
 
     @property
@@ -199,13 +206,17 @@ class BudgetLine:
 
 def budget_lines(
     teams: Sequence[Line], budgets: Mapping[str, Decimal], warn_at: Decimal,
-    elapsed_hours: int, month_hours: int,
+    elapsed_hours: int, month_hours: int, *, closed: bool = False,
 ) -> list[BudgetLine]:
+    """`closed`: the month has ended, so its spend is final and nothing is forecast (hours
+    without data in a closed month are a gap, not spend still to come)."""
     spend = {ln.team: ln.cost for ln in teams if not ln.overhead}
     out = []
     for team, budget in sorted(budgets.items(), key=lambda kv: natural_key(kv[0])):
         cost = spend.get(team, _ZERO)
-        forecast = (cost * month_hours / elapsed_hours).quantize(_Q6) if elapsed_hours else None
+        forecast = None
+        if elapsed_hours and not closed:
+            forecast = (cost * month_hours / elapsed_hours).quantize(_Q6)
         if cost > budget:
             status = BudgetStatus.OVER
         elif forecast is not None and forecast >= budget * warn_at:
@@ -232,7 +243,11 @@ class Report:
     has_previous: bool
     has_data: bool  # the month has charges
     top_pods: int = DEFAULT_TOP_PODS
+    # What a reader must know before the figures (default prices, vGPU types priced by an
+    # entry for whole GPUs): shown at the top of every output.
     notes: list[str] = field(default_factory=list)
+    # GPU models priced at pricing.default (report --strict-prices exits 3 on any)
+    default_priced_models: list[str] = field(default_factory=list)
     # Of fleet.sm_unknown_gpu_hours, the part on MIG instances (no GPM); the rest had no SM
     # samples at all.
     sm_unknown_mig_gpu_hours: Decimal = _ZERO
@@ -243,6 +258,8 @@ class Report:
     # None: the cost model the charges were priced with is not at hand, so budgets are unknown.
     budgets: list[BudgetLine] | None = None
     elapsed_hours: int = 0  # hours of the month so far (through the last hour with data)
+    # The month had ended when the report was made: budgets show actuals, no forecast.
+    closed: bool = True
     # Filled only for the FOCUS export (metering/report/focus.py).
     charge_days: list[ChargeDay] = field(default_factory=list)
     # The cluster this report is about; '' for the fleet view over every cluster.

@@ -103,6 +103,9 @@ class Evidence:
     coverage: Decimal  # share of busy device-hours with both memory and SM figures
     idle_device_hours: int  # device-hours held with no GPU process
     all_hours: int = 0  # hours in which the workload held the unit, busy or idle
+    # share of all device-hours held (busy or idle) with a memory figure: what idle holding
+    # is judged on, as `coverage` is for rightsizing
+    held_coverage: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)
@@ -172,23 +175,28 @@ def _groups(con: Any, start: datetime, end: datetime) -> list[_Group]:
         con.execute(f"DROP TABLE IF EXISTS {_P95_TABLE}")
     out = []
     for (cluster, ns, okind, oname, model, sharing, profile, team, hours, dev_h, peak, p95m, p95s,
-         coverage, idle_dh, all_hours, cost, idle_cost) in rows:
+         coverage, idle_dh, all_hours, cost, idle_cost, held_coverage) in rows:
         ev = Evidence(
             hours=int(hours), device_hours=_dec(dev_h) or _ZERO,
             peak_memory_gb=None if peak is None else _dec(Decimal(str(peak)) / _GB),
             p95_memory_gb=None if p95m is None else _dec(Decimal(str(p95m)) / _GB),
             p95_sm=_dec(p95s), coverage=_dec(coverage) or _ZERO, idle_device_hours=int(idle_dh),
-            all_hours=int(all_hours),
+            all_hours=int(all_hours), held_coverage=_dec(held_coverage) or _ZERO,
         )
         out.append(_Group(cluster, ns, okind, oname, model, sharing, profile, team or "", ev,
                           Decimal(cost or 0), Decimal(idle_cost or 0)))
     return out
 
 
-def _confidence(ev: Evidence, s: Settings) -> str:
-    if ev.hours >= s.confident_hours and ev.coverage >= Decimal("0.9"):
+def _confidence(kind: Kind, ev: Evidence, s: Settings) -> str:
+    """From the hours a recommendation is judged on and their coverage: the busy hours for a
+    rightsizing, every held hour for an idle holder (a GPU held 744 of 744 hours with no
+    process is judged on 744 hours, not on its 0 busy ones)."""
+    hours, coverage = ((ev.all_hours, ev.held_coverage) if kind is Kind.IDLE
+                       else (ev.hours, ev.coverage))
+    if hours >= s.confident_hours and coverage >= Decimal("0.9"):
         return "high"
-    if ev.coverage >= Decimal("0.75"):
+    if coverage >= Decimal("0.75"):
         return "medium"
     return "low"
 
@@ -234,10 +242,10 @@ def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFractio
                 owner_kind=g.owner_kind, owner_name=g.owner_name, model=g.model,
                 current=current, proposed=proposed,
                 cost=g.idle_cost if kind is Kind.IDLE else g.cost, saving=saving,
-                confidence=_confidence(g.evidence, settings),
+                confidence=_confidence(kind, g.evidence, settings),
                 evidence=g.evidence)
 
-        if ev.idle_device_hours >= settings.idle_hours and g.idle_cost > 0:
+        if ev.idle_device_hours >= settings.idle_hours and _to_the_cent(g.idle_cost):
             out.append(make(Kind.IDLE, "release GPUs while no process uses them",
                             g.idle_cost))
         if ev.hours < settings.min_hours:
@@ -250,10 +258,15 @@ def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFractio
             rec = _mig(g, units, mig_fraction, settings)
         else:
             rec = None
-        if rec is not None:
+        if rec is not None and _to_the_cent(rec[2]):
             out.append(make(*rec))
     out.sort(key=lambda r: (-r.saving, r.workload, r.kind.value))
     return out
+
+
+def _to_the_cent(amount: Decimal) -> bool:
+    """A recommendation whose saving (or extra cost) is 0.00 to the cent says nothing."""
+    return abs(amount) >= Decimal("0.005")
 
 
 def _fits(peak_gb: Decimal, p95_sm: Decimal, memory_gb: Decimal, sm_share: Decimal,

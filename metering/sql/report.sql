@@ -102,3 +102,11 @@ SELECT CAST(CAST(hour AS DATE) AS TIMESTAMP), team, namespace, pod, model, shari
        SUM(CAST(allocated_gpu_hours AS DECIMAL(38, 9))),
        SUM(CAST(used_gpu_hours AS DECIMAL(38, 9))), SUM(cost), SUM(idle_share)
 FROM charges WHERE hour >= $start AND hour < $end GROUP BY ALL ORDER BY ALL;
+
+-- query: cluster_models
+-- The GPU models of each cluster in the month, as ingest saw them or pricing charged them.
+SELECT DISTINCT cluster, model FROM device_hours WHERE hour >= $start AND hour < $end
+UNION
+SELECT DISTINCT cluster, model FROM charges
+WHERE hour >= $start AND hour < $end AND uuid <> ''
+ORDER BY ALL;

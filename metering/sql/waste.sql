@@ -91,6 +91,8 @@ WITH g AS (
            coalesce(count(*) FILTER (WHERE NOT idle AND mem_max IS NOT NULL AND sm IS NOT NULL)
                     / nullif(count(*) FILTER (WHERE NOT idle), 0), 0) AS coverage,
            count(*) FILTER (WHERE idle) AS idle_dh,
+           -- idle holding is judged on every held device-hour: those with a memory figure
+           count(mem_max) / count(*) AS held_coverage,
            coalesce(sum(cost) FILTER (WHERE NOT idle), 0) AS cost,
            coalesce(sum(cost) FILTER (WHERE idle), 0) AS idle_cost
     FROM waste_device_hours GROUP BY ALL
@@ -108,7 +110,8 @@ WITH g AS (
 ), sm AS (SELECT * FROM waste_p95 WHERE measure = 'sm'
 )
 SELECT cluster, namespace, owner_kind, owner_name, model, sharing, profile, team.team, hours.hours, g.device_hours, g.peak_mem, mem.p95 AS p95_mem,
-       sm.p95 AS p95_sm, g.coverage, g.idle_dh, hours.all_hours, g.cost, g.idle_cost
+       sm.p95 AS p95_sm, g.coverage, g.idle_dh, hours.all_hours, g.cost, g.idle_cost,
+       g.held_coverage
 FROM g JOIN hours USING (cluster, namespace, owner_kind, owner_name, model, sharing, profile)
 LEFT JOIN team USING (cluster, namespace, owner_kind, owner_name, model, sharing, profile)
 LEFT JOIN mem USING (cluster, namespace, owner_kind, owner_name, model, sharing, profile)
