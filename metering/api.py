@@ -30,8 +30,8 @@ from metering.pricing import PricingResult, price_period
 from metering.progress import Progress
 
 if TYPE_CHECKING:
-    from metering.report.cli import Written
-    from metering.waste import Settings
+    from metering.report.builder import Written
+    from metering.report.waste import Settings
 
 Say = Callable[[str], None]
 
@@ -183,7 +183,7 @@ def report(ledger: str | Path, month: Month, out: str | Path, *,
     export` directory, read-only) into `out`: CSV, Parquet, Markdown and HTML by default
     (`formats`, `focus` on request), all files or none. The month must be metered and priced
     (`RefusedError`, exit 6, naming the command to run otherwise)."""
-    from metering.report.cli import write_report  # renderers load only when reporting
+    from metering.report.builder import write_report  # renderers load only when reporting
     from metering.report.model import DEFAULT_TOP_PODS
 
     return write_report(ledger, month, out, formats=formats, cost_model_path=cost_model_path,

@@ -137,6 +137,35 @@ class PriceRule:
         return self.pattern is not None and fnmatch.fnmatchcase(model, self.pattern)
 
 
+# The device name a vGPU guest sees is its vGPU type (NVIDIA vGPU types reference, NVIDIA AI
+# Enterprise 7.5): board, optional MIG slices, framebuffer GB and series letter (A, B, C,
+# Q), after "NVIDIA " (or "GRID " on older drivers): "NVIDIA A100-20C", "GRID T4-16Q",
+# "NVIDIA A100-3-20C" (MIG-backed). Whole-GPU names never end so ("NVIDIA A100-SXM4-80GB").
+_VGPU_TYPE = re.compile(r"^(?:NVIDIA|GRID) [A-Z][A-Za-z0-9]*-(?:\d+-)?(?P<fb>\d+)[ABCQ]$")
+VGPU_GUESTS: Final = ("fraction", "exclude")
+
+
+def vgpu_guest_framebuffer(model: str) -> Decimal | None:
+    """The framebuffer (GB) of a vGPU type named as a guest sees it; None: not a vGPU type."""
+    m = _VGPU_TYPE.match(model)
+    return Decimal(m.group("fb")) if m else None
+
+
+def vgpu_resource_name(model: str) -> str:
+    """A vGPU type as its KubeVirt resource names it after nvidia.com/ (vgpu.table's keys)."""
+    return model.replace(" ", "_")
+
+
+@dataclass(frozen=True)
+class GuestPrice:
+    """How a vGPU guest's device-hour was priced from the rule its type matched."""
+
+    fraction: Decimal  # of the rule's hourly price (0: excluded)
+    basis: str  # e.g. "20 of 80 GB", "vgpu.table", "vgpu.guests: exclude", "whole GPU"
+    # a whole-GPU entry (pattern or default) matched the vGPU type: said as a warning
+    whole_gpu_rule: bool
+
+
 @dataclass(frozen=True)
 class ResolvedPrice:
     model: str
@@ -144,6 +173,7 @@ class ResolvedPrice:
     discount: Decimal  # model discount, 0-1
     memory_gb: Decimal | None
     rule: str  # which entry matched: pricing.gpus[1] or pricing.default
+    guest: GuestPrice | None = None  # a vGPU guest's GPU: hourly is its share of the rule's
 
 
 @dataclass(frozen=True)
@@ -208,6 +238,10 @@ class CostModel:
     # Cluster name -> the cost model that cluster is priced with (this one with the
     # sections `clusters.<name>` overrides); clusters not listed use this one.
     clusters: Mapping[str, CostModel] = field(default_factory=dict)
+    # vgpu.guests: how a GPU whose name is a vGPU type (a cluster of VMs on vGPU) is priced:
+    # its share of the entry it matches ("fraction"), or not at all ("exclude": the host
+    # cluster is metered too and its vGPU rows already bill the hardware).
+    vgpu_guests: str = "fraction"
 
     def for_cluster(self, name: str) -> CostModel:
         return self.clusters.get(name, self)
@@ -218,8 +252,27 @@ class CostModel:
         if rule is None:
             rule = next((r for r in self.gpus if r.pattern and r.matches(model)), None)
         rule = rule or self.default_price
-        return ResolvedPrice(model, rule.hourly, self.model_discount(model), rule.memory_gb,
-                             rule.key)
+        guest = None if rule.model is not None else self._guest(model, rule)
+        hourly = rule.hourly if guest is None else (rule.hourly * guest.fraction).quantize(
+            MICRO, ROUND_HALF_UP)
+        return ResolvedPrice(model, hourly, self.model_discount(model), rule.memory_gb,
+                             rule.key, guest)
+
+    def _guest(self, model: str, rule: PriceRule) -> GuestPrice | None:
+        """A vGPU type priced by an entry for whole GPUs (a pattern or the default): its
+        share of that GPU. An exact entry for the type is its own price (not here)."""
+        framebuffer = vgpu_guest_framebuffer(model)
+        if framebuffer is None:
+            return None
+        if self.vgpu_guests == "exclude":
+            return GuestPrice(Decimal(0), "vgpu.guests: exclude", True)
+        listed = self.vgpu_table.get(vgpu_resource_name(model))
+        if listed is not None:
+            return GuestPrice(listed, f"vgpu.table.{vgpu_resource_name(model)}", True)
+        if rule.memory_gb is None or rule.memory_gb <= 0:
+            return GuestPrice(Decimal(1), f"whole GPU: {rule.key}.memory_gb not set", True)
+        return GuestPrice(min(framebuffer / rule.memory_gb, Decimal(1)),
+                          f"{framebuffer} of {rule.memory_gb} GB", True)
 
     def model_discount(self, model: str) -> Decimal:
         if model in self.model_discounts:
@@ -408,6 +461,7 @@ class _Parser:
                          namespace_rules=rules, default_team=default_team,
                          team_discounts=team_disc, model_discounts=model_disc,
                          idle_policy=policy, idle_weights=weights, budgets=budgets,
+                         vgpu_guests=self.vgpu_guests(top.get("vgpu")),
                          clusters=self.clusters(top, path, digest))
 
     def clusters(self, top: dict[str, Any], path: Path, digest: str) -> dict[str, CostModel]:
@@ -548,8 +602,12 @@ class _Parser:
                                         hi=Decimal(1)) for mode, v in eff.items()}
         return split, efficiency, fractional
 
+    def vgpu_guests(self, value: object) -> str:
+        sec = self.mapping(value, "vgpu", ("table", "guests"))
+        return self.choice(sec.get("guests", "fraction"), "vgpu.guests", VGPU_GUESTS)
+
     def vgpu(self, value: object) -> dict[str, Decimal]:
-        sec = self.mapping(value, "vgpu", ("table",))
+        sec = self.mapping(value, "vgpu", ("table", "guests"))
         raw = sec.get("table") or {}
         if not isinstance(raw, dict):
             raise self.fail("vgpu.table", "a mapping of vGPU type to fraction of the GPU", raw)

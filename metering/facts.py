@@ -108,7 +108,7 @@ SIGNALS: tuple[SignalSpec, ...] = (
     SignalSpec("alloc_tlast", "gpu_container_allocation", "tlast", ("node",), CONTAINER_KEY),
     SignalSpec("cmem_sum", "gpu_container_memory_used_bytes", "sum", CONTAINER_COLS,
                CONTAINER_KEY),
-    # peak memory in the hour, for rightsizing (metering/waste.py)
+    # peak memory in the hour, for rightsizing (metering/report/waste.py)
     SignalSpec("cmem_max", "gpu_container_memory_used_bytes", "max", CONTAINER_COLS,
                CONTAINER_KEY),
     SignalSpec("csm_sum", "gpu_container_sm_utilization_ratio", "sum", CONTAINER_COLS,

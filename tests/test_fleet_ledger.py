@@ -21,8 +21,8 @@ from metering.db import connect
 from metering.export import MergeError, export_ledger, merge_ledgers
 from metering.pricing import price_period
 from metering.report import tidy
+from metering.report.builder import make_report
 from metering.report.cli import main as report_main
-from metering.report.cli import make_report
 from metering.report.csvout import render_csv
 from metering.report.model import Month
 

@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_ledger.cli import main as gpu_ledger
-from metering import db, ledgerview, waste
+from metering import db, ledgerview, sqlfile
 from metering.errors import ExitCode
+from metering.report import waste
 
 fleet_om_file = conftest_prom.fleet_om_file  # session fixture
 DAY = ["--from", "2026-10-05", "--to", "2026-10-06"]
@@ -96,7 +97,9 @@ def test_spill_directory_from_the_environment(ledger: Path, tmp_path: Path,
 
 
 def _histogram_p95(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, ...], object]:
-    rows = con.execute(waste._p95("mem_max")).fetchall()
+    con.execute(sqlfile.load("waste.sql").query("p95"))
+    rows = con.execute(f"SELECT * EXCLUDE (measure) FROM {waste._P95_TABLE} "
+                       "WHERE measure = 'mem'").fetchall()
     return {tuple(r[:7]): r[7] for r in rows}
 
 
@@ -111,9 +114,9 @@ def test_p95_is_quantile_disc(rows: list[tuple[str, int, int | None, bool]]) -> 
     con = duckdb.connect()
     con.execute(f"CREATE TEMP TABLE {waste._TABLE} (cluster VARCHAR, namespace VARCHAR, "
                 "owner_kind VARCHAR, owner_name VARCHAR, model VARCHAR, sharing VARCHAR, "
-                "profile VARCHAR, mem_max DOUBLE, idle BOOLEAN)")
+                "profile VARCHAR, mem_max DOUBLE, idle BOOLEAN, sm DOUBLE)")
     con.executemany(f"INSERT INTO {waste._TABLE} VALUES (?, 'ns', 'Job', ?, 'H100', "
-                    "'exclusive', '', ?, ?)",
+                    "'exclusive', '', ?, ?, NULL)",
                     [(c, f"w{g}", v, idle) for c, g, v, idle in rows])
     expected = {(c, "ns", "Job", w, "H100", "exclusive", ""): q for c, w, q in con.execute(
         f"SELECT cluster, owner_name, quantile_disc(mem_max, 0.95) FROM {waste._TABLE} "
@@ -126,10 +129,10 @@ def test_p95_is_quantile_disc_on_large_groups() -> None:
     con = duckdb.connect()
     con.execute(f"CREATE TEMP TABLE {waste._TABLE} AS SELECT 'c' AS cluster, 'ns' AS "
                 "namespace, 'Job' AS owner_kind, 'w' || (i % 7) AS owner_name, 'H100' AS model, "
-                "'exclusive' AS sharing, '' AS profile, NULL::DOUBLE AS mem_max, false AS idle "
-                "FROM range(0) t(i)")
+                "'exclusive' AS sharing, '' AS profile, NULL::DOUBLE AS mem_max, false AS idle, "
+                "NULL::DOUBLE AS sm FROM range(0) t(i)")
     con.executemany(f"INSERT INTO {waste._TABLE} VALUES ('c', 'ns', 'Job', ?, 'H100', "
-                    "'exclusive', '', ?, false)",
+                    "'exclusive', '', ?, false, NULL)",
                     [(f"w{rng.randrange(7)}", float(rng.randrange(10_000)))
                      for _ in range(20_000)])
     expected = dict(((("c", "ns", "Job", w, "H100", "exclusive", ""), q) for w, q in con.execute(

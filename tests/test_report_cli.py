@@ -18,7 +18,7 @@ from gpu_ledger.cli import main as gpu_ledger
 from metering.cli_meter import main as meter_main
 from metering.costmodel import default_path
 from metering.db import connect
-from metering.report import cli, writer
+from metering.report import builder, writer
 from tests.ledger_rows import ins
 
 NAMES = [f"chargeback-2026-10.{ext}" for ext in ("csv", "parquet", "md", "html")]
@@ -105,7 +105,7 @@ def test_renderer_failure_touches_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     def broken(report: object) -> bytes:
         raise RuntimeError("renderer bug")
 
-    monkeypatch.setitem(cli.FORMATS, "html", ("html", broken))
+    monkeypatch.setitem(builder.FORMATS, "html", ("html", broken))
     with pytest.raises(RuntimeError, match="renderer bug"):
         run("--db", str(db), "--out", str(out))
     assert snapshot(out) == before

@@ -15,10 +15,10 @@ from metering.costmodel import load_cost_model
 from metering.db import connect
 from metering.period import Month
 from metering.report import charts, fmt, tidy
-from metering.report.cli import price_lookup
+from metering.report.builder import build_report, price_lookup
 from metering.report.html import render_html
 from metering.report.markdown import render_markdown
-from metering.report.model import Report, build_report, natural_key
+from metering.report.model import Report, natural_key
 
 D = Decimal
 

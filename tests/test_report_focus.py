@@ -22,8 +22,8 @@ from metering.db import connect
 from metering.period import Month
 from metering.pricing import price_period
 from metering.report import focus
+from metering.report.builder import make_report
 from metering.report.cli import main as report_main
-from metering.report.cli import make_report
 from tests.ledger_rows import ins
 
 D = Decimal

@@ -17,6 +17,7 @@ import urllib.request
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,14 @@ import websocket
 from test_report_fixtures import HASH, OCT2, OCTOBER, charge, make_db
 
 from gpu_ledger.procutil import stop
+from metering.costmodel import load_cost_model
 from metering.db import connect
 from metering.period import Month
+from metering.report.builder import build_report, price_lookup
 from metering.report.charts import IDLE_COLOR, PALETTE
 from metering.report.html import render_html
-from metering.report.model import CostModelInfo, build_report
+from metering.report.model import CostModelInfo
+from metering.report.waste import Evidence, Kind, Recommendation
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 HOSTILE_POD = "<script>document.title='owned'</script>"
@@ -266,3 +270,75 @@ def test_html_report_fits_narrow_windows(page: Path, tmp_path: Path) -> None:
         assert scroll_w <= inner_w, (width, scroll_w)
         assert chart_right <= inner_w, (width, chart_right)
         assert tables >= 5
+
+
+def _recommendation(name: str, kind: Kind, proposed: str, saving: str) -> Recommendation:
+    ev = Evidence(hours=200, device_hours=Decimal(200), peak_memory_gb=Decimal("14.2"),
+                  p95_memory_gb=Decimal("13.9"), p95_sm=Decimal("0.12"), coverage=Decimal(1),
+                  idle_device_hours=0, all_hours=744, held_coverage=Decimal(1))
+    return Recommendation(kind=kind, team="ml-research", cluster="default",
+                          namespace="ml-training", owner_kind="Deployment",
+                          owner_name=name, model="NVIDIA H100 80GB HBM3",
+                          current="whole GPU", proposed=proposed, cost=Decimal(2000),
+                          saving=Decimal(saving), confidence="medium", evidence=ev)
+
+
+@pytest.fixture
+def finance_page(tmp_path: Path) -> Path:
+    """A report as a finance run shows it: prices with the entries that set them (the
+    packaged cost model: a derived A100 price, the default for the fixture's models),
+    savings with long proposals, a workload that needs a larger unit, and budgets."""
+    db = make_db(tmp_path / "m.duckdb")
+    con = connect(db, read_only=True)
+    recs = [
+        _recommendation("feature-store-embedding-refresh", Kind.TO_SHARE,
+                        "1/4 of a GPU (time-slicing or MPS, 4 replicas)", "1500.25"),
+        _recommendation("nightly-batch-scoring-pipeline", Kind.TO_MIG, "MIG 1g.20gb",
+                        "1714.29"),
+        _recommendation("llm-finetune-large", Kind.MIG_UP, "MIG 3g.40gb", "-1700.57"),
+    ]
+    report = build_report(con, Month.parse("2026-10"), CostModelInfo("c.yaml", HASH, "USD"),
+                          "0", prices=price_lookup(load_cost_model(None)),
+                          budgets={"ml": Decimal(10), "research": Decimal(100)},
+                          savings=recs,
+                          notes=["DEFAULT PRICE: no pricing.gpus entry matches H100: 2.00 USD "
+                                 "per GPU-hour (pricing.default); add an entry"])
+    con.close()
+    path = tmp_path / "finance.html"
+    path.write_text(render_html(report), encoding="utf-8")
+    return path
+
+
+def test_html_report_fits_1280_px_with_no_label_cut(finance_page: Path, tmp_path: Path) -> None:
+    """At a 1,280 px window nothing scrolls sideways, neither the page nor any table's box,
+    and every chart label lies inside its chart (none is cut at the edge)."""
+    with chromium(tmp_path / "profile") as port:
+        cdp = DevTools(port)
+        try:
+            cdp.call("Page.enable")
+            cdp.call("Emulation.setDeviceMetricsOverride", width=1280, height=900,
+                     deviceScaleFactor=1, mobile=False)
+            cdp.call("Page.navigate", url=finance_page.as_uri())
+            cdp.wait_for("Page.loadEventFired")
+            page_w, inner_w = cdp.evaluate(
+                "[document.documentElement.scrollWidth, window.innerWidth]")
+            boxes = cdp.evaluate(
+                "Array.from(document.querySelectorAll('.scroll')).map(d =>"
+                " [d.previousElementSibling ? d.previousElementSibling.textContent : '',"
+                "  d.scrollWidth, d.clientWidth])")
+            cut = cdp.evaluate(
+                "Array.from(document.querySelectorAll('figure svg')).flatMap(svg => {"
+                " const w = svg.viewBox.baseVal.width;"
+                " return Array.from(svg.querySelectorAll('text')).filter(t => {"
+                "  const b = t.getBBox(); return b.x < 0 || b.x + b.width > w + 0.5; })"
+                "  .map(t => t.textContent); })")
+            headings = cdp.evaluate(
+                "Array.from(document.querySelectorAll('h2')).map(h => h.textContent)")
+        finally:
+            cdp.close()
+    assert inner_w == 1280 and page_w <= 1280, page_w
+    assert len(boxes) >= 8
+    wide = [(title, sw, cw) for title, sw, cw in boxes if sw > cw]
+    assert wide == []
+    assert cut == []
+    assert "Savings" in headings and "Needs a larger unit" in headings

@@ -20,7 +20,8 @@ from test_report_fixtures import (
 from metering.db import connect
 from metering.period import HourRange, Month, hour_ranges
 from metering.report import fmt
-from metering.report.model import CostModelInfo, Report, build_report
+from metering.report.builder import build_report
+from metering.report.model import CostModelInfo, Report
 
 D = Decimal
 INFO = CostModelInfo("cost-model.yaml", HASH, "USD")
@@ -237,7 +238,12 @@ def test_mig_with_gpm_is_used_and_mig_without_gpm_is_unknown(tmp_path: Path) -> 
     fleet = report.fleet
     assert (fleet.allocated_gpu_hours, fleet.used_gpu_hours, fleet.sm_unknown_gpu_hours) == (
         D("3.714286"), D("0.928571"), D("0.857143"))  # fmt: skip
-    assert fleet.efficiency == D("0.325")
+    # The fleet row's own GPU-hours are all 6 device-hours (3.714286 allocated, 2.285714
+    # idle), 0.857143 of them without SM data: 0.928571 / 5.142857 = 0.180555, the fleet's
+    # utilisation (docs/reports.md, "Efficiency, utilisation, allocation rate").
+    # (The idle rows' fraction comes from money rounded to the micro: 6.000002 GPU-hours.)
+    assert fleet.gpu_hours == D("6.000002") and fleet.efficiency == D("0.180555")
+    assert fmt.percent(report.maturity[-1].utilisation) == fmt.percent(fleet.efficiency)
     assert report.sm_unknown_share == D("0.230769")
     assert report.sm_unknown_mig_gpu_hours == D("0.857143")
     assert dict(fmt.facts(report))["SM activity"] == (

@@ -28,10 +28,11 @@ from test_report_fixtures import (
 from metering.db import connect
 from metering.period import Month
 from metering.report import tidy
+from metering.report.builder import build_report
 from metering.report.csvout import render_csv
 from metering.report.html import render_html
 from metering.report.markdown import render_markdown
-from metering.report.model import CostModelInfo, Report, build_report
+from metering.report.model import CostModelInfo, Report
 from metering.report.parquetout import render_parquet
 from metering.report.terminal import render_summary
 

@@ -13,12 +13,12 @@ from test_report_html import DevTools, chromium
 from test_waste import H100, L4, MONTH, Holder, _facts
 
 from metering.report import fmt
-from metering.report.cli import make_report
+from metering.report.builder import make_report
 from metering.report.csvout import render_csv
 from metering.report.html import render_html
 from metering.report.markdown import render_markdown
 from metering.report.parquetout import render_parquet
-from metering.waste import Kind
+from metering.report.waste import Kind
 
 HOLDERS = [
     Holder("infer-1", "GPU-1", H100, 200, owner=("Deployment", "infer")),

@@ -26,3 +26,7 @@ def test_the_packaged_files_parse() -> None:
         "workload_hours", "grant_hours"]
     pricing = sqlfile.load("pricing.sql")
     assert pricing.steps[0][0] == "devices" and set(pricing.queries) == {"totals", "orphans"}
+    report = sqlfile.load("report.sql")
+    assert report.steps == () and {"sections", "capacity", "charge_days"} <= set(report.queries)
+    waste = sqlfile.load("waste.sql")
+    assert waste.steps == () and set(waste.queries) == {"device_hours", "p95", "workloads"}

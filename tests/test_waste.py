@@ -17,7 +17,7 @@ from metering.costmodel import load_cost_model
 from metering.db import connect
 from metering.period import Month
 from metering.pricing import price_period
-from metering.waste import Kind, Recommendation, Settings, mig_fraction, recommend, units_for
+from metering.report.waste import Kind, Recommendation, Settings, mig_fraction, recommend, units_for
 from tests.ledger_rows import ins
 
 D = Decimal

@@ -14,7 +14,7 @@ from metering.ingest import ingest
 from metering.openmetrics_source import OpenMetricsSource
 from metering.period import resolve
 from metering.pricing import price_period
-from metering.waste import Kind, mig_fraction, recommend
+from metering.report.waste import Kind, mig_fraction, recommend
 
 
 def test_rightsizing_scenario_triggers_every_kind(tmp_path: Path) -> None:

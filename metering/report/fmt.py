@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_FLOOR, ROUND_HALF_UP, Decimal
 
 from metering.report.model import Line, Report
-from metering.waste import Kind, Recommendation
+from metering.report.waste import Kind, Recommendation
 
 CENT = Decimal("0.01")
 DASH = "—"
@@ -139,20 +139,26 @@ class Grid:
     rows: list[list[str]]
     kinds: list[str]
     notes: list[str] = field(default_factory=list)  # footnotes printed under the table
+    text_columns: tuple[int, ...] = ()  # columns after numeric_from that are text
+
+    def numeric(self, column: int) -> bool:
+        return column >= self.numeric_from and column not in self.text_columns
 
 
 OVER_MARK = "*"
 OVER_NOTE = (
-    f"{OVER_MARK} Efficiency above 100 %: on time-sliced and MPS GPUs a holder is allocated "
-    "its share of the device (one of four replicas = 25 %) but may keep the whole device busy "
-    "while its neighbours are idle, so it used more than it was allocated. Not a measurement "
-    "error."
+    f"{OVER_MARK} Efficiency above 100 %: on time-sliced, MPS and vGPU GPUs a holder is "
+    "allocated its share of the device (one of four replicas = 25 %, an A100-20C vGPU 20 of "
+    "80 GB = 25 %) but may keep the whole device busy while its neighbours are idle, so it "
+    "used more than it was allocated. Not a measurement error."
 )
 GPU_HOURS_NOTE = (
     "GPU-hours: allocated GPU-hours for teams (a 3g.40gb MIG slice of a 7-slice GPU for an "
     "hour is 3/7, one of four time-slicing replicas 1/4); for the idle and down rows, the "
-    "device-hours nobody held or the GPU was not up. Used GPU-hours: SM activity in "
-    "device-hours."
+    "device-hours nobody held or the GPU was not up; on the total row, all of them. Used "
+    "GPU-hours: SM activity in device-hours. Efficiency: used GPU-hours / the row's own "
+    "GPU-hours (those with SM activity known); on the total row that is the fleet's "
+    "utilisation."
 )
 
 
@@ -238,6 +244,7 @@ def sections(report: Report) -> list[tuple[str, Grid]]:
         ("Utilisation maturity", maturity_grid(report)),
         *([("Budgets", b)] if (b := budget_grid(report)) is not None else []),
         *([("Savings", g)] if (g := savings_grid(report)) is not None else []),
+        *([(LARGER_UNIT, g)] if (g := larger_unit_grid(report)) is not None else []),
         (
             "By namespace",
             grid(
@@ -333,7 +340,7 @@ def price_grid(report: Report) -> Grid:
     if fallback:
         notes.append("DEFAULT PRICE: the cost model has no entry for this GPU model, so it "
                      "was priced at pricing.default; add an entry under pricing.gpus.")
-    return Grid(heads, 1, rows, kinds, notes)
+    return Grid(heads, 1, rows, kinds, notes, text_columns=(len(heads) - 1,))
 
 
 FORECAST_NOTE = (
@@ -343,18 +350,31 @@ FORECAST_NOTE = (
 )
 
 
+CLOSED_NOTE = (
+    "The month is closed: spend is the month's actual charges, and nothing is forecast "
+    "(hours without data are a coverage gap, not spend still to come)."
+)
+
+
 def budget_grid(report: Report) -> Grid | None:
-    """Teams with a budget: spend, budget, forecast, status; None when there is nothing to show."""
+    """Teams with a budget: spend, budget, forecast (open months only), status; None when
+    there is nothing to show."""
     if not report.budgets:
         return None
-    heads = ["Team", f"Budget ({currency(report)})", "Spend", "Used", "Forecast to month end",
-             "Status"]
+    heads = ["Team", f"Budget ({currency(report)})", "Spend", "Used"]
+    if not report.closed:
+        heads.append("Forecast to month end")
+    heads.append("Status")
     rows, kinds = [], []
     for b in report.budgets:
-        forecast = DASH if b.forecast is None else money(b.forecast)
-        rows.append([label(b.team), money(b.budget), money(b.spend), percent(b.used), forecast,
-                     b.status.value.upper() if b.status.name != "WITHIN" else b.status.value])
+        row = [label(b.team), money(b.budget), money(b.spend), percent(b.used)]
+        if not report.closed:
+            row.append(DASH if b.forecast is None else money(b.forecast))
+        row.append(b.status.value.upper() if b.status.name != "WITHIN" else b.status.value)
+        rows.append(row)
         kinds.append("")
+    if report.closed:
+        return Grid(heads, 1, rows, kinds, [CLOSED_NOTE])
     elapsed = f"{report.elapsed_hours} of {report.hours_in_period} hours of the month elapsed."
     return Grid(heads, 1, rows, kinds, [f"{elapsed} {FORECAST_NOTE}"])
 
@@ -444,8 +464,15 @@ SAVINGS_NOTE = (
     "unit. Peak and p95 memory: of the hourly peaks; p95 SM: of the hourly mean SM activity of "
     "the unit held (whole GPU, or the MIG instance by GPM), all over the hours it ran a process "
     "(hours with none count only as idle holding). Coverage: share of those device-hours with "
-    "memory and SM figures. Confidence: high from a week of hours with 90 % "
-    "coverage, medium from 75 % coverage, else low."
+    "memory and SM figures. Confidence, from the hours a recommendation is judged on (the "
+    "busy hours for a rightsizing, every held hour for an idle holder) and their coverage: "
+    "high from a week of hours with 90 % coverage, medium from 75 % coverage, else low."
+)
+LARGER_UNIT = "Needs a larger unit"
+LARGER_UNIT_NOTE = (
+    "Workloads that outgrew the unit they hold (a MIG instance at 95 % of its memory or SM): "
+    "the larger unit would cost the amount shown more this month. Not a saving: listed apart "
+    "from the savings, and not in their total."
 )
 
 
@@ -469,11 +496,26 @@ def evidence_text(rec: Recommendation) -> str:
 def savings_text(report: Report) -> str:
     if report.savings is None:
         return "not computed (the cost model file is not at hand)"
-    if not report.savings:
+    savings, larger = saving_recs(report), larger_unit_recs(report)
+    if not savings and not larger:
         return "no recommendation for this month"
-    total = sum((r.saving for r in report.savings if r.saving > 0), Decimal(0))
-    return (f"{len(report.savings)} recommendation(s); up to {money(total)} "
-            f"{currency(report)} this month")
+    total = sum((r.saving for r in savings), Decimal(0))
+    text = (f"{len(savings)} recommendation(s); up to {money(total)} {currency(report)} "
+            "this month")
+    if larger:
+        text += f"; {len(larger)} workload(s) need a larger unit"
+    return text
+
+
+def saving_recs(report: Report) -> list[Recommendation]:
+    """Recommendations that save money, largest saving first."""
+    return [r for r in report.savings or [] if r.saving > 0]
+
+
+def larger_unit_recs(report: Report) -> list[Recommendation]:
+    """Recommendations that cost more (a unit that is full): largest extra cost first."""
+    return sorted((r for r in report.savings or [] if r.saving < 0),
+                  key=lambda r: (r.saving, r.workload))
 
 
 def workload_name(report: Report, r: Recommendation, short: bool = False) -> str:
@@ -484,16 +526,26 @@ def workload_name(report: Report, r: Recommendation, short: bool = False) -> str
     return f"{r.cluster}: {name}" if len(report.clusters) > 1 else name
 
 
-def savings_grid(report: Report) -> Grid | None:
-    if not report.savings:
+def _recommendation_grid(report: Report, recs: list[Recommendation], amount_head: str,
+                         note: str) -> Grid | None:
+    if not recs:
         return None
     heads = ["#", "Workload", "Team", "GPU model", "Holds", "Recommendation",
-             f"Saving ({currency(report)})", "Confidence", "Evidence"]
+             f"{amount_head} ({currency(report)})", "Confidence", "Evidence"]
     rows, kinds = [], []
-    for i, r in enumerate(report.savings, start=1):
+    for i, r in enumerate(recs, start=1):
         rows.append([str(i), workload_name(report, r), label(r.team),
-                     r.model, r.current, f"{r.kind.value}: {r.proposed}", money(r.saving),
+                     r.model, r.current, f"{r.kind.value}: {r.proposed}", money(abs(r.saving)),
                      r.confidence, evidence_text(r)])
         kinds.append("")
-    # no column is right-aligned: the saving sits between text columns
-    return Grid(heads, len(heads), rows, kinds, [SAVINGS_NOTE])
+    # no column is right-aligned: the amount sits between text columns
+    return Grid(heads, len(heads), rows, kinds, [note])
+
+
+def savings_grid(report: Report) -> Grid | None:
+    return _recommendation_grid(report, saving_recs(report), "Saving", SAVINGS_NOTE)
+
+
+def larger_unit_grid(report: Report) -> Grid | None:
+    return _recommendation_grid(report, larger_unit_recs(report), "Extra cost",
+                                LARGER_UNIT_NOTE)

@@ -12,12 +12,12 @@ from datetime import datetime, timedelta
 from metering.report import charts, fmt
 from metering.report.charts import BarRow, Segment, Series, esc
 from metering.report.model import KINDS, Line, Report
-from metering.waste import Kind
+from metering.report.waste import Kind
 
 _CSS = """
-body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:64rem;color:#222;padding:0 1rem}
+body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:76rem;color:#222;padding:0 1rem}
 h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem}
-dd,li,p{overflow-wrap:anywhere}
+dd,li,p,td{overflow-wrap:anywhere}
 .scroll{overflow-x:auto;max-width:100%}
 figure svg{display:block;width:100%;max-width:760px;height:auto}
 .fn{font-size:.85rem;color:#444;margin:.2rem 0}
@@ -47,13 +47,13 @@ def _table(grid: fmt.Grid) -> str:
     # Wide tables scroll inside their own box, so the page never spills sideways.
     out = ['<div class="scroll"><table><thead><tr>']
     out += [
-        f'<th class="n">{esc(h)}</th>' if i >= grid.numeric_from else f"<th>{esc(h)}</th>"
+        f'<th class="n">{esc(h)}</th>' if grid.numeric(i) else f"<th>{esc(h)}</th>"
         for i, h in enumerate(grid.heads)
     ]
     out.append("</tr></thead><tbody>")
     for kind, cells in zip(grid.kinds, grid.rows, strict=True):
         cls = f' class="{kind}"' if kind else ""
-        tds = [_cell(c, i >= grid.numeric_from) for i, c in enumerate(cells)]
+        tds = [_cell(c, grid.numeric(i)) for i, c in enumerate(cells)]
         out.append(f"<tr{cls}>{''.join(tds)}</tr>")
     out.append("</tbody></table></div>")
     out += [f'<p class="fn">{esc(note)}</p>' for note in grid.notes]
@@ -195,7 +195,7 @@ def _savings_chart(report: Report) -> str:
     rows = [
         BarRow(fmt.workload_name(report, r, short=True),
                [Segment(r.kind.value, float(r.saving), SAVINGS_COLORS[r.kind])],
-               f"{fmt.money(r.saving)} · {r.proposed[:28]}")
+               fmt.money(r.saving))  # the proposal is in the table: no label to cut
         for r in recs
     ]
     shown = {r.kind for r in recs}
@@ -220,6 +220,7 @@ def render_html(report: Report) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
+        *(f'<p class="note">{esc(n)}</p>' for n in report.notes),  # before any figure
         "<dl>",
     ]
     facts = fmt.facts(report)
@@ -229,7 +230,6 @@ def render_html(report: Report) -> str:
         parts.append('<p>Hours with no data (UTC, end exclusive):</p><ul class="gaps">')
         parts += [f"<li>{esc(r.describe())}</li>" for r in report.missing]
         parts.append("</ul>")
-    parts += [f'<p class="note">{esc(n)}</p>' for n in report.notes]
     if not report.has_data:
         parts.append(
             f'<p class="empty">No data for {esc(str(report.month))}: the database holds no '

@@ -23,7 +23,7 @@ def escape(text: str) -> str:
 
 
 def _table(grid: fmt.Grid) -> list[str]:
-    align = ["---:" if i >= grid.numeric_from else ":---" for i in range(len(grid.heads))]
+    align = ["---:" if grid.numeric(i) else ":---" for i in range(len(grid.heads))]
     out = [
         "| " + " | ".join(escape(h) for h in grid.heads) + " |",
         "| " + " | ".join(align) + " |",
@@ -42,11 +42,11 @@ def _table(grid: fmt.Grid) -> list[str]:
 
 def render_markdown(report: Report) -> str:
     lines = [f"# GPU chargeback report — {report.month}", ""]
+    lines += [f"**{escape(n)}**\n" for n in report.notes]  # before any figure
     lines += [f"- **{name}:** {escape(text)}" for name, text in fmt.facts(report)]
     if report.missing:
         lines += ["", "Hours with no data (UTC, end exclusive):", ""]
         lines += [f"- {escape(r.describe())}" for r in report.missing]
-    lines += [f"\n{escape(n)}" for n in report.notes]
     if not report.has_data:
         lines += [
             "",

@@ -33,7 +33,7 @@ def _table(grid: fmt.Grid) -> list[str]:
 
     def line(row: list[str]) -> str:
         parts = [
-            c.rjust(w) if i >= grid.numeric_from else c.ljust(w)
+            c.rjust(w) if grid.numeric(i) else c.ljust(w)
             for i, (c, w) in enumerate(zip(row, widths, strict=True))
         ]
         return "  ".join(parts).rstrip()
@@ -49,31 +49,37 @@ def _table(grid: fmt.Grid) -> list[str]:
 
 def render_summary(report: Report, written: list[str] | None = None) -> str:
     lines = [f"GPU chargeback report {report.month}"]
+    lines += [f"  {printable(n, None)}" for n in report.notes]  # before any figure
     lines += [f"  {name + ':':<16} {printable(text, None)}" for name, text in fmt.facts(report)]
     for r in report.missing[:MAX_GAPS]:
         lines.append(f"  {'no data:':<16} {r.describe()}")
     if len(report.missing) > MAX_GAPS:
         more = len(report.missing) - MAX_GAPS
         lines.append(f"  {'':<16} … and {more} more range(s), listed in the report files")
-    lines += [f"  {printable(n, None)}" for n in report.notes]
     lines.append("")
     if not report.has_data:
         lines.append(f"No data for {report.month}: no priced GPU usage in the database.")
     else:
         heading, grid = fmt.sections(report)[0]
         lines += [heading, *_table(grid)]
+        if fmt.OVER_NOTE in grid.notes:  # explains the table's OVER_MARK
+            lines.append(printable(fmt.OVER_NOTE, None))
         budgets = fmt.budget_grid(report)
         if budgets is not None:
             lines += ["", "Budgets", *_table(budgets)]
-        if report.savings:
-            lines += ["", f"Savings ({fmt.savings_text(report)}), largest first:"]
-            for rec in report.savings[:MAX_SAVINGS]:
+        for title, recs in ((f"Savings ({fmt.savings_text(report)}), largest first:",
+                             fmt.saving_recs(report)),
+                            (f"{fmt.LARGER_UNIT} (extra cost this month, largest first):",
+                             fmt.larger_unit_recs(report))):
+            if not recs:
+                continue
+            lines += ["", title]
+            for rec in recs[:MAX_SAVINGS]:
                 who = printable(fmt.workload_name(report, rec), None)
-                lines.append(f"  {fmt.money(rec.saving):>12}  {who}: {rec.current} -> "
+                lines.append(f"  {fmt.money(abs(rec.saving)):>12}  {who}: {rec.current} -> "
                              f"{rec.proposed} ({rec.confidence} confidence)")
-            if len(report.savings) > MAX_SAVINGS:
-                lines.append(f"  … and {len(report.savings) - MAX_SAVINGS} more in the report "
-                             "files")
+            if len(recs) > MAX_SAVINGS:
+                lines.append(f"  … and {len(recs) - MAX_SAVINGS} more in the report files")
     if written:
         lines += ["", "Wrote:", *(f"  {printable(p, None)}" for p in written)]
     return "\n".join(lines) + "\n"

@@ -13,7 +13,7 @@ from decimal import Decimal
 
 from metering.period import HourRange
 from metering.report.model import Line, ModelCapacity, Report
-from metering.waste import Recommendation
+from metering.report.waste import Recommendation
 
 # (name, kind); kind drives the CSV text form and the Parquet type.
 COLUMNS: tuple[tuple[str, str], ...] = (

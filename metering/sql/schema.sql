@@ -63,7 +63,7 @@ CREATE TABLE IF NOT EXISTS allocation_hours (
 );
 
 -- Per allocation fact (same key as allocation_hours): who owns the pod and its peak memory,
--- for waste recommendations (metering/waste.py). A table of its own so allocation_hours, which
+-- for waste recommendations (metering/report/waste.py). A table of its own so allocation_hours, which
 -- pricing reads, keeps its shape.
 CREATE TABLE IF NOT EXISTS workload_hours (
     hour              TIMESTAMP NOT NULL,

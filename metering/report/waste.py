@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from metering import sqlfile
 from metering.costmodel import CostModel
 
 _GB = Decimal(10) ** 9
@@ -102,6 +103,9 @@ class Evidence:
     coverage: Decimal  # share of busy device-hours with both memory and SM figures
     idle_device_hours: int  # device-hours held with no GPU process
     all_hours: int = 0  # hours in which the workload held the unit, busy or idle
+    # share of all device-hours held (busy or idle) with a memory figure: what idle holding
+    # is judged on, as `coverage` is for rightsizing
+    held_coverage: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)
@@ -127,118 +131,13 @@ class Recommendation:
         return f"{self.cluster}/{self.namespace}/{self.owner_kind}/{self.owner_name}"
 
 
-# Per device-hour (one hour, device or MIG instance a workload held) of one slice [start,
-# end) of the facts and charges: the workload's containers there are summed (peak memory adds
-# up: an upper bound of the unit's peak). Computed a day at a time into a temporary table, so
-# the joins' working set is a day's rows whatever the month's size.
-_DEVICE_HOURS = """
-WITH a AS (
-    SELECT a.hour, a.cluster, a.namespace, a.pod, a.container, a.uuid, a.mig_uuid, a.sharing,
-           coalesce(nullif(w.owner_kind, ''), 'Pod') AS owner_kind,
-           coalesce(nullif(w.owner_name, ''), a.pod) AS owner_name,
-           d.model, least(a.allocated_seconds, 3600) AS held_s, a.sm_seconds,
-           w.memory_max_bytes AS mem_max,
-           coalesce(mh.profile, '') AS profile,
-           mh.sm_active_seconds / nullif(mh.observed_seconds, 0) AS inst_sm
-    FROM allocation_hours a
-    JOIN device_hours d ON d.hour = a.hour AND d.cluster = a.cluster AND d.uuid = a.uuid
-         AND d.hour >= $start AND d.hour < $end
-    LEFT JOIN workload_hours w ON w.hour = a.hour AND w.cluster = a.cluster
-         AND w.namespace = a.namespace AND w.pod = a.pod AND w.container = a.container
-         AND w.uuid = a.uuid AND w.mig_uuid = a.mig_uuid
-         AND w.hour >= $start AND w.hour < $end
-    LEFT JOIN mig_hours mh ON a.mig_uuid <> '' AND mh.hour = a.hour AND mh.cluster = a.cluster
-         AND mh.mig_uuid = a.mig_uuid AND mh.hour >= $start AND mh.hour < $end
-    WHERE a.hour >= $start AND a.hour < $end AND a.allocated_seconds > 0
-), c AS (
-    SELECT hour, cluster, namespace, pod, container, uuid, mig_uuid, any_value(team) AS team,
-           sum(cost - idle_share) AS cost
-    FROM charges WHERE hour >= $start AND hour < $end AND pod <> ''
-    GROUP BY hour, cluster, namespace, pod, container, uuid, mig_uuid
-), dh AS (
-    SELECT a.cluster, a.namespace, a.owner_kind, a.owner_name, a.model, a.sharing, a.profile,
-           a.hour, a.uuid, a.mig_uuid,
-           max(a.held_s) / 3600.0 AS held_h,
-           -- unknown (NULL) as soon as one container's figure is unknown
-           CASE WHEN count(a.mem_max) = count(*) THEN sum(a.mem_max) END AS mem_max,
-           CASE WHEN a.mig_uuid <> '' THEN any_value(a.inst_sm)
-                WHEN count(a.sm_seconds) = count(*)
-                    THEN least(sum(a.sm_seconds) / nullif(max(a.held_s), 0), 1.0) END AS sm,
-           max(c.team) AS team, coalesce(sum(c.cost), 0) AS cost
-    FROM a
-    LEFT JOIN c ON c.hour = a.hour AND c.cluster = a.cluster AND c.namespace = a.namespace
-         AND c.pod = a.pod AND c.container = a.container AND c.uuid = a.uuid
-         AND c.mig_uuid = a.mig_uuid
-    GROUP BY a.namespace, a.owner_kind, a.owner_name, a.model, a.sharing, a.profile, a.hour,
-             a.cluster, a.uuid, a.mig_uuid
-)
--- A device-hour with peak memory 0 and no SM activity ran no GPU process: it is idle
--- holding, priced apart; rightsizing looks at the other (busy) device-hours only, so the
--- two kinds never count the same hour twice.
-SELECT cluster, namespace, owner_kind, owner_name, model, sharing, profile, hour, held_h,
-       mem_max, sm, team, cost, coalesce(mem_max = 0 AND coalesce(sm, 0) = 0, false) AS idle
-FROM dh
-"""
-_TABLE = "waste_device_hours"
+_TABLE = "waste_device_hours"  # working tables of metering/sql/waste.sql (temporary)
+_P95_TABLE = "waste_p95"
 _SLICE_HOURS = 24
-# A workload is its controller within one cluster: the same namespace and Deployment name in
-# two clusters are two workloads, each sized by its own hours and priced by its cluster's rules.
-_WORKLOAD = "cluster, namespace, owner_kind, owner_name, model, sharing, profile"
 
 
-def _p95(column: str) -> str:
-    """Nearest-rank 95th percentile of the busy device-hours' `column` per workload: what
-    DuckDB's quantile_disc(column, 0.95) gives (the value at 1-based rank max(1, n -
-    floor(n - n * 0.95)), in double arithmetic as DuckDB computes it), from a histogram of
-    the values and a running count. quantile_disc holds every value of a group in memory and
-    cannot spill; a grouped count and a window can."""
-    return f"""
-    SELECT {_WORKLOAD}, min(v) FILTER (WHERE below < rank AND rank <= upto) AS p95
-    FROM (SELECT *, upto - k AS below,
-                 greatest(1, n - floor(n - n * 0.95::DOUBLE)) AS rank
-          FROM (SELECT *, sum(k) OVER (PARTITION BY {_WORKLOAD} ORDER BY v) AS upto,
-                       sum(k) OVER (PARTITION BY {_WORKLOAD}) AS n
-                FROM (SELECT {_WORKLOAD}, {column} AS v, count(*) AS k FROM {_TABLE}
-                      WHERE NOT idle AND {column} IS NOT NULL GROUP BY ALL)))
-    GROUP BY ALL"""
-
-
-# Per workload x GPU model x unit held, from the device-hours above. Quantiles are nearest-rank
-# over device-hours, so every figure is one that was observed. Only grouped aggregates and
-# windows (both spill to disk under the memory limit): no holistic aggregate (quantile, mode,
-# DISTINCT), which would hold a month of device-hours in memory.
-_SQL = f"""
-WITH g AS (
-    SELECT {_WORKLOAD},
-           coalesce(sum(held_h) FILTER (WHERE NOT idle), 0) AS device_hours,
-           max(mem_max) FILTER (WHERE NOT idle) AS peak_mem,
-           coalesce(count(*) FILTER (WHERE NOT idle AND mem_max IS NOT NULL AND sm IS NOT NULL)
-                    / nullif(count(*) FILTER (WHERE NOT idle), 0), 0) AS coverage,
-           count(*) FILTER (WHERE idle) AS idle_dh,
-           coalesce(sum(cost) FILTER (WHERE NOT idle), 0) AS cost,
-           coalesce(sum(cost) FILTER (WHERE idle), 0) AS idle_cost
-    FROM {_TABLE} GROUP BY ALL
-), hours AS (  -- hours the workload held a unit, and those in which one was busy
-    SELECT {_WORKLOAD}, count(*) FILTER (WHERE busy) AS hours, count(*) AS all_hours
-    FROM (SELECT {_WORKLOAD}, hour, bool_or(NOT idle) AS busy FROM {_TABLE} GROUP BY ALL)
-    GROUP BY ALL
-), team AS (  -- the team of most of its device-hours (ties: the first name)
-    SELECT {_WORKLOAD}, team FROM (
-        SELECT *, row_number() OVER (PARTITION BY {_WORKLOAD} ORDER BY k DESC, team) AS r
-        FROM (SELECT {_WORKLOAD}, team, count(*) AS k FROM {_TABLE}
-              WHERE team IS NOT NULL GROUP BY ALL))
-    WHERE r = 1
-), mem AS ({_p95("mem_max")}
-), sm AS ({_p95("sm")}
-)
-SELECT {_WORKLOAD}, team.team, hours.hours, g.device_hours, g.peak_mem, mem.p95 AS p95_mem,
-       sm.p95 AS p95_sm, g.coverage, g.idle_dh, hours.all_hours, g.cost, g.idle_cost
-FROM g JOIN hours USING ({_WORKLOAD})
-LEFT JOIN team USING ({_WORKLOAD})
-LEFT JOIN mem USING ({_WORKLOAD})
-LEFT JOIN sm USING ({_WORKLOAD})
-ORDER BY ALL
-"""
+def _sql(name: str) -> str:
+    return sqlfile.load("waste.sql").query(name)
 
 
 @dataclass(frozen=True)
@@ -261,41 +160,49 @@ def _dec(value: Any, q: Decimal = _Q6) -> Decimal | None:
 
 
 def _groups(con: Any, start: datetime, end: datetime) -> list[_Group]:
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {_TABLE} AS {_DEVICE_HOURS} LIMIT 0",
+    device_hours = _sql("device_hours").rstrip(";")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_TABLE} AS {device_hours} LIMIT 0",
                 {"start": start, "end": start})
     try:
         for a in range(0, -(-int((end - start).total_seconds()) // 3600), _SLICE_HOURS):
             lo = start + timedelta(hours=a)
             hi = min(end, lo + timedelta(hours=_SLICE_HOURS))
-            con.execute(f"INSERT INTO {_TABLE} {_DEVICE_HOURS}", {"start": lo, "end": hi})
-        rows = con.execute(_SQL).fetchall()
+            con.execute(f"INSERT INTO {_TABLE} {device_hours}", {"start": lo, "end": hi})
+        con.execute(_sql("p95"))
+        rows = con.execute(_sql("workloads")).fetchall()
     finally:
         con.execute(f"DROP TABLE IF EXISTS {_TABLE}")
+        con.execute(f"DROP TABLE IF EXISTS {_P95_TABLE}")
     out = []
     for (cluster, ns, okind, oname, model, sharing, profile, team, hours, dev_h, peak, p95m, p95s,
-         coverage, idle_dh, all_hours, cost, idle_cost) in rows:
+         coverage, idle_dh, all_hours, cost, idle_cost, held_coverage) in rows:
         ev = Evidence(
             hours=int(hours), device_hours=_dec(dev_h) or _ZERO,
             peak_memory_gb=None if peak is None else _dec(Decimal(str(peak)) / _GB),
             p95_memory_gb=None if p95m is None else _dec(Decimal(str(p95m)) / _GB),
             p95_sm=_dec(p95s), coverage=_dec(coverage) or _ZERO, idle_device_hours=int(idle_dh),
-            all_hours=int(all_hours),
+            all_hours=int(all_hours), held_coverage=_dec(held_coverage) or _ZERO,
         )
         out.append(_Group(cluster, ns, okind, oname, model, sharing, profile, team or "", ev,
                           Decimal(cost or 0), Decimal(idle_cost or 0)))
     return out
 
 
-def _confidence(ev: Evidence, s: Settings) -> str:
-    if ev.hours >= s.confident_hours and ev.coverage >= Decimal("0.9"):
+def _confidence(kind: Kind, ev: Evidence, s: Settings) -> str:
+    """From the hours a recommendation is judged on and their coverage: the busy hours for a
+    rightsizing, every held hour for an idle holder (a GPU held 744 of 744 hours with no
+    process is judged on 744 hours, not on its 0 busy ones)."""
+    hours, coverage = ((ev.all_hours, ev.held_coverage) if kind is Kind.IDLE
+                       else (ev.hours, ev.coverage))
+    if hours >= s.confident_hours and coverage >= Decimal("0.9"):
         return "high"
-    if ev.coverage >= Decimal("0.75"):
+    if coverage >= Decimal("0.75"):
         return "medium"
     return "low"
 
 
 # What a MIG profile costs, as a fraction of the whole device, under the cost model's
-# mig.fraction of a cluster (metering.report.cli builds it from the cost model).
+# mig.fraction of a cluster (metering.report.builder builds it from the cost model).
 MigFraction = Callable[[str, str, Profile, GpuUnits], Decimal]  # cluster, model, profile, GPU
 
 
@@ -335,10 +242,10 @@ def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFractio
                 owner_kind=g.owner_kind, owner_name=g.owner_name, model=g.model,
                 current=current, proposed=proposed,
                 cost=g.idle_cost if kind is Kind.IDLE else g.cost, saving=saving,
-                confidence=_confidence(g.evidence, settings),
+                confidence=_confidence(kind, g.evidence, settings),
                 evidence=g.evidence)
 
-        if ev.idle_device_hours >= settings.idle_hours and g.idle_cost > 0:
+        if ev.idle_device_hours >= settings.idle_hours and _to_the_cent(g.idle_cost):
             out.append(make(Kind.IDLE, "release GPUs while no process uses them",
                             g.idle_cost))
         if ev.hours < settings.min_hours:
@@ -351,10 +258,15 @@ def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFractio
             rec = _mig(g, units, mig_fraction, settings)
         else:
             rec = None
-        if rec is not None:
+        if rec is not None and _to_the_cent(rec[2]):
             out.append(make(*rec))
     out.sort(key=lambda r: (-r.saving, r.workload, r.kind.value))
     return out
+
+
+def _to_the_cent(amount: Decimal) -> bool:
+    """A recommendation whose saving (or extra cost) is 0.00 to the cent says nothing."""
+    return abs(amount) >= Decimal("0.005")
 
 
 def _fits(peak_gb: Decimal, p95_sm: Decimal, memory_gb: Decimal, sm_share: Decimal,

@@ -1,0 +1,112 @@
+-- GPU Ledger report: the monthly report's tables, read from the ledger's views (metering/
+-- ledgerview.py) by metering/report/builder.py. Read-only: every section is a `-- query:`
+-- run by name with the parameters $start and $end (the month, [start, end)).
+--
+-- Every sum is an exact DECIMAL (hours are cast before summing), so the figures do not
+-- depend on the order DuckDB's parallel aggregation adds rows in: the same ledger gives the
+-- same report, byte for byte, on every run.
+
+-- query: sections
+-- Every table of the report in one pass over the month's charges: one row per group of each
+-- grouping set, named by `section`. Every grouping but `fleet` and `clusters` also splits
+-- fleet rows (idle, down, adjustment) from charged rows (`kind`), so an idle row is never
+-- merged with a namespace or model row that happens to share its key.
+-- used is NULL where SM activity is unknown: SUM() adds the known rows only, and the
+-- allocated hours of the unknown ones are summed apart (sm_unknown), so efficiency compares
+-- like with like. fleet_hours: the device-hours idle and down rows stand for (their
+-- fraction; a team's 'idle-share' row under policy weights carries a weight there, not hours,
+-- and is not a fleet row).
+WITH c AS (
+    SELECT cluster, team, namespace, pod, model, sharing, profile,
+           CAST(CAST(hour AS DATE) AS VARCHAR) AS day,
+           CASE WHEN team = sharing AND team IN ('idle', 'down', 'adjustment') THEN team
+                ELSE '' END AS kind,
+           CAST(allocated_gpu_hours AS DECIMAL(38, 9)) AS alloc,
+           CAST(used_gpu_hours AS DECIMAL(38, 9)) AS used,
+           cost, idle_share,
+           CASE WHEN used_gpu_hours IS NULL THEN CAST(allocated_gpu_hours AS DECIMAL(38, 9))
+                ELSE 0 END AS sm_unknown,
+           CASE WHEN used_gpu_hours IS NULL AND mig_uuid <> ''
+                THEN CAST(allocated_gpu_hours AS DECIMAL(38, 9)) ELSE 0 END AS sm_unknown_mig,
+           CASE WHEN team = sharing AND team IN ('idle', 'down')
+                THEN CAST(fraction AS DECIMAL(38, 9)) ELSE 0 END AS fleet_hours
+    FROM charges WHERE hour >= $start AND hour < $end
+)
+SELECT CASE WHEN grouping(day) = 0 THEN 'team_days'
+            WHEN grouping(pod) = 0 THEN 'pods'
+            WHEN grouping(model) = 0 THEN 'models'
+            WHEN grouping(namespace) = 0 THEN 'namespaces'
+            WHEN grouping(team) = 0 THEN 'teams'
+            WHEN grouping(cluster) = 0 THEN 'clusters'
+            ELSE 'fleet' END AS section,
+       coalesce(cluster, '') AS cluster, coalesce(team, '') AS team,
+       coalesce(namespace, '') AS namespace, coalesce(pod, '') AS pod,
+       coalesce(model, '') AS model, coalesce(sharing, '') AS sharing,
+       coalesce(profile, '') AS profile, coalesce(day, '') AS day, coalesce(kind, '') AS kind,
+       count(*) AS charge_rows, SUM(alloc), SUM(used), SUM(cost), SUM(idle_share),
+       SUM(sm_unknown), SUM(fleet_hours), SUM(sm_unknown_mig)
+FROM c
+GROUP BY GROUPING SETS ((), (cluster), (team, kind), (namespace, kind),
+                        (team, namespace, pod, kind), (model, sharing, profile, kind),
+                        (day, team, kind))
+-- an empty month still has its (empty) fleet row: drop it, a month without charges has none
+HAVING count(*) > 0;
+
+-- query: covered_hours
+-- Hours with data from every cluster metered in the month: an hour one cluster lacks is a
+-- gap of the fleet, not hidden by the others.
+SELECT hour FROM coverage WHERE hour >= $start AND hour < $end GROUP BY hour
+HAVING count(DISTINCT CASE WHEN devices > 0 THEN cluster END) =
+       (SELECT count(DISTINCT cluster) FROM coverage WHERE hour >= $start AND hour < $end);
+
+-- query: last_hour
+-- The last hour of the month with data or charges (NULL: none).
+SELECT max(h) FROM (
+    SELECT max(hour) AS h FROM coverage WHERE hour >= $start AND hour < $end AND devices > 0
+    UNION ALL SELECT max(hour) FROM charges WHERE hour >= $start AND hour < $end);
+
+-- query: capacity
+-- Per GPU model: the devices and device-hours the fleet owned. A device-hour is counted when
+-- ingest saw the device or pricing charged it (a ledger may hold charges only).
+SELECT model, count(DISTINCT (cluster, uuid)), count(*) FROM (
+    SELECT DISTINCT hour, cluster, uuid, model FROM device_hours
+    WHERE hour >= $start AND hour < $end
+    UNION SELECT DISTINCT hour, cluster, uuid, model FROM charges
+    WHERE hour >= $start AND hour < $end AND uuid <> '')
+GROUP BY model ORDER BY model;
+
+-- query: priced_hashes
+SELECT DISTINCT cost_model_hash FROM charges WHERE hour >= $start AND hour < $end ORDER BY 1;
+
+-- query: has_facts
+-- Whether ingest wrote usage for the month (whatever pricing has done with it).
+SELECT EXISTS (SELECT 1 FROM device_hours WHERE hour >= $start AND hour < $end)
+    OR EXISTS (SELECT 1 FROM allocation_hours WHERE hour >= $start AND hour < $end);
+
+-- query: clusters
+SELECT DISTINCT cluster FROM charges WHERE hour >= $start AND hour < $end ORDER BY 1;
+
+-- query: stored_cost_model
+-- The ledger's copy of the cost model the charges were priced with ($hash).
+SELECT name, currency, document FROM cost_models WHERE hash = $hash;
+
+-- query: charge_days
+-- Charges summed per UTC day x team x namespace x pod x GPU model x sharing x profile x
+-- cluster: the grain of the FOCUS export. charged: the device-hours the money is for (an
+-- idle-share row of policy weights carries the team's weight in fraction, no hours).
+SELECT CAST(CAST(hour AS DATE) AS TIMESTAMP), team, namespace, pod, model, sharing, profile,
+       CASE WHEN team = sharing AND team IN ('idle', 'down', 'adjustment') THEN team
+            ELSE '' END,
+       cluster,
+       SUM(CASE WHEN basis = 'idle-share' THEN 0 ELSE CAST(fraction AS DECIMAL(38, 9)) END),
+       SUM(CAST(allocated_gpu_hours AS DECIMAL(38, 9))),
+       SUM(CAST(used_gpu_hours AS DECIMAL(38, 9))), SUM(cost), SUM(idle_share)
+FROM charges WHERE hour >= $start AND hour < $end GROUP BY ALL ORDER BY ALL;
+
+-- query: cluster_models
+-- The GPU models of each cluster in the month, as ingest saw them or pricing charged them.
+SELECT DISTINCT cluster, model FROM device_hours WHERE hour >= $start AND hour < $end
+UNION
+SELECT DISTINCT cluster, model FROM charges
+WHERE hour >= $start AND hour < $end AND uuid <> ''
+ORDER BY ALL;
