@@ -10,7 +10,6 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from exporter import __version__
 from exporter.core import (
@@ -21,9 +20,8 @@ from exporter.core import (
     ExporterOptions,
     SampleSink,
 )
-from exporter.inventory import Inventory, discover
-from exporter.pcidevices import nvidia_gpu_functions
-from exporter.processes import ProcessLister
+from exporter.device.contract import DeviceBackend, Inventory
+from exporter.processes import ProcessStage
 from exporter.render import Rendering
 from exporter.selfstats import read_process_stats
 
@@ -34,19 +32,19 @@ NVML_RETRY_MAX_SECONDS = 60.0
 
 
 class Sampler:
-    def __init__(self, nvml: Any, options: ExporterOptions, specs: Sequence[CollectorSpec],
-                 clock: Callable[[], float] = time.time, threaded: bool = True,
-                 eager_render: bool = True) -> None:
-        self.nvml = nvml
+    def __init__(self, backend: DeviceBackend, options: ExporterOptions,
+                 specs: Sequence[CollectorSpec], clock: Callable[[], float] = time.time,
+                 threaded: bool = True, eager_render: bool = True) -> None:
+        self.backend = backend
         self.eager_render = eager_render
         self.options = options
         self.clock = clock
         self.threaded = threaded
-        deps = CollectorDeps(options=options, nvml=nvml, clock=clock, threaded=threaded)
+        deps = CollectorDeps(options=options, backend=backend, clock=clock, threaded=threaded)
         self.collectors: list[Collector] = [spec.factory(deps) for spec in specs]
         # The process list is a stage of the cycle, run when a collector reads it.
-        self._processes = (ProcessLister(nvml) if any(c.reads_processes for c in self.collectors)
-                           else None)
+        self._processes = (ProcessStage(backend) if any(c.reads_processes
+                                                        for c in self.collectors) else None)
         self._nvml_ok = False
         self._nvml_reason = "not initialised yet"
         self._next_init = 0.0
@@ -68,34 +66,35 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # --- NVML lifecycle -----------------------------------------------------------------------
+    # --- backend lifecycle --------------------------------------------------------------------
     def _ensure_nvml(self, now: float) -> None:
         if self._nvml_ok or now < self._next_init:
             return
         try:
-            self.nvml.nvmlInit()
+            self.backend.open()
         except Exception as err:  # NVMLError, OSError (library missing), anything: retry later
-            self._nvml_reason = f"NVML init failed: {err}"
+            self._nvml_reason = f"{self.backend.library} init failed: {err}"
             self._next_init = now + self._init_backoff
             log.warning("%s; retrying in %.0fs", self._nvml_reason, self._init_backoff)
             self._init_backoff = min(self._init_backoff * 2, NVML_RETRY_MAX_SECONDS)
             return
         self._nvml_ok, self._nvml_reason, self._init_backoff = True, "", 1.0
         self._inventory = None
-        log.info("NVML initialised")
+        log.info("%s initialised", self.backend.library)
 
     def _refresh_inventory(self, now: float) -> Inventory:
         if self._inventory is None or now - self._inventory_at >= INVENTORY_REFRESH_SECONDS:
-            self._inventory = discover(self.nvml, self._inventory)
+            self._inventory = self.backend.inventory(self._inventory)
             self._inventory_at = now
         return self._inventory
 
     # --- one cycle ----------------------------------------------------------------------------
     def cycle(self) -> Rendering:
         now = self.clock()
-        ctx = CycleContext(nvml=self.nvml, options=self.options, now=now)
+        ctx = CycleContext(nvml=self.backend.nvml, options=self.options, now=now,
+                           backend=self.backend)
         sink = SampleSink()
-        self._enter("NVML init")
+        self._enter(f"{self.backend.library} init")
         self._ensure_nvml(now)
         if self._nvml_ok:
             self._enter("GPU discovery")
@@ -146,7 +145,8 @@ class Sampler:
     def _device_counts(self, ctx: CycleContext, sink: SampleSink, now: float) -> None:
         """Expected (PCI, read at the inventory's cadence, NVML or not) vs answering GPUs."""
         if now - self._pci_at >= INVENTORY_REFRESH_SECONDS or now < self._pci_at:
-            self._pci_gpus, self._pci_at = nvidia_gpu_functions(self.options.sysfs_root), now
+            self._pci_gpus = self.backend.expected_devices(self.options.sysfs_root)
+            self._pci_at = now
         if self._pci_gpus is not None:
             sink.add("gpu_expected_devices", (ctx.node, "pci"), len(self._pci_gpus))
         answering = sum(1 for g in ctx.gpus if g.uuid not in ctx.lost) if self._nvml_ok else 0
@@ -156,7 +156,7 @@ class Sampler:
         sink.add("gpu_exporter_last_sample_timestamp_seconds", (), now)
         sink.add("gpu_exporter_build_info", (__version__, platform.python_version()), 1)
         sink.add("gpu_exporter_label_values_replaced_total", (), self._replaced_total)
-        sources = {"nvml": (self._nvml_ok, self._nvml_reason)}
+        sources = {self.backend.source: (self._nvml_ok, self._nvml_reason)}
         for name, status in sorted(ctx.sources.items()):
             sources[name] = (status.up, status.reason)
         for name, (up, reason) in sources.items():
@@ -220,5 +220,5 @@ class Sampler:
                 log.exception("closing collector %s", c.name)
         if self._nvml_ok:
             with contextlib.suppress(Exception):
-                self.nvml.nvmlShutdown()
+                self.backend.close()
             self._nvml_ok = False

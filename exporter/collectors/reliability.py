@@ -6,23 +6,26 @@ from exporter.collectors.base import NvmlCollector, nvlink_count
 from exporter.core import CollectorDeps, CycleContext, GpuRef, SampleSink
 from exporter.nvmlcall import Reader
 
+# nvml.h: NVML_MEMORY_ERROR_TYPE_CORRECTED / _UNCORRECTED, NVML_VOLATILE_ECC, NVML_FEATURE_ENABLED
+MEMORY_ERROR_CORRECTED, MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC, FEATURE_ENABLED = 0, 1, 0, 1
+# kind -> NVML_NVLINK_ERROR_DL_* counter (nvml.h)
 _NVLINK_COUNTERS = (
-    ("replay", "NVML_NVLINK_ERROR_DL_REPLAY", 0),
-    ("recovery", "NVML_NVLINK_ERROR_DL_RECOVERY", 1),
-    ("crc_flit", "NVML_NVLINK_ERROR_DL_CRC_FLIT", 2),
-    ("crc_data", "NVML_NVLINK_ERROR_DL_CRC_DATA", 3),
+    ("replay", 0),  # NVML_NVLINK_ERROR_DL_REPLAY
+    ("recovery", 1),  # NVML_NVLINK_ERROR_DL_RECOVERY
+    ("crc_flit", 2),  # NVML_NVLINK_ERROR_DL_CRC_FLIT
+    ("crc_data", 3),  # NVML_NVLINK_ERROR_DL_CRC_DATA
 )
 
 
 class EccCollector(NvmlCollector):
     name = "ecc"
 
-    def read_gpu(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
+    def read_nvml(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
         nv = self.nvml
         labels = gpu.labels(ctx.node)
-        for kind, const in (("corrected", nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                            ("uncorrected", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
-            n = r.call(nv.nvmlDeviceGetTotalEccErrors, gpu.handle, const, nv.NVML_VOLATILE_ECC)
+        for kind, error_type in (("corrected", MEMORY_ERROR_CORRECTED),
+                                 ("uncorrected", MEMORY_ERROR_UNCORRECTED)):
+            n = r.call(nv.nvmlDeviceGetTotalEccErrors, gpu.handle, error_type, VOLATILE_ECC)
             if n is not None:
                 sink.add("gpu_ecc_errors_total", (*labels, kind), n)
         rows = r.call(nv.nvmlDeviceGetRemappedRows, gpu.handle)
@@ -50,20 +53,18 @@ class NvlinkCollector(NvmlCollector):
         self._links: dict[str, int] = {}  # uuid -> number of links that exist (probed once)
         self._active: dict[str, set[int]] = {}  # uuid -> links seen active since start
 
-    def read_gpu(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
+    def read_nvml(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
         nv = self.nvml
-        enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
         if gpu.uuid not in self._links:
             self._links[gpu.uuid] = nvlink_count(r, gpu.handle)
         active = self._active.setdefault(gpu.uuid, set())
         labels = gpu.labels(ctx.node)
         for link in range(self._links[gpu.uuid]):
             if link not in active:
-                if r.call(nv.nvmlDeviceGetNvLinkState, gpu.handle, link) != enabled:
+                if r.call(nv.nvmlDeviceGetNvLinkState, gpu.handle, link) != FEATURE_ENABLED:
                     continue
                 active.add(link)
-            for kind, const, default in _NVLINK_COUNTERS:
-                v = r.call(nv.nvmlDeviceGetNvLinkErrorCounter, gpu.handle, link,
-                           getattr(nv, const, default))
+            for kind, counter in _NVLINK_COUNTERS:
+                v = r.call(nv.nvmlDeviceGetNvLinkErrorCounter, gpu.handle, link, counter)
                 if v is not None:
                     sink.add("gpu_nvlink_errors_total", (*labels, str(link), kind), v)
