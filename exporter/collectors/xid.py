@@ -1,6 +1,6 @@
 """XID errors from the backend's error events (an NVML event set), counted per GPU and code.
 
-A daemon thread blocks in the backend's event wait (nvmlEventSetWait) so an event is never
+A daemon thread blocks in the backend's event wait so an event is never
 missed between scrapes; the collector only renders the counts. For simulation (a fake clock
 advanced in steps) the sampler can run without the thread and drain pending events
 synchronously each cycle.
