@@ -28,7 +28,7 @@ from exporter.selfstats import read_process_stats
 log = logging.getLogger(__name__)
 
 INVENTORY_REFRESH_SECONDS = 60.0
-NVML_RETRY_MAX_SECONDS = 60.0
+INIT_RETRY_MAX_SECONDS = 60.0
 
 
 class Sampler:
@@ -45,8 +45,8 @@ class Sampler:
         # The process list is a stage of the cycle, run when a collector reads it.
         self._processes = (ProcessStage(backend) if any(c.reads_processes
                                                         for c in self.collectors) else None)
-        self._nvml_ok = False
-        self._nvml_reason = "not initialised yet"
+        self._backend_ok = False
+        self._backend_reason = "not initialised yet"
         self._next_init = 0.0
         self._init_backoff = 1.0
         self._inventory: Inventory | None = None
@@ -67,18 +67,18 @@ class Sampler:
         self._thread: threading.Thread | None = None
 
     # --- backend lifecycle --------------------------------------------------------------------
-    def _ensure_nvml(self, now: float) -> None:
-        if self._nvml_ok or now < self._next_init:
+    def _ensure_backend(self, now: float) -> None:
+        if self._backend_ok or now < self._next_init:
             return
         try:
             self.backend.open()
         except Exception as err:  # NVMLError, OSError (library missing), anything: retry later
-            self._nvml_reason = f"{self.backend.library} init failed: {err}"
+            self._backend_reason = f"{self.backend.library} init failed: {err}"
             self._next_init = now + self._init_backoff
-            log.warning("%s; retrying in %.0fs", self._nvml_reason, self._init_backoff)
-            self._init_backoff = min(self._init_backoff * 2, NVML_RETRY_MAX_SECONDS)
+            log.warning("%s; retrying in %.0fs", self._backend_reason, self._init_backoff)
+            self._init_backoff = min(self._init_backoff * 2, INIT_RETRY_MAX_SECONDS)
             return
-        self._nvml_ok, self._nvml_reason, self._init_backoff = True, "", 1.0
+        self._backend_ok, self._backend_reason, self._init_backoff = True, "", 1.0
         self._inventory = None
         log.info("%s initialised", self.backend.library)
 
@@ -95,8 +95,8 @@ class Sampler:
                            backend=self.backend)
         sink = SampleSink()
         self._enter(f"{self.backend.library} init")
-        self._ensure_nvml(now)
-        if self._nvml_ok:
+        self._ensure_backend(now)
+        if self._backend_ok:
             self._enter("GPU discovery")
             try:
                 inv = self._refresh_inventory(now)
@@ -105,7 +105,7 @@ class Sampler:
                 ctx.driver_version, ctx.cuda_version = inv.driver_version, inv.cuda_version
             except Exception as err:
                 log.exception("GPU discovery failed")
-                self._nvml_reason = f"GPU discovery failed: {err}"
+                self._backend_reason = f"GPU discovery failed: {err}"
             if self._processes is not None:
                 try:
                     self._processes.fill(ctx)
@@ -113,7 +113,7 @@ class Sampler:
                     log.exception("listing GPU processes failed")
                     ctx.process_failures += 1
         for c in self.collectors:
-            if c.needs_nvml and not self._nvml_ok:
+            if c.needs_nvml and not self._backend_ok:
                 sink.add("gpu_exporter_collector_success", (c.name,), 0)
                 continue
             self._enter(f"collector {c.name}")
@@ -149,14 +149,14 @@ class Sampler:
             self._pci_at = now
         if self._pci_gpus is not None:
             sink.add("gpu_expected_devices", (ctx.node, "pci"), len(self._pci_gpus))
-        answering = sum(1 for g in ctx.gpus if g.uuid not in ctx.lost) if self._nvml_ok else 0
+        answering = sum(1 for g in ctx.gpus if g.uuid not in ctx.lost) if self._backend_ok else 0
         sink.add("gpu_answering_devices", (ctx.node,), answering)
 
     def _self_metrics(self, ctx: CycleContext, sink: SampleSink, now: float) -> None:
         sink.add("gpu_exporter_last_sample_timestamp_seconds", (), now)
         sink.add("gpu_exporter_build_info", (__version__, platform.python_version()), 1)
         sink.add("gpu_exporter_label_values_replaced_total", (), self._replaced_total)
-        sources = {self.backend.source: (self._nvml_ok, self._nvml_reason)}
+        sources = {self.backend.source: (self._backend_ok, self._backend_reason)}
         for name, status in sorted(ctx.sources.items()):
             sources[name] = (status.up, status.reason)
         for name, (up, reason) in sources.items():
@@ -176,8 +176,8 @@ class Sampler:
         return self._rendering.body(openmetrics, gzipped)
 
     def health(self) -> tuple[bool, str]:
-        if not self._nvml_ok:
-            return False, self._nvml_reason
+        if not self._backend_ok:
+            return False, self._backend_reason
         if self.threaded and self._last_cycle_end:
             stale = self.clock() - self._last_cycle_end
             if stale > self.stale_after:
@@ -218,7 +218,7 @@ class Sampler:
                 c.close()
             except Exception:
                 log.exception("closing collector %s", c.name)
-        if self._nvml_ok:
+        if self._backend_ok:
             with contextlib.suppress(Exception):
                 self.backend.close()
-            self._nvml_ok = False
+            self._backend_ok = False

@@ -5,18 +5,40 @@ error events, lost devices; and the boundary (only the NVML backend calls NVML).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from pathlib import Path
 
 import pynvml
 import pytest
 
-from exporter.device.contract import DeviceLost, Tally
+from exporter.collectors import REGISTRY
+from exporter.core import ExporterOptions
+from exporter.device.contract import (
+    DeviceBackend,
+    DeviceLost,
+    ErrorEvent,
+    EventSource,
+    GpuRef,
+    GpuStatic,
+    GuestLicence,
+    Inventory,
+    MemoryUsage,
+    MigRef,
+    ProcessReader,
+    Reliability,
+    Tally,
+    Telemetry,
+    Vendor,
+    VirtualFunction,
+)
 from exporter.device.nvml import NvmlBackend
 from exporter.device.nvmlapi import NvmlApi
 from exporter.nvml_loader import load_backend
+from exporter.sampler import Sampler
 from gpusim.cluster import ManualClock
 from gpusim.nvml import SimNVML
 from gpusim.scenario import loads_scenario
+from tests.exporter_helpers import values
 
 ROOT = Path(__file__).parent.parent
 T0 = 1_790_000_000.0
@@ -71,7 +93,7 @@ def test_inventory_identity_and_partitions(sim: tuple[NvmlBackend, SimNVML, Manu
     h100 = inv.gpus[0]
     st = inv.static[h100.uuid]
     assert st.vendor == "nvidia" and st.memory_bytes == 80 << 30
-    bus_id = nvml.nvmlDeviceGetPciInfo(h100.handle).busId
+    bus_id = nvml.as_api().nvmlDeviceGetPciInfo(h100.handle).busId
     assert st.pci_bus_id and st.pci_bus_id == (bus_id.decode() if isinstance(bus_id, bytes)
                                                else bus_id)
     assert h100.mig_enabled and not inv.gpus[1].mig_enabled
@@ -86,9 +108,10 @@ def test_units_are_normalised_in_the_backend(sim: tuple[NvmlBackend, SimNVML, Ma
     tally = Tally()
     t = backend.telemetry(gpu, tally)
     assert tally.failures == 0
-    assert t.energy_joules == nvml.nvmlDeviceGetTotalEnergyConsumption(gpu.handle) / 1000  # mJ
+    api = nvml.as_api()
+    assert t.energy_joules == api.nvmlDeviceGetTotalEnergyConsumption(gpu.handle) / 1000  # mJ
     assert t.power_limit_watts == 400.0  # NVML: mW
-    assert t.sm_clock_hertz == nvml.nvmlDeviceGetClockInfo(gpu.handle, 1) * 1e6  # MHz
+    assert t.sm_clock_hertz == api.nvmlDeviceGetClockInfo(gpu.handle, 1) * 1e6  # MHz
     assert t.utilization is not None and 0 <= t.utilization <= 1
     assert t.memory is not None and t.memory.total_bytes == 80 << 30
     mig_gpu = backend.inventory(None).gpus[0]
@@ -145,3 +168,70 @@ def test_only_the_nvml_backend_calls_nvml() -> None:
         assert "nvmlDevice" not in text and "nvmlVgpu" not in text and "nvmlEvent" not in text, \
             rel
         assert "import pynvml" not in text, rel
+
+
+class _OtherVendor:
+    """A backend without NVML, as an AMD or Intel one will be: the contract is all it offers."""
+
+    vendor: Vendor = "amd"
+    source = "fake"
+    library = "FakeSMI"
+    nvml: NvmlApi | None = None
+
+    def __init__(self) -> None:
+        self.gpu = GpuRef(0, "GPU-fake-0", "Fake MI300X", False, handle=object())
+
+    def open(self) -> None: ...
+    def close(self) -> None: ...
+
+    def inventory(self, previous: Inventory | None) -> Inventory:
+        return Inventory(driver_version="6.8", gpus=(self.gpu,), static={
+            self.gpu.uuid: GpuStatic(pci_bus_id="0000:0c:00.0", vendor="amd")})
+
+    def expected_devices(self, sysfs_root: str) -> list[str] | None:
+        return ["0000:0c:00.0"]
+
+    def telemetry(self, gpu: GpuRef, tally: Tally) -> Telemetry:
+        return Telemetry(power_watts=350.0, energy_joules=1234.5, utilization=0.5)
+
+    def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability:
+        return Reliability(ecc_corrected=3)
+
+    def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None:
+        return None
+
+    def process_reader(self) -> ProcessReader:
+        raise AssertionError("no collector here reads processes")
+
+    def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
+        return []
+
+    def guest_licences(self, gpu: GpuRef, tally: Tally) -> list[GuestLicence]:
+        return []
+
+    def error_events(self) -> EventSource:
+        return _NoEvents()
+
+
+class _NoEvents:
+    def register(self, gpus: Sequence[GpuRef]) -> None: ...
+    def wait(self, timeout_ms: int) -> list[ErrorEvent] | None:
+        return None
+    def close(self) -> None: ...
+
+
+def test_a_backend_without_nvml_plugs_into_the_sampler() -> None:
+    backend: DeviceBackend = _OtherVendor()
+    specs = [s for s in REGISTRY if s.name != "attribution"]
+    sampler = Sampler(backend, ExporterOptions(node="n"), specs, threaded=False)
+    body = sampler.cycle().body(False, False)
+    assert values(body, "gpu_exporter_source_up", source="fake") == [1]
+    assert values(body, "gpu_power_watts", uuid="GPU-fake-0") == [350.0]
+    assert values(body, "gpu_energy_joules_total", uuid="GPU-fake-0") == [1234.5]
+    assert values(body, "gpu_ecc_errors_total", uuid="GPU-fake-0", type="corrected") == [3]
+    assert not values(body, "gpu_temperature_celsius")  # absent, not 0
+    # The NVIDIA-only collectors read nothing and do not fail.
+    for name in ("clocks", "nvlink", "gpm", "throughput"):
+        assert values(body, "gpu_exporter_collector_success", collector=name) == [1], name
+    assert values(body, "gpu_expected_devices", source="pci") == [1]
+    sampler.close()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from exporter.collectors.base import NvmlCollector, nvlink_count
+from exporter.collectors.base import GpuCollector, NvmlCollector, nvlink_count
 from exporter.core import CollectorDeps, CycleContext, GpuRef, SampleSink
+from exporter.device.contract import Tally
 from exporter.nvmlcall import Reader
 
-# nvml.h: NVML_MEMORY_ERROR_TYPE_CORRECTED / _UNCORRECTED, NVML_VOLATILE_ECC, NVML_FEATURE_ENABLED
-MEMORY_ERROR_CORRECTED, MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC, FEATURE_ENABLED = 0, 1, 0, 1
+FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED (nvml.h)
 # kind -> NVML_NVLINK_ERROR_DL_* counter (nvml.h)
 _NVLINK_COUNTERS = (
     ("replay", 0),  # NVML_NVLINK_ERROR_DL_REPLAY
@@ -17,27 +17,23 @@ _NVLINK_COUNTERS = (
 )
 
 
-class EccCollector(NvmlCollector):
+class EccCollector(GpuCollector):
     name = "ecc"
 
-    def read_nvml(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
-        nv = self.nvml
+    def read_gpu(self, ctx: CycleContext, sink: SampleSink, tally: Tally, gpu: GpuRef) -> None:
+        rel = self.backend.reliability(gpu, tally)
         labels = gpu.labels(ctx.node)
-        for kind, error_type in (("corrected", MEMORY_ERROR_CORRECTED),
-                                 ("uncorrected", MEMORY_ERROR_UNCORRECTED)):
-            n = r.call(nv.nvmlDeviceGetTotalEccErrors, gpu.handle, error_type, VOLATILE_ECC)
+        for kind, n in (("corrected", rel.ecc_corrected), ("uncorrected", rel.ecc_uncorrected)):
             if n is not None:
                 sink.add("gpu_ecc_errors_total", (*labels, kind), n)
-        rows = r.call(nv.nvmlDeviceGetRemappedRows, gpu.handle)
+        rows = rel.row_remapping
         if rows is not None:
-            corrected, uncorrected, pending, failure = rows[:4]
-            sink.add("gpu_remapped_rows", (*labels, "correctable"), corrected)
-            sink.add("gpu_remapped_rows", (*labels, "uncorrectable"), uncorrected)
-            sink.add("gpu_row_remap_pending", labels, 1 if pending else 0)
-            sink.add("gpu_row_remap_failure", labels, 1 if failure else 0)
-        replay = r.call(nv.nvmlDeviceGetPcieReplayCounter, gpu.handle)
-        if replay is not None:
-            sink.add("gpu_pcie_replay_total", labels, replay)
+            sink.add("gpu_remapped_rows", (*labels, "correctable"), rows.correctable)
+            sink.add("gpu_remapped_rows", (*labels, "uncorrectable"), rows.uncorrectable)
+            sink.add("gpu_row_remap_pending", labels, 1 if rows.pending else 0)
+            sink.add("gpu_row_remap_failure", labels, 1 if rows.failed else 0)
+        if rel.pcie_replays is not None:
+            sink.add("gpu_pcie_replay_total", labels, rel.pcie_replays)
 
 
 class NvlinkCollector(NvmlCollector):

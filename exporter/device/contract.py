@@ -141,6 +141,26 @@ class Telemetry:
 
 
 @dataclass(frozen=True)
+class RowRemapping:
+    """Memory rows retired by remapping (NVIDIA Ampere+; AMD's bad pages would map here)."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool  # a remap waits for the next reset
+    failed: bool  # a remap failed: the device needs service
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """Error counters of a device, since the driver loaded; None where it has no such count."""
+
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    row_remapping: RowRemapping | None = None
+    pcie_replays: int | None = None
+
+
+@dataclass(frozen=True)
 class VirtualFunction:
     """A slice of a device lent to a VM, seen from the host: an NVIDIA vGPU instance now."""
 
@@ -203,8 +223,9 @@ class DeviceBackend(Protocol):
 
     @property
     def nvml(self) -> NvmlApi | None:
-        """The NVML API itself, for the NVIDIA-only collectors (clock reasons, ECC and NVLink
-        counters, GPM, throughput) and the attribution code not moved yet; None elsewhere."""
+        """The NVML API itself, for the NVIDIA-only collectors (clock event reasons, NVLink
+        error counters, GPM, throughput) and the attribution code not moved yet; None on any
+        other backend."""
         ...
 
     def open(self) -> None:
@@ -224,6 +245,8 @@ class DeviceBackend(Protocol):
         ...
 
     def telemetry(self, gpu: GpuRef, tally: Tally) -> Telemetry: ...
+
+    def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability: ...
 
     def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None: ...
 

@@ -14,6 +14,8 @@ from exporter.device.contract import (
     MemoryUsage,
     MigRef,
     ProcessReader,
+    Reliability,
+    RowRemapping,
     Tally,
     Telemetry,
     Vendor,
@@ -33,6 +35,8 @@ MHZ = 1_000_000.0
 TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
 FI_DEV_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP
 CLOCK_SM, CLOCK_MEM = 1, 2  # NVML_CLOCK_SM, NVML_CLOCK_MEM
+# NVML_MEMORY_ERROR_TYPE_CORRECTED / _UNCORRECTED, NVML_VOLATILE_ECC
+MEMORY_ERROR_CORRECTED, MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC = 0, 1, 0
 # NVML licence feature codes (nvmlGridLicenseFeatureCode_t)
 FEATURES = {1: "vgpu", 2: "nvidia_rtx", 3: "gaming", 4: "compute"}
 
@@ -102,6 +106,21 @@ class NvmlBackend:
             sm_clock_hertz=None if sm is None else sm * MHZ,
             memory_clock_hertz=None if memclk is None else memclk * MHZ,
         )
+
+    def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability:
+        nv, h = self._nvml, gpu.handle
+        r = Reader(nv, tally)
+        corrected = r.call(nv.nvmlDeviceGetTotalEccErrors, h, MEMORY_ERROR_CORRECTED,
+                           VOLATILE_ECC)
+        uncorrected = r.call(nv.nvmlDeviceGetTotalEccErrors, h, MEMORY_ERROR_UNCORRECTED,
+                             VOLATILE_ECC)
+        rows = r.call(nv.nvmlDeviceGetRemappedRows, h)
+        replays = r.call(nv.nvmlDeviceGetPcieReplayCounter, h)
+        return Reliability(
+            ecc_corrected=corrected, ecc_uncorrected=uncorrected,
+            row_remapping=None if rows is None else RowRemapping(
+                int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3])),
+            pcie_replays=replays)
 
     def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None:
         mem = Reader(self._nvml, tally).call(self._nvml.nvmlDeviceGetMemoryInfo,
