@@ -30,12 +30,14 @@ from exporter.device.contract import (
     Telemetry,
     Vendor,
     VirtualFunction,
+    pci_bdf,
 )
 from exporter.device.nvml import NvmlBackend
 from exporter.device.nvmlapi import NvmlApi
 from exporter.nvml_loader import load_backend
 from exporter.sampler import Sampler
 from gpusim.cluster import ManualClock
+from gpusim.node import write_sysfs_tree
 from gpusim.nvml import SimNVML
 from gpusim.scenario import loads_scenario
 from tests.exporter_helpers import values
@@ -99,6 +101,29 @@ def test_inventory_identity_and_partitions(sim: tuple[NvmlBackend, SimNVML, Manu
     assert h100.mig_enabled and not inv.gpus[1].mig_enabled
     assert [(m.profile, m.kind, m.parent_slices) for m in inv.migs] == \
         [("3g.40gb", "mig", 7), ("2g.20gb", "mig", 7)]
+
+
+@pytest.mark.parametrize(("spelling", "bdf"), [
+    ("00000000:3B:00.0", "0000:3b:00.0"),  # NVML
+    ("0000:3b:00.0", "0000:3b:00.0"),  # sysfs, amdsmi, Intel
+    ("3B:00.1", "0000:3b:00.1"),  # no domain
+    ("0001:C1:00.0", "0001:c1:00.0"),
+    ("", ""),
+    ("not-an-address", "not-an-address"),
+])
+def test_pci_bdf_is_one_spelling(spelling: str, bdf: str) -> None:
+    assert pci_bdf(spelling) == bdf
+
+
+def test_inventory_bdf_joins_the_sysfs_functions(
+        sim: tuple[NvmlBackend, SimNVML, ManualClock], tmp_path: Path) -> None:
+    """The PCI address is a join key: NVML's spelling of each GPU matches its sysfs function."""
+    backend, nvml, _ = sim
+    write_sysfs_tree(nvml.scenario, tmp_path)
+    inv = backend.inventory(None)
+    bdfs = sorted(inv.static[g.uuid].pci_bdf for g in inv.gpus)
+    assert bdfs and all(bdfs)
+    assert backend.expected_devices(str(tmp_path)) == bdfs
 
 
 def test_units_are_normalised_in_the_backend(sim: tuple[NvmlBackend, SimNVML, ManualClock]

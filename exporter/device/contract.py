@@ -12,6 +12,7 @@ for the rest of the cycle).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -26,6 +27,21 @@ PartitionKind = Literal["mig", "amd_partition", "intel_subdevice"]
 # A device lent whole or in part to a VM: NVIDIA vGPU now; AMD MxGPU (SR-IOV VF), Intel
 # SR-IOV VF and GVT-g mdev later.
 VirtualKind = Literal["vgpu", "sriov_vf", "mdev"]
+
+
+_BDF = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])")
+
+
+def pci_bdf(bus_id: str) -> str:
+    """A PCI address in the form sysfs, AMD and Intel use (`0000:3b:00.0`: 4-digit domain,
+    lower case), from any vendor's spelling (NVML: `00000000:3B:00.0`). Anything that is not
+    an address comes back trimmed and lower-cased, "" stays ""."""
+    text = bus_id.strip().lower()
+    m = _BDF.fullmatch(text)
+    if m is None:
+        return text
+    domain, bus, dev, fn = m.groups()
+    return f"{int(domain or '0', 16):04x}:{bus}:{dev}.{fn}"
 
 
 class DeviceLost(Exception):
@@ -64,6 +80,11 @@ class GpuStatic:
     virtualization_mode: str = ""  # none | passthrough | vgpu | host_vgpu | host_vsga | ""
     vendor: Vendor = "nvidia"
     memory_bytes: int | None = None  # the device's memory; None where the backend cannot say
+
+    @property
+    def pci_bdf(self) -> str:
+        """The PCI address as a join key across vendors and sysfs (`0000:3b:00.0`)."""
+        return pci_bdf(self.pci_bus_id)
 
 
 @dataclass(frozen=True)
