@@ -9,7 +9,6 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any
 
 from exporter import __version__
 from exporter.collectors import REGISTRY
@@ -130,7 +129,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from exporter.nvml_loader import load_nvml
+    from exporter.nvml_loader import load_backend
     from exporter.sampler import Sampler
     from exporter.web import start_server
     from exporter.webconfig import load_web_config
@@ -139,11 +138,11 @@ def main(argv: list[str]) -> int:
         host, port = parse_listen(args.listen)
         options = options_from(args)
         web_config = load_web_config(args.web_config) if args.web_config else None
-        nvml: Any = load_nvml(args.nvml)
+        backend = load_backend(args.nvml)
     except (ConfigError, ValueError, OSError) as err:
         print(f"gpu-ledger exporter: {err}", file=sys.stderr)
         return 1
-    sampler = Sampler(nvml, options, enabled_specs(args))
+    sampler = Sampler(backend, options, enabled_specs(args))
     sampler.cycle()  # the first scrape already has data
     sampler.start()
     try:

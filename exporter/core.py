@@ -6,69 +6,28 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+# The device types are the backend contract's; re-exported here for the collectors' imports.
+from exporter.device.contract import (
+    DeviceBackend,
+    GpuRef,
+    GpuStatic,
+    MigRef,
+    ProcessSample,
+)
 from exporter.metrics import BY_NAME
 from gpu_ledger.sharing import SharingMode
+
+if TYPE_CHECKING:
+    from exporter.device.nvmlapi import NvmlApi
+
+__all__ = ["GpuRef", "GpuStatic", "MigRef", "ProcessSample"]
 
 Labels = tuple[str, ...]
 # Allow-listed pod labels, (name, value) pairs sorted by name; rendered as label_<name>.
 PodLabels = tuple[tuple[str, str], ...]
 _SURROGATE = re.compile("[\ud800-\udfff]")  # the only str characters UTF-8 cannot encode
-
-
-@dataclass(frozen=True)
-class GpuRef:
-    """A GPU as discovered through NVML. `handle` is opaque (real or simulated NVML)."""
-
-    index: int
-    uuid: str
-    model: str
-    mig_enabled: bool
-    handle: Any = field(compare=False, repr=False)
-
-    def labels(self, node: str) -> Labels:
-        return (node, str(self.index), self.uuid, self.model)
-
-
-@dataclass(frozen=True)
-class GpuStatic:
-    """Identity read once per inventory refresh (gpu_info labels)."""
-
-    pci_bus_id: str = ""
-    vbios_version: str = ""
-    mig_mode: str = ""
-    virtualization_mode: str = ""
-
-
-@dataclass(frozen=True)
-class MigRef:
-    parent: GpuRef
-    uuid: str
-    gpu_instance_id: int
-    compute_instance_id: int
-    profile: str  # e.g. "3g.40gb"
-    slices: int  # compute slices of the profile
-    parent_slices: int
-    handle: Any = field(compare=False, repr=False)
-    # position among the parent's MIG device handles (nvmlDeviceGetMigDeviceHandleByIndex):
-    # the `j` of the device plugin's `<gpu>:<j>` index IDs; -1 when not known
-    slot: int = -1
-
-    def labels(self, node: str) -> Labels:
-        return (*self.parent.labels(node), self.uuid, str(self.gpu_instance_id),
-                str(self.compute_instance_id), self.profile)
-
-
-@dataclass(frozen=True)
-class ProcessSample:
-    """One GPU process as NVML reports it (host PID)."""
-
-    pid: int
-    uuid: str  # parent GPU
-    mig_uuid: str  # '' unless the process runs in a MIG instance
-    memory_bytes: float
-    sm_util: float | None  # 0-1; None where NVML gives none (MIG, no sample yet)
 
 
 @dataclass(frozen=True)
@@ -129,9 +88,11 @@ class SampleSink:
 class CycleContext:
     """What one sample cycle knows. The sampler fills it in stages before any collector runs
     (inventory, then the process list when a collector reads it); collectors only read it,
-    except `lost` (a GPU found lost mid-cycle) and `sources` (status of non-NVML sources)."""
+    except `lost` (a GPU found lost mid-cycle) and `sources` (status of non-NVML sources).
+    Devices are read through `backend`; `nvml` is the NVML API for the attribution code that
+    still calls it directly (None when the backend is not NVML)."""
 
-    nvml: Any
+    nvml: NvmlApi | None
     options: ExporterOptions
     now: float
     gpus: list[GpuRef] = field(default_factory=list)
@@ -144,6 +105,7 @@ class CycleContext:
     # NVML calls that failed while listing processes: the list may be incomplete.
     process_failures: int = 0
     sources: dict[str, SourceStatus] = field(default_factory=dict)
+    backend: DeviceBackend | None = None
 
     @property
     def node(self) -> str:
@@ -154,7 +116,7 @@ class Collector(Protocol):
     """What the sampler reads from a collector, and nothing else."""
 
     name: str
-    needs_nvml: bool  # skipped (success 0) while NVML is down
+    needs_nvml: bool  # skipped (success 0) while the device backend is down
     reads_processes: bool  # the sampler lists GPU processes into ctx.processes first
 
     def collect(self, ctx: CycleContext, sink: SampleSink) -> int:
@@ -170,7 +132,7 @@ class CollectorDeps:
     """Everything a collector factory may need."""
 
     options: ExporterOptions
-    nvml: Any  # pynvml or the simulated NVML
+    backend: DeviceBackend
     clock: Callable[[], float] = time.time
     threaded: bool = True  # False under a simulated clock: no background threads
 

@@ -1,25 +1,30 @@
-"""Pick the NVML module the exporter talks to: the real `pynvml`, or a simulated one.
+"""Pick the device backend the exporter reads: NVML over the real `pynvml`, or over a simulated
+NVML module.
 
-The exporter never knows which it has: both expose pynvml's functions, constants and errors.
+The backend never knows which NVML it has: both answer `NvmlApi` (exporter/device/nvmlapi.py),
+so the simulator exercises the real NVML backend's code.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import cast
 
+from exporter.device.contract import DeviceBackend
+from exporter.device.nvmlapi import NvmlApi
 from exporter.errors import ConfigError
 
 
-def load_nvml(spec: str, clock: Callable[[], float] = time.time) -> Any:
+def load_nvml(spec: str, clock: Callable[[], float] = time.time) -> NvmlApi:
     """`real` -> the pynvml module; `sim:PATH` -> a SimNVML running the scenario at PATH.
 
     Raises ConfigError for an unknown spec or a malformed scenario file."""
     if spec == "real":
         import pynvml
 
-        return pynvml
+        # pynvml is untyped; tests/test_device_backend.py checks it has every NvmlApi member.
+        return cast(NvmlApi, pynvml)
     if spec.startswith("sim:") and spec[4:]:
         # The simulator lives outside the product (a source checkout has it, the image does not):
         # imported only when asked for.
@@ -33,3 +38,10 @@ def load_nvml(spec: str, clock: Callable[[], float] = time.time) -> Any:
 
         return SimNVML(load_scenario(spec[4:]), clock=clock)
     raise ConfigError("--nvml", "nvml", "'real' or 'sim:PATH' (a scenario YAML file)", spec)
+
+
+def load_backend(spec: str, clock: Callable[[], float] = time.time) -> DeviceBackend:
+    """The device backend for `--nvml SPEC` (only NVML today: docs/backends.md)."""
+    from exporter.device.nvml import NvmlBackend
+
+    return NvmlBackend(load_nvml(spec, clock))

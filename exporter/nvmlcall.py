@@ -14,6 +14,9 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, TypeVar
 
+from exporter.device.contract import DeviceLost, Tally
+from exporter.device.nvmlapi import NvmlApi
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -55,8 +58,8 @@ def classify_code(code: int) -> NvmlOutcome:
     return _OUTCOMES.get(code, NvmlOutcome.FAILED)
 
 
-class GpuLost(Exception):
-    """The GPU answered NVML_ERROR_GPU_IS_LOST: it fell off the bus."""
+# NVML_ERROR_GPU_IS_LOST is the contract's DeviceLost; the old name stays for NVML code.
+GpuLost = DeviceLost
 
 
 def text(value: object) -> str:
@@ -75,11 +78,20 @@ def field_value(fv: Any) -> float:
 
 
 class Reader:
-    """Wraps NVML calls for one collector run and counts the ones that failed."""
+    """Wraps NVML calls for one collector run and counts the ones that failed (in `tally`,
+    when the backend was handed one by a collector)."""
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: NvmlApi, tally: Tally | None = None) -> None:
         self.nvml = nvml
-        self.failures = 0
+        self.tally = Tally() if tally is None else tally
+
+    @property
+    def failures(self) -> int:
+        return self.tally.failures
+
+    @failures.setter
+    def failures(self, value: int) -> None:
+        self.tally.failures = value
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
         try:

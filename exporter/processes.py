@@ -1,104 +1,27 @@
 """The GPU process list: a stage of the sample cycle, like the inventory. The sampler runs it
 before the collectors when one of them reads processes (attribution), so no collector depends
-on another having run first and no flag can switch it off under attribution's feet."""
+on another having run first and no flag can switch it off under attribution's feet. The
+backend's ProcessReader reads each device; `reconcile` is the vendor-neutral rule that makes
+per-process shares agree with the device's utilisation."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from exporter.collectors.base import answering
-from exporter.core import CycleContext, GpuRef, ProcessSample
-from exporter.nvmlcall import GpuLost, NvmlOutcome, Reader, classify, text
-
-_NOT_MIG = 0xFFFFFFFF
+from exporter.core import CycleContext
+from exporter.device.contract import DeviceBackend, Tally
 
 
-class ProcessLister:
-    def __init__(self, nvml: Any) -> None:
-        self.nvml = nvml
-        # NVML returns utilisation samples newer than the timestamp we pass; remembering the
-        # newest one seen per GPU gives each cycle exactly the samples since the last cycle.
-        self._last_seen: dict[str, int] = {}
-        self._device_last_seen: dict[str, int] = {}
+class ProcessStage:
+    def __init__(self, backend: DeviceBackend) -> None:
+        self._reader = backend.process_reader()
 
     def fill(self, ctx: CycleContext) -> None:
         """Fill ctx.processes (and ctx.process_failures) for every GPU that answers."""
-        r = Reader(self.nvml)
-        mig_by_ids: dict[tuple[str, int, int], str] = {
-            (m.parent.uuid, m.gpu_instance_id, m.compute_instance_id): m.uuid for m in ctx.migs
-        }
+        tally = Tally()
         for gpu in ctx.gpus:
-            answering(ctx, gpu, lambda g: ctx.processes.extend(self._read_gpu(r, g, mig_by_ids)))
-        ctx.process_failures = r.failures
-
-    def _read_gpu(self, r: Reader, gpu: GpuRef,
-                  mig_by_ids: dict[tuple[str, int, int], str]) -> list[ProcessSample]:
-        nv = self.nvml
-        procs = r.call(nv.nvmlDeviceGetComputeRunningProcesses, gpu.handle) or []
-        util: dict[int, float] | None = None
-        if not gpu.mig_enabled:
-            util = self._utilisation(r, gpu)
-            if util is not None:
-                pids = {int(p.pid) for p in procs}
-                util = reconcile({pid: util.get(pid, 0.0) for pid in pids},
-                                 self._device_busy(r, gpu))
-        out = []
-        for p in procs:
-            mig_uuid = ""
-            gi = getattr(p, "gpuInstanceId", _NOT_MIG)
-            if gpu.mig_enabled and gi != _NOT_MIG:
-                mig_uuid = mig_by_ids.get((gpu.uuid, gi, getattr(p, "computeInstanceId", 0)), "")
-            mem = p.usedGpuMemory
-            sm = None if util is None else util.get(int(p.pid), 0.0)
-            out.append(ProcessSample(int(p.pid), gpu.uuid, text(mig_uuid),
-                                     float(mem or 0), sm))
-        return out
-
-    def _utilisation(self, r: Reader, gpu: GpuRef) -> dict[int, float] | None:
-        """pid -> SM utilisation (0-1): its mean over the sample periods since the last cycle,
-        a period without a sample of the process counting as 0 (so a process that computes in
-        bursts reads its average, not its newest sample). NOT_FOUND means no process ran a
-        kernel since then: every process is idle (0), not unknown."""
-        nv = self.nvml
-        try:
-            samples = nv.nvmlDeviceGetProcessUtilization(gpu.handle,
-                                                         self._last_seen.get(gpu.uuid, 0))
-        except nv.NVMLError as err:
-            outcome = classify(err)
-            if outcome is NvmlOutcome.NO_DATA:
-                return {}
-            if outcome is NvmlOutcome.LOST:
-                raise GpuLost(str(err)) from err
-            if not outcome.absent:
-                r.failures += 1
-            return None
-        sums: dict[int, int] = {}  # pid -> whole percents summed
-        periods = {int(s.timeStamp) for s in samples}
-        for s in samples:
-            sums[int(s.pid)] = sums.get(int(s.pid), 0) + int(s.smUtil)
-        if periods:
-            self._last_seen[gpu.uuid] = max(periods)
-        return {pid: total / max(1, len(periods)) / 100.0 for pid, total in sums.items()}
-
-    def _device_busy(self, r: Reader, gpu: GpuRef) -> float | None:
-        """The device's utilisation (0-1), the mean of its samples since the last cycle (the
-        same periods as the per-process samples); None where NVML gives none."""
-        nv = self.nvml
-        try:
-            _, samples = nv.nvmlDeviceGetSamples(gpu.handle, nv.NVML_GPU_UTILIZATION_SAMPLES,
-                                                 self._device_last_seen.get(gpu.uuid, 0))
-        except nv.NVMLError as err:
-            outcome = classify(err)
-            if outcome is NvmlOutcome.LOST:
-                raise GpuLost(str(err)) from err
-            if not outcome.absent:
-                r.failures += 1
-            return None
-        if not samples:
-            return None
-        self._device_last_seen[gpu.uuid] = max(int(s.timeStamp) for s in samples)
-        busy: int = sum(int(s.sampleValue.uiVal) for s in samples)
-        return busy / len(samples) / 100.0
+            answering(ctx, gpu, lambda g: ctx.processes.extend(
+                self._reader.read(g, ctx.migs, tally)))
+        ctx.process_failures = tally.failures
 
 
 def reconcile(shares: dict[int, float], device: float | None) -> dict[int, float]:

@@ -10,7 +10,6 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from exporter import __version__
 from exporter.core import (
@@ -21,35 +20,34 @@ from exporter.core import (
     ExporterOptions,
     SampleSink,
 )
-from exporter.inventory import Inventory, discover
+from exporter.device.contract import DeviceBackend, Inventory
 from exporter.kube.watch import dropped as kube_dropped
-from exporter.pcidevices import nvidia_gpu_functions
-from exporter.processes import ProcessLister
+from exporter.processes import ProcessStage
 from exporter.render import Rendering
 from exporter.selfstats import read_process_stats
 
 log = logging.getLogger(__name__)
 
 INVENTORY_REFRESH_SECONDS = 60.0
-NVML_RETRY_MAX_SECONDS = 60.0
+INIT_RETRY_MAX_SECONDS = 60.0
 
 
 class Sampler:
-    def __init__(self, nvml: Any, options: ExporterOptions, specs: Sequence[CollectorSpec],
-                 clock: Callable[[], float] = time.time, threaded: bool = True,
-                 eager_render: bool = True) -> None:
-        self.nvml = nvml
+    def __init__(self, backend: DeviceBackend, options: ExporterOptions,
+                 specs: Sequence[CollectorSpec], clock: Callable[[], float] = time.time,
+                 threaded: bool = True, eager_render: bool = True) -> None:
+        self.backend = backend
         self.eager_render = eager_render
         self.options = options
         self.clock = clock
         self.threaded = threaded
-        deps = CollectorDeps(options=options, nvml=nvml, clock=clock, threaded=threaded)
+        deps = CollectorDeps(options=options, backend=backend, clock=clock, threaded=threaded)
         self.collectors: list[Collector] = [spec.factory(deps) for spec in specs]
         # The process list is a stage of the cycle, run when a collector reads it.
-        self._processes = (ProcessLister(nvml) if any(c.reads_processes for c in self.collectors)
-                           else None)
-        self._nvml_ok = False
-        self._nvml_reason = "not initialised yet"
+        self._processes = (ProcessStage(backend) if any(c.reads_processes
+                                                        for c in self.collectors) else None)
+        self._backend_ok = False
+        self._backend_reason = "not initialised yet"
         self._next_init = 0.0
         self._init_backoff = 1.0
         self._inventory: Inventory | None = None
@@ -69,36 +67,37 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # --- NVML lifecycle -----------------------------------------------------------------------
-    def _ensure_nvml(self, now: float) -> None:
-        if self._nvml_ok or now < self._next_init:
+    # --- backend lifecycle --------------------------------------------------------------------
+    def _ensure_backend(self, now: float) -> None:
+        if self._backend_ok or now < self._next_init:
             return
         try:
-            self.nvml.nvmlInit()
+            self.backend.open()
         except Exception as err:  # NVMLError, OSError (library missing), anything: retry later
-            self._nvml_reason = f"NVML init failed: {err}"
+            self._backend_reason = f"{self.backend.library} init failed: {err}"
             self._next_init = now + self._init_backoff
-            log.warning("%s; retrying in %.0fs", self._nvml_reason, self._init_backoff)
-            self._init_backoff = min(self._init_backoff * 2, NVML_RETRY_MAX_SECONDS)
+            log.warning("%s; retrying in %.0fs", self._backend_reason, self._init_backoff)
+            self._init_backoff = min(self._init_backoff * 2, INIT_RETRY_MAX_SECONDS)
             return
-        self._nvml_ok, self._nvml_reason, self._init_backoff = True, "", 1.0
+        self._backend_ok, self._backend_reason, self._init_backoff = True, "", 1.0
         self._inventory = None
-        log.info("NVML initialised")
+        log.info("%s initialised", self.backend.library)
 
     def _refresh_inventory(self, now: float) -> Inventory:
         if self._inventory is None or now - self._inventory_at >= INVENTORY_REFRESH_SECONDS:
-            self._inventory = discover(self.nvml, self._inventory)
+            self._inventory = self.backend.inventory(self._inventory)
             self._inventory_at = now
         return self._inventory
 
     # --- one cycle ----------------------------------------------------------------------------
     def cycle(self) -> Rendering:
         now = self.clock()
-        ctx = CycleContext(nvml=self.nvml, options=self.options, now=now)
+        ctx = CycleContext(nvml=self.backend.nvml, options=self.options, now=now,
+                           backend=self.backend)
         sink = SampleSink()
-        self._enter("NVML init")
-        self._ensure_nvml(now)
-        if self._nvml_ok:
+        self._enter(f"{self.backend.library} init")
+        self._ensure_backend(now)
+        if self._backend_ok:
             self._enter("GPU discovery")
             try:
                 inv = self._refresh_inventory(now)
@@ -107,7 +106,7 @@ class Sampler:
                 ctx.driver_version, ctx.cuda_version = inv.driver_version, inv.cuda_version
             except Exception as err:
                 log.exception("GPU discovery failed")
-                self._nvml_reason = f"GPU discovery failed: {err}"
+                self._backend_reason = f"GPU discovery failed: {err}"
             if self._processes is not None:
                 try:
                     self._processes.fill(ctx)
@@ -115,7 +114,7 @@ class Sampler:
                     log.exception("listing GPU processes failed")
                     ctx.process_failures += 1
         for c in self.collectors:
-            if c.needs_nvml and not self._nvml_ok:
+            if c.needs_nvml and not self._backend_ok:
                 sink.add("gpu_exporter_collector_success", (c.name,), 0)
                 continue
             self._enter(f"collector {c.name}")
@@ -147,10 +146,11 @@ class Sampler:
     def _device_counts(self, ctx: CycleContext, sink: SampleSink, now: float) -> None:
         """Expected (PCI, read at the inventory's cadence, NVML or not) vs answering GPUs."""
         if now - self._pci_at >= INVENTORY_REFRESH_SECONDS or now < self._pci_at:
-            self._pci_gpus, self._pci_at = nvidia_gpu_functions(self.options.sysfs_root), now
+            self._pci_gpus = self.backend.expected_devices(self.options.sysfs_root)
+            self._pci_at = now
         if self._pci_gpus is not None:
             sink.add("gpu_expected_devices", (ctx.node, "pci"), len(self._pci_gpus))
-        answering = sum(1 for g in ctx.gpus if g.uuid not in ctx.lost) if self._nvml_ok else 0
+        answering = sum(1 for g in ctx.gpus if g.uuid not in ctx.lost) if self._backend_ok else 0
         sink.add("gpu_answering_devices", (ctx.node,), answering)
 
     def _self_metrics(self, ctx: CycleContext, sink: SampleSink, now: float) -> None:
@@ -159,7 +159,7 @@ class Sampler:
         sink.add("gpu_exporter_label_values_replaced_total", (), self._replaced_total)
         for (kind, reason), n in sorted(kube_dropped(ctx.node).items()):
             sink.add("gpu_exporter_kube_objects_dropped_total", (kind, reason), n)
-        sources = {"nvml": (self._nvml_ok, self._nvml_reason)}
+        sources = {self.backend.source: (self._backend_ok, self._backend_reason)}
         for name, status in sorted(ctx.sources.items()):
             sources[name] = (status.up, status.reason)
         for name, (up, reason) in sources.items():
@@ -179,8 +179,8 @@ class Sampler:
         return self._rendering.body(openmetrics, gzipped)
 
     def health(self) -> tuple[bool, str]:
-        if not self._nvml_ok:
-            return False, self._nvml_reason
+        if not self._backend_ok:
+            return False, self._backend_reason
         if self.threaded and self._last_cycle_end:
             stale = self.clock() - self._last_cycle_end
             if stale > self.stale_after:
@@ -221,7 +221,7 @@ class Sampler:
                 c.close()
             except Exception:
                 log.exception("closing collector %s", c.name)
-        if self._nvml_ok:
+        if self._backend_ok:
             with contextlib.suppress(Exception):
-                self.nvml.nvmlShutdown()
-            self._nvml_ok = False
+                self.backend.close()
+            self._backend_ok = False

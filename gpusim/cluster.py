@@ -22,6 +22,7 @@ from typing import Any
 
 from exporter.collectors import REGISTRY
 from exporter.core import CollectorSpec, ExporterOptions
+from exporter.device.nvml import NvmlBackend
 from exporter.render import Rendering
 from exporter.sampler import Sampler
 from gpu_ledger.sharing import SharingMode
@@ -181,7 +182,8 @@ class SimCluster:
                 sysfs_root=str(sysfs_root),
                 pod_label_allowlist=tuple(sorted(pod_labels)),
                 sharing_modes=mode_overrides(sc))
-            node.sampler = Sampler(nvml, options, specs, clock=clock, threaded=live,
+            node.sampler = Sampler(NvmlBackend(nvml), options, specs, clock=clock,
+                                   threaded=live,
                                    eager_render=live)
             self.nodes.append(node)
         self._wait_for_pod_watch()

@@ -9,8 +9,11 @@ Each group of calls lives in its own gpusim/nvml_*.py module; SimNVML puts them 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pynvml
 
+from exporter.device.nvmlapi import NvmlApi
 from gpusim.nvml_device import DeviceQueries
 from gpusim.nvml_events import EventQueries
 from gpusim.nvml_gpm import GpmQueries
@@ -32,7 +35,20 @@ _EXPORTS = {
 class SimNVML(DeviceQueries, MigQueries, TelemetryQueries, ReliabilityQueries, ProcessQueries,
               GpmQueries, InterconnectQueries, EventQueries, VgpuQueries):
     """pynvml's API over a scenario. `no_driver_until` (scenario seconds) overrides the
-    scenario's `driver.unavailable_until`: nvmlInit fails until then."""
+    scenario's `driver.unavailable_until`: nvmlInit fails until then.
+
+    It answers `NvmlApi`, the calls the exporter's NVML backend makes: mypy checks the methods
+    against it (`as_api`). The names of NvmlApi that are not calls are declared here; the rest
+    of pynvml's constants are copied below for scripts that use the module like pynvml."""
+
+    NVMLError: type[Exception] = pynvml.NVMLError
+    nvmlMemory_v2: int = pynvml.nvmlMemory_v2
+    NVML_GPM_METRICS_GET_VERSION: int = pynvml.NVML_GPM_METRICS_GET_VERSION
+    c_nvmlGpmMetricsGet_t: type[Any] = pynvml.c_nvmlGpmMetricsGet_t
+
+    def as_api(self) -> NvmlApi:
+        """This module as the NVML backend reads it (and the place mypy checks that it can)."""
+        return self
 
 
 for _name, _value in _EXPORTS.items():

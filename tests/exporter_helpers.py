@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collectors import REGISTRY
 from exporter.core import ExporterOptions
+from exporter.device.nvml import NvmlBackend
 from exporter.sampler import Sampler
 from gpusim.cluster import ManualClock
 from gpusim.node import write_sysfs_tree
@@ -64,7 +65,7 @@ def make_sampler(text: str = SCENARIO, *, without: tuple[str, ...] = ("attributi
     sysfs = tempfile.TemporaryDirectory(prefix="gpu-ledger-sysfs-")
     _SYSFS_TREES.append(sysfs)  # removed at interpreter exit
     write_sysfs_tree(scenario, Path(sysfs.name))
-    sampler = Sampler(nvml, ExporterOptions(node="node-a", interval=1.0,
+    sampler = Sampler(NvmlBackend(nvml), ExporterOptions(node="node-a", interval=1.0,
                                             sysfs_root=sysfs.name),
                       specs, clock=clock, threaded=threaded)
     return sampler, clock, nvml

@@ -44,7 +44,7 @@ def with_collector(collector: object, threaded: bool = False) -> Sampler:
     sampler, _, _ = make_sampler(threaded=threaded)
     spec = CollectorSpec("hostile", True, "test", lambda deps: collector)  # type: ignore[arg-type,return-value]
     specs = [s for s in REGISTRY if s.name != "attribution"] + [spec]
-    return Sampler(sampler.nvml, sampler.options, specs, clock=sampler.clock,
+    return Sampler(sampler.backend, sampler.options, specs, clock=sampler.clock,
                    threaded=threaded)
 
 

@@ -6,41 +6,38 @@ from exporter.collectors.base import NvmlCollector
 from exporter.core import CycleContext, GpuRef, SampleSink
 from exporter.nvmlcall import Reader
 
-# metric reason -> pynvml constant name of the clock event bit
+# metric reason -> clock event bit (nvmlClocksEventReason*, nvml.h)
 _EVENT_BITS = (
-    ("hw_thermal", "nvmlClocksEventReasonHwThermalSlowdown", 0x40),
-    ("sw_thermal", "nvmlClocksEventReasonSwThermalSlowdown", 0x20),
-    ("hw_power_brake", "nvmlClocksEventReasonHwPowerBrakeSlowdown", 0x80),
-    ("sw_power_cap", "nvmlClocksEventReasonSwPowerCap", 0x4),
-    ("hw_slowdown", "nvmlClocksEventReasonHwSlowdown", 0x8),
-    ("sync_boost", "nvmlClocksEventReasonSyncBoost", 0x10),
-    ("idle", "nvmlClocksEventReasonGpuIdle", 0x1),
+    ("hw_thermal", 0x40),  # nvmlClocksEventReasonHwThermalSlowdown
+    ("sw_thermal", 0x20),  # nvmlClocksEventReasonSwThermalSlowdown
+    ("hw_power_brake", 0x80),  # nvmlClocksEventReasonHwPowerBrakeSlowdown
+    ("sw_power_cap", 0x4),  # nvmlClocksEventReasonSwPowerCap
+    ("hw_slowdown", 0x8),  # nvmlClocksEventReasonHwSlowdown
+    ("sync_boost", 0x10),  # nvmlClocksEventReasonSyncBoost
+    ("idle", 0x1),  # nvmlClocksEventReasonGpuIdle
 )
-# metric reason -> pynvml perf policy constant name
+# metric reason -> perf policy (NVML_PERF_POLICY_*, nvml.h)
 _POLICIES = (
-    ("power", "NVML_PERF_POLICY_POWER", 0),
-    ("thermal", "NVML_PERF_POLICY_THERMAL", 1),
-    ("sync_boost", "NVML_PERF_POLICY_SYNC_BOOST", 2),
-    ("board_limit", "NVML_PERF_POLICY_BOARD_LIMIT", 3),
-    ("low_utilization", "NVML_PERF_POLICY_LOW_UTILIZATION", 4),
-    ("reliability", "NVML_PERF_POLICY_RELIABILITY", 5),
+    ("power", 0),  # NVML_PERF_POLICY_POWER
+    ("thermal", 1),  # NVML_PERF_POLICY_THERMAL
+    ("sync_boost", 2),  # NVML_PERF_POLICY_SYNC_BOOST
+    ("board_limit", 3),  # NVML_PERF_POLICY_BOARD_LIMIT
+    ("low_utilization", 4),  # NVML_PERF_POLICY_LOW_UTILIZATION
+    ("reliability", 5),  # NVML_PERF_POLICY_RELIABILITY
 )
 
 
 class ClocksCollector(NvmlCollector):
     name = "clocks"
 
-    def read_gpu(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
+    def read_nvml(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
         nv = self.nvml
-        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            nv.nvmlDeviceGetCurrentClocksThrottleReasons
         labels = gpu.labels(ctx.node)
-        mask = r.call(reasons_fn, gpu.handle)
+        mask = r.call(nv.nvmlDeviceGetCurrentClocksEventReasons, gpu.handle)
         if mask is not None:
-            for reason, const, default in _EVENT_BITS:
-                bit = getattr(nv, const, default)
+            for reason, bit in _EVENT_BITS:
                 sink.add("gpu_clock_event_active", (*labels, reason), 1 if mask & bit else 0)
-        for reason, const, default in _POLICIES:
-            v = r.call(nv.nvmlDeviceGetViolationStatus, gpu.handle, getattr(nv, const, default))
+        for reason, policy in _POLICIES:
+            v = r.call(nv.nvmlDeviceGetViolationStatus, gpu.handle, policy)
             if v is not None:
                 sink.add("gpu_throttle_seconds_total", (*labels, reason), v.violationTime / 1e9)

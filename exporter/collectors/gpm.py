@@ -25,9 +25,9 @@ class GpmCollector(NvmlCollector):
 
     def __init__(self, deps: CollectorDeps) -> None:
         super().__init__(deps)
-        self._gpm = GpmPairs(self.nvml)
+        self._gpm = GpmPairs(deps.backend.nvml)
 
-    def read_gpu(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
+    def read_nvml(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
         if not self._gpm.supported(r, gpu):
             return
         self._emit(sink, self._gpm.metrics(r, gpu, None, _IDS),

@@ -6,26 +6,26 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
 
 from exporter.core import GpuRef
+from exporter.device.nvmlapi import NvmlApi, Struct
 from exporter.nvmlcall import Reader
 
 Key = tuple[str, int]  # (gpu uuid, gpu instance id or -1 for the whole GPU)
 
 
 class GpmPairs:
-    def __init__(self, nvml: Any) -> None:
-        self.nvml = nvml
+    def __init__(self, nvml: NvmlApi | None) -> None:
+        self.nvml = nvml  # None on a backend without NVML: nothing is ever sampled
         self._supported: dict[str, bool] = {}
-        self._prev: dict[Key, Any] = {}
-        self._spare: dict[Key, Any] = {}
+        self._prev: dict[Key, Struct] = {}
+        self._spare: dict[Key, Struct] = {}
 
     def supported(self, r: Reader, gpu: GpuRef) -> bool:
         """Whether the GPU has GPM (asked once per GPU)."""
         if gpu.uuid not in self._supported:
-            fn = getattr(self.nvml, "nvmlGpmQueryDeviceSupport", None)
-            support = r.call(fn, gpu.handle) if fn is not None else None
+            support = (r.call(self.nvml.nvmlGpmQueryDeviceSupport, gpu.handle)
+                       if self.nvml is not None else None)
             self._supported[gpu.uuid] = bool(support and support.isSupportedDevice)
         return self._supported[gpu.uuid]
 
@@ -35,6 +35,8 @@ class GpmPairs:
         NVML answered between the previous sample and this one, by metric id. None when
         there is no pair of samples (the first cycle, a failed call)."""
         nv = self.nvml
+        if nv is None:
+            return None
         key = (gpu.uuid, -1 if gi is None else gi)
         cur = self._spare.pop(key, None) or r.call(nv.nvmlGpmSampleAlloc)
         if cur is None:
@@ -67,11 +69,10 @@ class GpmPairs:
         for key in [k for k in self._prev if k[0] == uuid]:
             self._free(self._prev.pop(key))
 
-    def _free(self, sample: Any) -> None:
-        fn = getattr(self.nvml, "nvmlGpmSampleFree", None)
-        if fn is not None:
+    def _free(self, sample: Struct) -> None:
+        if self.nvml is not None:
             with contextlib.suppress(self.nvml.NVMLError):
-                fn(sample)
+                self.nvml.nvmlGpmSampleFree(sample)
 
     def close(self) -> None:
         for store in (self._prev, self._spare):

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from exporter.collectors.base import NvmlCollector
+from exporter.collectors.base import GpuCollector
 from exporter.core import CycleContext, GpuRef, SampleSink
-from exporter.nvmlcall import Reader
+from exporter.device.contract import Tally
 
 
-class MigCollector(NvmlCollector):
+class MigCollector(GpuCollector):
     name = "mig"
 
-    def read_gpu(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
+    def read_gpu(self, ctx: CycleContext, sink: SampleSink, tally: Tally, gpu: GpuRef) -> None:
         for mig in ctx.migs:
             if mig.parent.uuid != gpu.uuid:
                 continue
-            mem = r.call(self.nvml.nvmlDeviceGetMemoryInfo, mig.handle)
+            mem = self.backend.partition_memory(mig, tally)
             if mem is not None:
                 labels = mig.labels(ctx.node)
-                sink.add("gpu_mig_memory_total_bytes", labels, mem.total)
-                sink.add("gpu_mig_memory_used_bytes", labels, mem.used)
+                sink.add("gpu_mig_memory_total_bytes", labels, mem.total_bytes)
+                sink.add("gpu_mig_memory_used_bytes", labels, mem.used_bytes)
 
     def on_gpu(self, ctx: CycleContext, sink: SampleSink, gpu: GpuRef, up: bool) -> None:
         for mig in ctx.migs:

@@ -43,13 +43,13 @@ class ThroughputCollector(NvmlCollector):
 
     def __init__(self, deps: CollectorDeps) -> None:
         super().__init__(deps)
-        self._gpm = GpmPairs(self.nvml)
+        self._gpm = GpmPairs(deps.backend.nvml)
         self._links: dict[str, int] = {}  # uuid -> NVLink links (probed once)
         self._counters: dict[str, Counters] = {}  # uuid -> last link counters
         # GPU instances whose GPM samples gave none of these metrics: not asked again
         self._no_mig: set[tuple[str, int]] = set()
 
-    def read_gpu(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
+    def read_nvml(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
         labels = (*gpu.labels(ctx.node), *NO_MIG)
         if not self._gpm.supported(r, gpu):
             self._pcie_spot(sink, r, gpu, labels)

@@ -1,91 +1,61 @@
-"""XID errors from an NVML event set, counted per GPU and XID code.
+"""XID errors from the backend's error events (an NVML event set), counted per GPU and code.
 
-A daemon thread blocks in nvmlEventSetWait so an event is never missed between scrapes; the
-collector only renders the counts. For simulation (a fake clock advanced in steps) the sampler
-can run without the thread and drain pending events synchronously each cycle.
+A daemon thread blocks in the backend's event wait so an event is never
+missed between scrapes; the collector only renders the counts. For simulation (a fake clock
+advanced in steps) the sampler can run without the thread and drain pending events
+synchronously each cycle.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-from exporter.collectors.base import NvmlCollector
+from exporter.collectors.base import GpuCollector
 from exporter.core import CollectorDeps, CycleContext, GpuRef, SampleSink
-from exporter.nvmlcall import NvmlOutcome, classify, text
+from exporter.device.contract import EventSource, EventsUnavailable
 
 log = logging.getLogger(__name__)
 WAIT_MS = 500
 
 
 class XidWatcher:
-    def __init__(self, nvml: Any, clock: Callable[[], float] = time.time) -> None:
-        self.nvml = nvml
+    def __init__(self, source: EventSource, clock: Callable[[], float] = time.time) -> None:
+        self.source = source
         self.clock = clock
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, int], int] = {}
         self._last: dict[tuple[str, int], float] = {}
-        self._set: Any = None
-        self._registered: set[str] = set()
-        self._handles: list[tuple[Any, str]] = []
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def register(self, gpus: list[GpuRef]) -> None:
         """Register XID events for GPUs not registered yet (idempotent, cheap)."""
-        nv = self.nvml
-        if self._set is None:
-            self._set = nv.nvmlEventSetCreate()
-        for gpu in gpus:
-            if gpu.uuid in self._registered:
-                continue
-            try:
-                nv.nvmlDeviceRegisterEvents(gpu.handle, nv.nvmlEventTypeXidCriticalError,
-                                            self._set)
-            except nv.NVMLError as err:
-                log.warning("XID events unavailable on GPU %s: %s", gpu.uuid, err)
-            self._registered.add(gpu.uuid)
-            self._handles.append((gpu.handle, gpu.uuid))
+        self.source.register(gpus)
 
     def poll(self, timeout_ms: int) -> bool:
         """Wait up to timeout_ms for one event and count it. True if one arrived."""
-        nv = self.nvml
-        if self._set is None:
-            return False
         try:
-            wait = getattr(nv, "nvmlEventSetWait_v2", None) or nv.nvmlEventSetWait
-            event = wait(self._set, timeout_ms)
-        except nv.NVMLError as err:
-            if classify(err) is not NvmlOutcome.TIMEOUT:
-                log.debug("XID wait: %s", err)
-                if timeout_ms:
-                    self._stop.wait(timeout_ms / 1000.0)
+            events = self.source.wait(timeout_ms)
+        except EventsUnavailable as err:
+            log.debug("XID wait: %s", err)
+            if timeout_ms:
+                self._stop.wait(timeout_ms / 1000.0)
             return False
-        if not event.eventType & nv.nvmlEventTypeXidCriticalError:
-            return True
-        uuid = self._uuid_of(event.device)
-        key = (uuid, int(event.eventData))
-        with self._lock:
-            self._counts[key] = self._counts.get(key, 0) + 1
-            self._last[key] = self.clock()
+        if events is None:
+            return False
+        for event in events:
+            key = (event.uuid, event.code)
+            with self._lock:
+                self._counts[key] = self._counts.get(key, 0) + 1
+                self._last[key] = self.clock()
         return True
 
     def drain(self) -> None:
         while self.poll(0):
             pass
-
-    def _uuid_of(self, handle: Any) -> str:
-        for known, uuid in self._handles:
-            if known is handle or known == handle:
-                return uuid
-        try:
-            return text(self.nvml.nvmlDeviceGetUUID(handle))
-        except self.nvml.NVMLError:
-            return ""
 
     def snapshot(self) -> list[tuple[str, int, int, float]]:
         with self._lock:
@@ -104,18 +74,15 @@ class XidWatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * WAIT_MS / 1000.0)
-        if self._set is not None:
-            with contextlib.suppress(self.nvml.NVMLError):
-                self.nvml.nvmlEventSetFree(self._set)
-            self._set = None
+        self.source.close()
 
 
-class XidCollector(NvmlCollector):
+class XidCollector(GpuCollector):
     name = "xid"
 
     def __init__(self, deps: CollectorDeps) -> None:
         super().__init__(deps)
-        self.watcher = XidWatcher(deps.nvml, deps.clock)
+        self.watcher = XidWatcher(deps.backend.error_events(), deps.clock)
         self.threaded = deps.threaded
 
     def collect(self, ctx: CycleContext, sink: SampleSink) -> int:

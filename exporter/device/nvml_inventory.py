@@ -1,14 +1,14 @@
-"""Discover the node's GPUs and MIG instances. Identity is static between refreshes, so the
-sampler keeps the last inventory and refreshes it at a slow cadence rather than every cycle."""
+"""Discover the node's NVIDIA GPUs and MIG instances through NVML. Identity is static between
+refreshes, so the sampler keeps the last inventory and refreshes it at a slow cadence rather
+than every cycle."""
 
 from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
-from typing import Any
 
-from exporter.core import GpuRef, GpuStatic, MigRef
+from exporter.device.contract import GpuRef, GpuStatic, Inventory, MigRef
+from exporter.device.nvmlapi import NvmlApi
 from exporter.nvmlcall import GpuLost, Reader, text
 
 log = logging.getLogger(__name__)
@@ -17,14 +17,9 @@ _PROFILE_IN_NAME = re.compile(r"MIG\s+(\S+)$")
 _VIRT = {0: "none", 1: "passthrough", 2: "vgpu", 3: "host_vgpu", 4: "host_vsga"}
 DEFAULT_PARENT_SLICES = 7
 
-
-@dataclass(frozen=True)
-class Inventory:
-    driver_version: str = ""
-    cuda_version: str = ""
-    gpus: tuple[GpuRef, ...] = ()
-    migs: tuple[MigRef, ...] = ()
-    static: dict[str, GpuStatic] = field(default_factory=dict)
+# NVML_GPU_INSTANCE_PROFILE_7_SLICE (nvml.h): the whole GPU's profile, whose slice count is the
+# parent's
+_PROFILE_7_SLICE = 4
 
 
 def cuda_version_text(raw: int | None) -> str:
@@ -33,7 +28,7 @@ def cuda_version_text(raw: int | None) -> str:
     return f"{raw // 1000}.{(raw % 1000) // 10}"
 
 
-def discover(nvml: Any, previous: Inventory | None = None) -> Inventory:
+def discover(nvml: NvmlApi, previous: Inventory | None = None) -> Inventory:
     """Read identity for every GPU. A GPU lost since the previous inventory keeps its old
     identity so its series (gpu_up 0) stay the same series."""
     r = Reader(nvml)
@@ -54,12 +49,14 @@ def discover(nvml: Any, previous: Inventory | None = None) -> Inventory:
             mig_enabled = bool(mode and mode[0])
             pci = r.call(nvml.nvmlDeviceGetPciInfo, handle)
             virt = r.call(nvml.nvmlDeviceGetVirtualizationMode, handle)
+            mem = r.call(nvml.nvmlDeviceGetMemoryInfo, handle)
             gpu = GpuRef(index, uuid, model, mig_enabled, handle)
             static[uuid] = GpuStatic(
                 pci_bus_id=text(pci.busId) if pci is not None else "",
                 vbios_version=text(r.call(nvml.nvmlDeviceGetVbiosVersion, handle) or ""),
                 mig_mode=("" if mode is None else "enabled" if mig_enabled else "disabled"),
                 virtualization_mode=_VIRT.get(virt, str(virt)) if virt is not None else "",
+                memory_bytes=int(mem.total) if mem is not None else None,
             )
             gpus.append(gpu)
             if mig_enabled:
@@ -79,13 +76,11 @@ def discover(nvml: Any, previous: Inventory | None = None) -> Inventory:
     )
 
 
-def _discover_migs(nvml: Any, r: Reader, gpu: GpuRef) -> list[MigRef]:
+def _discover_migs(nvml: NvmlApi, r: Reader, gpu: GpuRef) -> list[MigRef]:
     parent_slices = DEFAULT_PARENT_SLICES
-    full = getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_7_SLICE", None)
-    if full is not None:
-        info = r.call(nvml.nvmlDeviceGetGpuInstanceProfileInfo, gpu.handle, full)
-        if info is not None and int(getattr(info, "sliceCount", 0)):
-            parent_slices = int(info.sliceCount)
+    info = r.call(nvml.nvmlDeviceGetGpuInstanceProfileInfo, gpu.handle, _PROFILE_7_SLICE)
+    if info is not None and int(getattr(info, "sliceCount", 0)):
+        parent_slices = int(info.sliceCount)
     out: list[MigRef] = []
     for slot in range(r.call(nvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle) or 0):
         handle = r.call(nvml.nvmlDeviceGetMigDeviceHandleByIndex, gpu.handle, slot)

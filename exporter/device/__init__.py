@@ -1,0 +1,1 @@
+"""Device backends: the typed contract (contract.py) and its implementations (NVML now)."""

@@ -1,0 +1,282 @@
+"""The device backend contract: what the sampler and the collectors read about GPUs, whoever
+makes them. One vendor library sits behind each backend (NVML now: exporter/device/nvml.py;
+AMD `amdsmi` and Intel sysfs / DRM fdinfo / Level Zero later, docs/backends.md); nothing
+outside a backend calls a vendor library.
+
+Readings are frozen dataclasses in normalised units: bytes, watts, joules (NVML gives mJ, AMD
+µJ, Intel J), hertz, degrees Celsius, ratios 0-1. A value the device does not have is None
+(absent, not a failure). A backend counts the calls that failed unexpectedly in the `Tally` it
+is given, and raises `DeviceLost` when a device fell off the bus (the collectors then skip it
+for the rest of the cycle).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from exporter.device.nvmlapi import NvmlApi
+
+Vendor = Literal["nvidia", "amd", "intel"]
+# How a device is split into units a pod can hold. MIG now; AMD compute x memory partitions
+# (SPX..CPX x NPS1..8) and Intel subdevices (tiles) later.
+PartitionKind = Literal["mig", "amd_partition", "intel_subdevice"]
+# A device lent whole or in part to a VM: NVIDIA vGPU now; AMD MxGPU (SR-IOV VF), Intel
+# SR-IOV VF and GVT-g mdev later.
+VirtualKind = Literal["vgpu", "sriov_vf", "mdev"]
+
+
+_BDF = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])")
+
+
+def pci_bdf(bus_id: str) -> str:
+    """A PCI address in the form sysfs, AMD and Intel use (`0000:3b:00.0`: 4-digit domain,
+    lower case), from any vendor's spelling (NVML: `00000000:3B:00.0`). Anything that is not
+    an address comes back trimmed and lower-cased, "" stays ""."""
+    text = bus_id.strip().lower()
+    m = _BDF.fullmatch(text)
+    if m is None:
+        return text
+    domain, bus, dev, fn = m.groups()
+    return f"{int(domain or '0', 16):04x}:{bus}:{dev}.{fn}"
+
+
+class DeviceLost(Exception):
+    """The device fell off the bus (NVML_ERROR_GPU_IS_LOST, or its vendor's equivalent)."""
+
+
+@dataclass
+class Tally:
+    """Calls that failed unexpectedly during one collector run (0 is success)."""
+
+    failures: int = 0
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    """A physical device as its backend discovered it. `handle` is the backend's own (an NVML
+    device handle, real or simulated): only the backend that made it reads it."""
+
+    index: int
+    uuid: str
+    model: str
+    mig_enabled: bool  # partitioned (MIG mode on): the device-wide utilisation is absent
+    handle: object = field(compare=False, repr=False)
+
+    def labels(self, node: str) -> tuple[str, ...]:
+        return (node, str(self.index), self.uuid, self.model)
+
+
+@dataclass(frozen=True)
+class GpuStatic:
+    """Identity read once per inventory refresh (gpu_info labels and the join keys)."""
+
+    pci_bus_id: str = ""  # PCI BDF as the vendor library writes it (NVML: 00000000:3B:00.0)
+    vbios_version: str = ""
+    mig_mode: str = ""  # "enabled" | "disabled" | "" (no partitioning)
+    virtualization_mode: str = ""  # none | passthrough | vgpu | host_vgpu | host_vsga | ""
+    vendor: Vendor = "nvidia"
+    memory_bytes: int | None = None  # the device's memory; None where the backend cannot say
+
+    @property
+    def pci_bdf(self) -> str:
+        """The PCI address as a join key across vendors and sysfs (`0000:3b:00.0`)."""
+        return pci_bdf(self.pci_bus_id)
+
+
+@dataclass(frozen=True)
+class MigRef:
+    """A partition of a device that a pod can hold: a MIG instance now (`kind` "mig"). For
+    other kinds `gpu_instance_id` / `compute_instance_id` are the vendor's partition ids and
+    `profile` its name (e.g. "cpx_nps4")."""
+
+    parent: GpuRef
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str  # e.g. "3g.40gb"
+    slices: int  # compute slices of the profile
+    parent_slices: int
+    handle: object = field(compare=False, repr=False)
+    # position among the parent's MIG device handles (nvmlDeviceGetMigDeviceHandleByIndex):
+    # the `j` of the device plugin's `<gpu>:<j>` index IDs; -1 when not known
+    slot: int = -1
+    kind: PartitionKind = "mig"
+
+    def labels(self, node: str) -> tuple[str, ...]:
+        return (*self.parent.labels(node), self.uuid, str(self.gpu_instance_id),
+                str(self.compute_instance_id), self.profile)
+
+
+Partition = MigRef  # the vendor-neutral name; MigRef stays for the MIG-only code
+
+
+@dataclass(frozen=True)
+class Inventory:
+    driver_version: str = ""
+    cuda_version: str = ""  # NVIDIA only; "" elsewhere
+    gpus: tuple[GpuRef, ...] = ()
+    migs: tuple[MigRef, ...] = ()
+    static: dict[str, GpuStatic] = field(default_factory=dict)  # uuid -> identity
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One process using a device (host PID)."""
+
+    pid: int
+    uuid: str  # parent GPU
+    mig_uuid: str  # '' unless the process runs in a partition
+    memory_bytes: float
+    sm_util: float | None  # 0-1; None where the backend gives none (MIG, no sample yet)
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    total_bytes: float
+    used_bytes: float
+    free_bytes: float | None = None
+    reserved_bytes: float | None = None
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """One reading of a device. Every field is None where the device or driver has no such
+    value; device-wide utilisation is None on a partitioned device."""
+
+    temperature_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None  # since the driver loaded: a counter
+    utilization: float | None = None
+    memory_utilization: float | None = None
+    encoder_utilization: float | None = None
+    decoder_utilization: float | None = None
+    memory: MemoryUsage | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+
+
+@dataclass(frozen=True)
+class RowRemapping:
+    """Memory rows retired by remapping (NVIDIA Ampere+; AMD's bad pages would map here)."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool  # a remap waits for the next reset
+    failed: bool  # a remap failed: the device needs service
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """Error counters of a device, since the driver loaded; None where it has no such count."""
+
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    row_remapping: RowRemapping | None = None
+    pcie_replays: int | None = None
+
+
+@dataclass(frozen=True)
+class VirtualFunction:
+    """A slice of a device lent to a VM, seen from the host: an NVIDIA vGPU instance now."""
+
+    id: str  # the mdev UUID (what KubeVirt's device plugin hands out), else the instance UUID
+    kind: VirtualKind
+    type_name: str  # e.g. "GRID A100-4C"; "" when unknown
+    vm: str  # the VM it serves; "" when unknown
+    framebuffer_bytes: int | None
+    memory_used_bytes: int | None
+    utilization: float | None  # 0-1 of the device; None: no sample
+
+
+@dataclass(frozen=True)
+class GuestLicence:
+    """Inside a VM: the licence state of one licensable feature (NVIDIA vGPU guests)."""
+
+    feature: str
+    product: str
+    licensed: bool
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """A device error the driver reported as an event: an NVIDIA XID now (AMD RAS/AFID
+    later, with their own `kind`)."""
+
+    uuid: str  # the device; "" when the backend cannot tell which
+    code: int
+    kind: Literal["xid"] = "xid"
+
+
+class EventSource(Protocol):
+    """A subscription to error events. `wait` blocks up to timeout_ms: None when nothing came,
+    else the error events of what came (empty for an event that is not an error). Raises
+    EventsUnavailable on any other failure."""
+
+    def register(self, gpus: Sequence[GpuRef]) -> None: ...
+    def wait(self, timeout_ms: int) -> list[ErrorEvent] | None: ...
+    def close(self) -> None: ...
+
+
+class EventsUnavailable(Exception):
+    """Waiting for events failed (not a timeout)."""
+
+
+class ProcessReader(Protocol):
+    """Lists the processes on one device. Stateful: a backend that gives utilisation as
+    samples since a time remembers, per device, what it has already read."""
+
+    def read(self, gpu: GpuRef, partitions: Sequence[MigRef], tally: Tally
+             ) -> list[ProcessSample]: ...
+
+
+class DeviceBackend(Protocol):
+    """One vendor's devices on this node."""
+
+    vendor: Vendor
+    source: str  # its gpu_exporter_source_up name ("nvml")
+    library: str  # how log lines and reasons name it ("NVML")
+
+    @property
+    def nvml(self) -> NvmlApi | None:
+        """The NVML API itself, for the NVIDIA-only collectors (clock event reasons, NVLink
+        error counters, GPM, throughput) and the attribution code not moved yet; None on any
+        other backend."""
+        ...
+
+    def open(self) -> None:
+        """Initialise the library; raises (any exception) when it cannot: retried later."""
+        ...
+
+    def close(self) -> None: ...
+
+    def inventory(self, previous: Inventory | None) -> Inventory:
+        """Every device and partition. A device lost since `previous` keeps its old identity
+        so its series stay the same series."""
+        ...
+
+    def expected_devices(self, sysfs_root: str) -> list[str] | None:
+        """PCI addresses of this vendor's GPU functions in sysfs (whether or not the library
+        answers); None when sysfs cannot be read."""
+        ...
+
+    def telemetry(self, gpu: GpuRef, tally: Tally) -> Telemetry: ...
+
+    def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability: ...
+
+    def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None: ...
+
+    def process_reader(self) -> ProcessReader: ...
+
+    def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
+        """The device's active VFs / vGPU instances (host side); empty where there are none."""
+        ...
+
+    def guest_licences(self, gpu: GpuRef, tally: Tally) -> list[GuestLicence]: ...
+
+    def error_events(self) -> EventSource: ...
