@@ -23,7 +23,7 @@ from metering.db import connect
 from metering.export import export_ledger
 from metering.manifest import MANIFEST
 from metering.report.cli import main as report_main
-from metering.report.cli import make_report
+from metering.report.builder import make_report
 
 PART = Path("cluster=east") / "month=2026-10"
 
