@@ -361,3 +361,26 @@ def test_a_failing_source_or_parser_costs_only_its_own_rows(
     assert _family(broken, "gpu_container_memory_fraction") == want
     assert _family(broken, "gpu_exporter_fractional_errors_total") == {(): 1.0}
     assert sum("source vgpu failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_hostile_pods_never_fail_a_list_or_a_relist(tmp_path: Path) -> None:
+    """The issue's `²` made every pod list raise, so after a 410 the watch never listed again.
+    Here the pod watch lists the hostile pods, relists them after a 410, and sees changes."""
+    from exporter.attribution.podwatch import PodWatch
+
+    pods = _good_pods(U0, U1) + _hostile_pods(U0)
+    server = FakeApiServer(pods)
+    server.start()
+    watch = PodWatch(ExporterOptions(node=NODE, kubeconfig=server.kubeconfig(
+        str(tmp_path / "kubeconfig")))).start()
+    try:
+        wait_until(lambda: len(watch.pods) == len(pods), "the first list")
+        server.expire()  # the next watch gets 410 Gone: a relist
+        server.add_pod(_pod("late", 300, ("main",)))
+        wait_until(lambda: watch.lists >= 2 and len(watch.pods) == len(pods) + 1,
+                   "the relist after a 410")
+    finally:
+        watch.close()
+        server.stop()
+    bad = {p.name for p in watch.pods.values() if p.grants.errors}
+    assert bad == {"bad-0", "bad-1", "bad-2", "bad-3", "bad-4", "bad-share"}
