@@ -241,9 +241,10 @@ def test_mig_with_gpm_is_used_and_mig_without_gpm_is_unknown(tmp_path: Path) -> 
     # The fleet row's own GPU-hours are all 6 device-hours (3.714286 allocated, 2.285714
     # idle), 0.857143 of them without SM data: 0.928571 / 5.142857 = 0.180555, the fleet's
     # utilisation (docs/reports.md, "Efficiency, utilisation, allocation rate").
-    # (The idle rows' fraction comes from money rounded to the micro: 6.000002 GPU-hours.)
-    assert fleet.gpu_hours == D("6.000002") and fleet.efficiency == D("0.180555")
-    assert fmt.percent(report.maturity[-1].utilisation) == fmt.percent(fleet.efficiency)
+    # The idle rows are the device-hours' unheld time (1 - 3/7 each), not their money over
+    # the rate (2.285715 / 4 = 0.57142875 on the H100): the total is the capacity, exactly.
+    assert fleet.gpu_hours == D("6") and fleet.efficiency == D("0.180555")
+    assert report.maturity[-1].utilisation == fleet.efficiency
     assert report.sm_unknown_share == D("0.230769")
     assert report.sm_unknown_mig_gpu_hours == D("0.857143")
     assert dict(fmt.facts(report))["SM activity"] == (

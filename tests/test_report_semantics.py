@@ -5,12 +5,14 @@ said first, savings and larger units are apart."""
 
 from __future__ import annotations
 
+import csv
+import io
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from test_report_fixtures import HASH, OCT1, charge, idle, make_db
+from test_report_fixtures import HASH, OCT1, charge, idle, make_db, make_mig_db
 from test_waste import H100, Holder, _recs
 
 from metering.db import connect
@@ -19,6 +21,7 @@ from metering.report import fmt
 from metering.report.builder import build_report
 from metering.report.cli import STRICT_PRICES_FAILED
 from metering.report.cli import main as report_main
+from metering.report.csvout import render_csv
 from metering.report.markdown import render_markdown
 from metering.report.model import CostModelInfo, Report
 from metering.report.terminal import render_summary
@@ -151,3 +154,17 @@ def test_terminal_explains_the_over_100_mark_and_it_names_vgpu(tmp_path: Path) -
     assert fmt.OVER_NOTE in summary and "vGPU" in fmt.OVER_NOTE
     assert fmt.OVER_NOTE in render_markdown(report)
 
+
+
+def test_csv_fleet_gpu_hours_are_the_capacity(tmp_path: Path) -> None:
+    """Priced by the engine: an H100 at 4.00 and an A100 at 2.00, each with a 3g.40gb
+    instance held 2 h (3/7 of each device-hour), and a whole H100 held 2 h: 6 device-hours.
+    The idle rows stand for 4/7 of a device-hour each (their money over the rate would say
+    2.285715 / 4 = 0.57142875 on the H100), so the fleet's GPU-hours in the CSV are its
+    capacity to the last decimal: 6.000000 both."""
+    report = _report(make_mig_db(tmp_path / "m.duckdb", tmp_path / "cm.yaml"))
+    rows = list(csv.DictReader(io.StringIO(render_csv(report).decode())))
+    [fleet] = [r for r in rows if r["section"] == "fleet"]
+    assert fleet["gpu_hours"] == fleet["capacity_gpu_hours"] == "6.000000"
+    idle_rows = [r for r in rows if r["section"] == "team" and r["kind"] == "idle"]
+    assert [r["gpu_hours"] for r in idle_rows] == ["2.285714"]

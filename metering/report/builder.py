@@ -309,8 +309,8 @@ def build_report(
     missing = hour_ranges(h for h in every_hour if h not in covered)
 
     prev_month = month.previous()
-    now = read_sections(con, month)
-    fleet_now = _fleet(now)
+    current = read_sections(con, month)
+    fleet_now = _fleet(current)
     before = read_sections(con, prev_month)
     fleet_prev = _fleet(before)
     has_previous = fleet_prev is not None
@@ -318,13 +318,13 @@ def build_report(
 
     def section(name: str, vanished: bool = True) -> list[Line]:
         prev = before[name] if has_previous else None
-        return _lines(SECTION_KEYS[name], now[name], prev, total, vanished)
+        return _lines(SECTION_KEYS[name], current[name], prev, total, vanished)
 
     fleet_line = (fleet_now or _NO_SUMS).line(
         share_of_total=Decimal(1).quantize(_Q6) if total else None,
         previous_cost=fleet_prev.cost if fleet_prev else None,
     )
-    team_days = _lines(SECTION_KEYS["team_days"], now["team_days"], None, total)
+    team_days = _lines(SECTION_KEYS["team_days"], current["team_days"], None, total)
     team_days.sort(key=lambda ln: (ln.day, ln.overhead, ln.kind, ln.team))
     models = section("models")
     teams = section("teams")
@@ -432,37 +432,37 @@ def price_lookup(cm: CostModel) -> PriceLookup:
 
 
 def price_warnings(con: Any, month: Month, cm: CostModel) -> tuple[list[str], list[str]]:
-    """What a finance reader must know about the prices before the figures, and the GPU
-    models that fell to pricing.default (--strict-prices refuses those): a model no entry
-    matched, and a vGPU type priced by an entry written for whole GPUs."""
-    defaults: dict[str, list[str]] = {}
-    guests: dict[tuple[str, str], list[str]] = {}
-    currency = cm.currency
-    for cluster, gpu in con.execute(_sql("cluster_models"), _month(month)).fetchall():
+    """What a finance reader must know about the prices before the figures (a model no entry
+    matched, a vGPU type priced by an entry written for whole GPUs), and the GPU models that
+    fell to pricing.default (--strict-prices refuses those)."""
+    defaults: dict[str, tuple[Decimal, list[str]]] = {}  # model -> price, clusters
+    guests: dict[str, tuple[str, list[str]]] = {}  # "model price" -> text, clusters
+    rows = con.execute(_sql("cluster_models"), _month(month)).fetchall()
+    for cluster, gpu in rows:
         c = cm.for_cluster(cluster)
         price = c.price_for(gpu)
-        rule = price_lookup(c)(gpu).rule
         if price.rule == c.default_price.key:
-            defaults.setdefault(f"{gpu}: {price.hourly:,.2f} {currency} per GPU-hour",
-                                []).append(cluster)
+            defaults.setdefault(gpu, (price.hourly, []))[1].append(cluster)
         if price.guest is not None and price.guest.fraction > 0:
+            rule = price_lookup(c)(gpu).rule.split(";")[0]  # the entry, without the share
             hourly = f"{price.hourly:,.6f}".rstrip("0").rstrip(".")
-            text = (f'vGPU type "{gpu}" matched {rule.split(";")[0]}, an entry for whole GPUs: '
-                    f"priced at {price.guest.fraction:g} of it ({price.guest.basis}) = "
-                    f"{hourly} {currency} per GPU-hour")
-            guests.setdefault((gpu, text), []).append(cluster)
-    several = len({r[0] for r in con.execute(_sql("clusters"), _month(month)).fetchall()}) > 1
+            text = (f'vGPU type "{gpu}" matched {rule}, an entry for whole GPUs: priced at '
+                    f"{price.guest.fraction:g} of it ({price.guest.basis}) = {hourly} "
+                    f"{cm.currency} per GPU-hour")
+            guests.setdefault(f"{gpu} {hourly}", (text, []))[1].append(cluster)
+    several = len({r[0] for r in rows}) > 1
 
     def where(clusters: list[str]) -> str:
         return f" (cluster {', '.join(clusters)})" if several else ""
 
-    notes = [f"DEFAULT PRICE: no pricing.gpus entry matches {text}{where(cl)} (pricing."
-             "default); add an entry, or refuse such a month with --strict-prices"
-             for text, cl in defaults.items()]
+    notes = [f"DEFAULT PRICE: no pricing.gpus entry matches {gpu}: {hourly:,.2f} "
+             f"{cm.currency} per GPU-hour{where(cl)} (pricing.default); add an entry, or "
+             "refuse such a month with --strict-prices"
+             for gpu, (hourly, cl) in defaults.items()]
     notes += [f"WARNING: {text}{where(cl)}. If its host cluster is metered too, its vGPU rows "
               "already bill this hardware: set vgpu.guests: exclude for this cluster "
-              "(docs/cost-model.md)" for (_, text), cl in guests.items()]
-    return notes, sorted({t.split(":")[0] for t in defaults})
+              "(docs/cost-model.md)" for text, cl in guests.values()]
+    return notes, sorted(defaults)
 
 
 def _open(path: str, cluster: str | None) -> duckdb.DuckDBPyConnection:

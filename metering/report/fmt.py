@@ -471,8 +471,9 @@ SAVINGS_NOTE = (
 LARGER_UNIT = "Needs a larger unit"
 LARGER_UNIT_NOTE = (
     "Workloads that outgrew the unit they hold (a MIG instance at 95 % of its memory or SM): "
-    "the larger unit would cost the amount shown more this month. Not a saving: listed apart "
-    "from the savings, and not in their total."
+    "the larger unit would cost the amount shown more this month (0.00 where the cost model "
+    "prices both profiles the same). Not a saving: listed apart from the savings, and not in "
+    "their total."
 )
 
 
@@ -509,12 +510,13 @@ def savings_text(report: Report) -> str:
 
 def saving_recs(report: Report) -> list[Recommendation]:
     """Recommendations that save money, largest saving first."""
-    return [r for r in report.savings or [] if r.saving > 0]
+    return [r for r in report.savings or [] if r.kind is not Kind.MIG_UP and r.saving > 0]
 
 
 def larger_unit_recs(report: Report) -> list[Recommendation]:
-    """Recommendations that cost more (a unit that is full): largest extra cost first."""
-    return sorted((r for r in report.savings or [] if r.saving < 0),
+    """Workloads whose unit is full (MIG profile up): largest extra cost first (0.00 where
+    the larger profile is priced the same)."""
+    return sorted((r for r in report.savings or [] if r.kind is Kind.MIG_UP),
                   key=lambda r: (r.saving, r.workload))
 
 

@@ -258,14 +258,16 @@ def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFractio
             rec = _mig(g, units, mig_fraction, settings)
         else:
             rec = None
-        if rec is not None and _to_the_cent(rec[2]):
+        # A saving of 0.00 says nothing; a larger unit is advice even at no extra cost
+        # (1g.10gb -> 1g.20gb is one slice either way under mig.fraction slices).
+        if rec is not None and (rec[0] is Kind.MIG_UP or _to_the_cent(rec[2])):
             out.append(make(*rec))
     out.sort(key=lambda r: (-r.saving, r.workload, r.kind.value))
     return out
 
 
 def _to_the_cent(amount: Decimal) -> bool:
-    """A recommendation whose saving (or extra cost) is 0.00 to the cent says nothing."""
+    """A saving of 0.00 to the cent is no saving: such a recommendation is not made."""
     return abs(amount) >= Decimal("0.005")
 
 

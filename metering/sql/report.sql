@@ -13,24 +13,32 @@
 -- merged with a namespace or model row that happens to share its key.
 -- used is NULL where SM activity is unknown: SUM() adds the known rows only, and the
 -- allocated hours of the unknown ones are summed apart (sm_unknown), so efficiency compares
--- like with like. fleet_hours: the device-hours idle and down rows stand for (their
--- fraction; a team's 'idle-share' row under policy weights carries a weight there, not hours,
--- and is not a fleet row).
-WITH c AS (
-    SELECT cluster, team, namespace, pod, model, sharing, profile,
-           CAST(CAST(hour AS DATE) AS VARCHAR) AS day,
+-- like with like. fleet_hours: the device-hours idle and down rows stand for (a team's
+-- 'idle-share' row under policy weights carries a weight in its fraction, not hours, and is
+-- not a fleet row).
+WITH r AS (
+    SELECT *, CAST(allocated_gpu_hours AS DECIMAL(38, 9)) AS alloc,
            CASE WHEN team = sharing AND team IN ('idle', 'down', 'adjustment') THEN team
                 ELSE '' END AS kind,
-           CAST(allocated_gpu_hours AS DECIMAL(38, 9)) AS alloc,
+           CASE WHEN team = sharing AND team = 'down' THEN CAST(fraction AS DECIMAL(38, 9))
+                ELSE 0 END AS down_hours
+    FROM charges WHERE hour >= $start AND hour < $end
+), c AS (
+    SELECT cluster, team, namespace, pod, model, sharing, profile,
+           CAST(CAST(hour AS DATE) AS VARCHAR) AS day, kind, alloc,
            CAST(used_gpu_hours AS DECIMAL(38, 9)) AS used,
            cost, idle_share,
-           CASE WHEN used_gpu_hours IS NULL THEN CAST(allocated_gpu_hours AS DECIMAL(38, 9))
-                ELSE 0 END AS sm_unknown,
-           CASE WHEN used_gpu_hours IS NULL AND mig_uuid <> ''
-                THEN CAST(allocated_gpu_hours AS DECIMAL(38, 9)) ELSE 0 END AS sm_unknown_mig,
-           CASE WHEN team = sharing AND team IN ('idle', 'down')
-                THEN CAST(fraction AS DECIMAL(38, 9)) ELSE 0 END AS fleet_hours
-    FROM charges WHERE hour >= $start AND hour < $end
+           CASE WHEN used_gpu_hours IS NULL THEN alloc ELSE 0 END AS sm_unknown,
+           CASE WHEN used_gpu_hours IS NULL AND mig_uuid <> '' THEN alloc ELSE 0 END
+               AS sm_unknown_mig,
+           -- An idle row stands for the device-hour's time nobody held: what is left of it
+           -- after the down time and the allocated GPU-hours, so that allocated + idle + down
+           -- is the device-hour exactly (its `fraction` is derived from money rounded to the
+           -- micro, which left totals a few millionths of an hour off the capacity).
+           CASE WHEN kind = 'idle' THEN greatest(1 - sum(down_hours + alloc) OVER device, 0)
+                WHEN kind = 'down' THEN down_hours ELSE 0 END AS fleet_hours
+    FROM r
+    WINDOW device AS (PARTITION BY cluster, hour, uuid)
 )
 SELECT CASE WHEN grouping(day) = 0 THEN 'team_days'
             WHEN grouping(pod) = 0 THEN 'pods'
