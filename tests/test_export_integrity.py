@@ -22,8 +22,8 @@ from metering import cli_ledger, export
 from metering.db import connect
 from metering.export import export_ledger
 from metering.manifest import MANIFEST
-from metering.report.cli import main as report_main
 from metering.report.builder import make_report
+from metering.report.cli import main as report_main
 
 PART = Path("cluster=east") / "month=2026-10"
 
