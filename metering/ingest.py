@@ -165,9 +165,8 @@ class PrometheusSource:
         self.planner.selector = EXPORTER_SELECTOR.promql()
         shown = ", ".join(sorted(jobs)[:3]) + (", ..." if len(jobs) > 3 else "")
         return (f"this store scraped in the period (jobs {shown}): only series of job "
-                f"gpu-ledger-exporter "
-                f"are metered, not series without a job label (--selector names another "
-                f"job; docs/metering.md, \"Whose series are metered\")")
+                "gpu-ledger-exporter are metered, not series without a job label (--selector "
+                "names another job; docs/metering.md, \"Whose series are metered\")")
 
     def choose_chunk(self, period: Period, budget: int) -> ChunkChoice | None:
         """The chunk length for `period` from the planner's series estimate (one label-values
