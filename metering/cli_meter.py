@@ -94,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--selector", metavar="MATCHERS", default=None,
                    help="PromQL label matchers naming the exporter's series; only those are "
                         "metered (default: $GPU_LEDGER_SELECTOR, else job=\"gpu-ledger-"
-                        "exporter\", the shipped scrape job, in a store that scrapes; also "
-                        "series without a job label in a store of backfilled history only)")
+                        "exporter\", the shipped scrape job, for a period the store scraped in; "
+                        "also series without a job label for backfilled history alone)")
     p.add_argument("--sample-interval", type=float, default=None, metavar="SECONDS",
                    help="seconds between exporter samples (default: detected per node)")
     p.add_argument("--no-price", action="store_true", help="ingest only")

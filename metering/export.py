@@ -96,12 +96,10 @@ def export_ledger(ledger: str | Path, out: Path, months: Sequence[Month] = (),
             old = manifest.read(out) or manifest.Manifest()
         except manifest.ManifestError:
             old = manifest.Manifest()
-        selected = {(p.cluster, p.month) for p in wanted}
 
-        def kept(cluster: str, month: str) -> bool:
-            return bool(cluster) and (cluster, month) not in selected and not (
-                (not month_names or month in month_names)
-                and (not clusters or cluster in clusters))
+        def kept(cluster: str, month: str) -> bool:  # a partition outside the selection
+            return bool(cluster) and not ((not month_names or month in month_names)
+                                          and (not clusters or cluster in clusters))
 
         new = manifest.Manifest(
             {k: f for k, f in old.files.items() if kept(f.cluster, f.month)},

@@ -8,7 +8,6 @@ committed stay when a later one fails.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -148,17 +147,16 @@ class PrometheusSource:
 
     def settle_selector(self, period: Period) -> str | None:
         """With the default selector, decide whether series without a job label may be
-        metered: only in a store that scrapes nothing (no `up` series in the period or the
-        last hour), i.e. history backfilled with promtool. A store that scrapes narrows the
-        default to the exporter's job (EXPORTER_SELECTOR). Returns what it decided, to say."""
+        metered: only for a period in which the store scraped nothing (no `up` series), i.e.
+        history backfilled with promtool, perhaps before the store began scraping. Where it
+        scraped, a job-less series may be a scrape's (honor_labels) and the default narrows to
+        the exporter's job (EXPORTER_SELECTOR). Returns what it decided, to say."""
         if self.selector is not DEFAULT_SELECTOR:  # a selector given, even the same text
             return None
-        now = time.time()
         jobs: set[str] = set()
         try:
-            for start, end in ((period.start.timestamp(), period.end.timestamp()),
-                               (now - 3600, now)):
-                jobs.update(self.client.label_values("job", ["up"], start, end))
+            jobs.update(self.client.label_values("job", ["up"], period.start.timestamp(),
+                                                 period.end.timestamp()))
         except PromError as exc:  # cannot tell: the exporter's job, named, is the safe side
             jobs.add(f"unknown: {exc}")
         if not jobs:
@@ -166,9 +164,9 @@ class PrometheusSource:
         self.selector = EXPORTER_SELECTOR
         self.planner.selector = EXPORTER_SELECTOR.promql()
         shown = ", ".join(sorted(jobs)[:3]) + (", ..." if len(jobs) > 3 else "")
-        return (f"this store scrapes (jobs {shown}): only series of job gpu-ledger-exporter "
-                f"are metered, not series without a job label (--selector names another "
-                f"job; docs/metering.md, \"Whose series are metered\")")
+        return (f"this store scraped in the period (jobs {shown}): only series of job "
+                "gpu-ledger-exporter are metered, not series without a job label (--selector "
+                "names another job; docs/metering.md, \"Whose series are metered\")")
 
     def choose_chunk(self, period: Period, budget: int) -> ChunkChoice | None:
         """The chunk length for `period` from the planner's series estimate (one label-values

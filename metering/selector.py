@@ -166,7 +166,7 @@ MAX_FOREIGN_SERIES = 100_000  # series remembered to count each once across chun
 
 
 DEFAULT_SELECTOR = Selector.parse(DEFAULT_SELECTOR_TEXT)
-# The default in a store that scrapes (it has `up` series): the exporter's job, named. There a
+# The default for a period the store scraped in (it has `up` series): the exporter's job. There a
 # series without a job label is no proof of anything: with `honor_labels: true` a target (a
 # Pushgateway, a federated Prometheus, any pod) that exposes job="" has its series stored
 # with no job label at all. metering.ingest.PrometheusSource.settle_selector picks it.

@@ -36,10 +36,13 @@ def _om(lines: list[str]) -> str:
 
 
 def _history() -> str:
-    """2026-10-05 00:00-01:00: the exporter's GPU-1, idle; and, as that store keeps what a
-    honor_labels scrape stored, a fabricated GPU with no job label billed to `victim`."""
+    """2026-10-05 00:00-01:00 as a store scraping with honor_labels keeps it: the exporter's
+    GPU-1, idle, each scrape's `up`, and a fabricated GPU with no job label billed to
+    `victim` (the shape the live scrape below shows Prometheus storing)."""
     return _om(
-        _series("gpu_up", {"node": "n1", "gpu": "0", "uuid": "GPU-1", "model": H100,
+        _series("up", {"job": "pushgateway", "instance": "10.0.0.9:9091"})
+        + _series("up", EXPORTER)
+        + _series("gpu_up", {"node": "n1", "gpu": "0", "uuid": "GPU-1", "model": H100,
                            **EXPORTER})
         + _series("gpu_info", {"node": "n1", "uuid": "GPU-1", "mig_mode": "disabled",
                                **EXPORTER})
@@ -90,17 +93,28 @@ def test_a_pushed_series_without_a_job_label_is_not_billed(
     finally:
         con.close()
     assert teams == {"idle"}  # victim pays nothing
-    assert "this store scrapes (jobs pushgateway)" in err
+    assert "this store scraped in the period (jobs gpu-ledger-exporter, pushgateway)" in err
     assert 'gpu_container_allocation from job="" instance="" (1 series)' in err
 
 
 def test_backfilled_history_alone_is_still_metered_without_a_job(tmp_path: Path) -> None:
-    """A store that scrapes nothing holds history backfilled with promtool: series without a
-    job label there are the history's own (the fleet fixtures of every metering test)."""
+    """Hours in which the store scraped nothing hold history backfilled with promtool: series
+    without a job label there are the history's own (the fleet fixtures of every metering
+    test), even while the store scrapes now (tests/test_e2e.py, the demo)."""
     backfill(_om(_series("gpu_up", {**FAKE, "gpu": "0", "model": H100})
                  + _series("gpu_info", {**FAKE, "mig_mode": "disabled"})), tmp_path / "prom")
     db = tmp_path / "m.duckdb"
-    with running_prometheus(tmp_path / "prom") as url:
+
+    def target(path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+        return 200, "text/plain; version=0.0.4", PUSHED.encode()
+
+    with http_server(target) as live, running_prometheus(tmp_path / "prom", config=(
+            "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: now\n"
+            f"    static_configs: [{{targets: ['{live.removeprefix('http://')}']}}]\n")) as url:
+        deadline = time.monotonic() + 60
+        while not _stored(url, "up"):
+            assert time.monotonic() < deadline, "the scrape never stored up"
+            time.sleep(0.5)
         assert main(["--prometheus", url, "--from", "2026-10-05T00:00", "--to",
                      "2026-10-05T01:00", "--db", str(db), "-q"]) == 0
     con = duckdb.connect(str(db), read_only=True)
