@@ -1,9 +1,10 @@
 """`gpu-ledger demo`: the whole product on one machine, in minutes.
 
 1. Simulate a small cluster (the example scenarios: MIG, time-slicing, MPS, DRA claims, HAMi
-   and gpushare grants, a vGPU host and guest, a GPU that falls off the bus, XIDs) for a
-   month, every --step, through the exporter's own code path (simulated NVML -> Sampler with
-   a real PodResources server, cgroup files, pod and ResourceSlice watches).
+   and gpushare grants, a vGPU host and guest, a GPU that falls off the bus, XIDs) for the
+   first week of a month (--full-month: all of it), every --step, through the exporter's own
+   code path (simulated NVML -> Sampler with a real PodResources server, cgroup files, pod and
+   ResourceSlice watches).
 2. Backfill that history into a real Prometheus with promtool, then serve it, with the same
    nodes' exporters running live and scraped.
 3. Run the metering job against that Prometheus into DuckDB, priced with the default cost model.
@@ -75,6 +76,12 @@ def scenario_paths(names: list[str] | None) -> list[Path]:
     if names:
         return [Path(n) if Path(n).exists() else SCENARIO_DIR / n for n in names]
     return [SCENARIO_DIR / n for n in DEMO_SCENARIOS]
+
+
+# A week shows every scenario event (they all happen in the first day and repeat daily or
+# hourly) in two to three minutes on 2 cores; the month takes about four times as long
+# (docs/performance.md, "Demo").
+DEFAULT_DAYS = 7
 
 
 def days_arg(text: str) -> int:
@@ -216,9 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu-ledger demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="demo-output", help="output directory (default ./demo-output)")
     p.add_argument("--month", help="month to simulate and report, YYYY-MM (default: last month)")
-    p.add_argument("--days", type=days_arg, default=None,
-                   help="simulate only the first N days of the month (quicker; the report "
-                        "then names the hours without data)")
+    span = p.add_mutually_exclusive_group()
+    span.add_argument("--days", type=days_arg, default=DEFAULT_DAYS,
+                      help=f"simulate the first N days of the month (default {DEFAULT_DAYS}; "
+                           "the report names the hours without data)")
+    span.add_argument("--full-month", dest="days", action="store_const", const=31,
+                      help="simulate the whole month (about four times the default's time)")
     p.add_argument("--step", type=parse_seconds, default=600.0,
                    help="simulated sample spacing (default 10m)")
     p.add_argument("--scenario", action="append",
@@ -267,8 +277,7 @@ def _main(args: argparse.Namespace) -> int:
         print(f"gpu-ledger demo: --month: expected YYYY-MM, got {month!r}", file=sys.stderr)
         return 2
     start, end = whole.start, whole.end
-    if args.days is not None:
-        end = min(end, start + timedelta(days=args.days))
+    end = min(end, start + timedelta(days=args.days))
     if end.timestamp() > time.time() - 3 * 3600:
         print("gpu-ledger demo: the month must have ended at least 3 hours ago "
               "(Prometheus backfill cannot write into its live head)", file=sys.stderr)

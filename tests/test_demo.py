@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ledger.demo import default_month, main
+from gpu_ledger.demo import DEFAULT_DAYS, build_parser, default_month, main, scenario_paths
+from gpusim.scenario import load_scenario
 
 SMALL = ["--month", "2026-10", "--days", "1", "--step", "30m", "--live-seconds", "1"]
 
@@ -42,4 +43,27 @@ def test_default_month_steps_back_while_last_month_is_too_fresh() -> None:
 
 def test_unfinished_month_is_refused(tmp_path: Path) -> None:
     month = datetime.now(UTC).strftime("%Y-%m")
-    assert main(["--month", month, "--out", str(tmp_path)]) == 2
+    assert main(["--month", month, "--full-month", "--out", str(tmp_path)]) == 2
+
+
+def test_default_is_a_week_and_full_month_is_a_flag() -> None:
+    parse = build_parser().parse_args
+    assert parse([]).days == DEFAULT_DAYS == 7
+    assert parse(["--full-month"]).days == 31  # days_arg: more than the month has = all of it
+    assert parse(["--days", "3"]).days == 3
+    with pytest.raises(SystemExit):
+        parse(["--days", "3", "--full-month"])
+
+
+def test_default_week_shows_every_scenario_event() -> None:
+    """The shorter default loses no feature: every fault, XID and pod of the example
+    scenarios starts within the simulated week (later runs are repeats)."""
+    week = DEFAULT_DAYS * 86400.0
+    events = 0
+    for path in scenario_paths(None):
+        sc = load_scenario(str(path))
+        starts = [f.at for f in sc.faults] + [x.at for x in sc.xids] + [p.start for p in sc.pods]
+        events += len(starts)
+        assert all(t < week for t in starts), path.name
+        assert all(p.repeat is None or p.repeat < week for p in sc.pods), path.name
+    assert events > 20

@@ -175,3 +175,19 @@ def test_cri_o_and_cgroupfs(tmp_path):
     pod = pods_at(cgfs, 0)[0]
     proc = pod.containers[0].processes[0]
     assert proc.cgroup == f"0::/kubepods/pod{pod.uid}/{pod.containers[0].container_id}"
+
+
+def test_processes_at_cache_is_invisible_and_bounded():
+    """Timeline.processes_at remembers recent instants: a caller's changes to the list it got
+    do not reach the next caller, the answer equals a fresh Timeline's, and it keeps at most
+    _AT_CACHE instants."""
+    from gpusim.node import _AT_CACHE, Timeline, timeline
+
+    sc = load_scenario(SCENARIOS / "a100-timeslice.yaml")
+    first = processes_at(sc, 2 * HOUR)
+    assert first
+    first.clear()
+    assert processes_at(sc, 2 * HOUR) == Timeline(sc).processes_at(2 * HOUR)
+    for i in range(3 * _AT_CACHE):
+        processes_at(sc, i * 60.0)
+    assert len(timeline(sc)._at) == _AT_CACHE
