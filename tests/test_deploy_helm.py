@@ -104,6 +104,7 @@ SAME = {
     "base": [],
     "overlays/no-prometheus-operator": ["-f", str(CHART / "examples/no-prometheus-operator.yaml")],
     "overlays/dcgm-compat": ["-f", str(CHART / "examples/dcgm-compat.yaml")],
+    "overlays/otel-hw": ["-f", str(CHART / "examples/otel-hw.yaml")],
 }
 
 
@@ -215,8 +216,8 @@ def test_memory_limit_pattern_accepts_what_metering_does() -> None:
 
 def test_examples_cover_the_options_users_set() -> None:
     assert {p.name for p in EXAMPLES} >= {
-        "no-prometheus-operator.yaml", "dcgm-compat.yaml", "gpu-operator.yaml", "tls.yaml",
-        "sharing.yaml", "reports-to-shared-volume.yaml", "reports-to-object-store.yaml"}
+        "no-prometheus-operator.yaml", "dcgm-compat.yaml", "otel-hw.yaml", "gpu-operator.yaml",
+        "tls.yaml", "sharing.yaml", "reports-to-shared-volume.yaml", "reports-to-object-store.yaml"}
 
 
 # --- what the options do ------------------------------------------------------------------
