@@ -76,6 +76,9 @@ class PromClient:
     retries: int = 4
     backoff: float = 0.5  # first wait; doubles on every retry
     sleep: Callable[[float], None] = time.sleep
+    # Told one line before each retry's wait (what failed, how long it waits), so a wrong URL
+    # is not a silent minute; None: say nothing.
+    on_retry: Callable[[str], None] | None = field(default=None, repr=False)
     queries: int = 0  # PromQL queries answered successfully (instant + range)
     max_body: int = MAX_BODY
     _ssl: ssl.SSLContext | None = field(default=None, repr=False)
@@ -207,7 +210,11 @@ class PromClient:
                 if attempt >= self.retries:
                     raise PromError(f"{self.url}: {exc} (gave up after {attempt + 1} attempts)"
                                     ) from None
-                self.sleep(self.backoff * (2 ** attempt))
+                wait = self.backoff * (2 ** attempt)
+                if self.on_retry is not None:
+                    self.on_retry(f"{self.url}: {exc}; retry {attempt + 1} of {self.retries} "
+                                  f"in {wait:g} s")
+                self.sleep(wait)
                 attempt += 1
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
