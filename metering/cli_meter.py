@@ -188,11 +188,17 @@ def _run(args: argparse.Namespace) -> int:
                 say(f"meter: {settled}")
         chunk = args.chunk or _auto_chunk(source, period, say)
         progress = Progress(-(-period.hours // chunk), quiet=args.quiet)
-        result = api.meter(args.db, source, period, cost_model=model, chunk_hours=chunk,
-                  sample_interval=args.sample_interval, replace=args.replace,
-                  resume=not args.no_resume, progress=progress, verbose=args.verbose,
-                  price_progress=_price_progress(args), say=say, clusters=clusters,
-                  wait=args.wait)
+        fresh = not Path(args.db).exists()
+        try:
+            result = api.meter(args.db, source, period, cost_model=model, chunk_hours=chunk,
+                               sample_interval=args.sample_interval, replace=args.replace,
+                               resume=not args.no_resume, progress=progress,
+                               verbose=args.verbose, price_progress=_price_progress(args),
+                               say=say, clusters=clusters, wait=args.wait)
+        except BaseException:
+            if fresh:
+                _drop_if_empty(Path(args.db))
+            raise
     gateway = args.pushgateway or os.environ.get(publish.ENV, "").strip()
     if gateway:
         _publish(gateway, args, period, clusters, result, say)
@@ -222,6 +228,19 @@ def _publish(gateway: str, args: argparse.Namespace, period: Period, clusters: C
               f"written): {exc}", file=sys.stderr)
         return
     say(f"meter: pushed state to {gateway} ({len(budgets)} team budget(s))")
+
+
+def _drop_if_empty(path: Path) -> None:
+    """Remove a ledger this run created when it failed before committing any hour: an empty
+    ledger left behind would look metered to the next reader."""
+    try:
+        with closing(db.connect(path, read_only=True)) as con:
+            row = con.execute("SELECT count(*) FROM coverage").fetchone()
+    except Exception:  # unreadable: not ours to judge, leave it
+        return
+    if row is not None and row[0] == 0:
+        for leftover in (path, path.with_name(path.name + ".wal")):
+            leftover.unlink(missing_ok=True)
 
 
 def apply_source_env(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
