@@ -345,27 +345,36 @@ def _period_args(args: argparse.Namespace) -> str:
     return f"--from {args.start} --to {args.end}"
 
 
+INTERRUPTED_LINE = ("gpu-ledger meter: interrupted; committed chunks are kept and the same "
+                    "command resumes after them")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # --help (0) or a usage error (2)
         return int(exc.code) if isinstance(exc.code, int) else ExitCode.USAGE
-    with interrupt.trap() as trap:
-        try:
-            with db.memory_cap(args.memory_limit, f"{args.db}: metering"):
-                rc = _run(args)
-        except (MeteringError, KeyboardInterrupt, Exception) as exc:
-            # After Ctrl-C, whatever it surfaced as (DuckDB's "Query interrupted", a failed
-            # pricing) is the interrupt; a traceback only for a bug, never for Ctrl-C.
-            if not trap.hit and not isinstance(exc, KeyboardInterrupt):
-                if isinstance(exc, MeteringError):
-                    print(f"gpu-ledger meter: {exc}", file=sys.stderr)
-                    return exc.code
-                raise
-            trap.hit = True
-        if trap.hit:
-            print("gpu-ledger meter: interrupted; committed chunks are kept and the same "
-                  "command resumes after them", file=sys.stderr)
-            return ExitCode.INTERRUPTED
-        return rc
+    rc: int = ExitCode.INTERRUPTED
+    # After the trap, Ctrl-C (while the line is printed, at exit) ends with the same line.
+    trapped = interrupt.trap((INTERRUPTED_LINE, ExitCode.INTERRUPTED))
+    try:
+        with trapped as trap:
+            try:
+                with db.memory_cap(args.memory_limit, f"{args.db}: metering"):
+                    rc = _run(args)
+            except (MeteringError, KeyboardInterrupt, Exception) as exc:
+                # After Ctrl-C, whatever it surfaced as (DuckDB's "Query interrupted", a
+                # failed pricing) is the interrupt; a traceback only for a bug.
+                if not trap.hit and not isinstance(exc, KeyboardInterrupt):
+                    if isinstance(exc, MeteringError):
+                        print(f"gpu-ledger meter: {exc}", file=sys.stderr)
+                        return exc.code
+                    raise
+                trap.hit = True
+    except KeyboardInterrupt:  # landed between the block's end and the trap's hand-over
+        trap.hit = True
+    if trap.hit:
+        print(INTERRUPTED_LINE, file=sys.stderr)
+        return ExitCode.INTERRUPTED
+    return rc

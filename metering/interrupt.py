@@ -13,7 +13,9 @@ whether this was an interrupt.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,8 +35,10 @@ _current: Trap | None = None
 
 
 @contextmanager
-def trap() -> Iterator[Trap]:
-    """Handle SIGINT while the block runs (main thread only; elsewhere a no-op trap)."""
+def trap(late: tuple[str, int] | None = None) -> Iterator[Trap]:
+    """Handle SIGINT while the block runs (main thread only; elsewhere a no-op trap); then
+    restore the previous handler, or with `late` (line, status) hand over to `exit_late`
+    with no moment between the two."""
     global _current
     caught = Trap()
     if threading.current_thread() is not threading.main_thread():
@@ -53,8 +57,26 @@ def trap() -> Iterator[Trap]:
     try:
         yield caught
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if late is None:
+            signal.signal(signal.SIGINT, previous)
+        else:
+            exit_late(*late)
         _current = None
+
+
+def exit_late(line: str, code: int) -> None:
+    """From now until the process ends, SIGINT prints `line` and exits `code` at once: a
+    Ctrl-C after the command's work (closing files, interpreter shutdown) gets the same
+    answer as one during it, not Python's death by signal."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        os._exit(code)
+
+    signal.signal(signal.SIGINT, handler)
 
 
 def check() -> None:

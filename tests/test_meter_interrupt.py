@@ -95,3 +95,36 @@ def test_a_wrong_url_says_what_it_waits_for_and_leaves_no_ledger(tmp_path: Path)
                      f"refused; retry {i} of 2 in {0.05 * 2 ** (i - 1):g} s" for i in (1, 2)]
     assert "Traceback" not in run.stderr
     assert not db.exists() and not Path(f"{db}.wal").exists()
+
+
+def test_sigint_at_a_sweep_of_moments_never_gives_a_traceback(
+        fleet_om_file: Path, tmp_path: Path) -> None:
+    """A week in one chunk: SIGINT lands inside DuckDB's scans, fact SQL and pricing (before
+    the fix: `KeyboardInterrupt` out of an Arrow scan, `TransactionContext Error`, `pricing
+    failed: RuntimeError: Query interrupted`, each exit 1). Every run ends either interrupted
+    (130, the one line) or, when the signal came after the work, finished (0)."""
+    week = ["--from", "2026-10-01", "--to", "2026-10-08"]
+    outcomes = []
+    for i, delay in enumerate(x / 20 for x in range(15)):  # 0 to 0.7 s
+        db = tmp_path / f"w{i}.duckdb"
+        proc = subprocess.Popen([sys.executable, "-m", "gpu_ledger.cli", "meter",
+                                 "--openmetrics", str(fleet_om_file), "--db", str(db), *week],
+                                stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        head = []
+        for line in proc.stderr:
+            head.append(line)
+            if "meter: 2026-10-01" in line:
+                break
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=60)
+        err = "".join(head) + rest
+        assert "Traceback" not in err, err
+        assert proc.returncode in (0, 130), err
+        if proc.returncode == 130:
+            assert err.strip().splitlines()[-1] == LINE, err
+        outcomes.append(proc.returncode)
+        if db.exists():
+            connect(db).close()  # opens for writing: schema intact
+    assert outcomes.count(130) >= 3, outcomes  # the sweep did interrupt runs mid-way
