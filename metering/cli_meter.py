@@ -356,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (2)
         return int(exc.code) if isinstance(exc.code, int) else ExitCode.USAGE
     rc: int = ExitCode.INTERRUPTED
-    # After the trap, Ctrl-C (while the line is printed, at exit) ends with the same line.
-    trapped = interrupt.trap((INTERRUPTED_LINE, ExitCode.INTERRUPTED))
+    # After the work, Ctrl-C changes nothing: the status below is the run's.
+    trapped = interrupt.trap(then_ignore=True)
     try:
         with trapped as trap:
             try:

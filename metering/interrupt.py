@@ -13,9 +13,7 @@ whether this was an interrupt.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,10 +33,11 @@ _current: Trap | None = None
 
 
 @contextmanager
-def trap(late: tuple[str, int] | None = None) -> Iterator[Trap]:
+def trap(then_ignore: bool = False) -> Iterator[Trap]:
     """Handle SIGINT while the block runs (main thread only; elsewhere a no-op trap); then
-    restore the previous handler, or with `late` (line, status) hand over to `exit_late`
-    with no moment between the two."""
+    restore the previous handler, or with `then_ignore` ignore SIGINT from then on, with no
+    moment between the two: the command's work is over and its status decided, and a Ctrl-C
+    while the interpreter shuts down would otherwise kill it by signal (exit -2)."""
     global _current
     caught = Trap()
     if threading.current_thread() is not threading.main_thread():
@@ -57,26 +56,8 @@ def trap(late: tuple[str, int] | None = None) -> Iterator[Trap]:
     try:
         yield caught
     finally:
-        if late is None:
-            signal.signal(signal.SIGINT, previous)
-        else:
-            exit_late(*late)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if then_ignore else previous)
         _current = None
-
-
-def exit_late(line: str, code: int) -> None:
-    """From now until the process ends, SIGINT prints `line` and exits `code` at once: a
-    Ctrl-C after the command's work (closing files, interpreter shutdown) gets the same
-    answer as one during it, not Python's death by signal."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-        os._exit(code)
-
-    signal.signal(signal.SIGINT, handler)
 
 
 def check() -> None:
