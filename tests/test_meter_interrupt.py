@@ -128,3 +128,17 @@ def test_sigint_at_a_sweep_of_moments_never_gives_a_traceback(
         if db.exists():
             connect(db).close()  # opens for writing: schema intact
     assert outcomes.count(130) >= 3, outcomes  # the sweep did interrupt runs mid-way
+
+
+def test_query_summary_counts_the_nodes_of_the_busiest_chunk(
+        fleet_prom_url: str, tmp_path: Path) -> None:
+    """A period whose last chunk has no data (the demo's `--days 3` in a whole month) said
+    "over 0 node(s)" while metering device-hours: the count is the most of any chunk."""
+    run = subprocess.run([sys.executable, "-m", "gpu_ledger.cli", "meter", "--prometheus",
+                          fleet_prom_url, "--db", str(tmp_path / "l.duckdb"), "--from",
+                          "2026-10-05", "--to", "2026-10-09", "--chunk", "24", "--no-price"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    (summary,) = [ln for ln in run.stderr.splitlines() if ln.startswith("meter: queries:")]
+    assert "over up to " in summary and "over up to 0 node" not in summary, summary
+    assert "no device data for" in run.stderr  # the last chunks were empty indeed
