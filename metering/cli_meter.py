@@ -280,8 +280,8 @@ def _open_source(args: argparse.Namespace, period: Period) -> Source:
     client = PromClient(args.prometheus, bearer_token=token, basic_auth=_basic_auth(args),
                         ca_file=args.ca_file, timeout=args.timeout,
                         retries=args.retries, backoff=args.retry_delay,
-                        on_retry=lambda line: print(f"gpu-ledger meter: {line}",
-                                                    file=sys.stderr))
+                        on_retry=None if args.quiet else
+                        lambda line: print(f"gpu-ledger meter: {line}", file=sys.stderr))
     return PrometheusSource(client, _limits(args), selector)
 
 
