@@ -95,6 +95,13 @@ class Config:
     exporter_memory_growth_ratio: float = 1.5
     exporter_memory_growth_min_bytes: int = 32 * 1024 * 1024
     exporter_memory_growth_for: str = "15m"
+    # The state `gpu-ledger meter --pushgateway` pushes (metering/publish.py), as Prometheus
+    # scrapes it from the Pushgateway with honor_labels: job is the pushed group's job.
+    metering_selector: str = 'job="gpu_ledger_meter"'
+    # No successful metering run of a cluster for this long: a daily run missed a day.
+    metering_stale_hours: int = 26
+    metering_stale_for: str = "10m"
+    budget_heading_over_for: str = "30m"
 
 
 DEFAULT_CONFIG = Config()
@@ -425,13 +432,37 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
               "a leak will get it OOM-killed."),
     )
 
+    M = config.metering_selector
+    METERING_ALERTS = (
+        Alert("GpuLedgerBudgetHeadingOver", "warning",
+              f'gpu_ledger_team_budget_status{{{M}, status=~"heading_over|over"}} == 1',
+              T.budget_heading_over_for,
+              "A team is heading over its GPU budget",
+              "Team {{ $labels.team }} is {{ if eq $labels.status \"over\" }}over{{ else }}"
+              "heading over{{ end }} its {{ $labels.month }} GPU budget by the last metering "
+              "run of cluster {{ $labels.cluster }}"
+              "{{ with query (printf `gpu_ledger_team_forecast_month_end{team=\"%s\","
+              "cluster=\"%s\"}` $labels.team $labels.cluster) }}: forecast "
+              "{{ (index . 0).Value | printf \"%.2f\" }} {{ (index . 0).Labels.currency }}"
+              "{{ end }}."),
+        Alert("GpuLedgerMeteringStale", "warning",
+              f"time() - gpu_ledger_meter_last_success_timestamp_seconds{{{M}}}\n"
+              f"  > {T.metering_stale_hours} * 3600", T.metering_stale_for,
+              "GPU metering has not succeeded recently",
+              "The last successful `gpu-ledger meter` run of cluster {{ $labels.cluster }} "
+              "finished {{ $value | humanizeDuration }} ago (more than "
+              f"{T.metering_stale_hours} h): spend and budget figures are that old."),
+    )
+
     groups = (
         ("gpu-ledger.device", DEVICE_ALERTS),
         ("gpu-ledger.reliability", RELIABILITY_ALERTS),
         ("gpu-ledger.exporter", EXPORTER_ALERTS),
     )
-    return tuple((name, tuple(replace(a, expr=scoped(a.expr, config.exporter_selector))
-                              for a in alerts)) for name, alerts in groups)
+    # The metering group reads the Pushgateway's series, not the exporter's: not scoped.
+    exporter = tuple((name, tuple(replace(a, expr=scoped(a.expr, config.exporter_selector))
+                                  for a in alerts)) for name, alerts in groups)
+    return (*exporter, ("gpu-ledger.metering", METERING_ALERTS))
 
 
 # --- recording rules -------------------------------------------------------------------------

@@ -492,6 +492,23 @@ def cost() -> Board:
           [(f"sort_desc(pod:gpu_cost:usd_per_hour{{{NS}}})", "")], width=12)
     b.add(tab("Example hourly rates (USD per GPU-hour)"),
           [("model:gpu_hourly_rate:usd", "")], width=12)
+    b.row("Budgets (from metering)")
+    # Pushed by `gpu-ledger meter --pushgateway` (metering/publish.py) per metered cluster:
+    # spend and forecast add up over clusters' ledgers, a team's budget is one figure.
+    b.add(tab("Team budgets this month (cost model currency)", merge=True),
+          [(f"sum by (team, month) (gpu_ledger_team_spend_month_to_date{{{CL}}})", ""),
+           (f"max by (team, month) (gpu_ledger_team_budget{{{CL}}})", ""),
+           (f"sum by (team, month) (gpu_ledger_team_forecast_month_end{{{CL}}})", ""),
+           (f"max by (team, month, status) "
+            f"(gpu_ledger_team_budget_status{{{CL}}} == 1)", "")],
+          width=18, description="From the last metering run: A: spend so far this month, "
+          "B: monthly budget, C: forecast to month end (spend so far extrapolated "
+          "linearly, as in the report), D: status (alert GpuLedgerBudgetHeadingOver).")
+    b.add(st("Hours since last metering run", "h"),
+          [(f"(time() - max by (cluster) "
+            f"(gpu_ledger_meter_last_success_timestamp_seconds{{{CL}}})) / 3600", "{{cluster}}")],
+          width=6, height=8, description="Per cluster, since its last successful `gpu-ledger "
+          "meter` run (alert GpuLedgerMeteringStale).")
     return b
 
 

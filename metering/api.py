@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
+from metering import interrupt
 from metering.cluster import ClusterScope
 from metering.costmodel import CostModel
 from metering.db import DatabaseError, LedgerLocked, connect, out_of_memory
@@ -86,7 +87,8 @@ def open_ledger(path: str | Path, *, create: bool = True, wait: float = 0.0,
                             "`gpu-ledger meter`, found no file")
     con = _connect_waiting(path, wait, say)
     try:
-        yield con
+        with interrupt.watch(con):  # Ctrl-C stops the running query (metering.interrupt)
+            yield con
     finally:
         con.close()
 

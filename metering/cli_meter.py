@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from contextlib import closing
 from pathlib import Path
 
-from metering import api, db
+from metering import api, db, interrupt, publish
 from metering.cluster import DEFAULT_CLUSTER, ClusterScope, cluster_name_problem
 from metering.costmodel import CostModel, load_cost_model
 from metering.errors import (
@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"DuckDB's memory cap, e.g. 4GB (default ${db.MEMORY_LIMIT_ENV}, else "
                         f"{db.DEFAULT_MEMORY_LIMIT}); beyond it DuckDB spills to disk")
     p.set_defaults(from_env=[])  # options apply_source_env filled from the environment
+    p.add_argument("--pushgateway", metavar="URL", default=None,
+                   help="after a successful run, push its state (spend, budget, forecast, "
+                        "status per team; last success time) to this Prometheus Pushgateway "
+                        f"(default ${publish.ENV}); a failed push is a warning, not a failure")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="per-chunk query counts and detected sample interval")
@@ -184,12 +188,59 @@ def _run(args: argparse.Namespace) -> int:
                 say(f"meter: {settled}")
         chunk = args.chunk or _auto_chunk(source, period, say)
         progress = Progress(-(-period.hours // chunk), quiet=args.quiet)
-        api.meter(args.db, source, period, cost_model=model, chunk_hours=chunk,
-                  sample_interval=args.sample_interval, replace=args.replace,
-                  resume=not args.no_resume, progress=progress, verbose=args.verbose,
-                  price_progress=_price_progress(args), say=say, clusters=clusters,
-                  wait=args.wait)
+        fresh = not Path(args.db).exists()
+        try:
+            result = api.meter(args.db, source, period, cost_model=model, chunk_hours=chunk,
+                               sample_interval=args.sample_interval, replace=args.replace,
+                               resume=not args.no_resume, progress=progress,
+                               verbose=args.verbose, price_progress=_price_progress(args),
+                               say=say, clusters=clusters, wait=args.wait)
+        except BaseException:
+            if fresh:
+                _drop_if_empty(Path(args.db))
+            raise
+    gateway = args.pushgateway or os.environ.get(publish.ENV, "").strip()
+    if gateway:
+        _publish(gateway, args, period, clusters, result, say)
     return 0
+
+
+def _publish(gateway: str, args: argparse.Namespace, period: Period, clusters: ClusterScope,
+             result: api.MeterResult, say: Callable[[str], None]) -> None:
+    """Push the run's state; a failure is one warning line (always shown), never an error:
+    the ledger is written, and the stale-metering alert tells a gateway that stays away."""
+    from metering.report.builder import make_report  # the report's budgets: one definition
+
+    month, currency, budgets = publish.budget_month(period), "", []
+    if result.pricing is not None:
+        try:
+            report = make_report(args.db, month, args.cost_model, 0)
+            currency, budgets = report.cost_model.currency, list(report.budgets or [])
+        except MeteringError as exc:
+            print(f"gpu-ledger meter: warning: budgets not published: {exc}", file=sys.stderr)
+    hours = period.hours - len(result.ingest.empty_hours)
+    state = publish.RunState(clusters.name, period, hours, publish.now(), month, currency,
+                             budgets)
+    try:
+        publish.push(gateway, state)
+    except publish.PushError as exc:
+        print(f"gpu-ledger meter: warning: push to the Pushgateway failed (the ledger is "
+              f"written): {exc}", file=sys.stderr)
+        return
+    say(f"meter: pushed state to {gateway} ({len(budgets)} team budget(s))")
+
+
+def _drop_if_empty(path: Path) -> None:
+    """Remove a ledger this run created when it failed before committing any hour: an empty
+    ledger left behind would look metered to the next reader."""
+    try:
+        with closing(db.connect(path, read_only=True)) as con:
+            row = con.execute("SELECT count(*) FROM coverage").fetchone()
+    except Exception:  # unreadable: not ours to judge, leave it
+        return
+    if row is not None and row[0] == 0:
+        for leftover in (path, path.with_name(path.name + ".wal")):
+            leftover.unlink(missing_ok=True)
 
 
 def apply_source_env(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
@@ -228,7 +279,9 @@ def _open_source(args: argparse.Namespace, period: Period) -> Source:
              if args.bearer_token_file else None)
     client = PromClient(args.prometheus, bearer_token=token, basic_auth=_basic_auth(args),
                         ca_file=args.ca_file, timeout=args.timeout,
-                        retries=args.retries, backoff=args.retry_delay)
+                        retries=args.retries, backoff=args.retry_delay,
+                        on_retry=None if args.quiet else
+                        lambda line: print(f"gpu-ledger meter: {line}", file=sys.stderr))
     return PrometheusSource(client, _limits(args), selector)
 
 
@@ -292,19 +345,36 @@ def _period_args(args: argparse.Namespace) -> str:
     return f"--from {args.start} --to {args.end}"
 
 
+INTERRUPTED_LINE = ("gpu-ledger meter: interrupted; committed chunks are kept and the same "
+                    "command resumes after them")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # --help (0) or a usage error (2)
         return int(exc.code) if isinstance(exc.code, int) else ExitCode.USAGE
+    rc: int = ExitCode.INTERRUPTED
+    # After the work, Ctrl-C changes nothing: the status below is the run's.
+    trapped = interrupt.trap(then_ignore=True)
     try:
-        with db.memory_cap(args.memory_limit, f"{args.db}: metering"):
-            return _run(args)
-    except MeteringError as exc:
-        print(f"gpu-ledger meter: {exc}", file=sys.stderr)
-        return exc.code
-    except KeyboardInterrupt:
-        print("gpu-ledger meter: interrupted; committed chunks are kept and the same command "
-              "resumes after them", file=sys.stderr)
+        with trapped as trap:
+            try:
+                with db.memory_cap(args.memory_limit, f"{args.db}: metering"):
+                    rc = _run(args)
+            except (MeteringError, KeyboardInterrupt, Exception) as exc:
+                # After Ctrl-C, whatever it surfaced as (DuckDB's "Query interrupted", a
+                # failed pricing) is the interrupt; a traceback only for a bug.
+                if not trap.hit and not isinstance(exc, KeyboardInterrupt):
+                    if isinstance(exc, MeteringError):
+                        print(f"gpu-ledger meter: {exc}", file=sys.stderr)
+                        return exc.code
+                    raise
+                trap.hit = True
+    except KeyboardInterrupt:  # landed between the block's end and the trap's hand-over
+        trap.hit = True
+    if trap.hit:
+        print(INTERRUPTED_LINE, file=sys.stderr)
         return ExitCode.INTERRUPTED
+    return rc

@@ -6,6 +6,7 @@ its header before DuckDB does, so nothing can "repair" it by writing over someon
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -51,7 +52,8 @@ def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        con.execute("ROLLBACK")
+        with contextlib.suppress(duckdb.Error):  # an interrupted query ended it already
+            con.execute("ROLLBACK")
         raise
     con.execute("COMMIT")
 

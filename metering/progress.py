@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from metering import interrupt
+
 
 def _eta(seconds: float) -> str:
     s = round(seconds)
@@ -60,6 +62,7 @@ class Progress:
     def chunk_done(self, label: str, detail: str = "", amount: float = 0,
                    what: str = "") -> None:
         """One step done; `amount` of `what` (e.g. 120000 "fact rows") feeds the rate."""
+        interrupt.check()  # a Ctrl-C swallowed inside the step stops the run here
         self.done += 1
         self.amount += amount
         self.what = what or self.what

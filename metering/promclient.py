@@ -76,10 +76,14 @@ class PromClient:
     retries: int = 4
     backoff: float = 0.5  # first wait; doubles on every retry
     sleep: Callable[[float], None] = time.sleep
+    # Told one line before each retry's wait (what failed, how long it waits), so a wrong URL
+    # is not a silent minute; None: say nothing.
+    on_retry: Callable[[str], None] | None = field(default=None, repr=False)
     queries: int = 0  # PromQL queries answered successfully (instant + range)
     max_body: int = MAX_BODY
     _ssl: ssl.SSLContext | None = field(default=None, repr=False)
     proxy: Proxy | None = field(default=None, init=False)  # from the environment, or None
+    _gave_up: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         shown = redact(self.url.rstrip("/"))
@@ -200,14 +204,24 @@ class PromClient:
     def _fetch(self, target: str) -> Answer:
         """GET `target`, retrying transient failures with exponential backoff."""
         attempt = 0
+        # After one request gave up, the next ones try once until one succeeds: a wrong URL
+        # costs one round of retries, not one per query of the run.
+        retries = 0 if self._gave_up else self.retries
         while True:
             try:
-                return self._get_once(target)
+                answer = self._get_once(target)
+                self._gave_up = False
+                return answer
             except _Transient as exc:
-                if attempt >= self.retries:
+                if attempt >= retries:
+                    self._gave_up = True
                     raise PromError(f"{self.url}: {exc} (gave up after {attempt + 1} attempts)"
                                     ) from None
-                self.sleep(self.backoff * (2 ** attempt))
+                wait = self.backoff * (2 ** attempt)
+                if self.on_retry is not None:
+                    self.on_retry(f"{self.url}: {exc}; retry {attempt + 1} of {retries} "
+                                  f"in {wait:g} s")
+                self.sleep(wait)
                 attempt += 1
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:

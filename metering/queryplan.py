@@ -106,7 +106,7 @@ class SplitStats:
     max_time_pieces: int = 1
     refused: int = 0  # queries the store refused with a limit error (then split)
     lookups: int = 0  # label-values calls
-    nodes: int = 0  # nodes in the last chunk
+    nodes: int = 0  # most nodes of one chunk (the last may have none: a period's tail)
     no_discovery: str = ""  # why nodes could not be listed (then no node shards)
     metricsql: bool = False  # last-sample times from MetricsQL tlast_over_time
 
@@ -121,7 +121,7 @@ class SplitStats:
         why = f"; {self.no_discovery}" if self.no_discovery else ""
         why += "; last-sample times with MetricsQL tlast_over_time" if self.metricsql else ""
         return (f"{self.queries} range queries for {self.signal_queries} signal-chunks over "
-                f"{self.nodes} node(s): {split}{extra}{why}")
+                f"up to {self.nodes} node(s) per chunk: {split}{extra}{why}")
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ class QueryPlanner:
             self._nodes = None
             return None
         self._nodes = tuple(sorted({v for v in values if v}))
-        self.stats.nodes = len(self._nodes)
+        self.stats.nodes = max(self.stats.nodes, len(self._nodes))
         return self._nodes
 
     def _node_values(self, families: Sequence[str], start: int, end: int) -> set[str]:

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from alerts.generate import DEFAULT_CONFIG
 from exporter.metrics import FAMILIES
+from metering import publish
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "alerts" / "gpu-ledger-alerts.yml"
@@ -75,6 +77,8 @@ def test_alert_metadata(rule: dict[str, Any]) -> None:
 def test_gpu_alerts_name_gpu_node_and_pods(rule: dict[str, Any]) -> None:
     if any(m in rule["expr"] for m in ("gpu_exporter", "up{", "process_", "gpu_expected_devices")):
         return  # alerts on the exporter itself name its instance instead
+    if "gpu_ledger_" in rule["expr"]:
+        return  # alerts on metering's pushed state name the team or cluster instead
     desc = rule["annotations"]["description"]
     for part in ("$labels.gpu", "$labels.node", "$labels.uuid", "gpu_container_allocation"):
         assert part in desc
@@ -99,7 +103,7 @@ def test_runbook_has_a_section_per_alert_and_no_orphans() -> None:
 
 def test_expressions_use_only_contract_metrics() -> None:
     """Rules may only read the exporter's families, Prometheus's `up`, and each other."""
-    known = {f.name for f in FAMILIES} | {"up"}
+    known = {f.name for f in FAMILIES} | {"up", publish.JOB} | set(publish.METRICS)  # metering
     label_names = {label for f in FAMILIES for label in f.labels}
     records = {r["record"] for r in _rules(RECORDING)}
     for rule in _alerts() + _rules(RECORDING):
@@ -116,4 +120,7 @@ def test_thresholds_come_from_one_table() -> None:
     """The job matcher appears in the rules only as generated from Config.exporter_selector."""
     text = ALERTS.read_text(encoding="utf-8")
     assert 'up{job="gpu-ledger-exporter"}' in text
-    assert text.count("job=") == text.count('job="gpu-ledger-exporter"')
+    # ... and, in the metering alerts, from Config.metering_selector: the job meter pushes as
+    assert DEFAULT_CONFIG.metering_selector == f'job="{publish.JOB}"'
+    assert text.count("job=") == (text.count('job="gpu-ledger-exporter"')
+                                  + text.count(DEFAULT_CONFIG.metering_selector))

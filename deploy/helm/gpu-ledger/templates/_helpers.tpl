@@ -41,6 +41,7 @@ the CronJob's reference exactly as with Kustomize. Call with (dict "name" "data"
 {{- with .Values.metering.selector }}{{ $_ := set $d "selector" . }}{{ end -}}
 {{- with .Values.metering.cluster }}{{ $_ := set $d "cluster" . }}{{ end -}}
 {{- with .Values.metering.clusterLabel }}{{ $_ := set $d "cluster-label" . }}{{ end -}}
+{{- with .Values.metering.pushgatewayUrl }}{{ $_ := set $d "pushgateway" . }}{{ end -}}
 {{- toYaml $d }}
 {{- end }}
 

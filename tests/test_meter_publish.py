@@ -1,0 +1,150 @@
+"""`gpu-ledger meter --pushgateway` (issue 27, item 2): a real Prometheus Pushgateway receives
+the run's state, and what it holds equals the ledger's report figures; a gateway that is
+away costs one warning line, never the metering run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import conftest_prom
+import pytest
+
+from metering import publish
+from metering.period import Month
+from metering.report.builder import make_report
+
+fleet_om_file = conftest_prom.fleet_om_file  # session fixture
+DAY = ["--from", "2026-10-05", "--to", "2026-10-06"]
+PACKAGED = Path(__file__).parent.parent / "metering" / "data" / "cost-model.yaml"
+GATEWAY = "/usr/bin/prometheus-pushgateway"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[str]:
+    binary = shutil.which("prometheus-pushgateway") or GATEWAY
+    port = _free_port()
+    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}",
+                             f"--persistence.file={tmp_path / 'pgw.store'}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(url + "/-/ready", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("pushgateway did not start")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _meter(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpu_ledger.cli", "meter", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def _groups(url: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(url + "/api/v1/metrics", timeout=5) as resp:
+        body = json.load(resp)
+    assert body["status"] == "success"
+    return list(body["data"])
+
+
+def _values(group: dict[str, Any], name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Values by their own labels (the grouping key's job, cluster and the instance="" the
+    gateway adds are on every sample)."""
+    return {tuple(sorted((k, v) for k, v in m["labels"].items()
+                         if k not in ("job", "cluster", "instance"))): float(m["value"])
+            for m in group[name]["metrics"]}
+
+
+def test_push_publishes_the_reports_budget_figures(
+        fleet_om_file: Path, tmp_path: Path, gateway: str) -> None:
+    db = tmp_path / "l.duckdb"
+    first = _meter("--openmetrics", str(fleet_om_file), "--db", str(db), *DAY, "-q",
+                   "--cluster", "eu-west")
+    assert first.returncode == 0, first.stderr
+    teams = [ln.team for ln in make_report(str(db), Month(2026, 10), None, 0).teams
+             if not ln.overhead]
+    assert len(teams) >= 2
+    # one team far over its budget, one far within, one with no spend at all
+    budgets = {teams[0]: 0.01, teams[1]: 1_000_000, "idle-team": 5}
+    model = tmp_path / "cm.yaml"
+    model.write_text(PACKAGED.read_text().replace(
+        "  monthly: {}", "  monthly: " + json.dumps(budgets), 1))
+    before = time.time()
+    run = _meter("--openmetrics", str(fleet_om_file), "--db", str(db), *DAY,
+                 "--cost-model", str(model), "--cluster", "eu-west", "--pushgateway", gateway)
+    assert run.returncode == 0, run.stderr
+    assert "pushed state to" in run.stderr and "Traceback" not in run.stderr
+
+    report = make_report(str(db), Month(2026, 10), str(model), 0)
+    assert report.budgets is not None and len(report.budgets) == 3
+    (group,) = _groups(gateway)
+    assert group["labels"] == {"job": publish.JOB, "cluster": "eu-west"}
+    assert "push_time_seconds" in group  # added by the gateway itself
+    spend = _values(group, publish.SPEND)
+    budget = _values(group, publish.BUDGET)
+    status = _values(group, publish.STATUS)
+    for b in report.budgets:
+        key = (("currency", report.cost_model.currency), ("month", "2026-10"), ("team", b.team))
+        assert Decimal(str(spend[key])) == b.spend.quantize(Decimal("0.000001"))
+        assert budget[key] == float(b.budget)
+        for state, label in publish.STATUS_LABEL.items():
+            want = 1.0 if b.status is state else 0.0
+            assert status[tuple(sorted((*key, ("status", label))))] == want
+    by_team = {b.team: b.status.name for b in report.budgets}
+    assert by_team == {teams[0]: "OVER", teams[1]: "WITHIN", "idle-team": "WITHIN"}
+    last = _values(group, publish.LAST_SUCCESS)[()]
+    assert before <= last <= time.time()
+    assert _values(group, publish.HOURS)[()] == 24.0
+    assert _values(group, publish.THROUGH)[()] == 1791244800.0  # 2026-10-06T00:00Z
+
+
+def test_push_from_the_environment_replaces_the_group(
+        fleet_om_file: Path, tmp_path: Path, gateway: str) -> None:
+    """$GPU_LEDGER_PUSHGATEWAY is the default; a PUT replaces the cluster's whole group, so a
+    run without budgets leaves no stale team series behind."""
+    db = tmp_path / "l.duckdb"
+    env = {**__import__("os").environ, publish.ENV: gateway}
+    run = _meter("--openmetrics", str(fleet_om_file), "--db", str(db), *DAY, "--no-price",
+                 env=env)
+    assert run.returncode == 0, run.stderr
+    (group,) = _groups(gateway)
+    assert group["labels"]["cluster"] == "default"
+    assert publish.SPEND not in group and publish.LAST_SUCCESS in group
+
+
+def test_unreachable_gateway_is_one_warning_and_the_run_succeeds(
+        fleet_om_file: Path, tmp_path: Path) -> None:
+    db = tmp_path / "l.duckdb"
+    url = f"http://127.0.0.1:{_free_port()}"
+    run = _meter("--openmetrics", str(fleet_om_file), "--db", str(db), *DAY, "-q",
+                 "--pushgateway", url)
+    assert run.returncode == 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "warning: push to the Pushgateway failed" in lines[0], lines
+    assert url in lines[0] and "Traceback" not in run.stderr
+    bad = _meter("--openmetrics", str(fleet_om_file), "--db", str(db), *DAY, "-q",
+                 "--pushgateway", "not-a-url")
+    assert bad.returncode == 0 and "expected an http(s):// URL" in bad.stderr
