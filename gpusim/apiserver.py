@@ -344,13 +344,16 @@ class FakeApiServer:
                 else:
                     self._list(resource, terms)
 
-            def _chunked(self, pieces: Iterable[bytes]) -> None:
+            def _start_chunked(self) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.send_header("Connection", "close")
                 self.end_headers()
                 self.close_connection = True
+
+            def _chunked(self, pieces: Iterable[bytes]) -> None:
+                self._start_chunked()
                 with contextlib.suppress(OSError):  # the client gave up: that is the point
                     for piece in pieces:
                         if api._closed:
@@ -393,12 +396,7 @@ class FakeApiServer:
                     return
                 timeout = float(query.get("timeoutSeconds") or 1800)
                 deadline = time.monotonic() + timeout
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.close_connection = True
+                self._start_chunked()
                 try:
                     self._stream(res, terms, query, deadline)
                 finally:
