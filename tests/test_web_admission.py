@@ -9,27 +9,17 @@ import http.client
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 import bcrypt
 
 from exporter.httpserver import Limits
-from exporter.web import AUTH_QUEUE_PER_CLIENT, WebServer, start_server
+from exporter.web import AUTH_QUEUE_PER_CLIENT, WebServer
 from exporter.webconfig import WebConfig
-from tests.test_web import FakeSource
+from tests.test_web_hostile import serving
 
 ATTACKERS = [f"127.0.0.{i}" for i in range(2, 10)]  # eight hosts
 SCRAPER, FRESH = "127.0.0.10", "127.0.0.11"
-
-
-@contextmanager
-def serving(limits: Limits, cfg: WebConfig | None = None) -> Iterator[WebServer]:
-    server = start_server(FakeSource(), "127.0.0.1", 0, cfg, limits)
-    try:
-        yield server
-    finally:
-        server.shutdown()
 
 
 def slow_connection(server: WebServer, source: str) -> socket.socket:
