@@ -125,3 +125,29 @@ def vm_import(url: str, prometheus_text: str) -> None:
         pass
     with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=30):
         pass
+
+
+PUSHGATEWAY = "/usr/bin/prometheus-pushgateway"
+
+
+@contextmanager
+def running_pushgateway(workdir: Path) -> Iterator[str]:
+    """A real Prometheus Pushgateway on a free loopback port; yields its base URL."""
+    binary = shutil.which("prometheus-pushgateway") or PUSHGATEWAY
+    port = free_port()
+    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}",
+                             f"--persistence.file={workdir / 'pgw.store'}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(url + "/-/ready", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("pushgateway did not start")
+        yield url
+    finally:
+        stop(proc, timeout=10)

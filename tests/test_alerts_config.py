@@ -45,7 +45,8 @@ def test_override_changes_selectors_and_thresholds(tmp_path: Path) -> None:
         'gpu_expected_devices{job="acme-gpu", cluster="eu1", source="pci"}')
     # every selector of the exporter's series carries the override (mixin-style selectors)
     for name, expr in got.items():
-        for selector in re.findall(r'(?<![\w:"$.])(?:gpu_[a-z_]+|process_[a-z_]+|up)\b'
+        # (gpu_ledger_*: the metering job's pushed series, selected by their own job label)
+        for selector in re.findall(r'(?<![\w:"$.])(?:gpu_(?!ledger_)[a-z_]+|process_[a-z_]+|up)\b'
                                    r"(?!\s*\()(\{[^}]*\})?", expr):
             assert selector.startswith('{job="acme-gpu", cluster="eu1"'), (name, expr)
     assert "gpu-ledger-exporter" not in (out / "gpu-ledger-alerts.yml").read_text()

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from alerts.generate import DEFAULT_CONFIG
+from metering import publish
 from tests.deploytools import kubectl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,8 +175,9 @@ def test_overrides_keep_scraping_and_alerting(tmp_path: Path, name: str) -> None
     namespace, job = scrape_job(objects)
     if "namespace:" in OVERRIDES[name]:
         assert namespace == "monitoring"
-    # the alerts select exactly the job the targets get
-    assert alert_job_values(objects) == {job}
+    # the exporter's alerts select exactly the job the targets get; the metering alerts the
+    # job label the metering run pushes (kept by honor_labels, whatever the deploy is named)
+    assert alert_job_values(objects) == {job, publish.JOB}
     assert f'job="{job}"' in DEFAULT_CONFIG.exporter_selector
     # the exporter's ServiceAccount is the one bound to its ClusterRole
     binding, ds = one(objects, "ClusterRoleBinding"), one(objects, "DaemonSet")

@@ -5,8 +5,6 @@ away costs one warning line, never the metering run."""
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +16,7 @@ from typing import Any
 
 import conftest_prom
 import pytest
+from promtools import free_port, running_pushgateway
 
 from metering import publish
 from metering.period import Month
@@ -26,36 +25,12 @@ from metering.report.builder import make_report
 fleet_om_file = conftest_prom.fleet_om_file  # session fixture
 DAY = ["--from", "2026-10-05", "--to", "2026-10-06"]
 PACKAGED = Path(__file__).parent.parent / "metering" / "data" / "cost-model.yaml"
-GATEWAY = "/usr/bin/prometheus-pushgateway"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[str]:
-    binary = shutil.which("prometheus-pushgateway") or GATEWAY
-    port = _free_port()
-    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}",
-                             f"--persistence.file={tmp_path / 'pgw.store'}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(url + "/-/ready", timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise AssertionError("pushgateway did not start")
+    with running_pushgateway(tmp_path) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _meter(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -138,7 +113,7 @@ def test_push_from_the_environment_replaces_the_group(
 def test_unreachable_gateway_is_one_warning_and_the_run_succeeds(
         fleet_om_file: Path, tmp_path: Path) -> None:
     db = tmp_path / "l.duckdb"
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     run = _meter("--openmetrics", str(fleet_om_file), "--db", str(db), *DAY, "-q",
                  "--pushgateway", url)
     assert run.returncode == 0

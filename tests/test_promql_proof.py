@@ -30,6 +30,8 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,7 @@ from dcgm_queries import (
     OPENCOST_GPU_USAGE_AVG,
     OPENCOST_GPU_USAGE_MAX,
 )
-from promtools import free_port, http_server, running_prometheus
+from promtools import free_port, http_server, running_prometheus, running_pushgateway
 
 from dashboards.generate import BOARDS, expressions
 from exporter.metrics import FAMILIES
@@ -54,6 +56,9 @@ from gpusim.cluster import SimNode, pod_objects
 from gpusim.kubelet import ClaimAllocation, ContainerAllocation, FakeKubelet, PodAllocation
 from gpusim.node import device_ids, sharing_modes
 from gpusim.scenario import load_scenario
+from metering import publish
+from metering.period import Month, Period
+from metering.report.model import BudgetLine, BudgetStatus
 
 pytestmark = pytest.mark.slow
 
@@ -234,6 +239,18 @@ def wait_for(what: str, check: Any, timeout: float = 60) -> None:
         time.sleep(0.5)
 
 
+def _metering_state() -> publish.RunState:
+    """A day metered in the current month, a team heading over its budget (what the budget
+    panel and alert read), pushed to the real Pushgateway the proof Prometheus scrapes."""
+    now = time.time()
+    today = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    period = Period(today - timedelta(days=1), today)
+    month = Month(today.year, today.month)
+    line = BudgetLine("nlp", Decimal(1000), Decimal(600), Decimal(1500),
+                      BudgetStatus.HEADING_OVER)
+    return publish.RunState(CLUSTER, period, 24, now - 3 * 86400, month, "USD", (line,))
+
+
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     work = tmp_path_factory.mktemp("proof")
@@ -259,7 +276,9 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         ClaimAllocation("dra-jobs", "solver-gpu", [(DRA_DRIVER, NODE, "gpu-5")])])])
     with FakeApiServer([*pod_objects(sc, 0.0, 86400.0), hami_pod, dra_pod],
                        slices=[dra_slice]) as api, \
-            http_server(lambda path, headers: (200, "text/plain", OTHER_PROCESS)) as other_url:
+            http_server(lambda path, headers: (200, "text/plain", OTHER_PROCESS)) as other_url, \
+            running_pushgateway(work) as gateway:
+        publish.push(gateway, _metering_state())  # the metering job's state, as `meter` pushes it
         kubeconfig = api.kubeconfig(str(work / "kubeconfig"))
         node = SimNode(sc, time.time, start, None, None, proc_root, None)  # type: ignore[arg-type]
         node.refresh_proc_tree()
@@ -284,6 +303,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     "static_configs": [{"targets": [f"127.0.0.1:{port}"],
                                         "labels": {"cluster": CLUSTER}}],
                 }, {
+                    # The metering job's pushed state: honor_labels keeps its job and cluster.
+                    "job_name": "pushgateway", "honor_labels": True,
+                    "static_configs": [{"targets": [gateway.removeprefix("http://")]}],
+                }, {
                     "job_name": OTHER_JOB,
                     "static_configs": [{"targets": [other_url.removeprefix("http://")],
                                         "labels": {"cluster": CLUSTER}}],
@@ -298,6 +321,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     wait_for("XID series", lambda: query(prom, "gpu_xid_errors_total"))
                     wait_for("the HAMi grant", lambda: query(
                         prom, 'gpu_container_allocation{sharing="fractional"}'))
+                    wait_for("the metering job's pushed state", lambda: query(
+                        prom, publish.LAST_SUCCESS))
                     wait_for("the DRA claim", lambda: query(
                         prom, f'gpu_container_allocation{{resource="{DRA_DRIVER}"}}'))
                     time.sleep(6)
@@ -340,7 +365,7 @@ def _variable_queries() -> list[tuple[str, str]]:
     return out
 
 
-METRIC_NAMES = {f.name for f in FAMILIES} | {"up"}
+METRIC_NAMES = {f.name for f in FAMILIES} | set(publish.METRICS) | {"up"}
 SELECTOR = re.compile(r"(?<![\w:$\"])([a-zA-Z_][\w:]*)\s*(\{[^}]*\})?")
 
 
