@@ -1,0 +1,285 @@
+"""The AMD backend: AMD Instinct / Radeon GPUs through amdsmi (AMD's Python package over
+libamd_smi.so), or through the simulator's SimAmdSmi, which answers the same calls
+(`AmdSmiApi`). The only code that calls amdsmi; units are normalised here (MB -> bytes,
+µJ -> J, MHz -> Hz, percent -> 0-1, µW -> W).
+
+amdsmi reports device-wide activity, power and energy on a partitioned GPU's partition 0 only;
+they are read there and are the whole GPU's. Per-partition usage comes from per-process data
+(amd_processes.py). docs/backends.md says which contract fields AMD fills.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporter.device.amd_calls import AmdCalls, field, number, text
+from exporter.device.amd_inventory import MIB, AmdGpu, discover
+from exporter.device.amd_processes import AmdProcessReader
+from exporter.device.amdsmiapi import AmdSmiApi
+from exporter.device.contract import (
+    ErrorEvent,
+    EventSource,
+    GpuRef,
+    GuestLicence,
+    Inventory,
+    MemoryUsage,
+    MigRef,
+    ProcessReader,
+    Reliability,
+    RowRemapping,
+    Tally,
+    Telemetry,
+    Vendor,
+    VirtualFunction,
+)
+from exporter.device.nvmlapi import NvmlApi
+
+log = logging.getLogger(__name__)
+
+MHZ = 1_000_000.0
+MICRO = 1e-6
+AMD_VENDOR = "0x1002"
+# VGA, 3D, display "other" (Radeon) and processing accelerator (Instinct MI200/MI300)
+AMD_GPU_CLASSES = ("0x0300", "0x0302", "0x0380", "0x1200")
+HOST_MODE = 2  # AMDSMI_VIRTUALIZATION_MODE_HOST: the MxGPU (GIM) host
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """XGMI and PCIe counters of a device (AMD only: no contract field yet, docs/backends.md).
+    Byte counters are since the driver loaded; None where the device has none."""
+
+    xgmi_read_bytes: tuple[int, ...] = ()  # per link
+    xgmi_write_bytes: tuple[int, ...] = ()
+    pcie_bandwidth_acc: int | None = None  # amdsmi's pcie_bandwidth_acc (GB/s summed per ms)
+    pcie_replays: int | None = None
+
+
+class AmdBackend:
+    """AMD GPUs through amdsmi (`api`: the amdsmi module or a SimAmdSmi)."""
+
+    vendor: Vendor = "amd"
+    source = "amdsmi"
+    library = "amdsmi"
+
+    def __init__(self, api: AmdSmiApi, clock_ns: Callable[[], int] = time.monotonic_ns
+                 ) -> None:
+        self._api = api
+        self._clock_ns = clock_ns
+
+    @property
+    def api(self) -> AmdSmiApi:
+        return self._api
+
+    @property
+    def nvml(self) -> NvmlApi | None:
+        return None
+
+    def open(self) -> None:
+        self._api.amdsmi_init()
+
+    def close(self) -> None:
+        self._api.amdsmi_shut_down()
+
+    def inventory(self, previous: Inventory | None) -> Inventory:
+        return discover(self._api, previous)
+
+    def expected_devices(self, sysfs_root: str) -> list[str] | None:
+        return amd_gpu_functions(sysfs_root)
+
+    def telemetry(self, gpu: GpuRef, tally: Tally) -> Telemetry:
+        api = self._api
+        r = AmdCalls(api, tally)
+        dev = _amd(gpu)
+        h = dev.primary
+        # MI300 has no edge sensor: the hotspot (junction) is the one every AMD GPU has
+        temp = r.call(api.amdsmi_get_temp_metric, h, api.AmdSmiTemperatureType.HOTSPOT,
+                      api.AmdSmiTemperatureMetric.CURRENT)
+        if temp is None:
+            temp = r.call(api.amdsmi_get_temp_metric, h, api.AmdSmiTemperatureType.EDGE,
+                          api.AmdSmiTemperatureMetric.CURRENT)
+        mem_temp = r.call(api.amdsmi_get_temp_metric, h, api.AmdSmiTemperatureType.VRAM,
+                          api.AmdSmiTemperatureMetric.CURRENT)
+        power = r.call(api.amdsmi_get_power_info, h)
+        watts = field(power, "socket_power", "current_socket_power", "average_socket_power")
+        limit = field(power, "power_limit")
+        if limit is None:
+            cap = field(r.call(api.amdsmi_get_power_cap_info, h), "power_cap")  # µW
+            limit = None if cap is None else cap * MICRO
+        activity = r.call(api.amdsmi_get_gpu_activity, h)
+        gfx = field(activity, "gfx_activity")
+        umc = field(activity, "umc_activity")
+        total = used = 0.0
+        have_mem = False
+        for m in dev.members:  # each partition holds its share of the memory
+            vram = r.call(api.amdsmi_get_gpu_vram_usage, m)
+            t, u = field(vram, "vram_total"), field(vram, "vram_used")
+            if t is not None and u is not None:
+                have_mem = True
+                total, used = total + t * MIB, used + u * MIB
+        sclk = field(r.call(api.amdsmi_get_clock_info, h, api.AmdSmiClkType.GFX), "clk")
+        mclk = field(r.call(api.amdsmi_get_clock_info, h, api.AmdSmiClkType.MEM), "clk")
+        return Telemetry(
+            temperature_celsius=number(temp),
+            memory_temperature_celsius=number(mem_temp),
+            power_watts=watts,
+            power_limit_watts=limit,
+            energy_joules=self._energy(r, h),
+            utilization=None if gfx is None else gfx / 100.0,
+            memory_utilization=None if umc is None else umc / 100.0,
+            memory=MemoryUsage(total, used, total - used) if have_mem else None,
+            sm_clock_hertz=None if sclk is None else sclk * MHZ,
+            memory_clock_hertz=None if mclk is None else mclk * MHZ,
+        )
+
+    def _energy(self, r: AmdCalls, h: object) -> float | None:
+        """Joules since the driver loaded: energy_accumulator x counter_resolution is µJ
+        (the counter is in units of the resolution, ~15.3 µJ on MI300). Releases before ROCm
+        6.4 name the counter `power`."""
+        info = r.call(self._api.amdsmi_get_energy_count, h)
+        ticks = field(info, "energy_accumulator", "power")
+        resolution = field(info, "counter_resolution")
+        if ticks is None or resolution is None:
+            return None
+        return ticks * resolution * MICRO
+
+    def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
+        api = self._api
+        r = AmdCalls(api, tally)
+        metrics = r.call(api.amdsmi_get_gpu_metrics_info, _amd(gpu).primary) or {}
+        kib = 1024
+
+        def links(key: str) -> tuple[int, ...]:
+            values = metrics.get(key)
+            if not isinstance(values, list):
+                return ()
+            return tuple(int(v) * kib for v in values if number(v) is not None)
+
+        acc = number(metrics.get("pcie_bandwidth_acc"))
+        replays = r.call(api.amdsmi_get_gpu_pci_replay_counter, _amd(gpu).primary)
+        return Interconnect(links("xgmi_read_data_acc"), links("xgmi_write_data_acc"),
+                            None if acc is None else int(acc),
+                            None if replays is None else int(replays))
+
+    def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability:
+        """ECC totals of all RAS blocks (amdsmi's deferred errors are not counted: the
+        contract has no field for them); retired pages as `RowRemapping` (reserved pages are
+        uncorrectable retirements, pending ones wait for a reset, unreservable ones failed)."""
+        api = self._api
+        r = AmdCalls(api, tally)
+        h = _amd(gpu).primary
+        ecc = r.call(api.amdsmi_get_gpu_total_ecc_count, h)
+        pages = r.call(api.amdsmi_get_gpu_bad_page_info, h)
+        rows = None
+        if pages is not None:
+            status = [text(p.get("status")).upper() for p in pages]
+            rows = RowRemapping(correctable=0,
+                                uncorrectable=sum(s == "RESERVED" for s in status),
+                                pending=any(s == "PENDING" for s in status),
+                                failed=any(s == "UNRESERVABLE" for s in status))
+        replays = r.call(api.amdsmi_get_gpu_pci_replay_counter, h)
+        corr, uncorr = field(ecc, "correctable_count"), field(ecc, "uncorrectable_count")
+        return Reliability(
+            ecc_corrected=None if corr is None else int(corr),
+            ecc_uncorrected=None if uncorr is None else int(uncorr),
+            row_remapping=rows, pcie_replays=None if replays is None else int(replays))
+
+    def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None:
+        vram = AmdCalls(self._api, tally).call(self._api.amdsmi_get_gpu_vram_usage,
+                                               partition.handle)
+        t, u = field(vram, "vram_total"), field(vram, "vram_used")
+        return None if t is None or u is None else MemoryUsage(t * MIB, u * MIB)
+
+    def process_reader(self) -> ProcessReader:
+        return AmdProcessReader(self._api, self._clock_ns)
+
+    def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
+        """MxGPU: the VFs of a GPU on a GIM host, by VF PCI address (what the AMD device plugin
+        hands a KubeVirt VM, through the VF's IOMMU group). Empty elsewhere."""
+        api = self._api
+        if not hasattr(api, "amdsmi_get_num_vf"):
+            return []  # the ROCm (bare metal / guest) library has no VF functions
+        r = AmdCalls(api, tally)
+        h = _amd(gpu).primary
+        if hasattr(api, "amdsmi_get_gpu_virtualization_mode"):
+            mode = number((r.call(api.amdsmi_get_gpu_virtualization_mode, h) or {})
+                          .get("mode"))
+            if mode is not None and int(mode) != HOST_MODE:
+                return []
+        enabled = number((r.call(api.amdsmi_get_num_vf, h) or {}).get("num_vf_enabled"))
+        if not enabled:
+            return []
+        fb_by_vf = {int(p["vf_id"]): field(p.get("fb"), "fb_size")
+                    for p in r.call(api.amdsmi_get_vf_partition_info, h) or []
+                    if number(p.get("vf_id")) is not None}
+        out = []
+        for i in range(int(enabled)):
+            vf = r.call(api.amdsmi_get_vf_handle_from_vf_index, h, i)
+            if vf is None:
+                continue
+            bdf = text(r.call(api.amdsmi_get_vf_bdf, vf))
+            if not bdf:
+                continue
+            fb = fb_by_vf.get(i)
+            guest = r.call(api.amdsmi_get_guest_data, vf)
+            used = field(guest, "fb_usage")
+            out.append(VirtualFunction(
+                id=bdf, kind="sriov_vf",
+                type_name="" if fb is None else f"MxGPU {int(fb) // 1024}GB",
+                vm="", framebuffer_bytes=None if fb is None else int(fb * MIB),
+                memory_used_bytes=None if used is None else int(used * MIB),
+                utilization=None))
+        return out
+
+    def guest_licences(self, gpu: GpuRef, tally: Tally) -> list[GuestLicence]:
+        return []  # MxGPU has no licensing
+
+    def error_events(self) -> EventSource:
+        return NoEvents()
+
+
+class NoEvents:
+    """AMD error events are not subscribed yet (RAS errors are read as counters by
+    `reliability`; AFIDs come from CPER records, docs/backends.md): waits and reports
+    nothing."""
+
+    def register(self, gpus: Sequence[GpuRef]) -> None:
+        pass
+
+    def wait(self, timeout_ms: int) -> list[ErrorEvent] | None:
+        time.sleep(max(0, timeout_ms) / 1000.0)
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def amd_gpu_functions(sysfs_root: str = "/sys") -> list[str] | None:
+    """Sorted PCI addresses of the AMD GPUs' physical functions (MxGPU VFs, which have a
+    `physfn` link, are not GPUs of this node); None when sysfs cannot be read."""
+    devices = Path(sysfs_root) / "bus" / "pci" / "devices"
+    try:
+        entries = sorted(devices.iterdir())
+    except OSError:
+        return None
+    found = []
+    for dev in entries:
+        try:
+            vendor = (dev / "vendor").read_text().strip().lower()
+            klass = (dev / "class").read_text().strip().lower()
+        except OSError:
+            continue
+        if vendor == AMD_VENDOR and klass[:6] in AMD_GPU_CLASSES \
+                and not (dev / "physfn").exists():
+            found.append(dev.name)
+    return found
+
+
+def _amd(gpu: GpuRef) -> AmdGpu:
+    if not isinstance(gpu.handle, AmdGpu):
+        raise TypeError(f"GPU {gpu.uuid} is not an AMD backend's device")
+    return gpu.handle

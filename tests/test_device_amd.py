@@ -1,0 +1,263 @@
+"""The AMD backend (exporter/device/amd.py) through the device contract, over the simulated
+amdsmi (gpusim/amdsmi_sim.py): an MI300X node in CPX/NPS4 and an MxGPU host; units normalised
+in the backend; errors classified as amdsmi raises them; the library missing is one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from exporter.collectors import REGISTRY
+from exporter.core import ExporterOptions
+from exporter.device.amd import AmdBackend, amd_gpu_functions
+from exporter.device.amd_processes import partition_busy
+from exporter.device.amdsmiapi import AmdSmiApi, AmdSmiUnavailable, load_amdsmi
+from exporter.device.contract import DeviceBackend, DeviceLost, Tally
+from exporter.sampler import Sampler
+from gpusim.amdsmi_sim import (
+    ENERGY_RESOLUTION_UJ,
+    SimAmdProcess,
+    SimAmdSmi,
+    SimAmdVf,
+    mi300x_cpx_nps4,
+    mxgpu_host,
+)
+from gpusim.cluster import ManualClock
+from tests.exporter_helpers import values
+
+ROOT = Path(__file__).parent.parent
+T0 = 1_790_000_000.0
+GIB = 1 << 30
+
+
+class NsClock:
+    """The process reader's monotonic clock, driven by the simulation's seconds."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+
+    def __call__(self) -> int:
+        return int(self.clock.now * 1e9)
+
+
+def _cpx(clock: ManualClock, processes: list[SimAmdProcess] | None = None
+         ) -> tuple[AmdBackend, SimAmdSmi]:
+    sim = mi300x_cpx_nps4(processes=processes or [], clock=clock, start=T0)
+    backend = AmdBackend(sim.as_api(), clock_ns=NsClock(clock))
+    backend.open()
+    return backend, sim
+
+
+def test_cpx_nps4_node_is_8_gpus_of_8_partitions_priced_as_eighths() -> None:
+    backend, sim = _cpx(ManualClock(T0 + 60))
+    inv = backend.inventory(None)
+    assert len(sim.amdsmi_get_processor_handles()) == 64  # amdsmi: one handle per partition
+    assert len(inv.gpus) == 8 and len(inv.migs) == 64
+    gpu = inv.gpus[0]
+    st = inv.static[gpu.uuid]
+    assert (st.vendor, st.pci_bdf, st.mig_mode, st.virtualization_mode) == \
+        ("amd", "0000:0c:00.0", "enabled", "none")
+    assert st.memory_bytes == 192 * GIB  # eight 24 GiB shares
+    assert gpu.model == "AMD Instinct MI300X" and gpu.mig_enabled
+    parts = [m for m in inv.migs if m.parent == gpu]
+    assert {(m.kind, m.profile, m.slices, m.parent_slices) for m in parts} == \
+        {("amd_partition", "cpx_nps4", 1, 8)}
+    assert [m.gpu_instance_id for m in parts] == list(range(8))
+    # the render node each partition is named by (device plugin amdgpu_xcp_N, DRA gpu-c-r)
+    assert [m.compute_instance_id for m in parts] == list(range(128, 136))
+    assert len({m.uuid for m in inv.migs} | {g.uuid for g in inv.gpus}) == 64 + 8
+    assert inv.driver_version == "6.10.5"
+
+
+def test_units_are_normalised_from_amdsmi_units() -> None:
+    clock = ManualClock(T0 + 1000)
+    backend, sim = _cpx(clock, [SimAmdProcess(100, gpu=0, partition=0, vram_bytes=3 * GIB,
+                                              gfx_busy=0.8)])
+    gpu = backend.inventory(None).gpus[0]
+    tally = Tally()
+    t = backend.telemetry(gpu, tally)
+    assert tally.failures == 0  # MI300's missing edge sensor is absent, not a failure
+    raw = sim.amdsmi_get_energy_count(gpu.handle.primary)
+    joules = raw["energy_accumulator"] * raw["counter_resolution"] / 1e6  # µJ -> J
+    assert t.energy_joules == pytest.approx(joules)
+    assert t.energy_joules == pytest.approx(350.0 * 1000, rel=1e-3)  # 350 W for 1000 s
+    assert raw["counter_resolution"] == ENERGY_RESOLUTION_UJ
+    assert (t.power_watts, t.power_limit_watts) == (350.0, 750.0)
+    assert t.temperature_celsius == 52 and t.memory_temperature_celsius == 44
+    assert t.sm_clock_hertz == 2100e6 and t.memory_clock_hertz == 1300e6
+    # device-wide activity, reported on partition 0: one of eight partitions 80 % busy
+    assert t.utilization == pytest.approx(0.10) and t.memory_utilization == pytest.approx(0.04)
+    assert t.memory is not None
+    assert (t.memory.total_bytes, t.memory.used_bytes) == (192 * GIB, 3 * GIB)
+    part = backend.inventory(None).migs[0]
+    mem = backend.partition_memory(part, tally)
+    assert mem is not None and (mem.total_bytes, mem.used_bytes) == (24 * GIB, 3 * GIB)
+
+
+def test_per_process_gfx_share_gives_per_partition_usage() -> None:
+    clock = ManualClock(T0 + 100)
+    procs = [SimAmdProcess(100, gpu=1, partition=3, vram_bytes=2 * GIB, gfx_busy=0.5),
+             SimAmdProcess(101, gpu=1, partition=3, vram_bytes=GIB, gfx_busy=0.25),
+             SimAmdProcess(200, gpu=1, partition=6, vram_bytes=GIB, gfx_busy=1.0)]
+    backend, sim = _cpx(clock, procs)
+    inv = backend.inventory(None)
+    gpu = inv.gpus[1]
+    reader = backend.process_reader()
+    first = reader.read(gpu, inv.migs, Tally())
+    assert all(s.sm_util is None for s in first)  # a counter needs two reads
+    clock.now += 30
+    samples = reader.read(gpu, inv.migs, Tally())
+    parts = {m.gpu_instance_id: m.uuid for m in inv.migs if m.parent == gpu}
+    got = {(s.pid, s.mig_uuid, s.memory_bytes): s.sm_util for s in samples}
+    assert got == {(100, parts[3], 2 * GIB): pytest.approx(0.5),
+                   (101, parts[3], GIB): pytest.approx(0.25),
+                   (200, parts[6], GIB): pytest.approx(1.0)}
+    assert partition_busy(samples) == {parts[3]: pytest.approx(0.75),
+                                       parts[6]: pytest.approx(1.0)}
+    # amdsmi's own view: activity only on partition 0, "N/A" on the others
+    handles = gpu.handle.members
+    assert sim.amdsmi_get_gpu_activity(handles[3])["gfx_activity"] == "N/A"
+
+
+def test_errors_and_retired_pages() -> None:
+    clock = ManualClock(T0 + 10)
+    backend, sim = _cpx(clock)
+    sim.gpus[2].ecc_correctable, sim.gpus[2].ecc_uncorrectable = 7, 1
+    sim.gpus[2].bad_pages = ["RESERVED", "RESERVED", "PENDING"]
+    sim.gpus[2].pcie_replays = 4
+    gpu = backend.inventory(None).gpus[2]
+    rel = backend.reliability(gpu, Tally())
+    assert (rel.ecc_corrected, rel.ecc_uncorrected, rel.pcie_replays) == (7, 1, 4)
+    assert rel.row_remapping is not None
+    assert (rel.row_remapping.uncorrectable, rel.row_remapping.pending,
+            rel.row_remapping.failed) == (2, True, False)
+    link = backend.interconnect(gpu, Tally())
+    assert len(link.xgmi_read_bytes) == 7 and link.xgmi_read_bytes[0] == 10_000 * 1024
+    assert link.pcie_replays == 4
+
+
+def test_a_lost_gpu_raises_device_lost_and_keeps_its_identity() -> None:
+    clock = ManualClock(T0 + 10)
+    backend, sim = _cpx(clock)
+    inv = backend.inventory(None)
+    sim.gpus[5].lost = True
+    with pytest.raises(DeviceLost):
+        backend.telemetry(inv.gpus[5], Tally())
+    again = backend.inventory(inv)
+    assert sorted(g.uuid for g in again.gpus) == sorted(g.uuid for g in inv.gpus)
+    assert len(again.migs) == 64
+
+
+def test_unexpected_status_is_a_counted_failure() -> None:
+    clock = ManualClock(T0 + 10)
+    backend, sim = _cpx(clock)
+    gpu = backend.inventory(None).gpus[0]
+
+    def busy(h: object) -> dict[str, object]:
+        raise sim.AmdSmiLibraryException(30)  # AMDSMI_STATUS_BUSY
+
+    sim.amdsmi_get_power_info = busy  # type: ignore[method-assign]
+    sim.amdsmi_get_power_cap_info = busy  # type: ignore[method-assign]
+    tally = Tally()
+    t = backend.telemetry(gpu, tally)
+    assert t.power_watts is None and t.power_limit_watts is None
+    assert tally.failures == 2
+    assert t.temperature_celsius == 52  # the rest of the reading stands
+
+
+def test_mxgpu_host_lists_vfs_as_sriov_virtual_functions() -> None:
+    vfs = [SimAmdVf(fb_mb=49_152, guest_fb_usage_mb=10_240, vm="vm-a"),
+           SimAmdVf(fb_mb=49_152), SimAmdVf(fb_mb=98_304, guest_fb_usage_mb=1024, vm="vm-b")]
+    sim = mxgpu_host(gpus=2, vfs=vfs, clock=ManualClock(T0), start=T0)
+    backend = AmdBackend(sim.as_api())
+    backend.open()
+    inv = backend.inventory(None)
+    assert [inv.static[g.uuid].virtualization_mode for g in inv.gpus] == ["host", "host"]
+    assert not inv.migs
+    got = backend.virtual_functions(inv.gpus[1], Tally())
+    assert [(v.id, v.kind, v.framebuffer_bytes, v.memory_used_bytes) for v in got] == [
+        ("0000:45:02.0", "sriov_vf", 48 * GIB, 10 * GIB),
+        ("0000:45:02.1", "sriov_vf", 48 * GIB, 0),
+        ("0000:45:02.2", "sriov_vf", 96 * GIB, GIB)]
+    assert got[0].type_name == "MxGPU 48GB"
+    # bare metal: no VFs, and asking is no failure
+    bare, _ = _cpx(ManualClock(T0 + 1))
+    tally = Tally()
+    assert bare.virtual_functions(bare.inventory(None).gpus[0], tally) == []
+    assert tally.failures == 0
+
+
+def test_expected_devices_are_amd_physical_functions(tmp_path: Path) -> None:
+    devices = tmp_path / "bus" / "pci" / "devices"
+    for name, vendor, klass, vf in [("0000:0c:00.0", "0x1002", "0x120000", False),  # MI300X
+                                    ("0000:0c:02.0", "0x1002", "0x120000", True),  # its VF
+                                    ("0000:2c:00.0", "0x10de", "0x030200", False),  # NVIDIA
+                                    ("0000:03:00.0", "0x1002", "0x030000", False)]:  # Radeon
+        d = devices / name
+        d.mkdir(parents=True)
+        (d / "vendor").write_text(vendor + "\n")
+        (d / "class").write_text(klass + "\n")
+        if vf:
+            (d / "physfn").symlink_to(devices / "0000:0c:00.0")
+    assert amd_gpu_functions(str(tmp_path)) == ["0000:03:00.0", "0000:0c:00.0"]
+    assert amd_gpu_functions(str(tmp_path / "absent")) is None
+
+
+def test_the_amd_backend_plugs_into_the_sampler() -> None:
+    """The vendor-neutral collectors read AMD through the contract alone."""
+    clock = ManualClock(T0 + 500)
+    backend, _ = _cpx(clock)
+    typed: DeviceBackend = backend
+    specs = [s for s in REGISTRY if s.name != "attribution"]
+    sampler = Sampler(typed, ExporterOptions(node="n"), specs, threaded=False)
+    body = sampler.cycle().body(False, False)
+    uuid = backend.inventory(None).gpus[0].uuid
+    assert values(body, "gpu_exporter_source_up", source="amdsmi") == [1]
+    assert values(body, "gpu_power_watts", uuid=uuid) == [350.0]
+    assert values(body, "gpu_energy_joules_total", uuid=uuid) == \
+        [pytest.approx(350.0 * 500, rel=1e-3)]
+    for name in ("clocks", "nvlink", "gpm", "throughput"):  # NVIDIA-only: quiet
+        assert values(body, "gpu_exporter_collector_success", collector=name) == [1], name
+
+
+def test_simulator_satisfies_the_api_protocol() -> None:
+    """Every member the backend may call exists on the simulator (mypy checks signatures)."""
+    api: AmdSmiApi = mi300x_cpx_nps4(gpus=1).as_api()
+    members = [n for n in dir(AmdSmiApi) if n.startswith(("amdsmi_", "AmdSmi"))]
+    assert members and all(hasattr(api, n) for n in members)
+
+
+def test_missing_amdsmi_package_is_one_line() -> None:
+    with pytest.raises(AmdSmiUnavailable) as err:
+        load_amdsmi("gpu_ledger_no_such_amdsmi")
+    assert str(err.value).startswith("amdsmi: ") and "\n" not in str(err.value)
+
+
+def test_missing_libamd_smi_so_is_one_line_without_the_wrappers_prints(tmp_path: Path
+                                                                        ) -> None:
+    """The real package prints the OSError and raises KeyError('libamd_smi.so') when the
+    library is missing (amdsmi_wrapper.py); a stand-in package that does the same."""
+    pkg = tmp_path / "amdsmi"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(textwrap.dedent("""\
+        import ctypes
+        _libraries = {}
+        try:
+            _libraries['libamd_smi.so'] = ctypes.CDLL('/nonexistent/libamd_smi.so')
+        except OSError as error:
+            print(error)
+            print("Unable to find amdsmi library try installing amd-smi-lib")
+        amdsmi_init = _libraries['libamd_smi.so'].amdsmi_init
+        """))
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from exporter.device.amdsmiapi import load_amdsmi, AmdSmiUnavailable\n"
+            "try:\n    load_amdsmi()\nexcept AmdSmiUnavailable as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, cwd=ROOT, timeout=60, check=True)
+    assert out.stderr == ""
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("amdsmi: libamd_smi.so not found"), lines
