@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 
+from exporter.attribution.amdids import AMD_DRA_DRIVER, AmdDeviceIndex, is_amd_resource
 from exporter.attribution.deviceids import DeviceIndex, UnknownIds, is_gpu_resource, sharing_mode
 from exporter.attribution.dra import ClaimDevice, DraResolver, SliceKey
 from exporter.attribution.podresources import Allocation
@@ -111,6 +112,51 @@ def dra_units(claims: Iterable[ClaimDevice], dra: DraResolver, uuids: dict[Slice
         else:
             mode = SharingMode.MIG if is_mig else SharingMode.EXCLUSIVE
         rows.append(Unit(holder, dev, c.driver, mode))
+    return rows
+
+
+def amd_units(allocations: Iterable[Allocation], claims: Iterable[ClaimDevice],
+              index: AmdDeviceIndex, slices: Mapping[SliceKey, Mapping[str, str]] | None,
+              overrides: Overrides, unknown: UnknownIds) -> list[Unit]:
+    """AMD: `amd.com/*` device plugin IDs (a GPU or partition 0 by PCI address, a partition by
+    `amdgpu_xcp_<n>`, MxGPU VFs by IOMMU group) and `gpu.amd.com` DRA devices. Partitions are
+    `mig`-like units priced by their fraction, VFs `vgpu`-like units with their framebuffer
+    share as grant; a device several containers hold is time-slicing unless overridden."""
+    held: list[tuple[Holder, str, tuple[str, str], SharingMode, float | None]] = []
+    for a in allocations:
+        if not is_amd_resource(a.resource):
+            continue
+        holder = Holder(a.namespace, a.pod, a.container)
+        for device_id in a.device_ids:
+            refs = index.resolve(device_id)
+            if not refs:
+                unknown.report(a.resource, device_id)
+            held.extend((holder, a.resource, r.key, r.mode, r.vf_fraction) for r in refs)
+    for c in claims:
+        if c.driver != AMD_DRA_DRIVER:
+            continue
+        ref = index.resolve_claim(c, slices)
+        if ref is None:
+            unknown.report(c.driver, f"{c.pool}/{c.device}")
+            continue
+        held.append((Holder(c.namespace, c.pod, c.container), c.driver, ref.key, ref.mode,
+                     None))
+    sharers: dict[tuple[str, str], set[Holder]] = {}
+    for holder, _, key, _, _ in held:
+        sharers.setdefault(key, set()).add(holder)
+    rows: list[Unit] = []
+    done: set[tuple[Holder, tuple[str, str]]] = set()
+    for holder, resource, key, mode, fraction in held:
+        if (holder, key) in done:
+            continue
+        done.add((holder, key))
+        if fraction is not None:
+            rows.append(Unit(holder, key, resource, SharingMode.VGPU,
+                             Grant(memory_fraction=fraction)))
+            continue
+        shared = len(sharers[key]) > 1
+        mode = overrides.get(resource) or (SharingMode.TIME_SLICING if shared else mode)
+        rows.append(Unit(holder, key, resource, mode))
     return rows
 
 
