@@ -356,6 +356,34 @@ def check_prometheus(url: str, timeout: float) -> list[Check]:
     return checks
 
 
+# --- AMD ----------------------------------------------------------------------------------
+
+def check_amdsmi(sys_root: str, module: str = "amdsmi") -> Check | None:
+    """On a node with AMD GPUs in sysfs: amdsmi loads, initialises and lists them. None (no
+    line) on a node without AMD GPUs."""
+    from exporter.device.amd import amd_gpu_functions
+    from exporter.device.amdsmiapi import AmdSmiUnavailable, load_amdsmi
+
+    functions = amd_gpu_functions(sys_root)
+    if not functions:
+        return None
+    hint = ("AMD GPUs need amdsmi: install the amd-smi-lib package (ROCm) or mount "
+            "libamd_smi.so and the amdsmi Python package into the exporter's image")
+    try:
+        api = load_amdsmi(module)
+    except AmdSmiUnavailable as err:
+        return Check(FAIL, "amdsmi", str(err), hint)
+    try:
+        api.amdsmi_init()
+        handles = len(api.amdsmi_get_processor_handles())
+        api.amdsmi_shut_down()
+    except Exception as err:  # the library's own failure, as one line
+        return Check(FAIL, "amdsmi", f"amdsmi_init failed: {type(err).__name__}: "
+                                     f"{' '.join(str(err).split())}", hint)
+    return Check(OK, "amdsmi", f"{len(functions)} AMD GPU(s) in sysfs, {handles} amdsmi "
+                               "processor handle(s)")
+
+
 # --- command ---------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -397,6 +425,9 @@ def run(args: argparse.Namespace, nvml: Any = None) -> list[Check]:
         finally:
             with contextlib.suppress(pynvml.NVMLError):
                 nvml.nvmlShutdown()
+    amd = check_amdsmi(args.sys_root)
+    if amd is not None:
+        checks.append(amd)
     checks.append(check_podresources(args.pod_resources_socket, args.timeout))
     checks.append(check_cgroup(args.sys_root))
     checks.append(check_hostpid(args.proc_root))

@@ -261,3 +261,55 @@ def test_missing_libamd_smi_so_is_one_line_without_the_wrappers_prints(tmp_path:
     assert out.stderr == ""
     lines = out.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("amdsmi: libamd_smi.so not found"), lines
+
+
+def _amd_sysfs(root: Path) -> Path:
+    dev = root / "bus" / "pci" / "devices" / "0000:0c:00.0"
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text("0x1002\n")
+    (dev / "class").write_text("0x120000\n")
+    return root
+
+
+def _stand_in_amdsmi(root: Path) -> Path:
+    """A package that behaves as the real amdsmi does without libamd_smi.so (amdsmi_wrapper.py:
+    prints the OSError, then `_libraries['libamd_smi.so']` raises KeyError)."""
+    pkg = root / "amdsmi"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(textwrap.dedent("""\
+        import ctypes
+        _libraries = {}
+        try:
+            _libraries['libamd_smi.so'] = ctypes.CDLL('/nonexistent/libamd_smi.so')
+        except OSError as error:
+            print(error)
+            print("Unable to find amdsmi library try installing amd-smi-lib")
+        amdsmi_init = _libraries['libamd_smi.so'].amdsmi_init
+        """))
+    return root
+
+
+@pytest.mark.parametrize("stand_in", [False, True])
+def test_doctor_on_an_amd_node_without_amdsmi_is_one_line(tmp_path: Path, stand_in: bool
+                                                          ) -> None:
+    sys_root = _amd_sysfs(tmp_path / "sys")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    if stand_in:
+        env["PYTHONPATH"] = str(_stand_in_amdsmi(tmp_path / "site"))
+    scenario = ROOT / "gpusim" / "scenarios" / "h100-mig.yaml"
+    code = "import sys; from gpu_ledger import cli; sys.exit(cli.main(sys.argv[1:]))"
+    out = subprocess.run(
+        [sys.executable, "-c", code, "doctor", "--nvml", f"sim:{scenario}",
+         "--pod-resources-socket", str(tmp_path / "none.sock"), "--sys-root", str(sys_root),
+         "--proc-root", str(tmp_path / "proc"), "--timeout", "1s"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    assert "Traceback" not in out.stdout + out.stderr
+    amd = [line for line in out.stdout.splitlines() if "amdsmi" in line]
+    want = "libamd_smi.so not found" if stand_in else "Python package not installed"
+    assert len(amd) == 1 and amd[0].startswith("FAIL  amdsmi") and want in amd[0], amd
+    assert out.returncode == 1
+
+
+def test_doctor_says_nothing_of_amdsmi_on_a_node_without_amd_gpus(tmp_path: Path) -> None:
+    from gpu_ledger.doctor import check_amdsmi
+    assert check_amdsmi(str(tmp_path)) is None
