@@ -313,3 +313,18 @@ def test_doctor_on_an_amd_node_without_amdsmi_is_one_line(tmp_path: Path, stand_
 def test_doctor_says_nothing_of_amdsmi_on_a_node_without_amd_gpus(tmp_path: Path) -> None:
     from gpu_ledger.doctor import check_amdsmi
     assert check_amdsmi(str(tmp_path)) is None
+
+
+def test_missing_amdsmi_fails_open_as_one_line_and_the_sampler_retries(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The exporter path: the backend imports amdsmi in open(); the sampler reports the
+    source down with that one line and no traceback."""
+    backend = AmdBackend(loader=lambda: load_amdsmi("gpu_ledger_no_such_amdsmi"))
+    specs = [s for s in REGISTRY if s.name != "attribution"]
+    sampler = Sampler(backend, ExporterOptions(node="n"), specs, threaded=False)
+    with caplog.at_level("WARNING"):
+        body = sampler.cycle().body(False, False)
+    assert values(body, "gpu_exporter_source_up", source="amdsmi") == [0]
+    lines = [r.getMessage() for r in caplog.records if "amdsmi" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("amdsmi init failed: amdsmi: "), lines
+    assert all(r.exc_info is None for r in caplog.records)

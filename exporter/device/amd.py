@@ -19,7 +19,7 @@ from pathlib import Path
 from exporter.device.amd_calls import AmdCalls, field, number, text
 from exporter.device.amd_inventory import MIB, AmdGpu, discover
 from exporter.device.amd_processes import AmdProcessReader
-from exporter.device.amdsmiapi import AmdSmiApi
+from exporter.device.amdsmiapi import AmdSmiApi, load_amdsmi
 from exporter.device.contract import (
     ErrorEvent,
     EventSource,
@@ -66,10 +66,21 @@ class AmdBackend:
     source = "amdsmi"
     library = "amdsmi"
 
-    def __init__(self, api: AmdSmiApi, clock_ns: Callable[[], int] = time.monotonic_ns
-                 ) -> None:
-        self._api = api
+    def __init__(self, api: AmdSmiApi | None = None, *,
+                 loader: Callable[[], AmdSmiApi] = load_amdsmi,
+                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+        """`api` None: amdsmi is imported by the first `open()` (lazily: a node without
+        libamd_smi.so gets one "amdsmi init failed: amdsmi: ..." line and retries, never an
+        import-time traceback)."""
+        self._loaded = api
+        self._loader = loader
         self._clock_ns = clock_ns
+
+    @property
+    def _api(self) -> AmdSmiApi:
+        if self._loaded is None:
+            raise RuntimeError("amdsmi is not loaded: open() first")
+        return self._loaded
 
     @property
     def api(self) -> AmdSmiApi:
@@ -80,7 +91,9 @@ class AmdBackend:
         return None
 
     def open(self) -> None:
-        self._api.amdsmi_init()
+        if self._loaded is None:
+            self._loaded = self._loader()  # AmdSmiUnavailable: one line
+        self._loaded.amdsmi_init()
 
     def close(self) -> None:
         self._api.amdsmi_shut_down()
