@@ -160,3 +160,36 @@ def test_mxgpu_vfs_by_iommu_group_are_vgpu_units_with_their_share(sock: str, tmp
         (Holder("vms", "virt-launcher-b", "compute"), (gpu.uuid, ""), SharingMode.VGPU,
          Grant(memory_fraction=0.5))]
     assert unknown.by_resource == {"amd.com/gpu_vf": 1}
+
+
+def test_the_exporter_attributes_amd_partitions_end_to_end(sock: str, tmp_path: Path) -> None:
+    """Sampler + attribution collector over the AMD backend: PodResources' amd.com IDs become
+    gpu_container_allocation series of partitions."""
+    from exporter.collectors import REGISTRY
+    from exporter.core import ExporterOptions
+    from exporter.sampler import Sampler
+    from gpusim.amdsmi_sim import SimAmdProcess
+    from tests.exporter_helpers import values
+
+    clock = ManualClock(T0 + 100)
+    sim = mi300x_cpx_nps4(gpus=2, processes=[SimAmdProcess(4242, gpu=0, partition=2,
+                                                            vram_bytes=5 << 30, gfx_busy=0.5)],
+                          clock=clock, start=T0)
+    backend = AmdBackend(sim.as_api(), clock_ns=lambda: int(clock.now * 1e9))
+    _xcp_tree(tmp_path, 2)
+    pods = [PodAllocation("ml", "train-b", [ContainerAllocation("main", [
+        ("amd.com/cpx_nps4", ["amdgpu_xcp_38"])])])]
+    kubelet = FakeKubelet(sock, lambda: pods, lambda: []).start()
+    opts = ExporterOptions(node="node-a", pod_resources_socket=sock, kubernetes=False,
+                           sysfs_root=str(tmp_path))
+    sampler = Sampler(backend, opts, list(REGISTRY), threaded=False)
+    try:
+        body = sampler.cycle().body(False, False)
+        inv = backend.inventory(None)
+    finally:
+        sampler.close()
+        kubelet.stop()
+    part = next(m for m in inv.migs if m.parent.index == 0 and m.gpu_instance_id == 2)
+    assert values(body, "gpu_container_allocation", pod="train-b", mig_uuid=part.uuid,
+                  sharing="mig") == [1]
+    assert values(body, "gpu_exporter_unresolved_device_ids_total") in ([], [0])

@@ -19,12 +19,19 @@ Who a process belongs to, best source first:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from exporter.attribution.amdids import (
+    AmdDeviceIndex,
+    AmdSysfs,
+    amd_slice_attributes,
+    read_amd_sysfs,
+)
 from exporter.attribution.cgroup import CgroupRef, CgroupResolver
 from exporter.attribution.deviceids import DeviceIndex, UnknownIds, is_gpu_resource
 from exporter.attribution.dra import DraResolver, SliceKey, slice_uuids
@@ -33,6 +40,7 @@ from exporter.attribution.podwatch import PodInfo, PodWatch
 from exporter.attribution.resourceclaims import ClaimConfig, ClaimKey, ClaimReader
 from exporter.attribution.resourceslices import ResourceSlice, resource_slice_watch
 from exporter.attribution.sources import (
+    amd_units,
     device_plugin_units,
     dra_units,
     fractional_units,
@@ -57,6 +65,7 @@ from exporter.core import (
     ProcessSample,
     SampleSink,
 )
+from exporter.device.contract import DeviceLost, GpuStatic, Inventory, Tally
 from exporter.kube.client import connector
 from exporter.kube.watch import NodeScopedWatch
 
@@ -173,6 +182,9 @@ class AttributionCollector:
                 pod_infos.values(), index, self._pod_error)),
             *self._source("vgpu", lambda: vgpu_units(allocations, index, vgpus,
                                                      self._overrides)),
+            *self._source("amd", lambda: amd_units(
+                allocations, claims, self._amd_index(ctx), self._amd_slices(),
+                self._overrides, self.unknown_ids)),
         ]
         self._pod_errors_seen &= pod_infos.keys()  # forget pods that are gone
         merged = merge(rows, self._replica_counts(index))
@@ -308,6 +320,26 @@ class AttributionCollector:
             self._index, self._index_key = DeviceIndex(gpus, migs), key
             self._replicas_from = None  # IDs may resolve differently now
         return self._index
+
+    def _amd_index(self, ctx: CycleContext) -> AmdDeviceIndex:
+        """AMD IDs against this cycle's AMD GPUs, partitions and (MxGPU host) VFs; sysfs says
+        which `amdgpu_xcp_<n>` and IOMMU group is which (docs/attribution.md, "AMD")."""
+        amd = [g for g in ctx.gpus if ctx.static.get(g.uuid, GpuStatic()).vendor == "amd"]
+        if not amd or ctx.backend is None:
+            return AmdDeviceIndex(Inventory(), AmdSysfs())
+        vfs = {}
+        for g in amd:
+            if ctx.static[g.uuid].virtualization_mode == "host" and g.uuid not in ctx.lost:
+                with contextlib.suppress(DeviceLost):  # its VMs' IDs go unresolved this cycle
+                    vfs[g.uuid] = ctx.backend.virtual_functions(g, Tally())
+        inv = Inventory(gpus=tuple(amd), migs=tuple(m for m in ctx.migs if m.parent in amd),
+                        static=ctx.static)
+        return AmdDeviceIndex(inv, read_amd_sysfs(ctx.options.sysfs_root), vfs)
+
+    def _amd_slices(self) -> dict[SliceKey, dict[str, str]] | None:
+        w = self._slices
+        return amd_slice_attributes(w.items.values()) if w is not None and w.status.up \
+            else None
 
     def _resource_slice_uuids(self) -> dict[SliceKey, str] | None:
         """Device name → UUID from this node's ResourceSlices; None while they cannot be read
