@@ -328,3 +328,14 @@ def test_missing_amdsmi_fails_open_as_one_line_and_the_sampler_retries(
     lines = [r.getMessage() for r in caplog.records if "amdsmi" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("amdsmi init failed: amdsmi: "), lines
     assert all(r.exc_info is None for r in caplog.records)
+
+
+def test_mxgpu_vfs_reach_the_vgpu_families() -> None:
+    sim = mxgpu_host(gpus=1, vfs=[SimAmdVf(fb_mb=49_152, guest_fb_usage_mb=2048, vm="vm-a")],
+                     clock=ManualClock(T0 + 5), start=T0)
+    backend = AmdBackend(sim.as_api())
+    specs = [s for s in REGISTRY if s.name != "attribution"]
+    body = Sampler(backend, ExporterOptions(node="n"), specs, threaded=False) \
+        .cycle().body(False, False)
+    assert values(body, "gpu_vgpu_framebuffer_bytes", vgpu_uuid="0000:05:02.0") == [48 * GIB]
+    assert values(body, "gpu_vgpu_memory_used_bytes", vgpu_uuid="0000:05:02.0") == [2 * GIB]

@@ -21,7 +21,7 @@ class VgpuCollector(GpuCollector):
             for lic in self.backend.guest_licences(gpu, tally):
                 sink.add("gpu_vgpu_license_state", (*labels, lic.feature, lic.product),
                          1 if lic.licensed else 0)
-        elif mode == "host_vgpu":
+        elif mode in ("host_vgpu", "host"):  # NVIDIA vGPU host, AMD MxGPU (GIM) host
             for vf in self.backend.virtual_functions(gpu, tally):
                 sink.add("gpu_vgpu_info", (*labels, vf.id, vf.type_name, vf.vm), 1)
                 if vf.framebuffer_bytes is not None:
