@@ -222,6 +222,13 @@ def test_the_amd_backend_plugs_into_the_sampler() -> None:
         [pytest.approx(350.0 * 500, rel=1e-3)]
     for name in ("clocks", "nvlink", "gpm", "throughput"):  # NVIDIA-only: quiet
         assert values(body, "gpu_exporter_collector_success", collector=name) == [1], name
+    assert values(body, "gpu_info", uuid=uuid, pci_bus_id="0000:0c:00.0", mig_mode="enabled",
+                  virtualization_mode="none") == [1]
+    assert values(body, "gpu_mig_info", uuid=uuid, profile="cpx_nps4", slices="1",
+                  parent_slices="8") == [1] * 8
+    assert values(body, "gpu_mig_memory_total_bytes", uuid=uuid) == [24 * GIB] * 8
+    assert values(body, "gpu_memory_total_bytes", uuid=uuid) == [192 * GIB]
+    assert not values(body, "gpu_encoder_utilization_ratio")  # absent on AMD, not 0
 
 
 def test_simulator_satisfies_the_api_protocol() -> None:
