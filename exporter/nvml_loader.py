@@ -45,3 +45,33 @@ def load_backend(spec: str, clock: Callable[[], float] = time.time) -> DeviceBac
     from exporter.device.nvml import NvmlBackend
 
     return NvmlBackend(load_nvml(spec, clock))
+
+
+AMD_SIMULATIONS = ("mi300x-cpx-nps4", "mxgpu-host")
+
+
+def load_amd_backend(spec: str, clock: Callable[[], float] = time.time) -> DeviceBackend:
+    """The AMD backend: `real` -> amdsmi, imported by the backend's first open() (a node
+    without libamd_smi.so gets one line and retries); `sim:mi300x-cpx-nps4` or
+    `sim:mxgpu-host` -> the simulated amdsmi (gpusim/amdsmi_sim.py)."""
+    from exporter.device.amd import AmdBackend
+
+    if spec == "real":
+        return AmdBackend()
+    name = spec[4:] if spec.startswith("sim:") else ""
+    if name not in AMD_SIMULATIONS:
+        raise ConfigError("--amdsmi", "amdsmi", "'real' or 'sim:NAME' with NAME one of "
+                          + ", ".join(AMD_SIMULATIONS), spec)
+    try:
+        from gpusim.amdsmi_sim import SimAmdVf, mi300x_cpx_nps4, mxgpu_host
+    except ModuleNotFoundError as err:
+        raise ConfigError("--amdsmi", "sim:NAME", "the simulator package gpusim, which this "
+                          "installation lacks (pip install -e '.[sim]')",
+                          f"no module {err.name}") from None
+    if name == "mi300x-cpx-nps4":
+        sim = mi300x_cpx_nps4(clock=clock)
+    else:  # four 48 GiB VFs per GPU, two of them lent to VMs
+        vfs = [SimAmdVf(49_152, 8_192, "vm-a"), SimAmdVf(49_152, 30_720, "vm-b"),
+               SimAmdVf(49_152), SimAmdVf(49_152)]
+        sim = mxgpu_host(vfs=vfs, clock=clock)
+    return AmdBackend(sim.as_api())

@@ -346,3 +346,20 @@ def test_mxgpu_vfs_reach_the_vgpu_families() -> None:
         .cycle().body(False, False)
     assert values(body, "gpu_vgpu_framebuffer_bytes", vgpu_uuid="0000:05:02.0") == [48 * GIB]
     assert values(body, "gpu_vgpu_memory_used_bytes", vgpu_uuid="0000:05:02.0") == [2 * GIB]
+
+
+def test_loader_gives_the_amd_backend() -> None:
+    from exporter.errors import ConfigError
+    from exporter.nvml_loader import load_amd_backend
+
+    sim = load_amd_backend("sim:mi300x-cpx-nps4", clock=ManualClock(T0))
+    sim.open()
+    assert sim.vendor == "amd" and len(sim.inventory(None).migs) == 64
+    host = load_amd_backend("sim:mxgpu-host", clock=ManualClock(T0))
+    host.open()
+    gpu = host.inventory(None).gpus[0]
+    assert len(host.virtual_functions(gpu, Tally())) == 4
+    real = load_amd_backend("real")
+    assert isinstance(real, AmdBackend) and real.nvml is None  # amdsmi not imported yet
+    with pytest.raises(ConfigError, match="mi300x-cpx-nps4"):
+        load_amd_backend("sim:nope")
