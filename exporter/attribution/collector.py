@@ -402,13 +402,9 @@ class AttributionCollector:
 
     @staticmethod
     def _memory_total(ctx: CycleContext, gpu: GpuRef | None) -> int | None:
-        """The GPU's framebuffer, for HAMi grants given in MiB; None when NVML cannot say."""
-        if gpu is None or ctx.nvml is None:
-            return None
-        try:
-            return int(ctx.nvml.nvmlDeviceGetMemoryInfo(gpu.handle).total) or None
-        except Exception:
-            return None
+        """The GPU's memory, for HAMi grants given in MiB; None when its backend cannot say."""
+        static = ctx.static.get(gpu.uuid) if gpu is not None else None
+        return (static.memory_bytes or None) if static is not None else None
 
     def _replica_counts(self, index: DeviceIndex) -> dict[DeviceKey, int]:
         """IDs per device in GetAllocatableResources, recounted only when that answer changes."""

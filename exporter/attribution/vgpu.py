@@ -1,9 +1,11 @@
-"""NVIDIA vGPU instances on a vGPU host, for attributing them to the pods that hold them.
+"""Virtual functions on a host (NVIDIA vGPU instances now; AMD MxGPU VFs and Intel GVT-g mdevs
+through their backends), for attributing them to the pods that hold them.
 
 KubeVirt's device plugin hands a virt-launcher pod a vGPU as a device of resource
-`nvidia.com/<vGPU type>` whose ID is the instance's mdev UUID. NVML lists the GPU's active
-instances (nvmlDeviceGetActiveVgpus) with that UUID and the type's framebuffer, so the ID
-resolves to the physical GPU and the instance's share of it (framebuffer over the GPU's).
+`nvidia.com/<vGPU type>` whose ID is the instance's mdev UUID. The backend lists the GPU's
+active instances (`DeviceReader.virtual_functions`) with that UUID and the type's framebuffer,
+so the ID resolves to the physical GPU and the instance's share of it (framebuffer over the
+GPU's memory, `GpuStatic.memory_bytes`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.core import CycleContext
-from exporter.nvmlcall import GpuLost, Reader, text
+from exporter.device.contract import DeviceLost, Tally
+
+# The virtualization modes of a GPU that lends VFs to VMs: NVIDIA's vGPU host; "host" is what
+# the AMD (MxGPU) and Intel (SR-IOV, GVT-g) backends say of theirs.
+HOST_MODES = frozenset({"host_vgpu", "host"})
 
 
 @dataclass(frozen=True)
@@ -23,34 +29,26 @@ class VgpuInstance:
 
 
 def vgpu_instances(ctx: CycleContext) -> dict[str, VgpuInstance]:
-    """mdev UUID (lower case) -> instance, for every GPU of the node in host_vgpu mode; empty
-    elsewhere (no NVML call is made for other GPUs)."""
+    """VF id (an mdev UUID, lower case) -> instance, for every GPU of the node in a host mode;
+    empty elsewhere (no device call is made for other GPUs)."""
     out: dict[str, VgpuInstance] = {}
-    nv = ctx.nvml
-    if nv is None:
+    backend = ctx.backend
+    if backend is None:
         return out
-    r = Reader(nv)
     for gpu in ctx.gpus:
         static = ctx.static.get(gpu.uuid)
-        if static is None or static.virtualization_mode != "host_vgpu" or gpu.uuid in ctx.lost:
+        if static is None or static.virtualization_mode not in HOST_MODES \
+                or gpu.uuid in ctx.lost:
             continue
+        total = static.memory_bytes or 0
         try:
-            memory = r.call(nv.nvmlDeviceGetMemoryInfo, gpu.handle)
-            total = int(memory.total) if memory is not None else 0
-            # The VM's use, which the host sees only per instance (no guest processes).
-            util = {int(u.vgpuInstance): int(u.smUtil.uiVal) / 100
-                    for u in r.call(nv.nvmlDeviceGetVgpuUtilization, gpu.handle, 0) or []}
-            for inst in r.call(nv.nvmlDeviceGetActiveVgpus, gpu.handle) or []:
-                mdev = r.call(nv.nvmlVgpuInstanceGetMdevUUID, inst)
-                if not mdev:
-                    continue
-                type_id = r.call(nv.nvmlVgpuInstanceGetType, inst)
-                fb = r.call(nv.nvmlVgpuTypeGetFramebufferSize, type_id) \
-                    if type_id is not None else None
-                frac = min(int(fb) / total, 1.0) if fb is not None and total else None
-                used = r.call(nv.nvmlVgpuInstanceGetFbUsage, inst)
-                out[text(mdev).strip().lower()] = VgpuInstance(
-                    gpu.uuid, frac, util.get(int(inst)), None if used is None else int(used))
-        except GpuLost:
+            functions = backend.virtual_functions(gpu, Tally())
+        except DeviceLost:
             continue  # the device collector reports the lost GPU
+        for vf in functions:
+            fb = vf.framebuffer_bytes
+            frac = min(fb / total, 1.0) if fb is not None and total else None
+            # The VM's use, which the host sees only per instance (no guest processes).
+            out[vf.id.strip().lower()] = VgpuInstance(gpu.uuid, frac, vf.utilization,
+                                                      vf.memory_used_bytes)
     return out
