@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve NVML GPU metrics, attributed to Kubernetes pods, to Prometheus.")
     p.add_argument("--nvml", default="real",
                    help="'real' (pynvml, the default) or 'sim:SCENARIO.yaml' for a simulated node")
+    p.add_argument("--amdsmi", default="real",
+                   help="AMD GPUs: 'real' (the amdsmi package, the default) or 'sim:NAME' "
+                        "(mi300x-cpx-nps4, mxgpu-host) for a simulated AMD node")
     p.add_argument("--device-backend", default="auto",
                    help="which GPUs to read: 'auto' (every vendor library or sysfs that answers, "
                         "the default), or a comma list of nvml, amd, intel")
@@ -142,7 +145,8 @@ def main(argv: list[str]) -> int:
         options = options_from(args)
         web_config = load_web_config(args.web_config) if args.web_config else None
         backend = load_backends(args.device_backend, LoadSpec(
-            nvml=args.nvml, sysfs_root=options.sysfs_root, proc_root=options.proc_root))
+            nvml=args.nvml, amdsmi=args.amdsmi, sysfs_root=options.sysfs_root,
+            proc_root=options.proc_root))
     except (ConfigError, ValueError, OSError) as err:
         print(f"gpu-ledger exporter: {err}", file=sys.stderr)
         return 1

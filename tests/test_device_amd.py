@@ -363,3 +363,76 @@ def test_loader_gives_the_amd_backend() -> None:
     assert isinstance(real, AmdBackend) and real.nvml is None  # amdsmi not imported yet
     with pytest.raises(ConfigError, match="mi300x-cpx-nps4"):
         load_amd_backend("sim:nope")
+
+
+def test_probe_is_present_with_amd_gpus_in_sysfs_and_never_imports_amdsmi(tmp_path: Path
+                                                                           ) -> None:
+    from exporter.device.amd import probe
+    from exporter.device.registry import BackendAbsent, LoadSpec
+
+    with pytest.raises(BackendAbsent, match="no AMD GPU"):
+        probe(LoadSpec(sysfs_root=str(tmp_path / "empty")), True)
+    found = probe(LoadSpec(sysfs_root=str(_amd_sysfs(tmp_path / "sys"))), True)
+    assert isinstance(found, AmdBackend) and "amdsmi" not in sys.modules
+    named = probe(LoadSpec(sysfs_root=str(tmp_path / "empty")), False)  # named: always runs
+    assert isinstance(named, AmdBackend)
+
+
+def test_a_node_with_nvidia_and_amd_gpus_reads_both() -> None:
+    from exporter.device.registry import LoadSpec, load_backends
+
+    scenario = ROOT / "gpusim" / "scenarios" / "mixed.yaml"
+    backends = load_backends("nvml,amd", LoadSpec(
+        nvml=f"sim:{scenario}", amdsmi="sim:mi300x-cpx-nps4", clock=ManualClock(T0 + 60)))
+    specs = [s for s in REGISTRY if s.name != "attribution"]
+    sampler = Sampler(backends, ExporterOptions(node="n"), specs, threaded=False)
+    try:
+        body = sampler.cycle().body(False, False)
+    finally:
+        sampler.close()
+    assert values(body, "gpu_exporter_source_up", source="amdsmi") == [1]
+    assert values(body, "gpu_exporter_source_up", source="nvml") == [1]
+    assert len(values(body, "gpu_up", vendor="amd")) == 8
+    assert values(body, "gpu_up", vendor="nvidia")
+    assert len(values(body, "gpu_mig_info", vendor="amd", profile="cpx_nps4")) == 64
+
+
+def test_exporter_without_amdsmi_logs_one_line_and_serves_the_rest(tmp_path: Path) -> None:
+    """`gpu-ledger exporter` on a node whose sysfs has an AMD GPU but no amdsmi: the AMD
+    source is down with a one-line reason, NVIDIA's GPUs are served, no traceback."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    scenario = ROOT / "gpusim" / "scenarios" / "mixed.yaml"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpu_ledger.cli", "exporter", "--nvml", f"sim:{scenario}",
+         "--device-backend", "auto", "--sysfs-root", str(_amd_sysfs(tmp_path / "sys")),
+         "--web.listen-address", f"127.0.0.1:{port}", "--interval", "1s", "--no-kubernetes",
+         "--pod-resources-socket", str(tmp_path / "absent.sock"), "--node-name", "n1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                            timeout=2) as r:
+                    text = r.read().decode()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert 'gpu_exporter_source_up{source="amdsmi"} 0' in text
+    assert 'gpu_exporter_source_up{source="nvml"} 1' in text
+    assert "Traceback" not in err
+    amd = [line for line in err.splitlines() if "amdsmi" in line]
+    assert amd and all("amdsmi init failed: amdsmi: Python package not installed" in line
+                       for line in amd), amd

@@ -15,12 +15,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from exporter.device.amd_calls import AmdCalls, field, number, text
 from exporter.device.amd_inventory import MIB, AmdGpu, discover
 from exporter.device.amd_processes import AmdProcessReader
 from exporter.device.amdsmiapi import AmdSmiApi, load_amdsmi
 from exporter.device.contract import (
+    DeviceBackend,
     ErrorEvent,
     EventSource,
     GpuRef,
@@ -37,6 +39,9 @@ from exporter.device.contract import (
     VirtualFunction,
 )
 from exporter.device.nvmlapi import NvmlApi
+
+if TYPE_CHECKING:
+    from exporter.device.registry import LoadSpec
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +213,7 @@ class AmdBackend:
         return None if t is None or u is None else MemoryUsage(t * MIB, u * MIB)
 
     def process_reader(self) -> ProcessReader:
-        return AmdProcessReader(self._api, self._clock_ns)
+        return AmdProcessReader(lambda: self._api, self._clock_ns)
 
     def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
         """MxGPU: the VFs of a GPU on a GIM host, by VF PCI address (what the AMD device plugin
@@ -269,6 +274,22 @@ class NoEvents:
 
     def close(self) -> None:
         pass
+
+
+def probe(spec: LoadSpec, auto: bool) -> DeviceBackend:
+    """The AMD backend for `--device-backend` (exporter/device/registry.py). With `auto` it is
+    present when sysfs lists an AMD GPU: then a missing amdsmi is the backend down with one
+    line ("amdsmi init failed: amdsmi: libamd_smi.so not found ..."), retried, like a
+    missing NVML on a node with NVIDIA GPUs. Named explicitly it always runs. amdsmi itself is
+    imported by the sampler's open(), never here."""
+    from exporter.device.registry import BackendAbsent
+    from exporter.nvml_loader import load_amd_backend
+
+    if spec.amdsmi != "real":
+        return load_amd_backend(spec.amdsmi, spec.clock)  # ConfigError for a bad --amdsmi
+    if auto and not amd_gpu_functions(spec.sysfs_root):
+        raise BackendAbsent("sysfs lists no AMD GPU")
+    return AmdBackend()
 
 
 def amd_gpu_functions(sysfs_root: str = "/sys") -> list[str] | None:

@@ -110,7 +110,8 @@ def _gpu(api: AmdSmiApi, r: AmdCalls, index: int, bdf: str, group: list[_Member]
     uuid = text(r.call(api.amdsmi_get_gpu_device_uuid, primary)) or bdf
     model = text((r.call(api.amdsmi_get_gpu_asic_info, primary) or {}).get("market_name"))
     partitioned = len(group) > 1
-    ref = GpuRef(index, uuid, model, partitioned, AmdGpu(bdf, tuple(m.handle for m in group)))
+    ref = GpuRef(index, uuid, model, partitioned, AmdGpu(bdf, tuple(m.handle for m in group)),
+                 vendor="amd")
     compute = text(r.call(api.amdsmi_get_gpu_compute_partition, primary)).lower()
     memory = text(r.call(api.amdsmi_get_gpu_memory_partition, primary)).lower()
     mode = None

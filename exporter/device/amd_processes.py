@@ -21,9 +21,10 @@ from exporter.device.contract import GpuRef, MigRef, ProcessSample, Tally
 
 
 class AmdProcessReader:
-    def __init__(self, api: AmdSmiApi, clock_ns: Callable[[], int] = time.monotonic_ns
-                 ) -> None:
-        self.api = api
+    def __init__(self, api: Callable[[], AmdSmiApi],
+                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+        # the backend's amdsmi, asked at each read: the reader is made before open() loads it
+        self._api = api
         self._clock_ns = clock_ns
         # (device or partition uuid, pid) -> (gfx ns, read at ns) of the last read
         self._last: dict[tuple[str, int], tuple[int, int]] = {}
@@ -32,14 +33,15 @@ class AmdProcessReader:
              ) -> list[ProcessSample]:
         if not isinstance(gpu.handle, AmdGpu):
             return []
-        r = AmdCalls(self.api, tally)
+        api = self._api()
+        r = AmdCalls(api, tally)
         by_handle = {id(p.handle): p.uuid for p in partitions if p.parent.uuid == gpu.uuid}
         now = self._clock_ns()
         out: list[ProcessSample] = []
         seen: set[tuple[str, int]] = set()
         for h in gpu.handle.members:
             part_uuid = by_handle.get(id(h), "") if gpu.mig_enabled else ""
-            for p in r.call(self.api.amdsmi_get_gpu_process_list, h) or []:
+            for p in r.call(api.amdsmi_get_gpu_process_list, h) or []:
                 pid = number(p.get("pid"))
                 if pid is None:
                     continue

@@ -36,6 +36,7 @@ class LoadSpec:
     """What a probe may read to build its backend."""
 
     nvml: str = "real"  # --nvml: 'real' or 'sim:SCENARIO.yaml'
+    amdsmi: str = "real"  # --amdsmi: 'real' or 'sim:NAME' (exporter.nvml_loader.load_amd_backend)
     sysfs_root: str = "/sys"
     proc_root: str = "/proc"
     clock: Callable[[], float] = field(default=time.time, compare=False)
