@@ -374,8 +374,8 @@ def test_probe_is_present_with_amd_gpus_in_sysfs_and_never_imports_amdsmi(tmp_pa
         probe(LoadSpec(sysfs_root=str(tmp_path / "empty")), True)
     found = probe(LoadSpec(sysfs_root=str(_amd_sysfs(tmp_path / "sys"))), True)
     assert isinstance(found, AmdBackend) and "amdsmi" not in sys.modules
-    named = probe(LoadSpec(sysfs_root=str(tmp_path / "empty")), False)  # named: always runs
-    assert isinstance(named, AmdBackend)
+    with pytest.raises(BackendAbsent, match="no AMD GPU"):  # named and absent: an error
+        probe(LoadSpec(sysfs_root=str(tmp_path / "empty")), False)
 
 
 def test_a_node_with_nvidia_and_amd_gpus_reads_both() -> None:

@@ -277,18 +277,18 @@ class NoEvents:
 
 
 def probe(spec: LoadSpec, auto: bool) -> DeviceBackend:
-    """The AMD backend for `--device-backend` (exporter/device/registry.py). With `auto` it is
-    present when sysfs lists an AMD GPU: then a missing amdsmi is the backend down with one
-    line ("amdsmi init failed: amdsmi: libamd_smi.so not found ..."), retried, like a
-    missing NVML on a node with NVIDIA GPUs. Named explicitly it always runs. amdsmi itself is
-    imported by the sampler's open(), never here."""
+    """The AMD backend for `--device-backend` (exporter/device/registry.py): present when
+    sysfs lists an AMD GPU (absent otherwise, auto or named). A present backend without amdsmi
+    is down with one line ("amdsmi init failed: amdsmi: libamd_smi.so not found ..."),
+    retried, like a missing NVML on a node with NVIDIA GPUs. amdsmi itself is imported by the
+    sampler's open(), never here."""
     from exporter.device.registry import BackendAbsent
     from exporter.nvml_loader import load_amd_backend
 
     if spec.amdsmi != "real":
         return load_amd_backend(spec.amdsmi, spec.clock)  # ConfigError for a bad --amdsmi
-    if auto and not amd_gpu_functions(spec.sysfs_root):
-        raise BackendAbsent("sysfs lists no AMD GPU")
+    if not amd_gpu_functions(spec.sysfs_root):
+        raise BackendAbsent(f"sysfs ({spec.sysfs_root}) lists no AMD GPU")
     return AmdBackend()
 
 
