@@ -103,6 +103,8 @@ class SimAmdGpu:
     pcie_replays: int = 0
     bad_pages: list[str] = field(default_factory=list)  # statuses: RESERVED, PENDING, ...
     render_base: int = 128  # renderD of partition 0
+    # CPER records the driver holds, oldest first: (severity as amdsmi spells it, AFIDs)
+    cper: list[tuple[str, list[int]]] = field(default_factory=list)
     vfs: list[SimAmdVf] = field(default_factory=list)
     lost: bool = False
 
@@ -297,6 +299,32 @@ class SimAmdSmi:
         return [{"value": i, "page_address": 0x1000 * (i + 1), "page_size": 4096,
                  "status": s} for i, s in enumerate(g.bad_pages)]
 
+    # --- RAS events ---
+    def amdsmi_get_gpu_cper_entries(self, h: SimHandle, severity_mask: int, buffer_size: int,
+                                    cursor: int) -> tuple[dict[int, dict[str, Any]], int,
+                                                          list[dict[str, Any]], int]:
+        """Up to 20 records from `cursor` (amdsmi reads at most 20 headers a call)."""
+        g = self._gpu(h)
+        picked = [(sev, afids) for sev, afids in g.cper[cursor:cursor + 20]
+                  if severity_mask & {"non_fatal_uncorrected": 1, "fatal": 2,
+                                      "non_fatal_corrected": 4}.get(sev, 0)]
+        entries = {i: {"error_severity": sev, "signature": b"CPER", "record_length":
+                       _CPER_HEADER + 8 * len(afids)} for i, (sev, afids) in enumerate(picked)}
+        records = [{"bytes": list(_cper_bytes(afids)), "size": _CPER_HEADER + 8 * len(afids)}
+                   for _, afids in picked]
+        end = min(len(g.cper), cursor + 20)
+        return entries, end, records, 0
+
+    def amdsmi_get_afids_from_cper(self, records: list[Any]) -> tuple[list[int], int]:
+        out: list[int] = []
+        for r in records:
+            raw = bytes(r["bytes"])
+            if raw[:4] != b"CPER":
+                raise AmdSmiLibraryException(43)  # AMDSMI_STATUS_UNEXPECTED_DATA
+            body = raw[_CPER_HEADER:r["size"]]
+            out += [int.from_bytes(body[i:i + 8], "little") for i in range(0, len(body), 8)]
+        return out, len(out)
+
     # --- processes ---
     def amdsmi_get_gpu_process_list(self, h: SimHandle) -> list[dict[str, Any]]:
         self._gpu(h)
@@ -352,6 +380,14 @@ class SimAmdSmi:
     def amdsmi_get_guest_data(self, vf: SimVfHandle) -> dict[str, Any]:
         v = self._vf(vf)
         return {"driver_version": "6.10.5" if v.vm else "", "fb_usage": v.guest_fb_usage_mb}
+
+
+_CPER_HEADER = 128  # the simulated record: "CPER", padding, then the AFIDs as u64
+
+
+def _cper_bytes(afids: list[int]) -> bytes:
+    return b"CPER".ljust(_CPER_HEADER, b"\0") + b"".join(a.to_bytes(8, "little")
+                                                          for a in afids)
 
 
 def _uuid(i: int, salt: int) -> str:

@@ -436,3 +436,42 @@ def test_exporter_without_amdsmi_logs_one_line_and_serves_the_rest(tmp_path: Pat
     amd = [line for line in err.splitlines() if "amdsmi" in line]
     assert amd and all("amdsmi init failed: amdsmi: Python package not installed" in line
                        for line in amd), amd
+
+
+def test_ras_events_carry_their_afids_and_skip_what_came_before() -> None:
+    clock = ManualClock(T0 + 10)
+    sim = mi300x_cpx_nps4(gpus=2, clock=clock, start=T0)
+    sim.gpus[1].cper = [("fatal", [99])] * 25  # before the exporter: more than one read
+    backend = AmdBackend(sim.as_api(), event_interval=0)
+    backend.open()
+    inv = backend.inventory(None)
+    events = backend.error_events()
+    events.register(list(inv.gpus))
+    assert events.wait(0) is None  # history is not counted
+    sim.gpus[1].cper += [("fatal", [17, 30]), ("non_fatal_corrected", [])]
+    sim.gpus[0].cper += [("non_fatal_uncorrected", [5])]
+    got = events.wait(0)
+    assert got is not None
+    assert sorted((e.uuid, e.kind, e.code, e.severity) for e in got) == sorted([
+        (inv.gpus[1].uuid, "afid", 17, "fatal"), (inv.gpus[1].uuid, "afid", 30, "fatal"),
+        (inv.gpus[1].uuid, "ras", 0, "correctable"),
+        (inv.gpus[0].uuid, "afid", 5, "uncorrectable")])
+    assert events.wait(0) is None  # each record once
+    events.close()
+
+
+def test_ras_events_reach_gpu_error_events_total() -> None:
+    clock = ManualClock(T0 + 10)
+    sim = mi300x_cpx_nps4(gpus=1, clock=clock, start=T0)
+    backend = AmdBackend(sim.as_api(), event_interval=0)
+    specs = [s for s in REGISTRY if s.name != "attribution"]
+    sampler = Sampler(backend, ExporterOptions(node="n"), specs, threaded=False)
+    try:
+        sampler.cycle()
+        sim.gpus[0].cper.append(("fatal", [17]))
+        body = sampler.cycle().body(False, False)
+    finally:
+        sampler.close()
+    assert values(body, "gpu_error_events_total", kind="afid", code="17",
+                  severity="fatal") == [1]
+    assert not values(body, "gpu_xid_errors_total")

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exporter.device.amd_calls import AmdCalls, field, number, text
+from exporter.device.amd_events import AmdEventSource
 from exporter.device.amd_inventory import MIB, AmdGpu, discover
 from exporter.device.amd_processes import AmdProcessReader
 from exporter.device.amdsmiapi import AmdSmiApi, load_amdsmi
 from exporter.device.contract import (
     DeviceBackend,
-    ErrorEvent,
     EventSource,
     GpuRef,
     GuestLicence,
@@ -73,13 +73,15 @@ class AmdBackend:
 
     def __init__(self, api: AmdSmiApi | None = None, *,
                  loader: Callable[[], AmdSmiApi] = load_amdsmi,
-                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock_ns: Callable[[], int] = time.monotonic_ns,
+                 event_interval: float = 5.0) -> None:
         """`api` None: amdsmi is imported by the first `open()` (lazily: a node without
         libamd_smi.so gets one "amdsmi init failed: amdsmi: ..." line and retries, never an
         import-time traceback)."""
         self._loaded = api
         self._loader = loader
         self._clock_ns = clock_ns
+        self._event_interval = event_interval  # seconds between reads of the CPER records
 
     @property
     def _api(self) -> AmdSmiApi:
@@ -257,23 +259,8 @@ class AmdBackend:
         return []  # MxGPU has no licensing
 
     def error_events(self) -> EventSource:
-        return NoEvents()
-
-
-class NoEvents:
-    """AMD error events are not subscribed yet (RAS errors are read as counters by
-    `reliability`; AFIDs come from CPER records, docs/backends.md): waits and reports
-    nothing."""
-
-    def register(self, gpus: Sequence[GpuRef]) -> None:
-        pass
-
-    def wait(self, timeout_ms: int) -> list[ErrorEvent] | None:
-        time.sleep(max(0, timeout_ms) / 1000.0)
-        return None
-
-    def close(self) -> None:
-        pass
+        """RAS events from the GPUs' CPER records, with their AFIDs (amd_events.py)."""
+        return AmdEventSource(lambda: self._api, self._event_interval)
 
 
 def probe(spec: LoadSpec, auto: bool) -> DeviceBackend:
