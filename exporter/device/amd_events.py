@@ -11,7 +11,7 @@ record without one a "ras" event (code 0); severity as the contract spells it.
 
 Records written before the exporter started are skipped at registration (like NVML's event
 set, which only sees events from its creation). The driver is polled at most every
-`interval` seconds; a library without CPER support (before ROCm 6.4) reports nothing.
+`interval` seconds; a library without the CPER functions (older releases) reports nothing.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class AmdSmiApi(Protocol):
     def amdsmi_get_gpu_pci_replay_counter(self, handle: Handle, /) -> int: ...
     def amdsmi_get_gpu_bad_page_info(self, handle: Handle, /) -> Sequence[Info]: ...
 
-    # --- RAS events (ROCm 6.4+): CPER records from a cursor, and the AFIDs in a record ---
+    # --- RAS events (newer releases): CPER records from a cursor, and the AFIDs in a record ---
     # (entries {i: {error_severity, ...}}, next cursor, records [{bytes, size}], status)
     def amdsmi_get_gpu_cper_entries(self, handle: Handle, severity_mask: int, buffer_size: int,
                                     cursor: int, /) -> tuple[dict[int, Info], int, list[Info],
