@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 STATUS_NOT_SUPPORTED = 2
 STATUS_NOT_FOUND = 31
-ENERGY_RESOLUTION_UJ = 15.259  # MI300's counter_resolution (µJ per tick)
+ENERGY_RESOLUTION_UJ = 15.259  # the simulated counter_resolution (µJ per tick)
 NA = "N/A"
 
 

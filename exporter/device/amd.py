@@ -158,8 +158,8 @@ class AmdBackend:
 
     def _energy(self, r: AmdCalls, h: object) -> float | None:
         """Joules since the driver loaded: energy_accumulator x counter_resolution is µJ
-        (the counter is in units of the resolution, ~15.3 µJ on MI300). Releases before ROCm
-        6.4 name the counter `power`."""
+        (the counter counts units of the resolution the library reports with it). Older
+        releases name the counter `power` only."""
         info = r.call(self._api.amdsmi_get_energy_count, h)
         ticks = field(info, "energy_accumulator", "power")
         resolution = field(info, "counter_resolution")

@@ -115,7 +115,7 @@ def _gpu(api: AmdSmiApi, r: AmdCalls, index: int, bdf: str, group: list[_Member]
     compute = text(r.call(api.amdsmi_get_gpu_compute_partition, primary)).lower()
     memory = text(r.call(api.amdsmi_get_gpu_memory_partition, primary)).lower()
     mode = None
-    if hasattr(api, "amdsmi_get_gpu_virtualization_mode"):  # ROCm 6.4+
+    if hasattr(api, "amdsmi_get_gpu_virtualization_mode"):  # newer releases only
         mode = number((r.call(api.amdsmi_get_gpu_virtualization_mode, primary) or {})
                       .get("mode"))
     vram_total = 0.0
