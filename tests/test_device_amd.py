@@ -475,3 +475,51 @@ def test_ras_events_reach_gpu_error_events_total() -> None:
     assert values(body, "gpu_error_events_total", kind="afid", code="17",
                   severity="fatal") == [1]
     assert not values(body, "gpu_xid_errors_total")
+
+
+# The MxGPU host library's Python package (amd/MxGPU-Virtualization smi-lib/py/interface,
+# __init__.py at 695afe2) lacks these functions of ROCm's, which the backend also calls.
+NOT_ON_THE_HOST = {"amdsmi_get_energy_count", "amdsmi_get_gpu_compute_partition",
+                   "amdsmi_get_gpu_kfd_info", "amdsmi_get_gpu_metrics_info",
+                   "amdsmi_get_gpu_pci_replay_counter", "amdsmi_get_gpu_process_list",
+                   "amdsmi_get_gpu_vram_usage", "amdsmi_get_gpu_enumeration_info",
+                   "amdsmi_get_gpu_virtualization_mode", "amdsmi_get_gpu_cper_entries",
+                   "amdsmi_get_afids_from_cper", "amdsmi_get_gpu_memory_partition"}
+
+
+class _HostFlavour:
+    """The simulator with only the host library's functions, as a module would be."""
+
+    def __init__(self, sim: SimAmdSmi) -> None:
+        self._sim = sim
+
+    def __getattr__(self, name: str) -> object:
+        if name in NOT_ON_THE_HOST:
+            raise AttributeError(name)
+        return getattr(self._sim, name)
+
+
+def test_a_function_the_library_flavour_lacks_is_absent_not_a_failure() -> None:
+    from exporter.device.amdsmiapi import Flavour
+
+    sim = mxgpu_host(gpus=1, vfs=[SimAmdVf(fb_mb=49_152, guest_fb_usage_mb=1024, vm="a")],
+                     clock=ManualClock(T0 + 5), start=T0)
+    api: AmdSmiApi = Flavour(_HostFlavour(sim))  # type: ignore[assignment]
+    backend = AmdBackend(api)
+    backend.open()
+    inv = backend.inventory(None)
+    gpu = inv.gpus[0]
+    tally = Tally()
+    t = backend.telemetry(gpu, tally)
+    assert tally.failures == 0
+    assert t.energy_joules is None and t.memory is None  # the host library has neither
+    assert t.power_watts == 350.0 and t.temperature_celsius == 52
+    procs = backend.process_reader().read(gpu, inv.migs, tally)
+    assert procs == [] and tally.failures == 0
+    # without the mode call the VFs are still asked for, and the host library answers
+    assert [v.id for v in backend.virtual_functions(gpu, tally)] == ["0000:05:02.0"]
+    events = backend.error_events()
+    events.register(list(inv.gpus))
+    assert events.wait(0) is None
+    with pytest.raises(AttributeError):
+        Flavour(object()).amdsmi_init()  # not an amdsmi module: no pretending

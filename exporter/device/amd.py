@@ -221,15 +221,12 @@ class AmdBackend:
         """MxGPU: the VFs of a GPU on a GIM host, by VF PCI address (what the AMD device plugin
         hands a KubeVirt VM, through the VF's IOMMU group). Empty elsewhere."""
         api = self._api
-        if not hasattr(api, "amdsmi_get_num_vf"):
-            return []  # the ROCm (bare metal / guest) library has no VF functions
         r = AmdCalls(api, tally)
         h = _amd(gpu).primary
-        if hasattr(api, "amdsmi_get_gpu_virtualization_mode"):
-            mode = number((r.call(api.amdsmi_get_gpu_virtualization_mode, h) or {})
-                          .get("mode"))
-            if mode is not None and int(mode) != HOST_MODE:
-                return []
+        mode = number((r.call(api.amdsmi_get_gpu_virtualization_mode, h) or {}).get("mode"))
+        if mode is not None and int(mode) != HOST_MODE:
+            return []
+        # the ROCm (bare metal, guest) library has no VF functions: NOT_SUPPORTED, absent
         enabled = number((r.call(api.amdsmi_get_num_vf, h) or {}).get("num_vf_enabled"))
         if not enabled:
             return []

@@ -51,8 +51,6 @@ class AmdEventSource:
             api = self._api()
         except RuntimeError:  # amdsmi not loaded (the backend is down): next time
             return
-        if not hasattr(api, "amdsmi_get_gpu_cper_entries"):
-            return
         for gpu in gpus:
             if gpu.uuid in self._seen or not isinstance(gpu.handle, AmdGpu):
                 continue
@@ -120,8 +118,6 @@ class AmdEventSource:
 
     @staticmethod
     def _afids(api: AmdSmiApi, record: object) -> list[int]:
-        if not hasattr(api, "amdsmi_get_afids_from_cper"):
-            return []
         try:
             afids, _ = api.amdsmi_get_afids_from_cper([record])
         except api.AmdSmiLibraryException:

@@ -114,10 +114,8 @@ def _gpu(api: AmdSmiApi, r: AmdCalls, index: int, bdf: str, group: list[_Member]
                  vendor="amd")
     compute = text(r.call(api.amdsmi_get_gpu_compute_partition, primary)).lower()
     memory = text(r.call(api.amdsmi_get_gpu_memory_partition, primary)).lower()
-    mode = None
-    if hasattr(api, "amdsmi_get_gpu_virtualization_mode"):  # newer releases only
-        mode = number((r.call(api.amdsmi_get_gpu_virtualization_mode, primary) or {})
-                      .get("mode"))
+    mode = number((r.call(api.amdsmi_get_gpu_virtualization_mode, primary) or {})
+                  .get("mode"))  # newer releases only: else NOT_SUPPORTED, absent
     vram_total = 0.0
     for m in group:  # each partition reports its share of the GPU's memory
         vram_total += number((r.call(api.amdsmi_get_gpu_vram_usage, m.handle) or {})
@@ -141,11 +139,9 @@ def _gpu(api: AmdSmiApi, r: AmdCalls, index: int, bdf: str, group: list[_Member]
             if not part_uuid or part_uuid in seen:  # a library giving partitions no own UUID
                 part_uuid = f"{uuid}/{slot}"
             seen.add(part_uuid)
-            render = -1
-            if hasattr(api, "amdsmi_get_gpu_enumeration_info"):  # ROCm 6.4+
-                n = number((r.call(api.amdsmi_get_gpu_enumeration_info, m.handle) or {})
-                           .get("drm_render"))
-                render = -1 if n is None else int(n)
+            n = number((r.call(api.amdsmi_get_gpu_enumeration_info, m.handle) or {})
+                       .get("drm_render"))  # ROCm 6.4+
+            render = -1 if n is None else int(n)
             parts.append(MigRef(
                 parent=ref, uuid=part_uuid,
                 gpu_instance_id=m.partition if m.partition >= 0 else slot,

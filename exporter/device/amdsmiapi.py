@@ -125,4 +125,32 @@ def load_amdsmi(module: str = "amdsmi") -> AmdSmiApi:
         raise AmdSmiUnavailable(f"amdsmi: libamd_smi.so not loadable ({e})") from None
     except ImportError as e:
         raise AmdSmiUnavailable(f"amdsmi: Python package not installed ({e.msg})") from None
-    return cast(AmdSmiApi, mod)
+    return cast(AmdSmiApi, Flavour(mod))
+
+
+class Flavour:
+    """The amdsmi module as the backend sees it. AMD ships two flavours under one name: ROCm's
+    (bare metal, guests) and the MxGPU host's (GIM), each without some of the other's
+    functions (the host has no process list, VRAM usage or energy counter; ROCm no VF
+    functions), and older releases lack newer ones. A function this flavour lacks raises the
+    module's own AmdSmiLibraryException(NOT_SUPPORTED) when called, so the backend reads it as
+    an absent value instead of failing on an AttributeError. Everything else is the module's.
+    """
+
+    def __init__(self, module: object) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(self._module, name)
+        except AttributeError:
+            if not name.startswith("amdsmi_"):
+                raise
+        error: Any = getattr(self._module, "AmdSmiLibraryException", None)
+
+        def unsupported(*args: object) -> Any:
+            if error is None:  # not an amdsmi module at all
+                raise AttributeError(name)
+            raise error(STATUS_NOT_SUPPORTED)
+
+        return unsupported
