@@ -44,6 +44,13 @@ def pci_bdf(bus_id: str) -> str:
     return f"{int(domain or '0', 16):04x}:{bus}:{dev}.{fn}"
 
 
+def pci_address(text: str) -> str | None:
+    """`pci_bdf(text)` when `text` is a PCI address in any vendor's spelling, else None (a
+    device ID that is no address, a `drm-pdev` that is garbage)."""
+    bdf = pci_bdf(text)
+    return bdf if _BDF.fullmatch(bdf) else None
+
+
 class DeviceLost(Exception):
     """The device fell off the bus (NVML_ERROR_GPU_IS_LOST, or its vendor's equivalent)."""
 

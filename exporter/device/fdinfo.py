@@ -29,10 +29,17 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from exporter.device.contract import ProcessSample, pci_bdf
+from exporter.device.contract import (
+    GpuRef,
+    MigRef,
+    ProcessSample,
+    Tally,
+    pci_address,
+    pci_bdf,
+)
 
 MAX_FDINFO_BYTES = 16 * 1024  # xe's full output is under 2 KiB
 MAX_FDS_PER_PID = 65_536  # fds looked at per process (a process may hold a million)
@@ -109,8 +116,7 @@ def parse_fdinfo(text: str, pid: int = 0, fd: int = 0) -> DrmClient | None:
         if name == "driver":
             client.driver = value[:64] if value.isascii() and value.isprintable() else "?"
         elif name == "pdev":
-            bdf = pci_bdf(value)
-            client.pdev = bdf if _is_address(bdf) else ""
+            client.pdev = pci_address(value) or ""
         elif name == "client-id":
             client.client_id = _number(value, {"": 1})
         elif name.startswith("engine-capacity-"):
@@ -131,13 +137,6 @@ def parse_fdinfo(text: str, pid: int = 0, fd: int = 0) -> DrmClient | None:
 def _put(into: dict[str, int], name: str, value: int | None) -> None:
     if name and value is not None:
         into[name] = value
-
-
-_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
-
-
-def _is_address(bdf: str) -> bool:
-    return _ADDRESS.fullmatch(bdf) is not None
 
 
 @dataclass
@@ -321,3 +320,18 @@ def read_fdinfo_processes(reader: DrmFdinfo, pdev_to_uuid: Mapping[str, str]
         for u in reader.usage(pdev):
             out.append(ProcessSample(u.pid, uuid, "", float(u.memory_bytes), u.utilization))
     return out
+
+
+class FdinfoProcessReader:
+    """A contract ProcessReader over DRM fdinfo, for a backend whose library has no process
+    list (or only one partition's): `bdf_of` gives a device's PCI address. Whole devices
+    only: a process on a partition is the backend's to place."""
+
+    def __init__(self, drm: DrmFdinfo, bdf_of: Callable[[GpuRef], str]) -> None:
+        self.drm = drm
+        self.bdf_of = bdf_of
+
+    def read(self, gpu: GpuRef, partitions: Sequence[MigRef], tally: Tally
+             ) -> list[ProcessSample]:
+        del partitions, tally  # reading /proc fails only as "no such process": not a failure
+        return read_fdinfo_processes(self.drm, {self.bdf_of(gpu): gpu.uuid})
