@@ -291,7 +291,8 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
         Alert("GpuLost", "critical",
               "gpu_up == 0", T.gpu_lost_for,
               "GPU stopped answering",
-              f"{GPU} does not answer NVML (lost or fallen off the bus) for {T.gpu_lost_for}. "
+              f"{GPU} does not answer its driver library (lost or fallen off the bus) for "
+              f"{T.gpu_lost_for}. "
               + PODS),
         Alert("GpuDisappeared", "critical",
               "(\n  max by (cluster, node, gpu, uuid, model, job, instance) "
@@ -307,9 +308,9 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
         Alert("GpuNotAnswering", "critical",
               'gpu_expected_devices{source="pci"}\n'
               "  > ignoring (source) gpu_answering_devices", T.gpu_not_answering_for,
-              "A GPU of the node does not answer NVML",
-              "Node {{ $labels.node }} has {{ $value }} NVIDIA GPU(s) on its PCI bus but fewer "
-              "answer NVML{{ with query (printf `gpu_answering_devices{instance=\"%s\"}` "
+              "A GPU of the node does not answer its driver library",
+              "Node {{ $labels.node }} has {{ $value }} GPU(s) on its PCI bus but fewer "
+              "answer their driver library{{ with query (printf `gpu_answering_devices{instance=\"%s\"}` "
               "$labels.instance) }} (only {{ (index . 0).Value }}){{ end }}, for "
               f"{T.gpu_not_answering_for}: a GPU is lost or fell off the bus, possibly before the "
               "exporter started."),
