@@ -24,7 +24,7 @@ from exporter.attribution.dra import ClaimDevice, SliceKey
 from exporter.attribution.podresources import Allocation, PodResourcesClient
 from exporter.attribution.resourceslices import ResourceSlice, SliceDevice
 from exporter.attribution.sources import amd_units
-from exporter.attribution.units import Grant, Holder
+from exporter.attribution.units import Grant, Holder, InstanceUse
 from exporter.device.amd import AmdBackend
 from exporter.device.contract import Inventory, Tally
 from gpu_ledger.sharing import SharingMode
@@ -131,7 +131,8 @@ def test_two_containers_on_one_partition_are_time_slicing(sock: str, tmp_path: P
 
 def test_mxgpu_vfs_by_iommu_group_are_vgpu_units_with_their_share(sock: str, tmp_path: Path
                                                                   ) -> None:
-    vfs = [SimAmdVf(fb_mb=49_152, vm="a"), SimAmdVf(fb_mb=98_304, vm="b")]
+    vfs = [SimAmdVf(fb_mb=49_152, guest_fb_usage_mb=1024, vm="a"),
+           SimAmdVf(fb_mb=98_304, vm="b")]
     sim = mxgpu_host(gpus=1, vfs=vfs, clock=ManualClock(T0), start=T0)
     backend = AmdBackend(sim.as_api())
     backend.open()
@@ -160,6 +161,12 @@ def test_mxgpu_vfs_by_iommu_group_are_vgpu_units_with_their_share(sock: str, tmp
         (Holder("vms", "virt-launcher-b", "compute"), (gpu.uuid, ""), SharingMode.VGPU,
          Grant(memory_fraction=0.5))]
     assert unknown.by_resource == {"amd.com/gpu_vf": 1}
+    use = {u.holder.pod: u.use for u in rows}
+    assert use["virt-launcher-a"] == InstanceUse(None, 1 << 30)  # the guest's framebuffer use
+    # KubeVirt's own PCI host-device plugin names a VF by its address: the same VF
+    [by_address] = index.resolve(functions[1].id.upper())
+    assert (by_address.key, by_address.mode, by_address.vf_fraction) == \
+        ((gpu.uuid, ""), SharingMode.VGPU, 0.5)
 
 
 def test_the_exporter_attributes_amd_partitions_end_to_end(sock: str, tmp_path: Path) -> None:

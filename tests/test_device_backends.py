@@ -24,6 +24,7 @@ from exporter.device.contract import (
     MigRef,
     ProcessReader,
     ProcessSample,
+    RasErrorCount,
     Reliability,
     Tally,
     Telemetry,
@@ -92,7 +93,8 @@ class _Amd:
 
     def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability:
         assert gpu.vendor == "amd"
-        return Reliability(ecc_corrected=2)
+        return Reliability(ecc_corrected=2, ras_errors=(
+            RasErrorCount("umc", "uncorrectable", 1), RasErrorCount("gfx", "correctable", 7)))
 
     def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None:
         return None
@@ -162,6 +164,9 @@ def test_two_vendors_one_exposition() -> None:
     assert values(body, "gpu_exporter_source_up", source="nvml") == [1]
     assert values(body, "gpu_exporter_source_up", source="fakesmi") == [1]
     assert values(body, "gpu_answering_devices") == [2]
+    assert values(body, "gpu_ras_errors_total", vendor="amd", block="umc",
+                  type="uncorrectable") == [1]
+    assert values(body, "gpu_ras_errors_total", block="gfx", type="correctable") == [7]
     sampler.close()
 
 
@@ -224,9 +229,9 @@ def test_error_events_of_both_vendors() -> None:
     assert values(body, "gpu_xid_errors_total", vendor="nvidia", xid="79") == [1]
     assert not values(body, "gpu_xid_errors_total", vendor="amd")
     assert values(body, "gpu_error_events_total", vendor="amd", kind="afid", code="4660",
-                  severity="fatal") == [1]
+                  error_severity="fatal") == [1]
     assert values(body, "gpu_error_event_last_timestamp_seconds", vendor="amd", kind="afid",
-                  code="4660", severity="fatal") == [T0 + 120]
+                  code="4660", error_severity="fatal") == [T0 + 120]
     sampler.close()
 
 

@@ -80,12 +80,14 @@ def read_amd_sysfs(root: str = "/sys") -> AmdSysfs:
 
 @dataclass(frozen=True)
 class AmdRef:
-    """What an AMD ID names: a GPU, a partition (`partition` its UUID), or a VF of a GPU
-    (`vf_fraction` its framebuffer share)."""
+    """What an AMD ID names: a GPU, a partition (`partition` its UUID), or a VF of a GPU (`vf`
+    its PCI address, `vf_fraction` its framebuffer share, `vf_use` what the host sees of it)."""
 
     uuid: str
     partition: str = ""
+    vf: str = ""
     vf_fraction: float | None = None
+    vf_use: VirtualFunction | None = field(default=None, compare=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -93,7 +95,7 @@ class AmdRef:
 
     @property
     def mode(self) -> SharingMode:
-        if self.vf_fraction is not None:
+        if self.vf:
             return SharingMode.VGPU
         return SharingMode.MIG if self.partition else SharingMode.EXCLUSIVE
 
@@ -130,14 +132,15 @@ class AmdDeviceIndex:
                 total = memory.get(gpu_uuid, 0)
                 fraction = (vf.framebuffer_bytes / total) if vf.framebuffer_bytes and total \
                     else 0.0
-                self._vf_by_bdf[pci_bdf(vf.id)] = AmdRef(gpu_uuid, "", min(1.0, fraction))
+                self._vf_by_bdf[pci_bdf(vf.id)] = AmdRef(gpu_uuid, "", pci_bdf(vf.id),
+                                                         min(1.0, fraction), vf)
         self._sysfs = sysfs
 
     def resolve(self, device_id: str) -> tuple[AmdRef, ...]:
         """Every device an ID names (an IOMMU group may hold several VFs); () for none."""
         base = device_id.strip()
-        ref = self._by_bdf.get(pci_bdf(base))
-        if ref is not None:
+        ref = self._by_bdf.get(pci_bdf(base)) or self._vf_by_bdf.get(pci_bdf(base))
+        if ref is not None:  # a GPU (partition 0), or a VF by address (KubeVirt's PCI plugin)
             return (ref,)
         xcp = _XCP.match(base)
         if xcp:

@@ -60,12 +60,13 @@ from exporter.core import (
     CycleContext,
     ExporterOptions,
     GpuRef,
+    GpuStatic,
     MigRef,
     PodLabels,
     ProcessSample,
     SampleSink,
 )
-from exporter.device.contract import DeviceLost, GpuStatic, Inventory, Tally
+from exporter.device.contract import DeviceLost, Inventory, Tally
 from exporter.kube.client import connector
 from exporter.kube.watch import NodeScopedWatch
 
@@ -144,7 +145,7 @@ class AttributionCollector:
         self._slice_items: object = None
         self._slice_uuids: dict[SliceKey, str] = {}
         self._index: DeviceIndex | None = None
-        self._index_key: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+        self._index_key: tuple[tuple[tuple[str, str], ...], tuple[str, ...]] = ((), ())
         self._replicas_from: tuple[tuple[str, str], ...] | None = None
         self._replicas: dict[DeviceKey, int] = {}
         self.unknown_ids = UnknownIds()
@@ -157,7 +158,7 @@ class AttributionCollector:
     def collect(self, ctx: CycleContext, sink: SampleSink) -> int:
         """Returns the NVML calls that failed while listing processes: a partial process list
         means usage may be missing, so attribution does not report success then."""
-        index = self._device_index(ctx.gpus, ctx.migs)
+        index = self._device_index(ctx.gpus, ctx.migs, ctx.static)
         allocations = self._client.poll() or []
         ctx.sources["podresources"] = self._client.status
         # --no-kubernetes turns the source off: it has no gpu_exporter_source_up series at all,
@@ -314,10 +315,12 @@ class AttributionCollector:
         self._client.close()
 
     # --- helpers -------------------------------------------------------------------------------
-    def _device_index(self, gpus: list[GpuRef], migs: list[MigRef]) -> DeviceIndex:
-        key = (tuple(g.uuid for g in gpus), tuple(m.uuid for m in migs))
+    def _device_index(self, gpus: list[GpuRef], migs: list[MigRef],
+                      static: dict[str, GpuStatic]) -> DeviceIndex:
+        key = (tuple((g.uuid, s.pci_bdf if (s := static.get(g.uuid)) else "") for g in gpus),
+               tuple(m.uuid for m in migs))
         if self._index is None or key != self._index_key:
-            self._index, self._index_key = DeviceIndex(gpus, migs), key
+            self._index, self._index_key = DeviceIndex(gpus, migs, static), key
             self._replicas_from = None  # IDs may resolve differently now
         return self._index
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 
-from exporter.attribution.amdids import AMD_DRA_DRIVER, AmdDeviceIndex, is_amd_resource
+from exporter.attribution.amdids import AMD_DRA_DRIVER, AmdDeviceIndex, AmdRef, is_amd_resource
 from exporter.attribution.deviceids import DeviceIndex, UnknownIds, is_gpu_resource, sharing_mode
 from exporter.attribution.dra import ClaimDevice, DraResolver, SliceKey
 from exporter.attribution.podresources import Allocation
@@ -31,10 +31,11 @@ def device_plugin_units(allocations: Iterable[Allocation], index: DeviceIndex,
                         vgpu_ids: Collection[str] = ()) -> list[Unit]:
     """PodResources device IDs of GPU resources: one row per device an ID names. HAMi's
     kubelet slots are recognised and left to the fractional source; IDs in `vgpu_ids` (mdev
-    UUIDs) to the vGPU source; anything else that names nothing here is reported."""
+    UUIDs) to the vGPU source; `amd.com/*` to the AMD source (`amd_units`: partitions, VFs);
+    anything else that names nothing here is reported."""
     rows: list[Unit] = []
     for a in allocations:
-        if not is_gpu_resource(a.resource, overrides):
+        if not is_gpu_resource(a.resource, overrides) or is_amd_resource(a.resource):
             continue
         holder = Holder(a.namespace, a.pod, a.container)
         for device_id in a.device_ids:
@@ -57,8 +58,8 @@ def vgpu_units(allocations: Iterable[Allocation], index: DeviceIndex,
     if not vgpus:
         return rows
     for a in allocations:
-        if not is_gpu_resource(a.resource, overrides):
-            continue
+        if not is_gpu_resource(a.resource, overrides) or is_amd_resource(a.resource):
+            continue  # amd.com/*: the AMD source
         holder = Holder(a.namespace, a.pod, a.container)
         for device_id in a.device_ids:
             vgpu = vgpus.get(_vgpu_id(device_id))
@@ -122,7 +123,7 @@ def amd_units(allocations: Iterable[Allocation], claims: Iterable[ClaimDevice],
     `amdgpu_xcp_<n>`, MxGPU VFs by IOMMU group) and `gpu.amd.com` DRA devices. Partitions are
     `mig`-like units priced by their fraction, VFs `vgpu`-like units with their framebuffer
     share as grant; a device several containers hold is time-slicing unless overridden."""
-    held: list[tuple[Holder, str, tuple[str, str], SharingMode, float | None]] = []
+    held: list[tuple[Holder, str, tuple[str, str], SharingMode, AmdRef]] = []
     for a in allocations:
         if not is_amd_resource(a.resource):
             continue
@@ -131,7 +132,7 @@ def amd_units(allocations: Iterable[Allocation], claims: Iterable[ClaimDevice],
             refs = index.resolve(device_id)
             if not refs:
                 unknown.report(a.resource, device_id)
-            held.extend((holder, a.resource, r.key, r.mode, r.vf_fraction) for r in refs)
+            held.extend((holder, a.resource, r.key, r.mode, r) for r in refs)
     for c in claims:
         if c.driver != AMD_DRA_DRIVER:
             continue
@@ -140,19 +141,21 @@ def amd_units(allocations: Iterable[Allocation], claims: Iterable[ClaimDevice],
             unknown.report(c.driver, f"{c.pool}/{c.device}")
             continue
         held.append((Holder(c.namespace, c.pod, c.container), c.driver, ref.key, ref.mode,
-                     None))
+                     ref))
     sharers: dict[tuple[str, str], set[Holder]] = {}
     for holder, _, key, _, _ in held:
         sharers.setdefault(key, set()).add(holder)
     rows: list[Unit] = []
-    done: set[tuple[Holder, tuple[str, str]]] = set()
-    for holder, resource, key, mode, fraction in held:
-        if (holder, key) in done:
+    done: set[tuple[Holder, tuple[str, str], str]] = set()
+    for holder, resource, key, mode, ref in held:
+        if (holder, key, ref.vf) in done:
             continue
-        done.add((holder, key))
-        if fraction is not None:
+        done.add((holder, key, ref.vf))
+        if ref.vf:  # the VM's use, which the host sees only per VF
             rows.append(Unit(holder, key, resource, SharingMode.VGPU,
-                             Grant(memory_fraction=fraction)))
+                             Grant(memory_fraction=ref.vf_fraction),
+                             InstanceUse(ref.vf_use.utilization, ref.vf_use.memory_used_bytes)
+                             if ref.vf_use is not None else None))
             continue
         shared = len(sharers[key]) > 1
         mode = overrides.get(resource) or (SharingMode.TIME_SLICING if shared else mode)

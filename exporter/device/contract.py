@@ -44,6 +44,13 @@ def pci_bdf(bus_id: str) -> str:
     return f"{int(domain or '0', 16):04x}:{bus}:{dev}.{fn}"
 
 
+def pci_address(text: str) -> str | None:
+    """`pci_bdf(text)` when `text` is a PCI address in any vendor's spelling, else None (a
+    device ID that is no address, a `drm-pdev` that is garbage)."""
+    bdf = pci_bdf(text)
+    return bdf if _BDF.fullmatch(bdf) else None
+
+
 class DeviceLost(Exception):
     """The device fell off the bus (NVML_ERROR_GPU_IS_LOST, or its vendor's equivalent)."""
 
@@ -175,6 +182,16 @@ class RowRemapping:
 
 
 @dataclass(frozen=True)
+class RasErrorCount:
+    """Errors one RAS block of the device counted since the driver loaded (AMD: umc, gfx,
+    sdma, mmhub, xgmi_wafl, ... with severity correctable, uncorrectable or deferred)."""
+
+    block: str
+    severity: str
+    count: int
+
+
+@dataclass(frozen=True)
 class Reliability:
     """Error counters of a device, since the driver loaded; None where it has no such count."""
 
@@ -182,6 +199,7 @@ class Reliability:
     ecc_uncorrected: int | None = None
     row_remapping: RowRemapping | None = None
     pcie_replays: int | None = None
+    ras_errors: tuple[RasErrorCount, ...] = ()  # per block (AMD); empty where there are none
 
 
 @dataclass(frozen=True)
