@@ -58,6 +58,24 @@ class AmdSmiTemperatureMetric(IntEnum):
     CURRENT = 0
 
 
+class AmdSmiGpuBlock(IntEnum):  # amdsmi.h amdsmi_gpu_block_t (bits)
+    INVALID = 0
+    UMC = 1
+    SDMA = 2
+    GFX = 4
+    MMHUB = 8
+    ATHUB = 16
+    PCIE_BIF = 32
+    HDP = 64
+    XGMI_WAFL = 128
+    DF = 256
+    SMN = 512
+    SEM = 1024
+    MP0 = 2048
+    MP1 = 4096
+    FUSE = 8192
+
+
 class AmdSmiClkType(IntEnum):
     SYS = 0
     GFX = 0
@@ -102,6 +120,8 @@ class SimAmdGpu:
     ecc_uncorrectable: int = 0
     pcie_replays: int = 0
     bad_pages: list[str] = field(default_factory=list)  # statuses: RESERVED, PENDING, ...
+    # RAS block name -> (correctable, uncorrectable, deferred); every block listed is enabled
+    ras: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     render_base: int = 128  # renderD of partition 0
     # CPER records the driver holds, oldest first: (severity as amdsmi spells it, AFIDs)
     cper: list[tuple[str, list[int]]] = field(default_factory=list)
@@ -132,6 +152,7 @@ class SimAmdSmi:
     AmdSmiTemperatureType = AmdSmiTemperatureType
     AmdSmiTemperatureMetric = AmdSmiTemperatureMetric
     AmdSmiClkType = AmdSmiClkType
+    AmdSmiGpuBlock = AmdSmiGpuBlock
 
     def __init__(self, gpus: Sequence[SimAmdGpu], processes: Sequence[SimAmdProcess] = (),
                  *, host: bool = False, clock: Callable[[], float] = time.time,
@@ -290,6 +311,20 @@ class SimAmdSmi:
         g = self._gpu(h)
         return {"correctable_count": g.ecc_correctable,
                 "uncorrectable_count": g.ecc_uncorrectable, "deferred_count": 0}
+
+    def amdsmi_get_gpu_ras_block_features_enabled(self, h: SimHandle) -> list[dict[str, Any]]:
+        g = self._gpu(h)
+        return [{"block": b.name, "status": "ENABLED" if b.name in g.ras else "DISABLED"}
+                for b in AmdSmiGpuBlock if b.name != "INVALID"]
+
+    def amdsmi_get_gpu_ecc_count(self, h: SimHandle, block: Any) -> dict[str, Any]:
+        g = self._gpu(h)
+        if not isinstance(block, AmdSmiGpuBlock):
+            raise TypeError("AmdSmiParameterException")
+        if block.name not in g.ras:
+            raise AmdSmiLibraryException(STATUS_NOT_SUPPORTED)
+        c, u, d = g.ras[block.name]
+        return {"correctable_count": c, "uncorrectable_count": u, "deferred_count": d}
 
     def amdsmi_get_gpu_pci_replay_counter(self, h: SimHandle) -> int:
         return self._gpu(h).pcie_replays

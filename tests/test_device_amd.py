@@ -129,8 +129,13 @@ def test_errors_and_retired_pages() -> None:
     sim.gpus[2].ecc_correctable, sim.gpus[2].ecc_uncorrectable = 7, 1
     sim.gpus[2].bad_pages = ["RESERVED", "RESERVED", "PENDING"]
     sim.gpus[2].pcie_replays = 4
+    sim.gpus[2].ras = {"UMC": (7, 1, 2), "XGMI_WAFL": (3, 0, 0)}
     gpu = backend.inventory(None).gpus[2]
     rel = backend.reliability(gpu, Tally())
+    assert sorted((e.block, e.severity, e.count) for e in rel.ras_errors) == [
+        ("umc", "correctable", 7), ("umc", "deferred", 2), ("umc", "uncorrectable", 1),
+        ("xgmi_wafl", "correctable", 3), ("xgmi_wafl", "deferred", 0),
+        ("xgmi_wafl", "uncorrectable", 0)]  # disabled blocks are not read
     assert (rel.ecc_corrected, rel.ecc_uncorrected, rel.pcie_replays) == (7, 1, 4)
     assert rel.row_remapping is not None
     assert (rel.row_remapping.uncorrectable, rel.row_remapping.pending,
@@ -480,7 +485,8 @@ NOT_ON_THE_HOST = {"amdsmi_get_energy_count", "amdsmi_get_gpu_compute_partition"
                    "amdsmi_get_gpu_pci_replay_counter", "amdsmi_get_gpu_process_list",
                    "amdsmi_get_gpu_vram_usage", "amdsmi_get_gpu_enumeration_info",
                    "amdsmi_get_gpu_virtualization_mode", "amdsmi_get_gpu_cper_entries",
-                   "amdsmi_get_afids_from_cper", "amdsmi_get_gpu_memory_partition"}
+                   "amdsmi_get_afids_from_cper", "amdsmi_get_gpu_memory_partition",
+                   "amdsmi_get_gpu_ras_block_features_enabled"}
 
 
 class _HostFlavour:

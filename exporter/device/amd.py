@@ -31,6 +31,7 @@ from exporter.device.contract import (
     MemoryUsage,
     MigRef,
     ProcessReader,
+    RasErrorCount,
     Reliability,
     RowRemapping,
     Tally,
@@ -51,6 +52,8 @@ AMD_VENDOR = "0x1002"
 # VGA, 3D, display "other" (Radeon) and processing accelerator (Instinct MI200/MI300)
 AMD_GPU_CLASSES = ("0x0300", "0x0302", "0x0380", "0x1200")
 HOST_MODE = 2  # AMDSMI_VIRTUALIZATION_MODE_HOST: the MxGPU (GIM) host
+RAS_SEVERITIES = (("correctable", "correctable_count"), ("uncorrectable", "uncorrectable_count"),
+                  ("deferred", "deferred_count"))
 
 
 @dataclass(frozen=True)
@@ -186,9 +189,10 @@ class AmdBackend:
                             None if replays is None else int(replays))
 
     def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability:
-        """ECC totals of all RAS blocks (amdsmi's deferred errors are not counted: the
-        contract has no field for them); retired pages as `RowRemapping` (reserved pages are
-        uncorrectable retirements, pending ones wait for a reset, unreservable ones failed)."""
+        """ECC totals of all RAS blocks and the counts per block (deferred errors only per
+        block: the totals have no field for them); retired pages as `RowRemapping` (reserved
+        pages are uncorrectable retirements, pending ones wait for a reset, unreservable ones
+        failed)."""
         api = self._api
         r = AmdCalls(api, tally)
         h = _amd(gpu).primary
@@ -206,7 +210,28 @@ class AmdBackend:
         return Reliability(
             ecc_corrected=None if corr is None else int(corr),
             ecc_uncorrected=None if uncorr is None else int(uncorr),
-            row_remapping=rows, pcie_replays=None if replays is None else int(replays))
+            row_remapping=rows, pcie_replays=None if replays is None else int(replays),
+            ras_errors=self._ras_blocks(r, h))
+
+    def _ras_blocks(self, r: AmdCalls, h: object) -> tuple[RasErrorCount, ...]:
+        """Per RAS block whose error reporting is enabled: its correctable, uncorrectable and
+        deferred counts (block names lower case, as `gpu_ras_errors_total{block}`)."""
+        api = self._api
+        out: list[RasErrorCount] = []
+        for state in r.call(api.amdsmi_get_gpu_ras_block_features_enabled, h) or []:
+            name = text(state.get("block"))
+            if text(state.get("status")) != "ENABLED" or not name:
+                continue
+            try:
+                block = api.AmdSmiGpuBlock[name]
+            except KeyError:
+                continue  # a block this package's enum does not know
+            counts = r.call(api.amdsmi_get_gpu_ecc_count, h, block)
+            for severity, key in RAS_SEVERITIES:
+                n = field(counts, key)
+                if n is not None:
+                    out.append(RasErrorCount(name.lower(), severity, int(n)))
+        return tuple(out)
 
     def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None:
         vram = AmdCalls(self._api, tally).call(self._api.amdsmi_get_gpu_vram_usage,
