@@ -6,6 +6,7 @@ choice of backends at start-up (`--device-backend`, exporter/device/registry.py)
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 
 import pytest
@@ -279,3 +280,16 @@ def test_auto_without_any_backend_keeps_nvml_retrying(tmp_path: object) -> None:
     spec = LoadSpec(nvml="real", sysfs_root=f"{tmp_path}/no-sys")
     backends = load_backends("auto", spec)
     assert [b.source for b in backends] == ["nvml"]
+
+
+def test_without_pynvml_every_path_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: object) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` now fails
+    spec = LoadSpec(nvml="real", sysfs_root=f"{tmp_path}/no-sys")
+    with pytest.raises(ConfigError) as err:
+        load_backends("auto", spec)
+    assert str(err.value).startswith("--device-backend auto: no device backend on this node "
+                                     "(pynvml is not installed")
+    with pytest.raises(ConfigError) as err:
+        load_backends("nvml", spec)
+    assert str(err.value).startswith("--device-backend nvml: pynvml is not installed")
