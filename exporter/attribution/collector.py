@@ -28,14 +28,18 @@ from typing import NamedTuple
 from exporter.attribution.cgroup import CgroupRef, CgroupResolver
 from exporter.attribution.deviceids import DeviceIndex, UnknownIds, is_gpu_resource
 from exporter.attribution.dra import DraResolver, SliceKey, slice_uuids
-from exporter.attribution.podresources import PodResourcesClient
+from exporter.attribution.podresources import Allocation, PodResourcesClient
 from exporter.attribution.podwatch import PodInfo, PodWatch
 from exporter.attribution.resourceclaims import ClaimConfig, ClaimKey, ClaimReader
 from exporter.attribution.resourceslices import ResourceSlice, resource_slice_watch
 from exporter.attribution.sources import (
+    INTEL_RESOURCES,
     device_plugin_units,
     dra_units,
     fractional_units,
+    intel_plugin_units,
+    intel_replicas,
+    intel_shares,
     vgpu_units,
 )
 from exporter.attribution.units import (
@@ -47,7 +51,7 @@ from exporter.attribution.units import (
     UsageKey,
     merge,
 )
-from exporter.attribution.vgpu import vgpu_instances
+from exporter.attribution.vgpu import vgpu_instances, virtual_instances
 from exporter.core import (
     CycleContext,
     ExporterOptions,
@@ -57,6 +61,7 @@ from exporter.core import (
     ProcessSample,
     SampleSink,
 )
+from exporter.device.intel_sysfs import intel_cards
 from exporter.kube.client import connector
 from exporter.kube.watch import NodeScopedWatch
 
@@ -155,7 +160,9 @@ class AttributionCollector:
         # so GpuAttributionLost (source_up == 0) does not fire for a choice the operator made.
         if self._watch is not None:
             ctx.sources["kubernetes"] = self._watch.status
-        vgpus = vgpu_instances(ctx)
+        vgpus = {**vgpu_instances(ctx), **virtual_instances(ctx)}
+        cards = self._intel_cards(allocations)
+        shares = intel_shares(self._client.allocatable)
         claims = self._client.claim_devices
         slices_listed = self._await_slices(any(self._dra.is_gpu(c) for c in claims))
         uuids = self._resource_slice_uuids()
@@ -173,9 +180,12 @@ class AttributionCollector:
                 pod_infos.values(), index, self._pod_error)),
             *self._source("vgpu", lambda: vgpu_units(allocations, index, vgpus,
                                                      self._overrides)),
+            *self._source("intel", lambda: intel_plugin_units(
+                allocations, cards, index, shares, vgpus, self.unknown_ids)),
         ]
         self._pod_errors_seen &= pod_infos.keys()  # forget pods that are gone
-        merged = merge(rows, self._replica_counts(index))
+        merged = merge(rows, {**self._replica_counts(index),
+                              **intel_replicas(cards, shares, index)})
         pods = PodDirectory(pod_infos, watch.by_name if watch is not None else {},
                             watch.by_container if watch is not None else {}, merged.holders)
         self._emit_allocations(ctx.node, sink, merged, pods)
@@ -377,6 +387,12 @@ class AttributionCollector:
             return int(ctx.nvml.nvmlDeviceGetMemoryInfo(gpu.handle).total) or None
         except Exception:
             return None
+
+    def _intel_cards(self, allocations: list[Allocation]) -> dict[str, str]:
+        """Card name -> PCI address, read from sysfs only when a pod holds an Intel card."""
+        if not any(a.resource in INTEL_RESOURCES for a in allocations):
+            return {}
+        return {c.card: c.bdf for c in intel_cards(self.options.sysfs_root) or []}
 
     def _replica_counts(self, index: DeviceIndex) -> dict[DeviceKey, int]:
         """IDs per device in GetAllocatableResources, recounted only when that answer changes."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.core import CycleContext
+from exporter.device.contract import DeviceLost, Tally
 from exporter.nvmlcall import GpuLost, Reader, text
 
 
@@ -52,5 +53,28 @@ def vgpu_instances(ctx: CycleContext) -> dict[str, VgpuInstance]:
                 out[text(mdev).strip().lower()] = VgpuInstance(
                     gpu.uuid, frac, util.get(int(inst)), None if used is None else int(used))
         except GpuLost:
+            continue  # the device collector reports the lost GPU
+    return out
+
+
+def virtual_instances(ctx: CycleContext) -> dict[str, VgpuInstance]:
+    """Instance id (lower case) -> instance for the VFs and mediated devices of the node's
+    non-NVIDIA GPUs, read through the device backend (`VirtualFunction`): an Intel GVT-g
+    mdev by its UUID (what KubeVirt's mediated device plugin hands a virt-launcher pod), an
+    SR-IOV VF by its PCI address. Its `share` is the fraction it is priced as."""
+    out: dict[str, VgpuInstance] = {}
+    backend = ctx.backend
+    if backend is None:
+        return out
+    for gpu in ctx.gpus:
+        static = ctx.static.get(gpu.uuid)
+        if static is None or static.vendor == "nvidia" or gpu.uuid in ctx.lost:
+            continue  # NVIDIA vGPUs: vgpu_instances
+        try:
+            for vf in backend.virtual_functions(gpu, Tally()):
+                if vf.kind in ("mdev", "sriov_vf"):
+                    out[vf.id.strip().lower()] = VgpuInstance(
+                        gpu.uuid, vf.share, vf.utilization, vf.memory_used_bytes)
+        except DeviceLost:
             continue  # the device collector reports the lost GPU
     return out

@@ -1,0 +1,237 @@
+"""The Intel backend: i915 and xe GPUs read from sysfs and hwmon (exporter/device/intel_sysfs.py),
+per-process and engine figures from DRM fdinfo. No vendor library is needed; Level Zero
+Sysman (PyPI `pyzes`) is only probed, lazily, and its absence is one log line.
+
+Identity: sysfs gives an Intel GPU no UUID, so a device's `uuid` is its PCI address
+(`0000:03:00.0`), the key DRM fdinfo's `drm-pdev` and the device plugin's cards resolve to.
+A PF's SR-IOV VFs and a GVT-g host's mediated devices are its `VirtualFunction`s (kinds
+`sriov_vf`, `mdev`), not devices of their own, each with the fraction of the GPU it is priced
+as (`share`). Units are normalised here: µJ -> J, µW -> W, MHz -> Hz, m°C -> °C.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from exporter.device.contract import (
+    DeviceLost,
+    EventSource,
+    GpuRef,
+    GpuStatic,
+    GuestLicence,
+    Inventory,
+    MemoryUsage,
+    MigRef,
+    ProcessReader,
+    ProcessSample,
+    Reliability,
+    Tally,
+    Telemetry,
+    Vendor,
+    VirtualFunction,
+)
+from exporter.device.intel_sysfs import (
+    IntelCard,
+    frequency_mhz,
+    gvt_share,
+    hwmon_dir,
+    intel_cards,
+    local_memory_bytes,
+    mdev_types,
+    mdevs,
+    read_int,
+    sriov,
+)
+from exporter.device.nvmlapi import NvmlApi
+
+log = logging.getLogger(__name__)
+
+MHZ = 1_000_000.0
+# Platform names as the kernel's include/drm/intel/pciids.h groups device IDs (Linux 6.15):
+# the model label where Level Zero does not name the device.
+PLATFORMS = {"0x56c0": "ATS-M150", "0x56c2": "ATS-M150", "0x56c1": "ATS-M75"}
+
+
+def model_name(device_id: str) -> str:
+    return f"Intel {PLATFORMS[device_id]}" if device_id in PLATFORMS \
+        else f"Intel GPU {device_id or 'unknown'}"
+
+
+def level_zero_present() -> bool:
+    """Whether Level Zero Sysman's Python binding imports (optional; never required)."""
+    try:
+        import pyzes  # type: ignore[import-not-found]  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+class _NoEvents:
+    """Intel's drivers raise no error events the exporter can subscribe to."""
+
+    def register(self, gpus: Sequence[GpuRef]) -> None:
+        pass
+
+    def wait(self, timeout_ms: int) -> None:
+        time.sleep(max(timeout_ms, 0) / 1000)
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class _NoProcesses:
+    def read(self, gpu: GpuRef, partitions: Sequence[MigRef], tally: Tally
+             ) -> list[ProcessSample]:
+        return []
+
+
+class IntelBackend:
+    """Intel GPUs (i915, xe) under `sysfs_root`. `clock` times the energy counter for power
+    where hwmon has no power reading (i915 and xe give energy and limits only)."""
+
+    vendor: Vendor = "intel"
+    source = "intel"
+    library = "Intel sysfs"
+
+    def __init__(self, sysfs_root: str = "/sys", proc_root: str = "/proc",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.sysfs_root = sysfs_root
+        self.proc_root = proc_root
+        self._clock = clock
+        self._cards: dict[str, IntelCard] = {}  # uuid (PF BDF) -> card
+        self._last_energy: dict[str, tuple[float, float]] = {}  # uuid -> (time, joules)
+        self.level_zero = False
+
+    @property
+    def nvml(self) -> NvmlApi | None:
+        return None
+
+    def open(self) -> None:
+        if intel_cards(self.sysfs_root) is None:
+            raise OSError(f"no DRM sysfs under {self.sysfs_root}/class/drm")
+        self.level_zero = level_zero_present()
+        if not self.level_zero:
+            log.info("intel: Level Zero Sysman (pyzes) not installed; reading sysfs and hwmon "
+                     "only")
+
+    def close(self) -> None:
+        self._last_energy.clear()
+
+    def inventory(self, previous: Inventory | None) -> Inventory:
+        cards = intel_cards(self.sysfs_root) or []
+        gpus: list[GpuRef] = []
+        static: dict[str, GpuStatic] = {}
+        self._cards = {}
+        # VFs bound to the host's driver are cards too; they are their PF's VirtualFunctions.
+        for card in (c for c in cards if not c.physfn):
+            uuid = card.bdf
+            self._cards[uuid] = card
+            gpus.append(GpuRef(len(gpus), uuid, model_name(card.device_id), False, card))
+            static[uuid] = GpuStatic(
+                pci_bus_id=card.bdf, vendor="intel", memory_bytes=local_memory_bytes(card),
+                virtualization_mode=self._virtualization_mode(card))
+        if previous is not None:  # a device gone from sysfs keeps its identity (gpu_up 0)
+            for old in previous.gpus:
+                if old.uuid not in self._cards and old.uuid in previous.static:
+                    gpus.append(GpuRef(len(gpus), old.uuid, old.model, False, None))
+                    static[old.uuid] = previous.static[old.uuid]
+        driver = ",".join(sorted({c.driver for c in cards}))
+        return Inventory(driver_version=driver, gpus=tuple(gpus), static=static)
+
+    @staticmethod
+    def _virtualization_mode(card: IntelCard) -> str:
+        state = sriov(card.pci_dir)
+        if state is not None and state.num_vfs > 0:
+            return "host_sriov"
+        if mdev_types(card.pci_dir):
+            return "host_mdev"
+        return "none"
+
+    def expected_devices(self, sysfs_root: str) -> list[str] | None:
+        cards = intel_cards(sysfs_root)
+        return None if cards is None else sorted(c.bdf for c in cards if not c.physfn)
+
+    def _card(self, gpu: GpuRef) -> IntelCard:
+        """The device's card; DeviceLost when its PCI function left sysfs."""
+        card = self._cards.get(gpu.uuid)
+        if card is None or not os.path.isdir(card.pci_dir):
+            raise DeviceLost(gpu.uuid)
+        return card
+
+    def telemetry(self, gpu: GpuRef, tally: Tally) -> Telemetry:
+        card = self._card(gpu)
+        hwmon = hwmon_dir(card)
+        energy = power = limit = temp = mem_temp = None
+        if hwmon is not None:
+            uj = read_int(os.path.join(hwmon, "energy1_input"))
+            energy = None if uj is None else uj / 1e6
+            uw = read_int(os.path.join(hwmon, "power1_average"))
+            if uw is None:
+                uw = read_int(os.path.join(hwmon, "power1_input"))
+            power = None if uw is None else uw / 1e6
+            cap = read_int(os.path.join(hwmon, "power1_max"))
+            limit = cap / 1e6 if cap else None  # 0: the limit is disabled
+            for name in ("temp2_input", "temp1_input"):  # xe: temp2 is the package
+                mc = read_int(os.path.join(hwmon, name))
+                if mc is not None:
+                    temp = mc / 1000
+                    break
+            vram = read_int(os.path.join(hwmon, "temp3_input"))
+            mem_temp = None if vram is None else vram / 1000
+        if power is None and energy is not None:
+            power = self._power_from_energy(gpu.uuid, energy)
+        freq = frequency_mhz(card)
+        # Memory in use has no sysfs file: the process stage's fdinfo figures carry it.
+        return Telemetry(
+            temperature_celsius=temp, memory_temperature_celsius=mem_temp,
+            power_watts=power, power_limit_watts=limit, energy_joules=energy,
+            sm_clock_hertz=None if freq is None else freq * MHZ)
+
+    def _power_from_energy(self, uuid: str, joules: float) -> float | None:
+        """Average power since the previous reading of the energy counter; None on the first
+        reading and after the counter went back (driver reload)."""
+        now = self._clock()
+        last = self._last_energy.get(uuid)
+        self._last_energy[uuid] = (now, joules)
+        if last is None or now <= last[0] or joules < last[1]:
+            return None
+        return (joules - last[1]) / (now - last[0])
+
+    def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability:
+        return Reliability()
+
+    def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None:
+        return None
+
+    def process_reader(self) -> ProcessReader:
+        return _NoProcesses()
+
+    def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
+        card = self._card(gpu)
+        out: list[VirtualFunction] = []
+        state = sriov(card.pci_dir)
+        if state is not None and state.num_vfs > 0:
+            # The PF provisions its enabled VFs evenly unless an operator set quotas.
+            share = 1 / state.num_vfs
+            out.extend(VirtualFunction(
+                id=vf, kind="sriov_vf", type_name=f"VF{n}", vm="", framebuffer_bytes=None,
+                memory_used_bytes=None, utilization=None, share=share)
+                for n, vf in state.vfs)
+        for m in mdevs(self.sysfs_root):
+            if m.parent == card.bdf:
+                out.append(VirtualFunction(
+                    id=m.uuid, kind="mdev", type_name=m.type_name, vm="",
+                    framebuffer_bytes=None, memory_used_bytes=None, utilization=None,
+                    share=gvt_share(m.type_name)))
+        return out
+
+    def guest_licences(self, gpu: GpuRef, tally: Tally) -> list[GuestLicence]:
+        return []
+
+    def error_events(self) -> EventSource:
+        return _NoEvents()
+
