@@ -56,7 +56,7 @@ def test_flex_inventory_vfs_are_not_devices(tmp_path: Path) -> None:
     assert [(g.index, g.uuid, g.model) for g in inv.gpus] == [(0, FLEX, "Intel ATS-M150")]
     s = inv.static[FLEX]
     assert (s.vendor, s.pci_bdf, s.memory_bytes, s.virtualization_mode) == \
-        ("intel", FLEX, 16 * GiB, "host_sriov")
+        ("intel", FLEX, 16 * GiB, "host")
     assert inv.driver_version == "xe"
     assert b.expected_devices(str(tmp_path)) == [FLEX]
     # the VFs bound to xe are cards 1..4 of their own, each with its PF
@@ -112,7 +112,7 @@ def test_gvt_host_inventory_and_mdevs(tmp_path: Path) -> None:
     gpu = inv.gpus[0]
     assert (gpu.uuid, gpu.model) == (IGPU, "Intel GPU 0x3e92")
     s = inv.static[IGPU]
-    assert (s.virtualization_mode, s.memory_bytes) == ("host_mdev", None)
+    assert (s.virtualization_mode, s.memory_bytes) == ("host", None)
     vfs = b.virtual_functions(gpu, Tally())
     assert sorted((v.id, v.kind, v.type_name, v.share) for v in vfs) == sorted(
         (u, "mdev", f"i915-GVTg_V5_{n}", 1 / n) for u, n in GVT_MDEVS.items())

@@ -144,11 +144,11 @@ class IntelBackend:
 
     @staticmethod
     def _virtualization_mode(card: IntelCard) -> str:
+        """"host" when the GPU lends parts of itself to VMs (SR-IOV VFs enabled, or GVT-g on:
+        it lists mdev types), as AMD's MxGPU host says; else "none"."""
         state = sriov(card.pci_dir)
-        if state is not None and state.num_vfs > 0:
-            return "host_sriov"
-        if mdev_types(card.pci_dir):
-            return "host_mdev"
+        if (state is not None and state.num_vfs > 0) or mdev_types(card.pci_dir):
+            return "host"
         return "none"
 
     def expected_devices(self, sysfs_root: str) -> list[str] | None:
