@@ -12,6 +12,7 @@ from exporter.device.contract import DeviceBackend, DeviceLost, Tally
 from exporter.device.intel import IntelBackend
 from exporter.device.intel_sysfs import gvt_share, intel_cards, mdev_types, read_int
 from gpusim.intel_sysfs import GVT_MDEVS, IntelGpu, flex_host, gvt_host, write_gpu
+from gpusim.levelzero import ZES_MEM_LOC_SYSTEM, SimZes, SimZesDevice, SimZesMemory
 
 GiB = 1 << 30
 FLEX = "0000:4d:00.0"
@@ -187,6 +188,39 @@ def test_level_zero_absent_is_one_line(tmp_path: Path, caplog: pytest.LogCapture
     flex_host(str(tmp_path))
     with caplog.at_level(logging.INFO, logger="exporter.device.intel"):
         b = backend(tmp_path)
-    assert b.level_zero is False  # pyzes is not a dependency
+    assert b.level_zero is None  # pyzes is not a dependency
     assert [r.getMessage() for r in caplog.records] == [
-        "intel: Level Zero Sysman (pyzes) not installed; reading sysfs and hwmon only"]
+        "intel: Level Zero Sysman (pyzes) absent (ModuleNotFoundError: No module named "
+        "'pyzes'); reading sysfs and hwmon only"]
+
+
+def test_level_zero_names_the_model_and_gives_memory_in_use(tmp_path: Path) -> None:
+    flex_host(str(tmp_path), vfs=0)
+    gvt_host(str(tmp_path / "other"))  # a second tree: its iGPU is not on this node
+    zes = SimZes([
+        SimZesDevice((0, 0x4d, 0, 0), "Intel(R) Data Center GPU Flex 170",
+                     [SimZesMemory(16 * GiB, 12 * GiB),
+                      SimZesMemory(64 * GiB, 60 * GiB, location=ZES_MEM_LOC_SYSTEM)]),
+        SimZesDevice((0, 0, 2, 0), "Intel(R) UHD Graphics 630")])
+    b = IntelBackend(sysfs_root=str(tmp_path), sysman=lambda: (zes, ""))
+    b.open()
+    inv = b.inventory(None)
+    assert [(g.uuid, g.model) for g in inv.gpus] == [
+        (FLEX, "Intel(R) Data Center GPU Flex 170")]
+    assert inv.static[FLEX].memory_bytes == 16 * GiB  # sysfs's VRAM; Sysman agrees
+    mem = b.telemetry(inv.gpus[0], Tally()).memory
+    # device-local modules only: the system memory module is not the GPU's
+    assert mem is not None and (mem.total_bytes, mem.used_bytes, mem.free_bytes) == (
+        16 * GiB, 4 * GiB, 12 * GiB)
+
+
+def test_level_zero_failing_init_is_absent(tmp_path: Path,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    flex_host(str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="exporter.device.intel"):
+        b = IntelBackend(sysfs_root=str(tmp_path), sysman=lambda: (None, "zesInit returned 1"))
+        b.open()
+    assert b.level_zero is None
+    assert "(zesInit returned 1)" in caplog.records[0].getMessage()
+    t = b.telemetry(b.inventory(None).gpus[0], Tally())
+    assert t.memory is None and t.energy_joules == 1234.0

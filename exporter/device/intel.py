@@ -1,6 +1,7 @@
 """The Intel backend: i915 and xe GPUs read from sysfs and hwmon (exporter/device/intel_sysfs.py),
 per-process and engine figures from DRM fdinfo. No vendor library is needed; Level Zero
-Sysman (PyPI `pyzes`) is only probed, lazily, and its absence is one log line.
+Sysman (PyPI `pyzes`), where installed, adds the model name and memory in use
+(intel_levelzero.py); its absence is one log line.
 
 Identity: sysfs gives an Intel GPU no UUID, so a device's `uuid` is its PCI address
 (`0000:03:00.0`), the key DRM fdinfo's `drm-pdev` and the device plugin's cards resolve to.
@@ -15,6 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from exporter.device.contract import (
     DeviceLost,
@@ -33,6 +35,7 @@ from exporter.device.contract import (
     Vendor,
     VirtualFunction,
 )
+from exporter.device.intel_levelzero import LevelZero, load_pyzes
 from exporter.device.intel_sysfs import (
     IntelCard,
     frequency_mhz,
@@ -58,15 +61,6 @@ PLATFORMS = {"0x56c0": "ATS-M150", "0x56c2": "ATS-M150", "0x56c1": "ATS-M75"}
 def model_name(device_id: str) -> str:
     return f"Intel {PLATFORMS[device_id]}" if device_id in PLATFORMS \
         else f"Intel GPU {device_id or 'unknown'}"
-
-
-def level_zero_present() -> bool:
-    """Whether Level Zero Sysman's Python binding imports (optional; never required)."""
-    try:
-        import pyzes  # type: ignore[import-not-found]  # noqa: F401
-    except Exception:
-        return False
-    return True
 
 
 class _NoEvents:
@@ -98,13 +92,15 @@ class IntelBackend:
     library = "Intel sysfs"
 
     def __init__(self, sysfs_root: str = "/sys", proc_root: str = "/proc",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 sysman: Callable[[], tuple[Any, str]] = load_pyzes) -> None:
         self.sysfs_root = sysfs_root
         self.proc_root = proc_root
         self._clock = clock
+        self._sysman = sysman
         self._cards: dict[str, IntelCard] = {}  # uuid (PF BDF) -> card
         self._last_energy: dict[str, tuple[float, float]] = {}  # uuid -> (time, joules)
-        self.level_zero = False
+        self.level_zero: LevelZero | None = None
 
     @property
     def nvml(self) -> NvmlApi | None:
@@ -113,26 +109,36 @@ class IntelBackend:
     def open(self) -> None:
         if intel_cards(self.sysfs_root) is None:
             raise OSError(f"no DRM sysfs under {self.sysfs_root}/class/drm")
-        self.level_zero = level_zero_present()
-        if not self.level_zero:
-            log.info("intel: Level Zero Sysman (pyzes) not installed; reading sysfs and hwmon "
-                     "only")
+        zes, why = self._sysman()
+        self.level_zero = LevelZero(zes) if zes is not None else None
+        if self.level_zero is None:
+            log.info("intel: Level Zero Sysman (pyzes) absent (%s); reading sysfs and hwmon "
+                     "only", why)
 
     def close(self) -> None:
         self._last_energy.clear()
+        self.level_zero = None
 
     def inventory(self, previous: Inventory | None) -> Inventory:
         cards = intel_cards(self.sysfs_root) or []
         gpus: list[GpuRef] = []
         static: dict[str, GpuStatic] = {}
         self._cards = {}
+        l0 = self.level_zero
+        if l0 is not None:
+            l0.refresh()
         # VFs bound to the host's driver are cards too; they are their PF's VirtualFunctions.
         for card in (c for c in cards if not c.physfn):
             uuid = card.bdf
             self._cards[uuid] = card
-            gpus.append(GpuRef(len(gpus), uuid, model_name(card.device_id), False, card))
+            model = (l0.model(uuid) if l0 is not None else None) or model_name(card.device_id)
+            memory = local_memory_bytes(card)
+            if memory is None and l0 is not None:
+                usage = l0.memory(uuid)
+                memory = None if usage is None else int(usage.total_bytes)
+            gpus.append(GpuRef(len(gpus), uuid, model, False, card))
             static[uuid] = GpuStatic(
-                pci_bus_id=card.bdf, vendor="intel", memory_bytes=local_memory_bytes(card),
+                pci_bus_id=card.bdf, vendor="intel", memory_bytes=memory,
                 virtualization_mode=self._virtualization_mode(card))
         if previous is not None:  # a device gone from sysfs keeps its identity (gpu_up 0)
             for old in previous.gpus:
@@ -185,10 +191,12 @@ class IntelBackend:
         if power is None and energy is not None:
             power = self._power_from_energy(gpu.uuid, energy)
         freq = frequency_mhz(card)
-        # Memory in use has no sysfs file: the process stage's fdinfo figures carry it.
+        # Memory in use has no sysfs file: Level Zero's, where present.
+        l0 = self.level_zero
         return Telemetry(
             temperature_celsius=temp, memory_temperature_celsius=mem_temp,
             power_watts=power, power_limit_watts=limit, energy_joules=energy,
+            memory=l0.memory(gpu.uuid) if l0 is not None else None,
             sm_clock_hertz=None if freq is None else freq * MHZ)
 
     def _power_from_energy(self, uuid: str, joules: float) -> float | None:
