@@ -8,11 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from exporter.collectors import REGISTRY
+from exporter.core import ExporterOptions
 from exporter.device.contract import DeviceBackend, DeviceLost, Tally
 from exporter.device.intel import IntelBackend
 from exporter.device.intel_sysfs import gvt_share, intel_cards, mdev_types, read_int
+from exporter.sampler import Sampler
 from gpusim.intel_sysfs import GVT_MDEVS, IntelGpu, flex_host, gvt_host, write_gpu
 from gpusim.levelzero import ZES_MEM_LOC_SYSTEM, SimZes, SimZesDevice, SimZesMemory
+from tests.exporter_helpers import values
 
 GiB = 1 << 30
 FLEX = "0000:4d:00.0"
@@ -224,3 +228,32 @@ def test_level_zero_failing_init_is_absent(tmp_path: Path,
     assert "(zesInit returned 1)" in caplog.records[0].getMessage()
     t = b.telemetry(b.inventory(None).gpus[0], Tally())
     assert t.memory is None and t.energy_joules == 1234.0
+
+
+@pytest.mark.parametrize("host", ["flex", "gvt"])
+def test_the_sampler_serves_an_intel_node(tmp_path: Path, host: str) -> None:
+    (flex_host if host == "flex" else gvt_host)(str(tmp_path))
+    bdf = FLEX if host == "flex" else IGPU
+    specs = [s for s in REGISTRY if s.name != "attribution"]
+    sampler = Sampler(IntelBackend(sysfs_root=str(tmp_path)),
+                      ExporterOptions(node="n", sysfs_root=str(tmp_path)), specs, threaded=False)
+    try:
+        body = sampler.cycle().body(False, False)
+    finally:
+        sampler.close()
+    assert values(body, "gpu_exporter_source_up", source="intel") == [1]
+    assert values(body, "gpu_info", uuid=bdf, pci_bus_id=bdf, virtualization_mode="host") == [1]
+    assert values(body, "gpu_energy_joules_total", uuid=bdf) == [
+        1234.0 if host == "flex" else 55.0]
+    assert values(body, "gpu_expected_devices", source="pci") == [1]
+    assert values(body, "gpu_utilization_ratio") == []  # no PMU reading: absent, not 0
+    for collector in ("device", "ecc", "xid", "vgpu", "clocks", "mig"):
+        assert values(body, "gpu_exporter_collector_success", collector=collector) == [1]
+    # the VFs and mdevs it lends, by the id a device plugin hands out
+    info = values(body, "gpu_vgpu_info", uuid=bdf)
+    if host == "flex":
+        assert values(body, "gpu_vgpu_info", vgpu_uuid="0000:4d:00.1", vgpu_type="VF0") == [1]
+        assert len(info) == 4
+    else:
+        assert sorted(values(body, "gpu_vgpu_info", vgpu_type="i915-GVTg_V5_4")) == [1]
+        assert len(info) == len(GVT_MDEVS)
