@@ -601,15 +601,19 @@ DCGM_LABELS = ("cluster, job, instance, gpu, device, UUID, modelName, Hostname, 
 MIB = 1024 * 1024
 
 
+# The view is NVIDIA's: another vendor's GPUs (gpu_info's vendor label) are not in it.
+NVIDIA_ONLY = 'and on (uuid) gpu_info{vendor="nvidia"}'
+
+
 def dcgm_labels(expr: str, agg: str = "max") -> str:
-    """`expr` with dcgm-exporter's label names (UUID, modelName, Hostname, device nvidia<i>,
-    GPU_I_PROFILE, GPU_I_ID) and only those plus the pod's and the scrape's. Device
-    properties take `max` (one series each anyway); split usage takes `sum` (a container's
-    parts of one device add up)."""
+    """`expr` of NVIDIA GPUs with dcgm-exporter's label names (UUID, modelName, Hostname,
+    device nvidia<i>, GPU_I_PROFILE, GPU_I_ID) and only those plus the pod's and the
+    scrape's. Device properties take `max` (one series each anyway); split usage takes `sum`
+    (a container's parts of one device add up)."""
     renames = (("UUID", "$1", "uuid"), ("modelName", "$1", "model"), ("Hostname", "$1", "node"),
                ("device", "nvidia$1", "gpu"), ("GPU_I_PROFILE", "$1", "profile"),
                ("GPU_I_ID", "$1", "gpu_instance_id"))
-    out = expr
+    out = f"(\n  {expr}\n) {NVIDIA_ONLY}"
     for dst, repl, src in renames:
         out = f'label_replace({out}, "{dst}", "{repl}", "{src}", "(.+)")'
     return f"{agg} by ({DCGM_LABELS}) (\n  {out}\n)"
@@ -734,10 +738,13 @@ def otel_labels(expr: str, *extra: str) -> str:
     """`expr` per physical GPU with the OTel hardware attributes: hw.id (the GPU UUID),
     hw.model, hw.vendor, hw.type `gpu`, k8s.node.name, plus `extra` labels set by `expr`."""
     out = expr
-    for dst, repl, src in (("hw_id", "$1", "uuid"), ("hw_model", "$1", "model"),
-                           ("k8s_node_name", "$1", "node"), ("hw_vendor", "NVIDIA", ""),
-                           ("hw_type", "gpu", "")):
-        out = f'label_replace({out}, "{dst}", "{repl}", "{src}", "(.*)")'
+    # hw.vendor from the vendor label (a series from before it existed is NVIDIA's)
+    for dst, repl, src, regex in (
+            ("hw_id", "$1", "uuid", "(.*)"), ("hw_model", "$1", "model", "(.*)"),
+            ("k8s_node_name", "$1", "node", "(.*)"), ("hw_vendor", "NVIDIA", "vendor", "nvidia|"),
+            ("hw_vendor", "AMD", "vendor", "amd"), ("hw_vendor", "Intel", "vendor", "intel"),
+            ("hw_type", "gpu", "", "(.*)")):
+        out = f'label_replace({out}, "{dst}", "{repl}", "{src}", "{regex}")'
     by = ", ".join([OTEL_LABELS, *extra])
     return f"max by ({by}) (\n  {out}\n)"
 

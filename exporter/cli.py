@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve NVML GPU metrics, attributed to Kubernetes pods, to Prometheus.")
     p.add_argument("--nvml", default="real",
                    help="'real' (pynvml, the default) or 'sim:SCENARIO.yaml' for a simulated node")
+    p.add_argument("--device-backend", default="auto",
+                   help="which GPUs to read: 'auto' (every vendor library or sysfs that answers, "
+                        "the default), or a comma list of nvml, amd, intel")
     p.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN,
                    help=f"[host]:port to listen on (default {DEFAULT_LISTEN})")
     p.add_argument("--web.config.file", dest="web_config", default=None,
@@ -129,7 +132,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from exporter.nvml_loader import load_backend
+    from exporter.device.registry import LoadSpec, load_backends
     from exporter.sampler import Sampler
     from exporter.web import start_server
     from exporter.webconfig import load_web_config
@@ -138,7 +141,8 @@ def main(argv: list[str]) -> int:
         host, port = parse_listen(args.listen)
         options = options_from(args)
         web_config = load_web_config(args.web_config) if args.web_config else None
-        backend = load_backend(args.nvml)
+        backend = load_backends(args.device_backend, LoadSpec(
+            nvml=args.nvml, sysfs_root=options.sysfs_root, proc_root=options.proc_root))
     except (ConfigError, ValueError, OSError) as err:
         print(f"gpu-ledger exporter: {err}", file=sys.stderr)
         return 1

@@ -6,21 +6,19 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 # The device types are the backend contract's; re-exported here for the collectors' imports.
 from exporter.device.contract import (
-    DeviceBackend,
+    DeviceReader,
     GpuRef,
     GpuStatic,
     MigRef,
     ProcessSample,
+    Vendor,
 )
 from exporter.metrics import BY_NAME
 from gpu_ledger.sharing import SharingMode
-
-if TYPE_CHECKING:
-    from exporter.device.nvmlapi import NvmlApi
 
 __all__ = ["GpuRef", "GpuStatic", "MigRef", "ProcessSample"]
 
@@ -89,27 +87,30 @@ class CycleContext:
     """What one sample cycle knows. The sampler fills it in stages before any collector runs
     (inventory, then the process list when a collector reads it); collectors only read it,
     except `lost` (a GPU found lost mid-cycle) and `sources` (status of non-NVML sources).
-    Devices are read through `backend`; `nvml` is the NVML API for the attribution code that
-    still calls it directly (None when the backend is not NVML)."""
+    Devices are read only through `backend` (the typed contract; every vendor's devices of
+    the node: exporter/device/backends.py), never through a vendor library."""
 
-    nvml: NvmlApi | None
     options: ExporterOptions
     now: float
-    gpus: list[GpuRef] = field(default_factory=list)
+    gpus: list[GpuRef] = field(default_factory=list)  # every backend's, in backend order
     migs: list[MigRef] = field(default_factory=list)
     static: dict[str, GpuStatic] = field(default_factory=dict)  # uuid -> identity
-    driver_version: str = ""
-    cuda_version: str = ""
+    # vendor -> (driver version, CUDA version: NVIDIA only, "" elsewhere)
+    versions: dict[Vendor, tuple[str, str]] = field(default_factory=dict)
     lost: set[str] = field(default_factory=set)  # uuids of GPUs that fell off the bus
     processes: list[ProcessSample] = field(default_factory=list)
     # NVML calls that failed while listing processes: the list may be incomplete.
     process_failures: int = 0
     sources: dict[str, SourceStatus] = field(default_factory=dict)
-    backend: DeviceBackend | None = None
+    backend: DeviceReader | None = None
 
     @property
     def node(self) -> str:
         return self.options.node
+
+    def driver_of(self, gpu: GpuRef) -> tuple[str, str]:
+        """(driver version, CUDA version) of the backend that made the GPU."""
+        return self.versions.get(gpu.vendor, ("", ""))
 
 
 class Collector(Protocol):
@@ -132,7 +133,7 @@ class CollectorDeps:
     """Everything a collector factory may need."""
 
     options: ExporterOptions
-    backend: DeviceBackend
+    backend: DeviceReader  # the node's backends (one per vendor present)
     clock: Callable[[], float] = time.time
     threaded: bool = True  # False under a simulated clock: no background threads
 

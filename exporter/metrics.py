@@ -15,7 +15,7 @@ class Kind(StrEnum):
     COUNTER = "counter"
 
 
-DEVICE = ("node", "gpu", "uuid", "model")
+DEVICE = ("node", "gpu", "uuid", "model", "vendor")
 MIG = (*DEVICE, "mig_uuid", "gpu_instance_id", "compute_instance_id", "profile")
 CONTAINER = ("node", "namespace", "pod", "container", "uuid", "mig_uuid")
 PROCESS = ("node", "pid", "uuid", "mig_uuid", "namespace", "pod", "container")
@@ -106,6 +106,14 @@ FAMILIES: tuple[Family, ...] = (
        (*DEVICE, "xid"), "xid"),
     _g("gpu_xid_last_timestamp_seconds", "Unix time of the last XID event of this code.",
        (*DEVICE, "xid"), "xid"),
+    _c("gpu_error_events_total",
+       "Error events other than XIDs the driver reported (AMD RAS events: kind afid with the "
+       "AMD Field Identifier as code, or ras), per kind, code and the vendor's severity "
+       "(fatal, uncorrectable, correctable; empty when not given).",
+       (*DEVICE, "kind", "code", "severity"), "xid"),
+    _g("gpu_error_event_last_timestamp_seconds",
+       "Unix time of the last error event of this kind, code and severity.",
+       (*DEVICE, "kind", "code", "severity"), "xid"),
     # --- GPM (Hopper+) per GPU and per MIG instance ---------------------------------------------
     _g("gpu_sm_active_ratio", "Fraction of cycles an SM had at least one warp assigned (GPM).",
        MIG, "gpm"),

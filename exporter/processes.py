@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from exporter.collectors.base import answering
 from exporter.core import CycleContext
-from exporter.device.contract import DeviceBackend, Tally
+from exporter.device.contract import DeviceReader, Tally
 
 
 class ProcessStage:
-    def __init__(self, backend: DeviceBackend) -> None:
+    def __init__(self, backend: DeviceReader) -> None:
         self._reader = backend.process_reader()
 
     def fill(self, ctx: CycleContext) -> None:

@@ -10,6 +10,7 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from exporter import __version__
 from exporter.core import (
@@ -20,6 +21,7 @@ from exporter.core import (
     ExporterOptions,
     SampleSink,
 )
+from exporter.device.backends import Backends
 from exporter.device.contract import DeviceBackend, Inventory
 from exporter.kube.watch import dropped as kube_dropped
 from exporter.processes import ProcessStage
@@ -32,27 +34,37 @@ INVENTORY_REFRESH_SECONDS = 60.0
 INIT_RETRY_MAX_SECONDS = 60.0
 
 
+@dataclass
+class _Member:
+    """One backend's lifecycle: opened and inventoried on its own, retried with backoff while
+    it is down, so one vendor's failing library never hides another vendor's devices."""
+
+    backend: DeviceBackend
+    ok: bool = False
+    reason: str = "not initialised yet"
+    next_init: float = 0.0
+    backoff: float = 1.0
+    inventory: Inventory | None = None
+    inventory_at: float = 0.0
+    pci: list[str] | None = None
+
+
 class Sampler:
-    def __init__(self, backend: DeviceBackend, options: ExporterOptions,
+    def __init__(self, backend: DeviceBackend | Backends, options: ExporterOptions,
                  specs: Sequence[CollectorSpec], clock: Callable[[], float] = time.time,
                  threaded: bool = True, eager_render: bool = True) -> None:
-        self.backend = backend
+        self.backend = backend if isinstance(backend, Backends) else Backends([backend])
+        self._members = [_Member(b) for b in self.backend]
         self.eager_render = eager_render
         self.options = options
         self.clock = clock
         self.threaded = threaded
-        deps = CollectorDeps(options=options, backend=backend, clock=clock, threaded=threaded)
+        deps = CollectorDeps(options=options, backend=self.backend, clock=clock,
+                             threaded=threaded)
         self.collectors: list[Collector] = [spec.factory(deps) for spec in specs]
         # The process list is a stage of the cycle, run when a collector reads it.
-        self._processes = (ProcessStage(backend) if any(c.reads_processes
-                                                        for c in self.collectors) else None)
-        self._backend_ok = False
-        self._backend_reason = "not initialised yet"
-        self._next_init = 0.0
-        self._init_backoff = 1.0
-        self._inventory: Inventory | None = None
-        self._inventory_at = 0.0
-        self._pci_gpus: list[str] | None = None
+        self._processes = (ProcessStage(self.backend) if any(c.reads_processes
+                                                             for c in self.collectors) else None)
         self._pci_at = -INVENTORY_REFRESH_SECONDS
         self._last_cycle_end = 0.0
         # What the cycle is doing now and since when, and why the last one failed: /healthz
@@ -67,52 +79,65 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def _backend_ok(self) -> bool:
+        """Some backend is up: the device collectors run (over the devices of those up)."""
+        return any(m.ok for m in self._members)
+
+    def inventories(self) -> list[Inventory]:
+        """The last inventory of each backend up (for tests and the doctor)."""
+        return [m.inventory for m in self._members if m.ok and m.inventory is not None]
+
     # --- backend lifecycle --------------------------------------------------------------------
-    def _ensure_backend(self, now: float) -> None:
-        if self._backend_ok or now < self._next_init:
+    def _ensure_backend(self, m: _Member, now: float) -> None:
+        if m.ok or now < m.next_init:
             return
         try:
-            self.backend.open()
+            m.backend.open()
         except Exception as err:  # NVMLError, OSError (library missing), anything: retry later
-            self._backend_reason = f"{self.backend.library} init failed: {err}"
-            self._next_init = now + self._init_backoff
-            log.warning("%s; retrying in %.0fs", self._backend_reason, self._init_backoff)
-            self._init_backoff = min(self._init_backoff * 2, INIT_RETRY_MAX_SECONDS)
+            m.reason = f"{m.backend.library} init failed: {err}"
+            m.next_init = now + m.backoff
+            log.warning("%s; retrying in %.0fs", m.reason, m.backoff)
+            m.backoff = min(m.backoff * 2, INIT_RETRY_MAX_SECONDS)
             return
-        self._backend_ok, self._backend_reason, self._init_backoff = True, "", 1.0
-        self._inventory = None
-        log.info("%s initialised", self.backend.library)
+        m.ok, m.reason, m.backoff = True, "", 1.0
+        m.inventory = None
+        log.info("%s initialised", m.backend.library)
 
-    def _refresh_inventory(self, now: float) -> Inventory:
-        if self._inventory is None or now - self._inventory_at >= INVENTORY_REFRESH_SECONDS:
-            self._inventory = self.backend.inventory(self._inventory)
-            self._inventory_at = now
-        return self._inventory
+    def _refresh_inventory(self, m: _Member, now: float) -> Inventory:
+        if m.inventory is None or now - m.inventory_at >= INVENTORY_REFRESH_SECONDS:
+            m.inventory = m.backend.inventory(m.inventory)
+            m.inventory_at = now
+        return m.inventory
 
     # --- one cycle ----------------------------------------------------------------------------
     def cycle(self) -> Rendering:
         now = self.clock()
-        ctx = CycleContext(nvml=self.backend.nvml, options=self.options, now=now,
-                           backend=self.backend)
+        ctx = CycleContext(options=self.options, now=now, backend=self.backend)
         sink = SampleSink()
-        self._enter(f"{self.backend.library} init")
-        self._ensure_backend(now)
-        if self._backend_ok:
-            self._enter("GPU discovery")
+        for m in self._members:
+            self._enter(f"{m.backend.library} init")
+            self._ensure_backend(m, now)
+            if not m.ok:
+                continue
+            self._enter("GPU discovery" if len(self._members) == 1
+                        else f"{m.backend.library} discovery")
             try:
-                inv = self._refresh_inventory(now)
-                ctx.gpus, ctx.migs = list(inv.gpus), list(inv.migs)
-                ctx.static = inv.static
-                ctx.driver_version, ctx.cuda_version = inv.driver_version, inv.cuda_version
+                inv = self._refresh_inventory(m, now)
             except Exception as err:
-                log.exception("GPU discovery failed")
-                self._backend_reason = f"GPU discovery failed: {err}"
-            if self._processes is not None:
-                try:
-                    self._processes.fill(ctx)
-                except Exception:
-                    log.exception("listing GPU processes failed")
-                    ctx.process_failures += 1
+                log.exception("%s GPU discovery failed", m.backend.library)
+                m.reason = f"GPU discovery failed: {err}"
+                continue
+            ctx.gpus += inv.gpus
+            ctx.migs += inv.migs
+            ctx.static = {**ctx.static, **inv.static}
+            ctx.versions[m.backend.vendor] = (inv.driver_version, inv.cuda_version)
+        if self._backend_ok and self._processes is not None:
+            try:
+                self._processes.fill(ctx)
+            except Exception:
+                log.exception("listing GPU processes failed")
+                ctx.process_failures += 1
         for c in self.collectors:
             if c.needs_nvml and not self._backend_ok:
                 sink.add("gpu_exporter_collector_success", (c.name,), 0)
@@ -146,11 +171,13 @@ class Sampler:
     def _device_counts(self, ctx: CycleContext, sink: SampleSink, now: float) -> None:
         """Expected (PCI, read at the inventory's cadence, NVML or not) vs answering GPUs."""
         if now - self._pci_at >= INVENTORY_REFRESH_SECONDS or now < self._pci_at:
-            self._pci_gpus = self.backend.expected_devices(self.options.sysfs_root)
+            for m in self._members:
+                m.pci = m.backend.expected_devices(self.options.sysfs_root)
             self._pci_at = now
-        if self._pci_gpus is not None:
-            sink.add("gpu_expected_devices", (ctx.node, "pci"), len(self._pci_gpus))
-        answering = sum(1 for g in ctx.gpus if g.uuid not in ctx.lost) if self._backend_ok else 0
+        counts = [m.pci for m in self._members if m.pci is not None]
+        if counts:  # the vendors' functions are disjoint (PCI vendor IDs): counts add up
+            sink.add("gpu_expected_devices", (ctx.node, "pci"), sum(map(len, counts)))
+        answering = sum(1 for g in ctx.gpus if g.uuid not in ctx.lost)
         sink.add("gpu_answering_devices", (ctx.node,), answering)
 
     def _self_metrics(self, ctx: CycleContext, sink: SampleSink, now: float) -> None:
@@ -159,7 +186,7 @@ class Sampler:
         sink.add("gpu_exporter_label_values_replaced_total", (), self._replaced_total)
         for (kind, reason), n in sorted(kube_dropped(ctx.node).items()):
             sink.add("gpu_exporter_kube_objects_dropped_total", (kind, reason), n)
-        sources = {self.backend.source: (self._backend_ok, self._backend_reason)}
+        sources = {m.backend.source: (m.ok, m.reason) for m in self._members}
         for name, status in sorted(ctx.sources.items()):
             sources[name] = (status.up, status.reason)
         for name, (up, reason) in sources.items():
@@ -179,8 +206,8 @@ class Sampler:
         return self._rendering.body(openmetrics, gzipped)
 
     def health(self) -> tuple[bool, str]:
-        if not self._backend_ok:
-            return False, self._backend_reason
+        if not self._backend_ok:  # every backend down (the others' state is in source_up)
+            return False, "; ".join(m.reason for m in self._members)
         if self.threaded and self._last_cycle_end:
             stale = self.clock() - self._last_cycle_end
             if stale > self.stale_after:
@@ -221,7 +248,8 @@ class Sampler:
                 c.close()
             except Exception:
                 log.exception("closing collector %s", c.name)
-        if self._backend_ok:
-            with contextlib.suppress(Exception):
-                self.backend.close()
-            self._backend_ok = False
+        for m in self._members:
+            if m.ok:
+                with contextlib.suppress(Exception):
+                    m.backend.close()
+                m.ok = False

@@ -26,6 +26,7 @@ from exporter.core import (
     SampleSink,
     SourceStatus,
 )
+from exporter.device.nvml import NvmlBackend
 from gpusim.apiserver import FakeApiServer
 from gpusim.kubelet import ClaimAllocation, ContainerAllocation, FakeKubelet, PodAllocation
 from tests.waiting import wait_until
@@ -173,7 +174,7 @@ def options(sockdir: Path, proc_root: Path, kubeconfig: str | None = None,
 
 def context(opts: ExporterOptions) -> CycleContext:
     return CycleContext(
-        nvml=None, options=opts, now=time.time(), gpus=[G0, G1, G2, G3], migs=list(MIGS),
+        options=opts, now=time.time(), gpus=[G0, G1, G2, G3], migs=list(MIGS),
         processes=[ProcessSample(pid, uuid, mig, mem, sm)
                    for pid, (_, uuid, mig, mem, sm) in PROCESSES.items()])
 
@@ -594,9 +595,9 @@ def test_fractional_grants_from_annotations(sockdir: Path, proc_root: Path,
     l4 = "  - model: NVIDIA L4\n    memory: 24GiB\n    power_limit_watts: 72\n"
     nvml = SimNVML(loads_scenario(f"node: node-a\ngpus:\n{l4}{l4}", "t.yaml"))
     nvml.nvmlInit()
-    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
-    uuids = [str(nvml.nvmlDeviceGetUUID(h)) for h in handles]
-    gpus = [GpuRef(i, uuids[i], "NVIDIA L4", False, h) for i, h in enumerate(handles)]
+    backend = NvmlBackend(nvml.as_api())
+    inventory = backend.inventory(None)  # the GPUs' memory (HAMi MiB grants) comes from here
+    uuids = [g.uuid for g in inventory.gpus]
 
     def pod_with(name: str, annotations: dict[str, str], uid: str) -> dict[str, Any]:
         p = api_pod("ml", name, "main", "ml-platform", uid, uid[-1] * 64)
@@ -631,7 +632,8 @@ def test_fractional_grants_from_annotations(sockdir: Path, proc_root: Path,
     collector = AttributionCollector(opts)
     try:
         wait_until(lambda: len(watch_of(collector).pods) == len(pods), "the pod watch")
-        ctx = CycleContext(nvml=nvml, options=opts, now=time.time(), gpus=gpus)
+        ctx = CycleContext(options=opts, now=time.time(), gpus=list(inventory.gpus),
+                           static=inventory.static, backend=backend)
         sink = SampleSink()
         collector.collect(ctx, sink)
         collector.collect(ctx, sink := SampleSink())  # errors count once per pod, not cycle

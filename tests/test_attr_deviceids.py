@@ -11,7 +11,7 @@ from exporter.attribution.deviceids import (
     is_gpu_resource,
     sharing_mode,
 )
-from exporter.core import GpuRef, MigRef
+from exporter.core import GpuRef, GpuStatic, MigRef
 
 GPU0 = "GPU-0aa1c2d3-0000-4000-8000-00000000000a"
 GPU1 = "GPU-1bb1c2d3-1111-4111-8111-11111111111b"
@@ -117,3 +117,40 @@ def test_unknown_ids_log_once(caplog: pytest.LogCaptureFixture) -> None:
     assert unknown.by_resource == {"nvidia.com/gpu": 4, "nvidia.com/mig-1g.5gb": 1}
     assert len(caplog.records) == 3
     assert "GPU-nope" in caplog.records[0].getMessage()
+
+
+# --- PCI addresses: the join key of AMD's and Intel's device plugins ----------------------------
+AMD0 = GpuRef(0, "GPU-amd-0", "AMD Instinct MI300X", False, None, vendor="amd")
+IGPU = GpuRef(0, "intel-0000:00:02.0", "Intel UHD Graphics 770", False, None, vendor="intel")
+STATIC = {GPU0: GpuStatic(pci_bus_id="00000000:18:00.0"),
+          AMD0.uuid: GpuStatic(pci_bus_id="0000:0c:00.0", vendor="amd"),
+          IGPU.uuid: GpuStatic(pci_bus_id="0000:00:02.0", vendor="intel")}
+
+
+@pytest.mark.parametrize(("device_id", "expected"), [
+    ("0000:0c:00.0", DeviceRef(AMD0.uuid, "", False)),
+    ("0000:0C:00.0", DeviceRef(AMD0.uuid, "", False)),
+    ("0c:00.0", DeviceRef(AMD0.uuid, "", False)),  # no domain
+    ("0000:0c:00.0::2", DeviceRef(AMD0.uuid, "", True)),  # a share of it
+    ("amd.com/gpu=0000:0c:00.0", DeviceRef(AMD0.uuid, "", False)),  # CDI
+    ("0000:00:02.0", DeviceRef(IGPU.uuid, "", False)),
+    ("00000000:18:00.0", DeviceRef(GPU0, "", False)),  # NVML's spelling, an NVIDIA GPU
+    ("0000:0c:00.1", None),  # another function: no GPU
+    ("0000:0c:00.9", None),  # no address
+    ("0", DeviceRef(GPU0, "", False)),  # index IDs stay NVIDIA's, whatever else has index 0
+])
+def test_pci_address_ids(device_id: str, expected: DeviceRef | None) -> None:
+    index = DeviceIndex([AMD0, IGPU, G0, G1], MIGS, STATIC)
+    assert index.resolve(device_id) == expected
+
+
+def test_by_bdf_any_spelling() -> None:
+    index = DeviceIndex([AMD0, G0], [], STATIC)
+    assert index.by_bdf("0000:0C:00.0") is AMD0 and index.by_bdf("00000000:18:00.0") is G0
+    assert index.by_bdf("card0") is None and index.by_bdf("") is None
+
+
+def test_vendor_resources_are_gpu_resources() -> None:
+    assert is_gpu_resource("amd.com/gpu", {}) and is_gpu_resource("amd.com/cpx_nps4", {})
+    assert is_gpu_resource("gpu.intel.com/i915", {}) and is_gpu_resource("gpu.intel.com/xe", {})
+    assert not is_gpu_resource("intel.com/sriov-netdevice", {})

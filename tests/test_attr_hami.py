@@ -25,6 +25,7 @@ from exporter.attribution.deviceids import DeviceIndex, DeviceRef
 from exporter.attribution.fractional import FractionalGrant, ParsedGrants, parse_grants
 from exporter.attribution.strict import ascii_uint
 from exporter.core import CycleContext, ExporterOptions, GpuRef, Labels, SampleSink, SourceStatus
+from exporter.device.nvml import NvmlBackend
 from gpusim.apiserver import FakeApiServer
 from gpusim.kubelet import ClaimAllocation, ContainerAllocation, FakeKubelet, PodAllocation
 from tests.waiting import wait_until
@@ -194,10 +195,9 @@ def _run_node(sockdir: Path, tmp_path: Path, hostile: bool) -> tuple[SampleSink,
     l4 = "  - model: NVIDIA L4\n    memory: 24GiB\n    power_limit_watts: 72\n"
     nvml = SimNVML(loads_scenario(f"node: {NODE}\ngpus:\n{l4}{l4}", "t.yaml"))
     nvml.nvmlInit()
-    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
-    u0, u1 = (str(nvml.nvmlDeviceGetUUID(h)) for h in handles)
-    gpus = [GpuRef(i, u, "NVIDIA L4", False, h)
-            for i, (u, h) in enumerate(zip((u0, u1), handles, strict=True))]
+    backend = NvmlBackend(nvml.as_api())
+    inventory = backend.inventory(None)  # the GPUs' memory (HAMi MiB grants) comes from here
+    u0, u1 = (g.uuid for g in inventory.gpus)
     pods = _good_pods(u0, u1) + (_hostile_pods(u0) if hostile else [])
     allocatable = [("nvidia.com/gpu", f"{u}-{n}") for u in (u0, u1) for n in range(10)]
     kubelet = FakeKubelet(str(sockdir / "kubelet.sock"), lambda: _podresources(u0, u1),
@@ -217,8 +217,9 @@ def _run_node(sockdir: Path, tmp_path: Path, hostile: bool) -> tuple[SampleSink,
         wait_until(lambda: len(watch.pods) == len(pods), "the pod watch's first list")
         for _ in range(2):
             sink = SampleSink()
-            collector.collect(CycleContext(nvml=nvml, options=opts, now=time.time(), gpus=gpus),
-                              sink)
+            collector.collect(CycleContext(options=opts, now=time.time(),
+                                           gpus=list(inventory.gpus), static=inventory.static,
+                                           backend=backend), sink)
     finally:
         collector.close()
         server.stop()
@@ -307,7 +308,7 @@ def _dra_cycle(sockdir: Path, tmp_path: Path, watch: _StartingWatch) -> int:
     collector._slices.close()
     collector._slices = watch  # type: ignore[assignment]
     try:
-        collector.collect(CycleContext(nvml=None, options=opts, now=time.time(),
+        collector.collect(CycleContext(options=opts, now=time.time(),
                                        gpus=[GpuRef(0, U0, "NVIDIA A100", True, None)]),
                           SampleSink())
     finally:

@@ -21,6 +21,7 @@ from exporter.attribution.deviceids import DeviceIndex, UnknownIds
 from exporter.attribution.podresources import Allocation
 from exporter.attribution.sources import intel_card, intel_plugin_units, intel_shares
 from exporter.core import CycleContext, ExporterOptions, Labels, SampleSink
+from exporter.device.backends import Backends
 from exporter.device.intel import IntelBackend
 from gpu_ledger.sharing import SharingMode
 from gpusim.intel_sysfs import GVT_MDEVS, IntelGpu, flex_host, gvt_host, write_gpu
@@ -58,13 +59,13 @@ def run(sockdir: Path, sysfs: Path, pods: list[PodAllocation],
     opts = ExporterOptions(node=NODE, pod_resources_socket=str(sockdir / "kubelet.sock"),
                            proc_root=str(sockdir / "proc"), sysfs_root=str(sysfs),
                            kubernetes=False, rpc_timeout=2.0)
-    backend = IntelBackend(sysfs_root=str(sysfs))
+    backend = IntelBackend(sysfs_root=str(sysfs), proc_root=str(sysfs / "proc"))
     backend.open()
     inv = backend.inventory(None)
     collector = AttributionCollector(opts)
     try:
-        ctx = CycleContext(nvml=None, options=opts, now=time.time(), gpus=list(inv.gpus),
-                           static=dict(inv.static), backend=backend)
+        ctx = CycleContext(options=opts, now=time.time(), gpus=list(inv.gpus),
+                           static=dict(inv.static), backend=Backends([backend]))
         sink = SampleSink()
         collector.collect(ctx, sink)
     finally:
@@ -80,12 +81,15 @@ def family(sink: SampleSink, name: str) -> dict[Labels, float]:
 def test_device_plugin_cards_shared_and_vf(sockdir: Path, tmp_path: Path) -> None:
     flex_node(tmp_path)
     allocatable = [(XE, "card1-0"), (XE, "card2-0")] + [(XE, f"card3-{n}") for n in range(3)]
+    allocatable += [("gpu.intel.com/xe_monitoring", "all")]
     pods = [_alloc("team-a", "infer-1", XE, "card3-0"),
             _alloc("team-b", "infer-2", XE, "card3-2"),
             _alloc("team-c", "vf-pod", XE, "card1-0"),
             _alloc("ml", "stray", XE, "card9-0"),
             _alloc("ml", "odd", "gpu.intel.com/i915", "GPU-0aa1c2d3"),
-            _alloc("ml", "nic", "example.com/nic", "card3-0")]
+            _alloc("ml", "nic", "example.com/nic", "card3-0"),
+            # the plugin's monitoring resource opens every GPU to an agent: not a unit
+            _alloc("mon", "xpumd", "gpu.intel.com/xe_monitoring", "all")]
     sink, collector = run(sockdir, tmp_path, pods, allocatable)
     alloc = family(sink, "gpu_container_allocation")
     assert alloc == {
@@ -97,7 +101,8 @@ def test_device_plugin_cards_shared_and_vf(sockdir: Path, tmp_path: Path) -> Non
     }
     assert family(sink, "gpu_container_memory_fraction") == {
         (NODE, "team-c", "vf-pod", "app", FLEX_PF, ""): 0.5}
-    assert collector.unknown_ids.by_resource == {XE: 1, "gpu.intel.com/i915": 1}
+    reported = {r: n for r, n in collector.unknown_ids.by_resource.items() if n}
+    assert reported == {XE: 1, "gpu.intel.com/i915": 1}
 
 
 def test_unshared_card_is_exclusive(sockdir: Path, tmp_path: Path) -> None:
@@ -138,9 +143,9 @@ def test_intel_ids(device_id: str, card: str | None) -> None:
 
 def test_source_alone(tmp_path: Path) -> None:
     flex_node(tmp_path)
-    backend = IntelBackend(sysfs_root=str(tmp_path))
+    backend = IntelBackend(sysfs_root=str(tmp_path), proc_root=str(tmp_path / "proc"))
     inv = backend.inventory(None)
-    index = DeviceIndex(inv.gpus, ())
+    index = DeviceIndex(inv.gpus, (), inv.static)
     unknown = UnknownIds()
     allocs = [Allocation("a", "p", "c", XE, ("card3-1", "card3-1"))]
     shares = intel_shares([(XE, "card3-0"), (XE, "card3-1"), ("example.com/x", "card3-2")])

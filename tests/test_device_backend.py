@@ -188,7 +188,8 @@ def test_only_the_nvml_backend_calls_nvml() -> None:
     """The sampler, the process stage and the vendor-neutral collectors read the contract."""
     for rel in ("exporter/sampler.py", "exporter/processes.py", "exporter/collectors/device.py",
                 "exporter/collectors/mig.py", "exporter/collectors/vgpu.py",
-                "exporter/collectors/xid.py"):
+                "exporter/collectors/xid.py", "exporter/device/backends.py",
+                "exporter/attribution/vgpu.py", "exporter/attribution/collector.py"):
         text = (ROOT / rel).read_text()
         assert "nvmlDevice" not in text and "nvmlVgpu" not in text and "nvmlEvent" not in text, \
             rel
@@ -204,7 +205,7 @@ class _OtherVendor:
     nvml: NvmlApi | None = None
 
     def __init__(self) -> None:
-        self.gpu = GpuRef(0, "GPU-fake-0", "Fake MI300X", False, handle=object())
+        self.gpu = GpuRef(0, "GPU-fake-0", "Fake MI300X", False, handle=object(), vendor="amd")
 
     def open(self) -> None: ...
     def close(self) -> None: ...

@@ -10,13 +10,15 @@ import pytest
 
 from exporter.collectors import REGISTRY
 from exporter.core import ExporterOptions
-from exporter.device.contract import DeviceBackend, DeviceLost, Tally
-from exporter.device.intel import IntelBackend
+from exporter.device.contract import DeviceBackend, DeviceLost, MemoryUsage, Tally
+from exporter.device.intel import IntelBackend, probe
 from exporter.device.intel_sysfs import gvt_share, intel_cards, mdev_types, read_int
+from exporter.device.registry import BackendAbsent, LoadSpec
 from exporter.sampler import Sampler
 from gpusim.intel_sysfs import GVT_MDEVS, IntelGpu, flex_host, gvt_host, write_gpu
 from gpusim.levelzero import ZES_MEM_LOC_SYSTEM, SimZes, SimZesDevice, SimZesMemory
 from tests.exporter_helpers import values
+from tests.test_fdinfo import ARC, Proc, xe
 
 GiB = 1 << 30
 FLEX = "0000:4d:00.0"
@@ -32,7 +34,8 @@ class Clock:
 
 
 def backend(root: Path, clock: Clock | None = None) -> IntelBackend:
-    b = IntelBackend(sysfs_root=str(root), clock=clock or Clock())
+    (root / "proc").mkdir(exist_ok=True)  # no DRM clients
+    b = IntelBackend(sysfs_root=str(root), proc_root=str(root / "proc"), clock=clock or Clock())
     b.open()
     return b
 
@@ -90,7 +93,10 @@ def test_flex_telemetry_units(tmp_path: Path) -> None:
     assert t.temperature_celsius == 48.0  # temp2_input is m°C
     assert t.sm_clock_hertz == 2050e6  # tile0/gt0/freq0/act_freq is MHz
     assert t.power_watts is None  # no power file, one energy reading: no power yet
-    assert t.utilization is None and t.memory is None
+    # lending VFs: the VMs' work is in no fdinfo here, so no device utilisation
+    assert t.utilization is None
+    # no Level Zero: sysfs's VRAM, in use what the host's processes hold (none)
+    assert t.memory == MemoryUsage(16 * GiB, 0.0, 16 * GiB)
     energy = tmp_path / "devices/pci0000:00" / FLEX / "hwmon/hwmon2/energy1_input"
     energy.write_text("1384000000\n")  # +150 J
     clock.now += 2.0
@@ -206,7 +212,8 @@ def test_level_zero_names_the_model_and_gives_memory_in_use(tmp_path: Path) -> N
                      [SimZesMemory(16 * GiB, 12 * GiB),
                       SimZesMemory(64 * GiB, 60 * GiB, location=ZES_MEM_LOC_SYSTEM)]),
         SimZesDevice((0, 0, 2, 0), "Intel(R) UHD Graphics 630")])
-    b = IntelBackend(sysfs_root=str(tmp_path), sysman=lambda: (zes, ""))
+    b = IntelBackend(sysfs_root=str(tmp_path), proc_root=str(tmp_path / "no-proc"),
+                     sysman=lambda: (zes, ""))
     b.open()
     inv = b.inventory(None)
     assert [(g.uuid, g.model) for g in inv.gpus] == [
@@ -222,12 +229,13 @@ def test_level_zero_failing_init_is_absent(tmp_path: Path,
                                            caplog: pytest.LogCaptureFixture) -> None:
     flex_host(str(tmp_path))
     with caplog.at_level(logging.INFO, logger="exporter.device.intel"):
-        b = IntelBackend(sysfs_root=str(tmp_path), sysman=lambda: (None, "zesInit returned 1"))
+        b = IntelBackend(sysfs_root=str(tmp_path), proc_root=str(tmp_path / "no-proc"),
+                         sysman=lambda: (None, "zesInit returned 1"))
         b.open()
     assert b.level_zero is None
     assert "(zesInit returned 1)" in caplog.records[0].getMessage()
     t = b.telemetry(b.inventory(None).gpus[0], Tally())
-    assert t.memory is None and t.energy_joules == 1234.0
+    assert t.energy_joules == 1234.0 and t.memory == MemoryUsage(16 * GiB, 0.0, 16 * GiB)
 
 
 @pytest.mark.parametrize("host", ["flex", "gvt"])
@@ -235,7 +243,7 @@ def test_the_sampler_serves_an_intel_node(tmp_path: Path, host: str) -> None:
     (flex_host if host == "flex" else gvt_host)(str(tmp_path))
     bdf = FLEX if host == "flex" else IGPU
     specs = [s for s in REGISTRY if s.name != "attribution"]
-    sampler = Sampler(IntelBackend(sysfs_root=str(tmp_path)),
+    sampler = Sampler(IntelBackend(sysfs_root=str(tmp_path), proc_root=str(tmp_path / "proc")),
                       ExporterOptions(node="n", sysfs_root=str(tmp_path)), specs, threaded=False)
     try:
         body = sampler.cycle().body(False, False)
@@ -257,3 +265,42 @@ def test_the_sampler_serves_an_intel_node(tmp_path: Path, host: str) -> None:
     else:
         assert sorted(values(body, "gpu_vgpu_info", vgpu_type="i915-GVTg_V5_4")) == [1]
         assert len(info) == len(GVT_MDEVS)
+
+
+def test_processes_and_engine_busy_from_fdinfo(tmp_path: Path) -> None:
+    """xe clients on the Flex (VFs off): each process's busiest compute engine and resident
+    VRAM, the device's busiest engine class summed over its clients, memory in use."""
+    flex_host(str(tmp_path), vfs=0)
+    proc = Proc(tmp_path / "proc")
+    clock = Clock()
+    b = backend(tmp_path, clock)
+    gpu = b.inventory(None).gpus[0]
+    reader = b.process_reader()
+
+    def clients(rcs_a: int, ccs_a: int, ccs_b: int, stamp: int) -> None:
+        proc.open(400, 3, xe(3, rcs=rcs_a, ccs=ccs_a, stamp=stamp).replace(ARC, FLEX))
+        proc.open(500, 4, xe(7, rcs=0, ccs=ccs_b, stamp=stamp).replace(ARC, FLEX))
+
+    clients(0, 0, 0, 1_000_000)
+    first = reader.read(gpu, [], Tally())
+    assert [(p.pid, p.uuid, p.sm_util) for p in first] == [(400, FLEX, None), (500, FLEX, None)]
+    assert b.telemetry(gpu, Tally()).utilization is None  # no baseline yet
+    clients(300_000, 2_000_000, 1_000_000, 2_000_000)
+    clock.now += 1.0
+    procs = {p.pid: p for p in reader.read(gpu, [], Tally())}
+    assert procs[400].sm_util == pytest.approx(0.5)  # ccs 2e6 of 1e6 cycles x 4 engines
+    assert procs[500].sm_util == pytest.approx(0.25)
+    assert procs[400].memory_bytes == 23992 * 1024  # drm-resident-vram0
+    t = b.telemetry(gpu, Tally())
+    assert t.utilization == pytest.approx(0.75)  # ccs: 0.5 + 0.25 (rcs 0.3 is less busy)
+    assert t.memory == MemoryUsage(16 * GiB, 2 * 23992 * 1024, 16 * GiB - 2 * 23992 * 1024)
+
+
+def test_probe_finds_intel_gpus_only_when_sysfs_has_one(tmp_path: Path) -> None:
+    spec = LoadSpec(sysfs_root=str(tmp_path), proc_root=str(tmp_path / "proc"))
+    with pytest.raises(BackendAbsent, match="lists no Intel GPU bound to i915 or xe"):
+        probe(spec, True)
+    assert isinstance(probe(spec, False), IntelBackend)  # named: it runs, and retries
+    flex_host(str(tmp_path))
+    b = probe(spec, True)
+    assert b.sysfs_root == str(tmp_path) and b.proc_root == str(tmp_path / "proc")

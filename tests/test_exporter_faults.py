@@ -66,7 +66,7 @@ def test_unexpected_nvml_error_drops_one_value_and_flags_collector() -> None:
         return original(handle)
 
     sampler.cycle()
-    sampler_handles = {g.index: g.handle for g in sampler._inventory.gpus}  # type: ignore[union-attr]
+    sampler_handles = {g.index: g.handle for g in sampler.inventories()[0].gpus}
     nvml.nvmlDeviceGetPowerUsage = broken  # type: ignore[method-assign]
     body = sampler.cycle().body(False, False)
     assert not values(body, "gpu_power_watts", gpu="2")

@@ -51,11 +51,12 @@ from exporter.attribution.units import (
     UsageKey,
     merge,
 )
-from exporter.attribution.vgpu import vgpu_instances, virtual_instances
+from exporter.attribution.vgpu import vgpu_instances
 from exporter.core import (
     CycleContext,
     ExporterOptions,
     GpuRef,
+    GpuStatic,
     MigRef,
     PodLabels,
     ProcessSample,
@@ -140,7 +141,7 @@ class AttributionCollector:
         self._slice_items: object = None
         self._slice_uuids: dict[SliceKey, str] = {}
         self._index: DeviceIndex | None = None
-        self._index_key: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+        self._index_key: tuple[tuple[tuple[str, str], ...], tuple[str, ...]] = ((), ())
         self._replicas_from: tuple[tuple[str, str], ...] | None = None
         self._replicas: dict[DeviceKey, int] = {}
         self.unknown_ids = UnknownIds()
@@ -153,14 +154,14 @@ class AttributionCollector:
     def collect(self, ctx: CycleContext, sink: SampleSink) -> int:
         """Returns the NVML calls that failed while listing processes: a partial process list
         means usage may be missing, so attribution does not report success then."""
-        index = self._device_index(ctx.gpus, ctx.migs)
+        index = self._device_index(ctx.gpus, ctx.migs, ctx.static)
         allocations = self._client.poll() or []
         ctx.sources["podresources"] = self._client.status
         # --no-kubernetes turns the source off: it has no gpu_exporter_source_up series at all,
         # so GpuAttributionLost (source_up == 0) does not fire for a choice the operator made.
         if self._watch is not None:
             ctx.sources["kubernetes"] = self._watch.status
-        vgpus = {**vgpu_instances(ctx), **virtual_instances(ctx)}
+        vgpus = vgpu_instances(ctx)
         cards = self._intel_cards(allocations)
         shares = intel_shares(self._client.allocatable)
         claims = self._client.claim_devices
@@ -312,10 +313,12 @@ class AttributionCollector:
         self._client.close()
 
     # --- helpers -------------------------------------------------------------------------------
-    def _device_index(self, gpus: list[GpuRef], migs: list[MigRef]) -> DeviceIndex:
-        key = (tuple(g.uuid for g in gpus), tuple(m.uuid for m in migs))
+    def _device_index(self, gpus: list[GpuRef], migs: list[MigRef],
+                      static: dict[str, GpuStatic]) -> DeviceIndex:
+        key = (tuple((g.uuid, s.pci_bdf if (s := static.get(g.uuid)) else "") for g in gpus),
+               tuple(m.uuid for m in migs))
         if self._index is None or key != self._index_key:
-            self._index, self._index_key = DeviceIndex(gpus, migs), key
+            self._index, self._index_key = DeviceIndex(gpus, migs, static), key
             self._replicas_from = None  # IDs may resolve differently now
         return self._index
 
@@ -380,13 +383,9 @@ class AttributionCollector:
 
     @staticmethod
     def _memory_total(ctx: CycleContext, gpu: GpuRef | None) -> int | None:
-        """The GPU's framebuffer, for HAMi grants given in MiB; None when NVML cannot say."""
-        if gpu is None or ctx.nvml is None:
-            return None
-        try:
-            return int(ctx.nvml.nvmlDeviceGetMemoryInfo(gpu.handle).total) or None
-        except Exception:
-            return None
+        """The GPU's memory, for HAMi grants given in MiB; None when its backend cannot say."""
+        static = ctx.static.get(gpu.uuid) if gpu is not None else None
+        return (static.memory_bytes or None) if static is not None else None
 
     def _intel_cards(self, allocations: list[Allocation]) -> dict[str, str]:
         """Card name -> PCI address, read from sysfs only when a pod holds an Intel card."""

@@ -4,9 +4,11 @@ Forms (DESIGN.md §4): `GPU-<uuid>`, `MIG-<uuid>`, either with a `::<n>` replica
 (time-slicing / MPS), the legacy `MIG-GPU-<uuid>/<gi>/<ci>`, GKE's `nvidia0`, `nvidia0/gi1`,
 `nvidia0/vgpu3`, the NVIDIA device plugin's `deviceIDStrategy: index` (`0`, `0::1`, and
 `<gpu>:<j>` for the j-th MIG device handle of GPU `<gpu>`, as its rm package numbers them),
-and CDI fully-qualified names `<vendor>/<class>=<name>` whose name is any of the above or
-`all`. The same physical device can appear under several IDs (replicas), so every ID resolves
-to a `DeviceRef` keyed by (uuid, mig_uuid).
+CDI fully-qualified names `<vendor>/<class>=<name>` whose name is any of the above or `all`,
+and PCI addresses (`0000:0c:00.0`, in any vendor's spelling: contract.pci_bdf), which AMD's and
+Intel's device plugins build their IDs from; an address resolves to the GPU whose
+`GpuStatic.pci_bdf` it is, the join key beside the UUID. The same physical device can appear
+under several IDs (replicas), so every ID resolves to a `DeviceRef` keyed by (uuid, mig_uuid).
 
 HAMi's device plugin registers each GPU `deviceSplitCount` times (10 in its chart) as
 `GPU-<uuid>-<n>` (Project-HAMi/HAMi `pkg/device-plugin/nvidiadevice/nvinternal/rm/devices.go`
@@ -26,7 +28,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from exporter.core import GpuRef, MigRef
+from exporter.core import GpuRef, GpuStatic, MigRef
+from exporter.device.contract import pci_address
 from gpu_ledger.sharing import SharingMode
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,8 @@ _GKE = re.compile(rf"^nvidia(?P<index>{_N})(?:/(?P<kind>gi|vgpu)(?P<n>{_N}))?$")
 _LEGACY_MIG = re.compile(rf"^MIG-(?P<parent>GPU-[0-9A-Fa-f-]+)/(?P<gi>{_N})/(?P<ci>{_N})$")
 _INDEX = re.compile(rf"^(?P<gpu>{_N})(?::(?P<slot>{_N}))?$")
 _HAMI_SLOT = re.compile(rf"^(?P<gpu>GPU-[0-9A-Fa-f-]+)-(?P<n>{_N})$")
+# cheap pre-check before parsing an address: hex digits, ':' and '.' only
+_ADDRESS_LIKE = re.compile(r"^[0-9A-Fa-f]{1,8}:[0-9A-Fa-f:.]{4,16}$")
 # CDI fully-qualified device name: vendor/class=name (the kind is not checked: the resource
 # already said this is a GPU)
 _CDI = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*=(?P<name>.+)$")
@@ -66,15 +71,23 @@ class DeviceIndex:
     """Resolves device IDs for one inventory. Rebuilt only when the inventory changes; each
     distinct ID is parsed once and memoised, since List repeats the same IDs every cycle."""
 
-    def __init__(self, gpus: Iterable[GpuRef], migs: Iterable[MigRef]) -> None:
+    def __init__(self, gpus: Iterable[GpuRef], migs: Iterable[MigRef],
+                 static: Mapping[str, GpuStatic] | None = None) -> None:
         self._gpu_by_uuid: dict[str, GpuRef] = {}
+        self._gpu_by_bdf: dict[str, GpuRef] = {}
         self._gpu_by_index: dict[int, GpuRef] = {}
         self._mig_by_uuid: dict[str, MigRef] = {}
         self._mig_by_gi: dict[tuple[str, int], MigRef] = {}
         self._mig_by_slot: dict[tuple[int, int], MigRef] = {}
         for g in gpus:
             self._gpu_by_uuid[_bare(g.uuid)] = g
-            self._gpu_by_index[g.index] = g
+            # indexes are per vendor (NVIDIA's 0 and an Intel iGPU's 0): index IDs are NVIDIA
+            # plugins' only, so the NVIDIA GPU keeps the index
+            if g.vendor == "nvidia" or g.index not in self._gpu_by_index:
+                self._gpu_by_index[g.index] = g
+            bdf = (static or {}).get(g.uuid, GpuStatic()).pci_bdf
+            if pci_address(bdf):
+                self._gpu_by_bdf[bdf] = g
         for m in migs:
             self._mig_by_uuid[_bare(m.uuid)] = m
             self._mig_by_gi[(m.parent.uuid, m.gpu_instance_id)] = m
@@ -91,6 +104,11 @@ class DeviceIndex:
         except KeyError:
             ref = self._memo[device_id] = self._parse(device_id)
             return ref
+
+    def by_bdf(self, address: str) -> GpuRef | None:
+        """The GPU at a PCI address (any spelling), or None."""
+        bdf = pci_address(address)
+        return None if bdf is None else self._gpu_by_bdf.get(bdf)
 
     def resolve_all(self, device_id: str) -> tuple[DeviceRef, ...]:
         """Every device an ID names: CDI's `<kind>=all` names each GPU of the node, any other
@@ -112,6 +130,10 @@ class DeviceIndex:
         m = _REPLICA.match(base)
         if m:
             base, replica = m["base"], True
+        if self._gpu_by_bdf and _ADDRESS_LIKE.match(base):
+            gpu = self.by_bdf(base)
+            if gpu is not None:
+                return DeviceRef(gpu.uuid, "", replica)
         g = _GKE.match(base)
         if g:
             return self._gke(int(g["index"]), g["kind"], int(g["n"] or 0), replica)
@@ -153,9 +175,14 @@ class DeviceIndex:
         return DeviceRef(gpu.uuid, "", replica or kind == "vgpu")
 
 
+# The device plugins' resource prefixes of each vendor (NVIDIA; AMD's amd.com/gpu and its
+# partitions and VFs; Intel's gpu.intel.com/i915 and /xe).
+GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/", "gpu.intel.com/")
+
+
 def is_gpu_resource(resource: str, overrides: Mapping[str, SharingMode]) -> bool:
     """Resources whose IDs we try to resolve; anything else (NICs, FPGAs) is ignored quietly."""
-    return resource.startswith("nvidia.com/") or resource in overrides
+    return resource.startswith(GPU_RESOURCE_PREFIXES) or resource in overrides
 
 
 def sharing_mode(resource: str, ref: DeviceRef,

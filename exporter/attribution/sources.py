@@ -34,8 +34,8 @@ def device_plugin_units(allocations: Iterable[Allocation], index: DeviceIndex,
     UUIDs) to the vGPU source; anything else that names nothing here is reported."""
     rows: list[Unit] = []
     for a in allocations:
-        if not is_gpu_resource(a.resource, overrides):
-            continue
+        if not is_gpu_resource(a.resource, overrides) or a.resource.startswith(INTEL_PREFIX):
+            continue  # Intel's plugin: intel_plugin_units
         holder = Holder(a.namespace, a.pod, a.container)
         for device_id in a.device_ids:
             refs = index.resolve_all(device_id)
@@ -151,6 +151,9 @@ def _pod_units(info: PodInfo, index: DeviceIndex,
 # after v0.36.0): each card under /sys/class/drm is registered `-shared-dev-num` times (1 by
 # default) as `<card>-<n>`, under resource `gpu.intel.com/<driver>`; a PF with VFs is skipped
 # (its VFs, bound to the host's driver, are cards of their own).
+# Its `<driver>_monitoring` / `monitoring` resources (ID `all`) open every GPU to a monitoring
+# agent: access, not a unit, so they are ignored.
+INTEL_PREFIX = "gpu.intel.com/"
 INTEL_RESOURCES = ("gpu.intel.com/i915", "gpu.intel.com/xe")
 _INTEL_ID = re.compile(r"^(?P<card>card[0-9]{1,6})-[0-9]{1,6}$")
 

@@ -45,8 +45,8 @@ class GpuCollector:
 
 class NvmlCollector(GpuCollector):
     """Base for the NVIDIA-only collectors (clock reasons, ECC, NVLink, GPM, throughput): they
-    read NVML itself, typed (`NvmlApi`), through the NVML backend; on a backend without NVML
-    they read nothing."""
+    read NVML itself, typed (`NvmlApi`), through the NVML backend, for NVIDIA GPUs only; on a
+    node without NVML they read nothing."""
 
     def __init__(self, deps: CollectorDeps) -> None:
         super().__init__(deps)
@@ -61,7 +61,8 @@ class NvmlCollector(GpuCollector):
         return super().collect(ctx, sink) if self._nvml is not None else 0
 
     def read_gpu(self, ctx: CycleContext, sink: SampleSink, tally: Tally, gpu: GpuRef) -> None:
-        self.read_nvml(ctx, sink, Reader(self.nvml, tally), gpu)
+        if gpu.vendor == "nvidia":  # another vendor's handle means nothing to NVML
+            self.read_nvml(ctx, sink, Reader(self.nvml, tally), gpu)
 
     def read_nvml(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
         """Read one GPU through NVML; raises GpuLost (from Reader.call) if it fell off."""

@@ -14,8 +14,9 @@ class DeviceCollector(GpuCollector):
     def on_gpu(self, ctx: CycleContext, sink: SampleSink, gpu: GpuRef, up: bool) -> None:
         labels = gpu.labels(ctx.node)
         st = ctx.static.get(gpu.uuid, GpuStatic())
-        sink.add("gpu_info", (*labels, st.pci_bus_id, ctx.driver_version, ctx.cuda_version,
-                              st.vbios_version, st.mig_mode, st.virtualization_mode), 1)
+        driver, cuda = ctx.driver_of(gpu)
+        sink.add("gpu_info", (*labels, st.pci_bus_id, driver, cuda, st.vbios_version,
+                              st.mig_mode, st.virtualization_mode), 1)
         sink.add("gpu_up", labels, 1 if up else 0)
 
     def read_gpu(self, ctx: CycleContext, sink: SampleSink, tally: Tally, gpu: GpuRef) -> None:

@@ -1,4 +1,6 @@
-"""XID errors from the backend's error events (an NVML event set), counted per GPU and code.
+"""Error events from the backends (an NVML event set; AMD RAS events), counted per GPU, kind
+and code: XIDs in gpu_xid_errors_total, other vendors' events (an AMD AFID) in
+gpu_error_events_total with their kind and severity.
 
 A daemon thread blocks in the backend's event wait so an event is never
 missed between scrapes; the collector only renders the counts. For simulation (a fake clock
@@ -15,10 +17,11 @@ from collections.abc import Callable
 
 from exporter.collectors.base import GpuCollector
 from exporter.core import CollectorDeps, CycleContext, GpuRef, SampleSink
-from exporter.device.contract import EventSource, EventsUnavailable
+from exporter.device.contract import ErrorKind, EventSource, EventsUnavailable
 
 log = logging.getLogger(__name__)
 WAIT_MS = 500
+EventKey = tuple[str, ErrorKind, int, str]  # uuid, kind, code, severity
 
 
 class XidWatcher:
@@ -26,8 +29,8 @@ class XidWatcher:
         self.source = source
         self.clock = clock
         self._lock = threading.Lock()
-        self._counts: dict[tuple[str, int], int] = {}
-        self._last: dict[tuple[str, int], float] = {}
+        self._counts: dict[EventKey, int] = {}
+        self._last: dict[EventKey, float] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -47,7 +50,7 @@ class XidWatcher:
         if events is None:
             return False
         for event in events:
-            key = (event.uuid, event.code)
+            key = (event.uuid, event.kind, event.code, event.severity)
             with self._lock:
                 self._counts[key] = self._counts.get(key, 0) + 1
                 self._last[key] = self.clock()
@@ -57,9 +60,10 @@ class XidWatcher:
         while self.poll(0):
             pass
 
-    def snapshot(self) -> list[tuple[str, int, int, float]]:
+    def snapshot(self) -> list[tuple[EventKey, int, float]]:
+        """(uuid, kind, code, severity), count, time of the last one; sorted."""
         with self._lock:
-            return [(u, x, n, self._last[(u, x)]) for (u, x), n in sorted(self._counts.items())]
+            return [(k, n, self._last[k]) for k, n in sorted(self._counts.items())]
 
     def start(self) -> None:
         if self._thread is None:
@@ -92,11 +96,16 @@ class XidCollector(GpuCollector):
         else:
             self.watcher.drain()
         by_uuid = {g.uuid: g for g in ctx.gpus}
-        for uuid, xid, count, last in self.watcher.snapshot():
+        for (uuid, kind, code, severity), count, last in self.watcher.snapshot():
             gpu = by_uuid.get(uuid)
-            labels = gpu.labels(ctx.node) if gpu else (ctx.node, "", uuid, "")
-            sink.add("gpu_xid_errors_total", (*labels, str(xid)), count)
-            sink.add("gpu_xid_last_timestamp_seconds", (*labels, str(xid)), last)
+            labels = gpu.labels(ctx.node) if gpu else (ctx.node, "", uuid, "", "")
+            if kind == "xid":
+                sink.add("gpu_xid_errors_total", (*labels, str(code)), count)
+                sink.add("gpu_xid_last_timestamp_seconds", (*labels, str(code)), last)
+            else:
+                event = (*labels, kind, str(code), severity)
+                sink.add("gpu_error_events_total", event, count)
+                sink.add("gpu_error_event_last_timestamp_seconds", event, last)
         return 0
 
     def close(self) -> None:

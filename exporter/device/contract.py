@@ -44,6 +44,13 @@ def pci_bdf(bus_id: str) -> str:
     return f"{int(domain or '0', 16):04x}:{bus}:{dev}.{fn}"
 
 
+def pci_address(text: str) -> str | None:
+    """`pci_bdf(text)` when `text` is a PCI address in any vendor's spelling, else None (a
+    device ID that is no address, a `drm-pdev` that is garbage)."""
+    bdf = pci_bdf(text)
+    return bdf if _BDF.fullmatch(bdf) else None
+
+
 class DeviceLost(Exception):
     """The device fell off the bus (NVML_ERROR_GPU_IS_LOST, or its vendor's equivalent)."""
 
@@ -65,9 +72,12 @@ class GpuRef:
     model: str
     mig_enabled: bool  # partitioned (MIG mode on): the device-wide utilisation is absent
     handle: object = field(compare=False, repr=False)
+    # whose backend made it: the composite backend (exporter/device/backends.py) hands each
+    # read to that vendor's backend; it is also the `vendor` label of the gpu_* families
+    vendor: Vendor = "nvidia"
 
     def labels(self, node: str) -> tuple[str, ...]:
-        return (node, str(self.index), self.uuid, self.model)
+        return (node, str(self.index), self.uuid, self.model, self.vendor)
 
 
 @dataclass(frozen=True)
@@ -206,14 +216,23 @@ class GuestLicence:
     licensed: bool
 
 
+# What an error event's `code` numbers: an NVIDIA XID; an AMD Field Identifier (AFID, the
+# number AMD's RAS events carry, listed in AMD's AFID table); an AMD RAS event without one.
+ErrorKind = Literal["xid", "afid", "ras"]
+
+
 @dataclass(frozen=True)
 class ErrorEvent:
-    """A device error the driver reported as an event: an NVIDIA XID now (AMD RAS/AFID
-    later, with their own `kind`)."""
+    """A device error the driver reported as an event: an NVIDIA XID, an AMD RAS event (with
+    its AFID when the driver gives one). `gpu_device_errors_total` counts them per kind and
+    code beside `gpu_xid_errors_total` (docs/backends.md)."""
 
     uuid: str  # the device; "" when the backend cannot tell which
     code: int
-    kind: Literal["xid"] = "xid"
+    kind: ErrorKind = "xid"
+    # the error's severity as the vendor names it (AMD: "fatal", "uncorrectable",
+    # "correctable"); "" when the vendor does not say (an XID)
+    severity: str = ""
 
 
 class EventSource(Protocol):
@@ -238,34 +257,15 @@ class ProcessReader(Protocol):
              ) -> list[ProcessSample]: ...
 
 
-class DeviceBackend(Protocol):
-    """One vendor's devices on this node."""
-
-    vendor: Vendor
-    source: str  # its gpu_exporter_source_up name ("nvml")
-    library: str  # how log lines and reasons name it ("NVML")
+class DeviceReader(Protocol):
+    """What the collectors and the process stage read about the devices of a cycle: one
+    vendor's backend, or the node's `Backends` (exporter/device/backends.py), which hands each
+    read to the backend whose vendor made the device (`GpuRef.vendor`)."""
 
     @property
     def nvml(self) -> NvmlApi | None:
         """The NVML API itself, for the NVIDIA-only collectors (clock event reasons, NVLink
-        error counters, GPM, throughput) and the attribution code not moved yet; None on any
-        other backend."""
-        ...
-
-    def open(self) -> None:
-        """Initialise the library; raises (any exception) when it cannot: retried later."""
-        ...
-
-    def close(self) -> None: ...
-
-    def inventory(self, previous: Inventory | None) -> Inventory:
-        """Every device and partition. A device lost since `previous` keeps its old identity
-        so its series stay the same series."""
-        ...
-
-    def expected_devices(self, sysfs_root: str) -> list[str] | None:
-        """PCI addresses of this vendor's GPU functions in sysfs (whether or not the library
-        answers); None when sysfs cannot be read."""
+        error counters, GPM, throughput); None on a backend (or node) without NVML."""
         ...
 
     def telemetry(self, gpu: GpuRef, tally: Tally) -> Telemetry: ...
@@ -283,3 +283,27 @@ class DeviceBackend(Protocol):
     def guest_licences(self, gpu: GpuRef, tally: Tally) -> list[GuestLicence]: ...
 
     def error_events(self) -> EventSource: ...
+
+
+class DeviceBackend(DeviceReader, Protocol):
+    """One vendor's devices on this node. Its GpuRefs carry its `vendor`."""
+
+    vendor: Vendor
+    source: str  # its gpu_exporter_source_up name ("nvml")
+    library: str  # how log lines and reasons name it ("NVML")
+
+    def open(self) -> None:
+        """Initialise the library; raises (any exception) when it cannot: retried later."""
+        ...
+
+    def close(self) -> None: ...
+
+    def inventory(self, previous: Inventory | None) -> Inventory:
+        """Every device and partition. A device lost since `previous` keeps its old identity
+        so its series stay the same series."""
+        ...
+
+    def expected_devices(self, sysfs_root: str) -> list[str] | None:
+        """PCI addresses of this vendor's GPU functions in sysfs (whether or not the library
+        answers); None when sysfs cannot be read."""
+        ...

@@ -28,13 +28,13 @@ from exporter.device.contract import (
     MemoryUsage,
     MigRef,
     ProcessReader,
-    ProcessSample,
     Reliability,
     Tally,
     Telemetry,
     Vendor,
     VirtualFunction,
 )
+from exporter.device.fdinfo import COMPUTE_ENGINES, DrmFdinfo, FdinfoProcessReader
 from exporter.device.intel_levelzero import LevelZero, load_pyzes
 from exporter.device.intel_sysfs import (
     IntelCard,
@@ -49,6 +49,7 @@ from exporter.device.intel_sysfs import (
     sriov,
 )
 from exporter.device.nvmlapi import NvmlApi
+from exporter.device.registry import BackendAbsent, LoadSpec
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +78,6 @@ class _NoEvents:
         pass
 
 
-class _NoProcesses:
-    def read(self, gpu: GpuRef, partitions: Sequence[MigRef], tally: Tally
-             ) -> list[ProcessSample]:
-        return []
-
-
 class IntelBackend:
     """Intel GPUs (i915, xe) under `sysfs_root`. `clock` times the energy counter for power
     where hwmon has no power reading (i915 and xe give energy and limits only)."""
@@ -99,8 +94,11 @@ class IntelBackend:
         self._clock = clock
         self._sysman = sysman
         self._cards: dict[str, IntelCard] = {}  # uuid (PF BDF) -> card
+        self._hosts: set[str] = set()  # uuids lending VFs or mdevs to VMs
         self._last_energy: dict[str, tuple[float, float]] = {}  # uuid -> (time, joules)
         self.level_zero: LevelZero | None = None
+        # one fdinfo scan per cycle serves the process list and the device's engine busy
+        self._drm = DrmFdinfo(proc_root, clock)
 
     @property
     def nvml(self) -> NvmlApi | None:
@@ -123,7 +121,7 @@ class IntelBackend:
         cards = intel_cards(self.sysfs_root) or []
         gpus: list[GpuRef] = []
         static: dict[str, GpuStatic] = {}
-        self._cards = {}
+        self._cards, self._hosts = {}, set()
         l0 = self.level_zero
         if l0 is not None:
             l0.refresh()
@@ -136,14 +134,17 @@ class IntelBackend:
             if memory is None and l0 is not None:
                 usage = l0.memory(uuid)
                 memory = None if usage is None else int(usage.total_bytes)
-            gpus.append(GpuRef(len(gpus), uuid, model, False, card))
+            gpus.append(GpuRef(len(gpus), uuid, model, False, card, vendor="intel"))
+            mode = self._virtualization_mode(card)
+            if mode == "host":
+                self._hosts.add(uuid)
             static[uuid] = GpuStatic(
                 pci_bus_id=card.bdf, vendor="intel", memory_bytes=memory,
-                virtualization_mode=self._virtualization_mode(card))
+                virtualization_mode=mode)
         if previous is not None:  # a device gone from sysfs keeps its identity (gpu_up 0)
             for old in previous.gpus:
                 if old.uuid not in self._cards and old.uuid in previous.static:
-                    gpus.append(GpuRef(len(gpus), old.uuid, old.model, False, None))
+                    gpus.append(GpuRef(len(gpus), old.uuid, old.model, False, None, vendor="intel"))
                     static[old.uuid] = previous.static[old.uuid]
         driver = ",".join(sorted({c.driver for c in cards}))
         return Inventory(driver_version=driver, gpus=tuple(gpus), static=static)
@@ -191,13 +192,38 @@ class IntelBackend:
         if power is None and energy is not None:
             power = self._power_from_energy(gpu.uuid, energy)
         freq = frequency_mhz(card)
-        # Memory in use has no sysfs file: Level Zero's, where present.
+        busy, resident = self._engine_busy(gpu.uuid)
+        if gpu.uuid in self._hosts:
+            busy = None  # its VMs' work is on the engines but in no fdinfo of this host
+        # Memory in use has no sysfs file: Level Zero's where present, else what the node's
+        # processes hold resident in the device's memory (fdinfo).
         l0 = self.level_zero
+        memory = l0.memory(gpu.uuid) if l0 is not None else None
+        total = local_memory_bytes(card)
+        if memory is None and total:
+            used = min(float(resident), float(total))
+            memory = MemoryUsage(float(total), used, float(total) - used)
         return Telemetry(
             temperature_celsius=temp, memory_temperature_celsius=mem_temp,
             power_watts=power, power_limit_watts=limit, energy_joules=energy,
-            memory=l0.memory(gpu.uuid) if l0 is not None else None,
+            utilization=busy, memory=memory,
             sm_clock_hertz=None if freq is None else freq * MHZ)
+
+    def _engine_busy(self, bdf: str) -> tuple[float | None, int]:
+        """The device's busiest compute/graphics engine class, summed over the node's DRM
+        clients (0-1; None until every client has two reads), and their resident memory.
+        The i915/xe PMU would count work of every client, VMs' included, but needs
+        perf_event_open; fdinfo sees the processes of this host."""
+        usage = self._drm.usage(bdf)
+        resident = sum(u.memory_bytes for u in usage)
+        if any(u.utilization is None for u in usage):
+            return None, resident
+        engines: dict[str, float] = {}
+        for u in usage:
+            for engine, share in u.engines.items():
+                engines[engine] = min(1.0, engines.get(engine, 0.0) + share)
+        compute = [v for e, v in engines.items() if e in COMPUTE_ENGINES]
+        return (max(compute) if compute else 0.0), resident
 
     def _power_from_energy(self, uuid: str, joules: float) -> float | None:
         """Average power since the previous reading of the energy counter; None on the first
@@ -216,7 +242,8 @@ class IntelBackend:
         return None
 
     def process_reader(self) -> ProcessReader:
-        return _NoProcesses()
+        # a device's uuid is its PCI address: fdinfo's drm-pdev
+        return FdinfoProcessReader(self._drm, lambda gpu: gpu.uuid)
 
     def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
         card = self._card(gpu)
@@ -243,3 +270,14 @@ class IntelBackend:
     def error_events(self) -> EventSource:
         return _NoEvents()
 
+
+
+def probe(spec: LoadSpec, auto: bool) -> IntelBackend:
+    """The Intel backend for `--device-backend` (exporter/device/registry.py): with `auto`,
+    absent unless sysfs lists an Intel GPU bound to i915 or xe."""
+    if auto:
+        cards = intel_cards(spec.sysfs_root)
+        if not any(not c.physfn for c in cards or []):
+            raise BackendAbsent(f"{spec.sysfs_root}/class/drm lists no Intel GPU bound to "
+                                "i915 or xe")
+    return IntelBackend(spec.sysfs_root, spec.proc_root)
