@@ -23,9 +23,14 @@ from exporter.attribution.sources import intel_card, intel_plugin_units, intel_s
 from exporter.core import CycleContext, ExporterOptions, Labels, SampleSink
 from exporter.device.backends import Backends
 from exporter.device.intel import IntelBackend
+from exporter.processes import ProcessStage
 from gpu_ledger.sharing import SharingMode
+from gpusim.apiserver import FakeApiServer
 from gpusim.intel_sysfs import GVT_MDEVS, IntelGpu, flex_host, gvt_host, write_gpu
 from gpusim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
+from tests.test_attr_collector import api_pod
+from tests.test_fdinfo import ARC, Clock, Proc, xe
+from tests.waiting import wait_until
 
 NODE = "node-i"
 FLEX_PF = "0000:4d:00.0"  # VFs on: cards 1 and 2 are its VFs
@@ -157,3 +162,63 @@ def test_source_alone(tmp_path: Path) -> None:
     rows = intel_plugin_units(allocs, {}, index, shares, {}, unknown)
     assert rows == [] and unknown.by_resource == {XE: 2}
 
+
+
+def test_shared_intel_gpu_split_between_pods_by_fdinfo(sockdir: Path, tmp_path: Path) -> None:
+    """-shared-dev-num 2 on an xe Flex: two pods hold one share each; their processes' xe
+    fdinfo, joined to the pods through cgroups and the pod watch, split the GPU's use."""
+    flex_node(tmp_path)
+    proc = Proc(tmp_path / "proc")
+    pods = [("team-a", "infer-1", "app", "alpha", "40000000-0000-4000-8000-000000000001", "d1"),
+            ("team-b", "infer-2", "app", "beta", "40000000-0000-4000-8000-000000000002", "d2")]
+    allocations = [_alloc("team-a", "infer-1", XE, "card3-0"),
+                   _alloc("team-b", "infer-2", XE, "card3-1")]
+    allocatable = [(XE, "card3-0"), (XE, "card3-1")]
+    # pid -> (pod index, DRM client id, ccs busy cycles at the second read)
+    procs = {201: (0, 1, 2_000_000), 301: (1, 2, 1_000_000)}
+    for pid, (i, client, _) in procs.items():
+        proc.open(pid, 4, xe(client, rcs=0, ccs=0, stamp=1_000_000).replace(ARC, FLEX_SHARED))
+        (proc.root / str(pid) / "cgroup").write_text(
+            f"0::/kubepods/burstable/pod{pods[i][4]}/{pods[i][5] * 32}\n")
+    kubelet = FakeKubelet(str(sockdir / "kubelet.sock"), lambda: allocations,
+                          lambda: allocatable)
+    kubelet.start()
+    server = FakeApiServer([api_pod(*p, node=NODE) for p in pods])
+    server.start()
+    opts = ExporterOptions(node=NODE, pod_resources_socket=str(sockdir / "kubelet.sock"),
+                           proc_root=str(proc.root), sysfs_root=str(tmp_path),
+                           kubeconfig=server.kubeconfig(str(tmp_path / "kubeconfig")),
+                           kubernetes=True, pod_label_allowlist=("team",), rpc_timeout=2.0)
+    clock = Clock()
+    backends = Backends([IntelBackend(str(tmp_path), str(proc.root), clock=clock)])
+    inv = backends.members[0].inventory(None)
+    stage = ProcessStage(backends)
+    collector = AttributionCollector(opts)
+    try:
+        watch = collector.pod_watch
+        assert watch is not None
+        wait_until(lambda: len(watch.pods) == len(pods), "the pod watch's first list")
+        for second in (False, True):
+            if second:
+                clock.now += 1.0
+                for pid, (_, client, ccs) in procs.items():
+                    proc.open(pid, 4, xe(client, rcs=0, ccs=ccs, stamp=2_000_000)
+                              .replace(ARC, FLEX_SHARED))
+            ctx = CycleContext(options=opts, now=time.time(), gpus=list(inv.gpus),
+                               static=dict(inv.static), backend=backends)
+            stage.fill(ctx)
+            sink = SampleSink()
+            collector.collect(ctx, sink)
+    finally:
+        collector.close()
+        server.stop()
+        kubelet.stop()
+    assert family(sink, "gpu_container_allocation") == {
+        (NODE, "team-a", "infer-1", "app", FLEX_SHARED, "", XE, "time-slicing", "2", "", ""): 1,
+        (NODE, "team-b", "infer-2", "app", FLEX_SHARED, "", XE, "time-slicing", "2", "", ""): 1}
+    sm = family(sink, "gpu_container_sm_utilization_ratio")
+    # ccs: 2e6 and 1e6 busy cycles of 1e6 x 4 engines
+    assert sm == {(NODE, "team-a", "infer-1", "app", FLEX_SHARED, ""): pytest.approx(0.5),
+                  (NODE, "team-b", "infer-2", "app", FLEX_SHARED, ""): pytest.approx(0.25)}
+    assert family(sink, "gpu_container_memory_used_bytes")[
+        (NODE, "team-a", "infer-1", "app", FLEX_SHARED, "")] == 23992 * 1024
