@@ -4,6 +4,12 @@ an xe Data Center GPU Flex with SR-IOV VFs, and an i915 integrated GPU that is a
 import logging
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,6 +24,7 @@ from exporter.sampler import Sampler
 from gpusim.intel_sysfs import GVT_MDEVS, IntelGpu, flex_host, gvt_host, write_gpu
 from gpusim.levelzero import ZES_MEM_LOC_SYSTEM, SimZes, SimZesDevice, SimZesMemory
 from tests.exporter_helpers import values
+from tests.test_exporter_cli import SCENARIO, free_port
 from tests.test_fdinfo import ARC, Proc, xe
 
 GiB = 1 << 30
@@ -304,3 +311,41 @@ def test_probe_finds_intel_gpus_only_when_sysfs_has_one(tmp_path: Path) -> None:
     flex_host(str(tmp_path))
     b = probe(spec, True)
     assert b.sysfs_root == str(tmp_path) and b.proc_root == str(tmp_path / "proc")
+
+
+def test_exporter_serves_nvidia_and_intel_side_by_side(tmp_path: Path) -> None:
+    """The exporter process with `--device-backend nvml,intel`: a simulated NVIDIA node and an
+    Intel Flex sysfs tree in one exposition, each GPU with its vendor."""
+    flex_host(str(tmp_path / "sys"), vfs=0)
+    (tmp_path / "proc").mkdir()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpu_ledger.cli", "exporter", "--nvml", f"sim:{SCENARIO}",
+         "--device-backend", "nvml,intel", "--sysfs-root", str(tmp_path / "sys"),
+         "--proc-root", str(tmp_path / "proc"), "--web.listen-address", f"127.0.0.1:{port}",
+         "--interval", "1s", "--no-kubernetes", "--pod-resources-socket",
+         str(tmp_path / "absent.sock"), "--node-name", "n1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    body = r.read()
+                if values(body, "gpu_up", vendor="intel"):
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise AssertionError("no Intel GPU served")
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert values(body, "gpu_up", uuid=FLEX, vendor="intel", model="Intel ATS-M150") == [1]
+    assert values(body, "gpu_energy_joules_total", uuid=FLEX) == [1234.0]
+    assert values(body, "gpu_exporter_source_up", source="intel") == [1]
+    assert values(body, "gpu_exporter_source_up", source="nvml") == [1]
+    assert values(body, "gpu_up", vendor="nvidia")  # the simulated node's GPUs beside it
+    assert values(body, "gpu_info", uuid=FLEX, driver_version="xe") == [1]
