@@ -195,6 +195,21 @@ def test_read_int_is_strict(tmp_path: Path, text: str, value: int | None) -> Non
     assert read_int(str(tmp_path / "f")) == value
 
 
+def test_expected_devices_count_functions_without_a_driver(tmp_path: Path) -> None:
+    flex_host(str(tmp_path), vfs=2)
+    write_gpu(str(tmp_path), IntelGpu("0000:9a:00.0", 5, "0x56c0", "vfio-pci"))
+    bridge = tmp_path / "devices/pci0000:00/0000:00:1f.0"  # an Intel ISA bridge: not a GPU
+    bridge.mkdir(parents=True)
+    (bridge / "vendor").write_text("0x8086\n")
+    (bridge / "class").write_text("0x060100\n")
+    (tmp_path / "bus/pci/devices/0000:00:1f.0").symlink_to(
+        "../../../devices/pci0000:00/0000:00:1f.0")
+    b = backend(tmp_path)
+    # the VFs are not GPUs of their own; the card held by vfio-pci is (it answers nothing)
+    assert b.expected_devices(str(tmp_path)) == [FLEX, "0000:9a:00.0"]
+    assert [g.uuid for g in b.inventory(None).gpus] == [FLEX]
+
+
 def test_no_drm_sysfs_fails_open_with_one_line(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="no DRM sysfs under"):
         IntelBackend(sysfs_root=str(tmp_path)).open()

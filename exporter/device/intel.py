@@ -42,6 +42,7 @@ from exporter.device.intel_sysfs import (
     gvt_share,
     hwmon_dir,
     intel_cards,
+    intel_gpu_functions,
     local_memory_bytes,
     mdev_types,
     mdevs,
@@ -159,8 +160,7 @@ class IntelBackend:
         return "none"
 
     def expected_devices(self, sysfs_root: str) -> list[str] | None:
-        cards = intel_cards(sysfs_root)
-        return None if cards is None else sorted(c.bdf for c in cards if not c.physfn)
+        return intel_gpu_functions(sysfs_root)
 
     def _card(self, gpu: GpuRef) -> IntelCard:
         """The device's card; DeviceLost when its PCI function left sysfs."""

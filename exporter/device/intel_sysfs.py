@@ -115,6 +115,25 @@ def intel_cards(sysfs_root: str) -> list[IntelCard] | None:
     return sorted(cards, key=lambda c: c.number)
 
 
+def intel_gpu_functions(sysfs_root: str) -> list[str] | None:
+    """PCI addresses of the Intel display-class functions (class 0x03xxxx: VGA, 3D, display
+    controller) that are not SR-IOV VFs, bound to a driver or not: the GPUs the node has even
+    when i915/xe did not take one. None when sysfs cannot be read."""
+    base = os.path.join(sysfs_root, "bus", "pci", "devices")
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return None
+    out = []
+    for name in names:
+        dev = os.path.join(base, name)
+        if (read_text(os.path.join(dev, "vendor")) or "").lower() == INTEL_VENDOR \
+                and (read_text(os.path.join(dev, "class")) or "").lower().startswith("0x03") \
+                and not os.path.lexists(os.path.join(dev, "physfn")):
+            out.append(pci_bdf(name))
+    return out
+
+
 def hwmon_dir(card: IntelCard) -> str | None:
     """The device-level hwmon directory (its `name` is the driver's), or None."""
     base = os.path.join(card.pci_dir, "hwmon")
