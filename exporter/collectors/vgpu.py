@@ -1,7 +1,6 @@
 """GPUs lent to VMs, from both sides (NVIDIA vGPU now). In a vGPU guest (`virtualization_mode`
 vgpu) the GPU's licence per licensable feature; on a vGPU host (host_vgpu) every active vGPU
-instance: its type, framebuffer, memory in use, SM utilisation and the VM it serves; on a host
-of VFs or mediated devices (host: Intel SR-IOV VFs, GVT-g mdevs) each one and its type."""
+instance: its type, framebuffer, memory in use, SM utilisation and the VM it serves."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ class VgpuCollector(GpuCollector):
             for lic in self.backend.guest_licences(gpu, tally):
                 sink.add("gpu_vgpu_license_state", (*labels, lic.feature, lic.product),
                          1 if lic.licensed else 0)
-        elif mode in ("host_vgpu", "host"):  # "host": AMD MxGPU, Intel SR-IOV and GVT-g
+        elif mode in ("host_vgpu", "host"):  # NVIDIA vGPU host, AMD MxGPU (GIM) host
             for vf in self.backend.virtual_functions(gpu, tally):
                 sink.add("gpu_vgpu_info", (*labels, vf.id, vf.type_name, vf.vm), 1)
                 if vf.framebuffer_bytes is not None:
