@@ -73,6 +73,9 @@ class Config:
     sw_power_cap_for: str = "30m"
     nvlink_window: str = "15m"
     nvlink_crc_errors: int = 100  # CRC errors per window; replay/recovery alert on the first
+    # A fatal error event (AMD RAS) keeps the alert firing this long after its last event.
+    error_event_window_s: int = 600
+    ras_window: str = "10m"
     gpu_lost_for: str = "1m"
     gpu_gone_lookback: str = "1h"
     gpu_gone_for: str = "5m"
@@ -288,7 +291,8 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
         Alert("GpuLost", "critical",
               "gpu_up == 0", T.gpu_lost_for,
               "GPU stopped answering",
-              f"{GPU} does not answer NVML (lost or fallen off the bus) for {T.gpu_lost_for}. "
+              f"{GPU} does not answer its driver library (lost or fallen off the bus) for "
+              f"{T.gpu_lost_for}. "
               + PODS),
         Alert("GpuDisappeared", "critical",
               "(\n  max by (cluster, node, gpu, uuid, model, job, instance) "
@@ -304,9 +308,9 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
         Alert("GpuNotAnswering", "critical",
               'gpu_expected_devices{source="pci"}\n'
               "  > ignoring (source) gpu_answering_devices", T.gpu_not_answering_for,
-              "A GPU of the node does not answer NVML",
-              "Node {{ $labels.node }} has {{ $value }} NVIDIA GPU(s) on its PCI bus but fewer "
-              "answer NVML{{ with query (printf `gpu_answering_devices{instance=\"%s\"}` "
+              "A GPU of the node does not answer its driver library",
+              "Node {{ $labels.node }} has {{ $value }} GPU(s) on its PCI bus but fewer "
+              "answer their driver library{{ with query (printf `gpu_answering_devices{instance=\"%s\"}` "
               "$labels.instance) }} (only {{ (index . 0).Value }}){{ end }}, for "
               f"{T.gpu_not_answering_for}: a GPU is lost or fell off the bus, possibly before the "
               "exporter started."),
@@ -339,6 +343,25 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
               "GPU had uncorrectable ECC errors",
               f"{GPU} counted " + "{{ $value }} uncorrectable ECC errors in the last "
               f"{T.ecc_window}. " + PODS),
+        # Vendor-neutral beside the XID alerts: other vendors' error events and RAS counters
+        # (AMD: AFID events, per-block RAS counts), docs/backends.md "Error events".
+        Alert("GpuFatalErrorEvent", "critical",
+              'gpu_error_events_total{error_severity="fatal"}\n'
+              'and (time() - gpu_error_event_last_timestamp_seconds{error_severity="fatal"}) '
+              f"< {T.error_event_window_s}",
+              "0m",
+              "GPU reported a fatal error event",
+              f"{GPU} reported a fatal " + "{{ $labels.kind }} error event (code "
+              "{{ $labels.code }}) within the last "
+              f"{T.error_event_window_s // 60} minutes "
+              "({{ $value }} since the exporter started). " + PODS),
+        Alert("GpuUncorrectableRasErrors", "critical",
+              "(\n" + new_events('gpu_ras_errors_total{type="uncorrectable"}', T.ras_window)
+              + "\n) > 0",
+              "0m",
+              "GPU RAS block had uncorrectable errors",
+              f"{GPU} counted " + "{{ $value }} uncorrectable errors in its {{ $labels.block }} "
+              f"block in the last {T.ras_window}. " + PODS),
         Alert("GpuRowRemapFailure", "critical",
               "gpu_row_remap_failure == 1", "0m",
               "GPU failed to remap a memory row",

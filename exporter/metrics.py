@@ -99,6 +99,10 @@ FAMILIES: tuple[Family, ...] = (
        "ecc"),
     _g("gpu_row_remap_failure", "1 if a row remap failed.", DEVICE, "ecc"),
     _c("gpu_pcie_replay_total", "PCIe replay count.", DEVICE, "ecc"),
+    _c("gpu_ras_errors_total",
+       "Errors a RAS block of the GPU counted since the driver loaded (AMD: block umc, gfx, "
+       "sdma, mmhub, xgmi_wafl, ...; type correctable, uncorrectable or deferred).",
+       (*DEVICE, "block", "type"), "ecc"),
     _c("gpu_nvlink_errors_total", "NVLink error counters, per link and type.",
        (*DEVICE, "link", "type"), "nvlink"),
     # --- XID events -----------------------------------------------------------------------------
@@ -109,11 +113,11 @@ FAMILIES: tuple[Family, ...] = (
     _c("gpu_error_events_total",
        "Error events other than XIDs the driver reported (AMD RAS events: kind afid with the "
        "AMD Field Identifier as code, or ras), per kind, code and the vendor's severity "
-       "(fatal, uncorrectable, correctable; empty when not given).",
-       (*DEVICE, "kind", "code", "severity"), "xid"),
+       "(error_severity fatal, uncorrectable, correctable; empty when not given).",
+       (*DEVICE, "kind", "code", "error_severity"), "xid"),
     _g("gpu_error_event_last_timestamp_seconds",
        "Unix time of the last error event of this kind, code and severity.",
-       (*DEVICE, "kind", "code", "severity"), "xid"),
+       (*DEVICE, "kind", "code", "error_severity"), "xid"),
     # --- GPM (Hopper+) per GPU and per MIG instance ---------------------------------------------
     _g("gpu_sm_active_ratio", "Fraction of cycles an SM had at least one warp assigned (GPM).",
        MIG, "gpm"),
@@ -230,6 +234,24 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
+
+# Which vendors' backends fill a device family (docs/metrics.md). The contract's families are
+# filled by every backend whose library has the value ("all"); the collectors that read NVML
+# itself are NVIDIA's; AMD's RAS families are AMD's.
+_NVIDIA_COLLECTORS = frozenset({"clocks", "nvlink", "gpm", "throughput"})
+_VENDORS = {"gpu_xid_errors_total": "nvidia", "gpu_xid_last_timestamp_seconds": "nvidia",
+            "gpu_vgpu_license_state": "nvidia",
+            "gpu_error_events_total": "amd", "gpu_error_event_last_timestamp_seconds": "amd",
+            "gpu_ras_errors_total": "amd"}
+
+
+def vendors(family: Family) -> str:
+    """'nvidia', 'amd', 'all' for a device family (one with a `vendor` label); '' otherwise."""
+    if "vendor" not in family.labels:
+        return ""
+    if family.collector in _NVIDIA_COLLECTORS:
+        return "nvidia"
+    return _VENDORS.get(family.name, "all")
 
 # Reasons in the metric contract, mapped from NVML bit masks / policy enums by the collectors.
 CLOCK_EVENT_REASONS = ("hw_thermal", "sw_thermal", "hw_power_brake", "sw_power_cap",

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from exporter.collectors import REGISTRY
-from exporter.metrics import FAMILIES
+from exporter.metrics import FAMILIES, vendors
 from gpu_ledger.sharing import SharingMode
 
 TARGET = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
@@ -21,7 +21,8 @@ def generate() -> str:
         " Do not edit. -->",
         "",
         "Every family the exporter emits. Device series carry `node`, `gpu` (index), `uuid`,"
-        " `model`; MIG series add `mig_uuid`, `gpu_instance_id`, `compute_instance_id`,"
+        " `model`, `vendor` (`nvidia`, `amd`, `intel`); MIG series add `mig_uuid`,"
+        " `gpu_instance_id`, `compute_instance_id`,"
         " `profile`. Device series never carry pod labels: join attribution in PromQL, e.g."
         " `gpu_memory_used_bytes * on(uuid) group_left(namespace, pod) gpu_container_allocation`."
         " A label whose value is empty is omitted from the series, as Prometheus treats it.",
@@ -34,15 +35,21 @@ def generate() -> str:
         + " (`gpu_ledger/sharing.py`; [attribution.md](attribution.md) says which source gives"
         " which).",
         "",
-        "| family | type | labels | collector | help |",
-        "|---|---|---|---|---|",
+        "The *vendors* column says whose GPUs fill a device family: `all` for the families"
+        " of the device contract (each vendor's backend fills those its library has:"
+        " [backends.md](backends.md)), `nvidia` for what only NVML gives, `amd` for AMD's RAS"
+        " errors. Families without a vendor label are the exporter's and attribution's, for"
+        " every vendor.",
+        "",
+        "| family | type | labels | collector | vendors | help |",
+        "|---|---|---|---|---|---|",
     ]
     for fam in FAMILIES:
         labels = ", ".join(f"`{x}`" for x in fam.labels) or "—"
         if fam.pod_labels:
             labels += ", *pod labels*"
         lines.append(f"| `{fam.name}` | {fam.kind.value} | {labels} | {fam.collector} |"
-                     f" {fam.help} |")
+                     f" {vendors(fam) or '—'} | {fam.help} |")
     lines += ["", "## Collectors", "",
               "Each collector can be switched with `--collector.NAME` / `--no-collector.NAME`;"
               " each reports `gpu_exporter_collector_success{collector}` and"

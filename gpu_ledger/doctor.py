@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pynvml
-
 from exporter.cli import parse_seconds
+from exporter.device.contract import DeviceLost, Tally
+from exporter.device.registry import NAMES, PROBES, BackendAbsent, LoadSpec, parse_choice
 from exporter.errors import ConfigError
 from exporter.nvmlcall import NvmlOutcome, classify, error_code
+from exporter.pcidevices import nvidia_gpu_functions
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -48,15 +49,17 @@ class Check:
 
 # --- NVML ----------------------------------------------------------------------------------
 
+# nvml.h return codes (NVML_ERROR_LIBRARY_NOT_FOUND 12, _DRIVER_NOT_LOADED 9, _NO_PERMISSION 4):
+# the doctor reads NVML through the NVML backend's typed API, not by importing pynvml
 _INIT_HINTS = {
-    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+    12:
         "libnvidia-ml.so.1 is not in this container: run it with the NVIDIA container runtime "
         "(runtimeClassName: nvidia where that is a RuntimeClass) and NVIDIA_VISIBLE_DEVICES=all; "
         "on a host, install the NVIDIA driver",
-    pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
+    9:
         "the NVIDIA kernel module is not loaded: check `lsmod | grep nvidia` and dmesg on the "
         "node, or the GPU operator's driver pod",
-    pynvml.NVML_ERROR_NO_PERMISSION:
+    4:
         "the /dev/nvidia* device nodes cannot be opened: check the runtime mounts them and "
         "their permissions",
 }
@@ -65,12 +68,12 @@ _INIT_HINTS = {
 def init(nvml: Any) -> Check:
     try:
         nvml.nvmlInit()
-    except pynvml.NVMLError as err:
+    except nvml.NVMLError as err:
         hint = _INIT_HINTS.get(error_code(err), "see dmesg on the node for NVIDIA errors")
         return Check(FAIL, "nvml", f"nvmlInit failed: {err}", hint)
     try:
         version = f"NVML {nvml.nvmlSystemGetNVMLVersion()}"
-    except pynvml.NVMLError:
+    except nvml.NVMLError:
         version = "NVML version unknown"
     return Check(OK, "nvml", f"NVML initialised ({version})")
 
@@ -96,7 +99,7 @@ def check_driver(nvml: Any) -> Check:
     try:
         driver = nvml.nvmlSystemGetDriverVersion()
         cuda = cuda_version(int(nvml.nvmlSystemGetCudaDriverVersion()))
-    except pynvml.NVMLError as err:
+    except nvml.NVMLError as err:
         return Check(WARN, "driver", f"cannot read the driver version: {err}",
                      "the driver answers init but not queries: check dmesg for NVIDIA errors")
     return Check(OK, "driver", f"driver {driver}, CUDA {cuda}")
@@ -107,7 +110,7 @@ def _mig_instances(nvml: Any, handle: Any) -> int:
     for i in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
         try:
             nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
-        except pynvml.NVMLError as err:
+        except nvml.NVMLError as err:
             if classify(err).absent:  # an empty MIG slot
                 continue
             raise
@@ -125,7 +128,7 @@ def check_gpu(nvml: Any, index: int) -> Check:
         about = f"{model} {uuid}"
         try:
             current, pending = (int(x) for x in nvml.nvmlDeviceGetMigMode(handle))
-        except pynvml.NVMLError as err:
+        except nvml.NVMLError as err:
             if classify(err) is not NvmlOutcome.UNSUPPORTED:
                 raise
             return Check(OK, name, f"{about}, MIG not supported")
@@ -140,7 +143,7 @@ def check_gpu(nvml: Any, index: int) -> Check:
         if not current:
             return Check(OK, name, f"{about}, MIG disabled")
         instances = _mig_instances(nvml, handle)
-    except pynvml.NVMLError as err:
+    except nvml.NVMLError as err:
         if classify(err) is NvmlOutcome.LOST:
             return Check(FAIL, name, "GPU is lost: it fell off the bus (XID 79)",
                          "drain the node and reset the GPU or reboot it; if it recurs, check "
@@ -157,7 +160,7 @@ def check_gpu(nvml: Any, index: int) -> Check:
 def check_gpus(nvml: Any) -> list[Check]:
     try:
         count = int(nvml.nvmlDeviceGetCount())
-    except pynvml.NVMLError as err:
+    except nvml.NVMLError as err:
         return [Check(FAIL, "gpus", f"cannot count GPUs: {err}", "check dmesg for NVIDIA errors")]
     if count == 0:
         return [Check(FAIL, "gpus", "NVML sees no GPU",
@@ -365,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "socket, cgroups and the PID namespace; optionally the Kubernetes API and "
                     "Prometheus. One line per check; exit 1 when any check FAILs.")
     p.add_argument("--nvml", default="real", help="'real' (default) or 'sim:SCENARIO.yaml'")
+    p.add_argument("--device-backend", default="auto",
+                   help="which vendors' GPUs to check, as the exporter's flag: 'auto' (every "
+                        "vendor library or sysfs that answers) or a list of nvml, amd, intel")
     p.add_argument("--pod-resources-socket", default=DEFAULT_SOCKET,
                    help=f"kubelet PodResources socket (default {DEFAULT_SOCKET})")
     p.add_argument("--proc-root", default="/proc", help="procfs to inspect (default /proc)")
@@ -381,22 +387,82 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_backends(names: tuple[str, ...], spec: LoadSpec) -> tuple[list[Check], bool]:
+    """The other vendors' backends (NVML has its own checks above), as the exporter chooses
+    them: one line per backend absent or failing, one per GPU read. (checks, any present)."""
+    auto = names == ("auto",)
+    checks: list[Check] = []
+    present = False
+    for name in (n for n in (NAMES if auto else names) if n != "nvml"):
+        try:
+            backend = PROBES[name](spec, auto)
+        except BackendAbsent as err:
+            checks.append(Check(OK if auto else FAIL, name, f"absent: {err}",
+                                f"install the {name} library or drop it from --device-backend"))
+            continue
+        except ConfigError as err:
+            checks.append(Check(FAIL, name, str(err)))
+            continue
+        present = True
+        try:
+            backend.open()
+        except Exception as err:  # the library's own error: one line, never a traceback
+            checks.append(Check(FAIL, name, f"{backend.library} init failed: {err}",
+                                f"see docs/backends.md and dmesg for the {name} driver"))
+            continue
+        try:
+            gpus = backend.inventory(None).gpus
+            checks.append(Check(OK if gpus else WARN, name,
+                                f"{backend.library}: {len(gpus)} GPU(s)",
+                                "the library answers but lists no GPU: check the device "
+                                "nodes are mounted into this container"))
+            for gpu in gpus:
+                label = f"{name} gpu {gpu.index}"
+                try:
+                    backend.telemetry(gpu, Tally())
+                except DeviceLost:
+                    checks.append(Check(FAIL, label, f"{gpu.model} {gpu.uuid} is lost",
+                                        "drain the node and reset the GPU or reboot"))
+                else:
+                    checks.append(Check(OK, label, f"{gpu.model} {gpu.uuid}"))
+        except Exception as err:
+            checks.append(Check(FAIL, name, f"{backend.library} query failed: {err}"))
+        finally:
+            with contextlib.suppress(Exception):
+                backend.close()
+    return checks, present
+
+
 def run(args: argparse.Namespace, nvml: Any = None) -> list[Check]:
     """Every check, in order. `nvml`: an already loaded NVML module (tests), else --nvml."""
     checks: list[Check] = []
-    if nvml is None:
-        nvml, first = load(args.nvml)
-    else:
-        first = init(nvml)
-        nvml = nvml if first.status == OK else None
-    checks.append(first)
-    if nvml is not None:
-        try:
-            checks.append(check_driver(nvml))
-            checks += check_gpus(nvml)
-        finally:
-            with contextlib.suppress(pynvml.NVMLError):
-                nvml.nvmlShutdown()
+    try:
+        names = parse_choice(args.device_backend)
+    except ValueError:
+        names = ()
+        checks.append(Check(FAIL, "backends", f"--device-backend: expected auto or a list of "
+                            f"{', '.join(NAMES)}, got {args.device_backend!r}"))
+    spec = LoadSpec(nvml=args.nvml, sysfs_root=args.sys_root, proc_root=args.proc_root)
+    others, others_present = check_backends(names, spec) if names else ([], False)
+    if names == ("auto",) or "nvml" in names:
+        if nvml is None:
+            nvml, first = load(args.nvml)
+        else:
+            first = init(nvml)
+            nvml = nvml if first.status == OK else None
+        if nvml is None and names == ("auto",) and others_present and \
+                not nvidia_gpu_functions(args.sys_root):
+            # another vendor's node: NVML failing is its absence, as the exporter sees it
+            first = Check(OK, "nvml", f"absent: {first.message}")
+        checks.append(first)
+        if nvml is not None:
+            try:
+                checks.append(check_driver(nvml))
+                checks += check_gpus(nvml)
+            finally:
+                with contextlib.suppress(nvml.NVMLError):
+                    nvml.nvmlShutdown()
+    checks += others
     checks.append(check_podresources(args.pod_resources_socket, args.timeout))
     checks.append(check_cgroup(args.sys_root))
     checks.append(check_hostpid(args.proc_root))

@@ -6,6 +6,7 @@ choice of backends at start-up (`--device-backend`, exporter/device/registry.py)
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 
 import pytest
@@ -24,6 +25,7 @@ from exporter.device.contract import (
     MigRef,
     ProcessReader,
     ProcessSample,
+    RasErrorCount,
     Reliability,
     Tally,
     Telemetry,
@@ -92,7 +94,8 @@ class _Amd:
 
     def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability:
         assert gpu.vendor == "amd"
-        return Reliability(ecc_corrected=2)
+        return Reliability(ecc_corrected=2, ras_errors=(
+            RasErrorCount("umc", "uncorrectable", 1), RasErrorCount("gfx", "correctable", 7)))
 
     def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None:
         return None
@@ -162,6 +165,9 @@ def test_two_vendors_one_exposition() -> None:
     assert values(body, "gpu_exporter_source_up", source="nvml") == [1]
     assert values(body, "gpu_exporter_source_up", source="fakesmi") == [1]
     assert values(body, "gpu_answering_devices") == [2]
+    assert values(body, "gpu_ras_errors_total", vendor="amd", block="umc",
+                  type="uncorrectable") == [1]
+    assert values(body, "gpu_ras_errors_total", block="gfx", type="correctable") == [7]
     sampler.close()
 
 
@@ -224,9 +230,9 @@ def test_error_events_of_both_vendors() -> None:
     assert values(body, "gpu_xid_errors_total", vendor="nvidia", xid="79") == [1]
     assert not values(body, "gpu_xid_errors_total", vendor="amd")
     assert values(body, "gpu_error_events_total", vendor="amd", kind="afid", code="4660",
-                  severity="fatal") == [1]
+                  error_severity="fatal") == [1]
     assert values(body, "gpu_error_event_last_timestamp_seconds", vendor="amd", kind="afid",
-                  code="4660", severity="fatal") == [T0 + 120]
+                  code="4660", error_severity="fatal") == [T0 + 120]
     sampler.close()
 
 
@@ -274,3 +280,16 @@ def test_auto_without_any_backend_keeps_nvml_retrying(tmp_path: object) -> None:
     spec = LoadSpec(nvml="real", sysfs_root=f"{tmp_path}/no-sys")
     backends = load_backends("auto", spec)
     assert [b.source for b in backends] == ["nvml"]
+
+
+def test_without_pynvml_every_path_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: object) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` now fails
+    spec = LoadSpec(nvml="real", sysfs_root=f"{tmp_path}/no-sys")
+    with pytest.raises(ConfigError) as err:
+        load_backends("auto", spec)
+    assert str(err.value).startswith("--device-backend auto: no device backend on this node "
+                                     "(pynvml is not installed")
+    with pytest.raises(ConfigError) as err:
+        load_backends("nvml", spec)
+    assert str(err.value).startswith("--device-backend nvml: pynvml is not installed")

@@ -481,3 +481,50 @@ def test_nvml_error_codes_have_hints() -> None:
     # the hints key on pynvml's own constants, so a renamed constant would fail here
     assert pynvml.NVML_ERROR_LIBRARY_NOT_FOUND in doctor._INIT_HINTS
     assert pynvml.NVML_ERROR_DRIVER_NOT_LOADED in doctor._INIT_HINTS
+
+
+# --- other vendors' backends ------------------------------------------------------------------
+
+
+def test_absent_vendor_backends_are_one_line_each(capsys: pytest.CaptureFixture[str],
+                                                   kubelet: FakeKubelet, host_proc: Path,
+                                                   sys_v2: Path) -> None:
+    rc, found = run_doctor(capsys, *base_args(kubelet.socket_path, host_proc, sys_v2))
+    assert rc == 0
+    for vendor in ("amd", "intel"):
+        assert status(found, vendor) == "OK" and "absent: " in found[vendor]
+    rc, found = run_doctor(capsys, *base_args(kubelet.socket_path, host_proc, sys_v2),
+                           "--device-backend", "nvml,amd")
+    assert rc == 1 and status(found, "amd") == "FAIL" and "intel" not in found
+
+
+def test_other_vendor_read_through_its_backend(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path, kubelet: FakeKubelet,
+                                               host_proc: Path, sys_v2: Path) -> None:
+    """An AMD node: the AMD backend's GPUs are checked (a lost one FAILs); NVML, which does
+    not initialise there and has no GPU in sysfs, is absent rather than a failure."""
+    from exporter.device import registry
+    from exporter.device.contract import DeviceLost, GpuRef, Tally, Telemetry
+    from tests.test_device_backends import _Amd
+
+    class LostAmd(_Amd):
+        def telemetry(self, gpu: GpuRef, tally: Tally) -> Telemetry:
+            raise DeviceLost(gpu.uuid)
+
+    monkeypatch.setitem(registry.PROBES, "amd", lambda spec, auto: _Amd())
+    spec = write_scenario(tmp_path, "driver: {unavailable_until: 1h}\n")
+    rc, found = run_doctor(capsys, *base_args(kubelet.socket_path, host_proc, sys_v2, spec))
+    assert status(found, "nvml") == "OK" and "absent: nvmlInit failed" in found["nvml"]
+    assert status(found, "amd") == "OK" and "FakeSMI: 1 GPU(s)" in found["amd"]
+    assert status(found, "amd gpu 0") == "OK" and "AMD Instinct MI300X" in found["amd gpu 0"]
+    assert rc == 0
+    monkeypatch.setitem(registry.PROBES, "amd", lambda spec, auto: LostAmd())
+    rc, found = run_doctor(capsys, *base_args(kubelet.socket_path, host_proc, sys_v2, spec))
+    assert rc == 1 and status(found, "amd gpu 0") == "FAIL" and "is lost" in found["amd gpu 0"]
+    failing = _Amd()
+    failing.fail_open = "libamd_smi.so: cannot open shared object file"
+    monkeypatch.setitem(registry.PROBES, "amd", lambda spec, auto: failing)
+    rc, found = run_doctor(capsys, *base_args(kubelet.socket_path, host_proc, sys_v2, spec))
+    assert rc == 1 and status(found, "amd") == "FAIL"
+    assert "FakeSMI init failed: libamd_smi.so" in found["amd"]

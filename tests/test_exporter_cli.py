@@ -112,6 +112,17 @@ def test_bad_flags_are_usage_errors() -> None:
     assert proc.returncode == 1 and "--sharing-mode" in proc.stderr
 
 
+def test_device_backend_errors_are_one_line() -> None:
+    """A bad --device-backend, or a named backend absent from the node: one line, exit 1."""
+    for choice, expected in (("cuda", "--device-backend: expected auto or a comma list"),
+                             ("nvml,amd", "--device-backend amd: ")):
+        proc = run_cli("--nvml", f"sim:{SCENARIO}", "--device-backend", choice)
+        assert proc.returncode == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+        lines = [line for line in proc.stderr.splitlines() if "--device-backend" in line]
+        assert len(lines) == 1 and expected in lines[0], proc.stderr
+
+
 def test_help_lists_collector_flags() -> None:
     proc = run_cli("--help")
     assert proc.returncode == 0

@@ -13,7 +13,7 @@ from exporter.core import SampleSink
 from exporter.metricsdoc import TARGET, generate
 from exporter.render import Rendering, format_value, pod_label_name, render
 
-DEV = ("node-a", "0", "GPU-1", "NVIDIA H100 80GB HBM3")
+DEV = ("node-a", "0", "GPU-1", "NVIDIA H100 80GB HBM3", "nvidia")
 
 
 def _sink() -> SampleSink:

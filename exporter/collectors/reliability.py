@@ -1,4 +1,5 @@
-"""ECC counters, row remapping, PCIe replays and NVLink error counters."""
+"""ECC counters, row remapping, PCIe replays, RAS block counters (AMD) and NVLink error
+counters."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ class EccCollector(GpuCollector):
             sink.add("gpu_row_remap_failure", labels, 1 if rows.failed else 0)
         if rel.pcie_replays is not None:
             sink.add("gpu_pcie_replay_total", labels, rel.pcie_replays)
+        for ras in rel.ras_errors:
+            sink.add("gpu_ras_errors_total", (*labels, ras.block, ras.severity), ras.count)
 
 
 class NvlinkCollector(NvmlCollector):

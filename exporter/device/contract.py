@@ -182,6 +182,16 @@ class RowRemapping:
 
 
 @dataclass(frozen=True)
+class RasErrorCount:
+    """Errors one RAS block of the device counted since the driver loaded (AMD: umc, gfx,
+    sdma, mmhub, xgmi_wafl, ... with severity correctable, uncorrectable or deferred)."""
+
+    block: str
+    severity: str
+    count: int
+
+
+@dataclass(frozen=True)
 class Reliability:
     """Error counters of a device, since the driver loaded; None where it has no such count."""
 
@@ -189,6 +199,7 @@ class Reliability:
     ecc_uncorrected: int | None = None
     row_remapping: RowRemapping | None = None
     pcie_replays: int | None = None
+    ras_errors: tuple[RasErrorCount, ...] = ()  # per block (AMD); empty where there are none
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,10 @@ def _nvml(spec: LoadSpec, auto: bool) -> DeviceBackend:
     from exporter.device.nvml import NvmlBackend
     from exporter.nvml_loader import load_nvml
 
-    nvml = load_nvml(spec.nvml, spec.clock)  # ConfigError for a bad --nvml
+    try:
+        nvml = load_nvml(spec.nvml, spec.clock)  # ConfigError for a bad --nvml
+    except ImportError as err:  # an installation without pynvml
+        raise BackendAbsent(f"pynvml is not installed ({err})") from None
     backend = NvmlBackend(nvml)
     if auto and spec.scenario is None:
         # present when NVML initialises, or sysfs has NVIDIA GPUs (a driver still loading:
@@ -120,5 +123,10 @@ def load_backends(choice: str, spec: LoadSpec) -> Backends:
         # Nothing answers (no GPU yet, a driver still loading): NVML, as before auto existed,
         # reports itself down and retries.
         log.info("no device backend answers: running NVML, which retries")
-        members.append(_nvml(spec, False))
+        try:
+            members.append(_nvml(spec, False))
+        except BackendAbsent as err:
+            none = ConfigError("--device-backend auto", "", "a device backend")
+            none.args = (f"--device-backend auto: no device backend on this node ({err})",)
+            raise none from None
     return Backends(members)
