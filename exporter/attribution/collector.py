@@ -35,15 +35,19 @@ from exporter.attribution.amdids import (
 from exporter.attribution.cgroup import CgroupRef, CgroupResolver
 from exporter.attribution.deviceids import DeviceIndex, UnknownIds, is_gpu_resource
 from exporter.attribution.dra import DraResolver, SliceKey, slice_uuids
-from exporter.attribution.podresources import PodResourcesClient
+from exporter.attribution.podresources import Allocation, PodResourcesClient
 from exporter.attribution.podwatch import PodInfo, PodWatch
 from exporter.attribution.resourceclaims import ClaimConfig, ClaimKey, ClaimReader
 from exporter.attribution.resourceslices import ResourceSlice, resource_slice_watch
 from exporter.attribution.sources import (
+    INTEL_RESOURCES,
     amd_units,
     device_plugin_units,
     dra_units,
     fractional_units,
+    intel_plugin_units,
+    intel_replicas,
+    intel_shares,
     vgpu_units,
 )
 from exporter.attribution.units import (
@@ -67,6 +71,7 @@ from exporter.core import (
     SampleSink,
 )
 from exporter.device.contract import DeviceLost, Inventory, Tally
+from exporter.device.intel_sysfs import intel_cards
 from exporter.kube.client import connector
 from exporter.kube.watch import NodeScopedWatch
 
@@ -166,6 +171,8 @@ class AttributionCollector:
         if self._watch is not None:
             ctx.sources["kubernetes"] = self._watch.status
         vgpus = vgpu_instances(ctx)
+        cards = self._intel_cards(allocations)
+        shares = intel_shares(self._client.allocatable)
         claims = self._client.claim_devices
         slices_listed = self._await_slices(any(self._dra.is_gpu(c) for c in claims))
         uuids = self._resource_slice_uuids()
@@ -186,9 +193,12 @@ class AttributionCollector:
             *self._source("amd", lambda: amd_units(
                 allocations, claims, self._amd_index(ctx), self._amd_slices(),
                 self._overrides, self.unknown_ids)),
+            *self._source("intel", lambda: intel_plugin_units(
+                allocations, cards, index, shares, vgpus, self.unknown_ids)),
         ]
         self._pod_errors_seen &= pod_infos.keys()  # forget pods that are gone
-        merged = merge(rows, self._replica_counts(index))
+        merged = merge(rows, {**self._replica_counts(index),
+                              **intel_replicas(cards, shares, index)})
         pods = PodDirectory(pod_infos, watch.by_name if watch is not None else {},
                             watch.by_container if watch is not None else {}, merged.holders)
         self._emit_allocations(ctx.node, sink, merged, pods)
@@ -408,6 +418,12 @@ class AttributionCollector:
         """The GPU's memory, for HAMi grants given in MiB; None when its backend cannot say."""
         static = ctx.static.get(gpu.uuid) if gpu is not None else None
         return (static.memory_bytes or None) if static is not None else None
+
+    def _intel_cards(self, allocations: list[Allocation]) -> dict[str, str]:
+        """Card name -> PCI address, read from sysfs only when a pod holds an Intel card."""
+        if not any(a.resource in INTEL_RESOURCES for a in allocations):
+            return {}
+        return {c.card: c.bdf for c in intel_cards(self.options.sysfs_root) or []}
 
     def _replica_counts(self, index: DeviceIndex) -> dict[DeviceKey, int]:
         """IDs per device in GetAllocatableResources, recounted only when that answer changes."""

@@ -7,6 +7,7 @@ Adding a source (AMD, Intel) is one more function here and one line in the colle
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 from exporter.attribution.amdids import AMD_DRA_DRIVER, AmdDeviceIndex, AmdRef, is_amd_resource
@@ -35,8 +36,9 @@ def device_plugin_units(allocations: Iterable[Allocation], index: DeviceIndex,
     anything else that names nothing here is reported."""
     rows: list[Unit] = []
     for a in allocations:
-        if not is_gpu_resource(a.resource, overrides) or is_amd_resource(a.resource):
-            continue
+        if (not is_gpu_resource(a.resource, overrides) or is_amd_resource(a.resource)
+                or a.resource.startswith(INTEL_PREFIX)):
+            continue  # amd.com/*: amd_units; Intel's plugin: intel_plugin_units
         holder = Holder(a.namespace, a.pod, a.container)
         for device_id in a.device_ids:
             refs = index.resolve_all(device_id)
@@ -51,14 +53,16 @@ def device_plugin_units(allocations: Iterable[Allocation], index: DeviceIndex,
 
 def vgpu_units(allocations: Iterable[Allocation], index: DeviceIndex,
                vgpus: Mapping[str, VgpuInstance], overrides: Overrides) -> list[Unit]:
-    """KubeVirt vGPUs: a device ID that is the mdev UUID of an active vGPU instance is a
-    `vgpu` unit of its physical GPU, with the type's framebuffer share as its grant and the
-    instance's use figures as the holder's."""
+    """KubeVirt vGPUs and mediated devices: a device ID that is the mdev UUID of an active
+    instance (an NVIDIA vGPU, an Intel GVT-g mdev) is a `vgpu` unit of its physical GPU, with
+    the instance's share as its grant and its use figures as the holder's. Any resource name
+    counts: KubeVirt names mdev resources as its CR says, and an mdev UUID of this node's GPUs
+    names nothing else."""
     rows: list[Unit] = []
     if not vgpus:
         return rows
     for a in allocations:
-        if not is_gpu_resource(a.resource, overrides) or is_amd_resource(a.resource):
+        if is_amd_resource(a.resource):
             continue  # amd.com/*: the AMD source
         holder = Holder(a.namespace, a.pod, a.container)
         for device_id in a.device_ids:
@@ -192,4 +196,72 @@ def _pod_units(info: PodInfo, index: DeviceIndex,
         rows.append(Unit(Holder(info.namespace, info.name, ctr), ref.key, grant.resource,
                          SharingMode.FRACTIONAL,
                          Grant(grant.memory_bytes, grant.memory_fraction, grant.core_fraction)))
+    return rows
+
+
+# intel/intel-device-plugins-for-kubernetes cmd/gpu_plugin/gpu_plugin.go (scan, at 94a91bc,
+# after v0.36.0): each card under /sys/class/drm is registered `-shared-dev-num` times (1 by
+# default) as `<card>-<n>`, under resource `gpu.intel.com/<driver>`; a PF with VFs is skipped
+# (its VFs, bound to the host's driver, are cards of their own).
+# Its `<driver>_monitoring` / `monitoring` resources (ID `all`) open every GPU to a monitoring
+# agent: access, not a unit, so they are ignored.
+INTEL_PREFIX = "gpu.intel.com/"
+INTEL_RESOURCES = ("gpu.intel.com/i915", "gpu.intel.com/xe")
+_INTEL_ID = re.compile(r"^(?P<card>card[0-9]{1,6})-[0-9]{1,6}$")
+
+
+def intel_card(device_id: str) -> str | None:
+    """The card an Intel GPU plugin device ID names (`card0-3` -> `card0`), or None."""
+    m = _INTEL_ID.match(device_id.strip())
+    return m["card"] if m else None
+
+
+def intel_shares(allocatable: Iterable[tuple[str, str]]) -> dict[str, int]:
+    """Device IDs per card in GetAllocatableResources: the plugin's -shared-dev-num."""
+    shares: dict[str, int] = {}
+    for resource, device_id in allocatable:
+        card = intel_card(device_id) if resource in INTEL_RESOURCES else None
+        if card is not None:
+            shares[card] = shares.get(card, 0) + 1
+    return shares
+
+
+def intel_replicas(cards: Mapping[str, str], shares: Mapping[str, int],
+                   index: DeviceIndex) -> dict[DeviceKey, int]:
+    """Shares per GPU that the Intel plugin registers (merge's `allocatable` for them)."""
+    out: dict[DeviceKey, int] = {}
+    for card, n in shares.items():
+        ref = index.resolve(cards[card]) if card in cards else None
+        if ref is not None and not ref.mig_uuid:
+            out[ref.key] = n
+    return out
+
+
+def intel_plugin_units(allocations: Iterable[Allocation], cards: Mapping[str, str],
+                       index: DeviceIndex, shares: Mapping[str, int],
+                       virtuals: Mapping[str, VgpuInstance], unknown: UnknownIds) -> list[Unit]:
+    """Intel GPU plugin devices. `cards`: card name -> the PCI address of its function (sysfs).
+    A card of a GPU is `exclusive`, or `time-slicing` when the plugin shares it
+    (`shares` > 1: containers share the GPU, replicas = shares); a card of an SR-IOV VF is a
+    `vgpu` unit of its PF with the VF's share. Anything else is reported."""
+    rows: list[Unit] = []
+    for a in allocations:
+        if a.resource not in INTEL_RESOURCES:
+            continue
+        holder = Holder(a.namespace, a.pod, a.container)
+        for device_id in a.device_ids:
+            card = intel_card(device_id)
+            bdf = cards.get(card, "") if card is not None else ""
+            ref = index.resolve(bdf) if bdf else None
+            vf = virtuals.get(bdf) if bdf else None
+            if ref is not None and not ref.mig_uuid:
+                mode = SharingMode.TIME_SLICING if shares.get(card or "", 1) > 1 \
+                    else SharingMode.EXCLUSIVE
+                rows.append(Unit(holder, ref.key, a.resource, mode))
+            elif vf is not None:
+                rows.append(Unit(holder, (vf.gpu_uuid, ""), a.resource, SharingMode.VGPU,
+                                 Grant(memory_fraction=vf.framebuffer_fraction),
+                                 InstanceUse(vf.sm_util, vf.memory_used)))
+            else:
+                unknown.report(a.resource, device_id)
     return rows

@@ -2,7 +2,8 @@
 through their backends), for attributing them to the pods that hold them.
 
 KubeVirt's device plugin hands a virt-launcher pod a vGPU as a device of resource
-`nvidia.com/<vGPU type>` whose ID is the instance's mdev UUID. The backend lists the GPU's
+`nvidia.com/<vGPU type>` whose ID is the instance's mdev UUID (an Intel GVT-g mdev the same
+way, under the resource name KubeVirt's CR gives it). The backend lists the GPU's
 active instances (`DeviceReader.virtual_functions`) with that UUID and the type's framebuffer,
 so the ID resolves to the physical GPU and the instance's share of it (framebuffer over the
 GPU's memory, `GpuStatic.memory_bytes`).
@@ -47,8 +48,12 @@ def vgpu_instances(ctx: CycleContext) -> dict[str, VgpuInstance]:
             continue  # the device collector reports the lost GPU
         for vf in functions:
             fb = vf.framebuffer_bytes
-            frac = min(fb / total, 1.0) if fb is not None and total else None
+            # the share the backend prices it as (a GVT-g type's 1/N, a VF's 1/VFs), else
+            # the type's framebuffer over the GPU's
+            frac = vf.share if vf.share is not None else \
+                min(fb / total, 1.0) if fb is not None and total else None
             # The VM's use, which the host sees only per instance (no guest processes).
             out[vf.id.strip().lower()] = VgpuInstance(gpu.uuid, frac, vf.utilization,
                                                       vf.memory_used_bytes)
     return out
+

@@ -213,6 +213,9 @@ class VirtualFunction:
     framebuffer_bytes: int | None
     memory_used_bytes: int | None
     utilization: float | None  # 0-1 of the device; None: no sample
+    # the fraction of the device it is priced as (an Intel GVT-g type's 1/N, an SR-IOV VF's
+    # 1/VFs); None: priced by framebuffer (vGPU) or unknown
+    share: float | None = None
 
 
 @dataclass(frozen=True)

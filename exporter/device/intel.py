@@ -1,0 +1,283 @@
+"""The Intel backend: i915 and xe GPUs read from sysfs and hwmon (exporter/device/intel_sysfs.py),
+per-process and engine figures from DRM fdinfo. No vendor library is needed; Level Zero
+Sysman (PyPI `pyzes`), where installed, adds the model name and memory in use
+(intel_levelzero.py); its absence is one log line.
+
+Identity: sysfs gives an Intel GPU no UUID, so a device's `uuid` is its PCI address
+(`0000:03:00.0`), the key DRM fdinfo's `drm-pdev` and the device plugin's cards resolve to.
+A PF's SR-IOV VFs and a GVT-g host's mediated devices are its `VirtualFunction`s (kinds
+`sriov_vf`, `mdev`), not devices of their own, each with the fraction of the GPU it is priced
+as (`share`). Units are normalised here: µJ -> J, µW -> W, MHz -> Hz, m°C -> °C.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from exporter.device.contract import (
+    DeviceLost,
+    EventSource,
+    GpuRef,
+    GpuStatic,
+    GuestLicence,
+    Inventory,
+    MemoryUsage,
+    MigRef,
+    ProcessReader,
+    Reliability,
+    Tally,
+    Telemetry,
+    Vendor,
+    VirtualFunction,
+)
+from exporter.device.fdinfo import COMPUTE_ENGINES, DrmFdinfo, FdinfoProcessReader
+from exporter.device.intel_levelzero import LevelZero, load_pyzes
+from exporter.device.intel_sysfs import (
+    IntelCard,
+    frequency_mhz,
+    gvt_share,
+    hwmon_dir,
+    intel_cards,
+    intel_gpu_functions,
+    local_memory_bytes,
+    mdev_types,
+    mdevs,
+    read_int,
+    sriov,
+)
+from exporter.device.nvmlapi import NvmlApi
+from exporter.device.registry import BackendAbsent, LoadSpec
+
+log = logging.getLogger(__name__)
+
+MHZ = 1_000_000.0
+# Platform names as the kernel's include/drm/intel/pciids.h groups device IDs (Linux 6.15):
+# the model label where Level Zero does not name the device.
+PLATFORMS = {"0x56c0": "ATS-M150", "0x56c2": "ATS-M150", "0x56c1": "ATS-M75"}
+
+
+def model_name(device_id: str) -> str:
+    return f"Intel {PLATFORMS[device_id]}" if device_id in PLATFORMS \
+        else f"Intel GPU {device_id or 'unknown'}"
+
+
+class _NoEvents:
+    """Intel's drivers raise no error events the exporter can subscribe to."""
+
+    def register(self, gpus: Sequence[GpuRef]) -> None:
+        pass
+
+    def wait(self, timeout_ms: int) -> None:
+        time.sleep(max(timeout_ms, 0) / 1000)
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class IntelBackend:
+    """Intel GPUs (i915, xe) under `sysfs_root`. `clock` times the energy counter for power
+    where hwmon has no power reading (i915 and xe give energy and limits only)."""
+
+    vendor: Vendor = "intel"
+    source = "intel"
+    library = "Intel sysfs"
+
+    def __init__(self, sysfs_root: str = "/sys", proc_root: str = "/proc",
+                 clock: Callable[[], float] = time.monotonic,
+                 sysman: Callable[[], tuple[Any, str]] = load_pyzes) -> None:
+        self.sysfs_root = sysfs_root
+        self.proc_root = proc_root
+        self._clock = clock
+        self._sysman = sysman
+        self._cards: dict[str, IntelCard] = {}  # uuid (PF BDF) -> card
+        self._hosts: set[str] = set()  # uuids lending VFs or mdevs to VMs
+        self._last_energy: dict[str, tuple[float, float]] = {}  # uuid -> (time, joules)
+        self.level_zero: LevelZero | None = None
+        # one fdinfo scan per cycle serves the process list and the device's engine busy
+        self._drm = DrmFdinfo(proc_root, clock)
+
+    @property
+    def nvml(self) -> NvmlApi | None:
+        return None
+
+    def open(self) -> None:
+        if intel_cards(self.sysfs_root) is None:
+            raise OSError(f"no DRM sysfs under {self.sysfs_root}/class/drm")
+        zes, why = self._sysman()
+        self.level_zero = LevelZero(zes) if zes is not None else None
+        if self.level_zero is None:
+            log.info("intel: Level Zero Sysman (pyzes) absent (%s); reading sysfs and hwmon "
+                     "only", why)
+
+    def close(self) -> None:
+        self._last_energy.clear()
+        self.level_zero = None
+
+    def inventory(self, previous: Inventory | None) -> Inventory:
+        cards = intel_cards(self.sysfs_root) or []
+        gpus: list[GpuRef] = []
+        static: dict[str, GpuStatic] = {}
+        self._cards, self._hosts = {}, set()
+        l0 = self.level_zero
+        if l0 is not None:
+            l0.refresh()
+        # VFs bound to the host's driver are cards too; they are their PF's VirtualFunctions.
+        for card in (c for c in cards if not c.physfn):
+            uuid = card.bdf
+            self._cards[uuid] = card
+            model = (l0.model(uuid) if l0 is not None else None) or model_name(card.device_id)
+            memory = local_memory_bytes(card)
+            if memory is None and l0 is not None:
+                usage = l0.memory(uuid)
+                memory = None if usage is None else int(usage.total_bytes)
+            gpus.append(GpuRef(len(gpus), uuid, model, False, card, vendor="intel"))
+            mode = self._virtualization_mode(card)
+            if mode == "host":
+                self._hosts.add(uuid)
+            static[uuid] = GpuStatic(
+                pci_bus_id=card.bdf, vendor="intel", memory_bytes=memory,
+                virtualization_mode=mode)
+        if previous is not None:  # a device gone from sysfs keeps its identity (gpu_up 0)
+            for old in previous.gpus:
+                if old.uuid not in self._cards and old.uuid in previous.static:
+                    gpus.append(GpuRef(len(gpus), old.uuid, old.model, False, None, vendor="intel"))
+                    static[old.uuid] = previous.static[old.uuid]
+        driver = ",".join(sorted({c.driver for c in cards}))
+        return Inventory(driver_version=driver, gpus=tuple(gpus), static=static)
+
+    @staticmethod
+    def _virtualization_mode(card: IntelCard) -> str:
+        """"host" when the GPU lends parts of itself to VMs (SR-IOV VFs enabled, or GVT-g on:
+        it lists mdev types), as AMD's MxGPU host says; else "none"."""
+        state = sriov(card.pci_dir)
+        if (state is not None and state.num_vfs > 0) or mdev_types(card.pci_dir):
+            return "host"
+        return "none"
+
+    def expected_devices(self, sysfs_root: str) -> list[str] | None:
+        return intel_gpu_functions(sysfs_root)
+
+    def _card(self, gpu: GpuRef) -> IntelCard:
+        """The device's card; DeviceLost when its PCI function left sysfs."""
+        card = self._cards.get(gpu.uuid)
+        if card is None or not os.path.isdir(card.pci_dir):
+            raise DeviceLost(gpu.uuid)
+        return card
+
+    def telemetry(self, gpu: GpuRef, tally: Tally) -> Telemetry:
+        card = self._card(gpu)
+        hwmon = hwmon_dir(card)
+        energy = power = limit = temp = mem_temp = None
+        if hwmon is not None:
+            uj = read_int(os.path.join(hwmon, "energy1_input"))
+            energy = None if uj is None else uj / 1e6
+            uw = read_int(os.path.join(hwmon, "power1_average"))
+            if uw is None:
+                uw = read_int(os.path.join(hwmon, "power1_input"))
+            power = None if uw is None else uw / 1e6
+            cap = read_int(os.path.join(hwmon, "power1_max"))
+            limit = cap / 1e6 if cap else None  # 0: the limit is disabled
+            for name in ("temp2_input", "temp1_input"):  # xe: temp2 is the package
+                mc = read_int(os.path.join(hwmon, name))
+                if mc is not None:
+                    temp = mc / 1000
+                    break
+            vram = read_int(os.path.join(hwmon, "temp3_input"))
+            mem_temp = None if vram is None else vram / 1000
+        if power is None and energy is not None:
+            power = self._power_from_energy(gpu.uuid, energy)
+        freq = frequency_mhz(card)
+        busy, resident = self._engine_busy(gpu.uuid)
+        if gpu.uuid in self._hosts:
+            busy = None  # its VMs' work is on the engines but in no fdinfo of this host
+        # Memory in use has no sysfs file: Level Zero's where present, else what the node's
+        # processes hold resident in the device's memory (fdinfo).
+        l0 = self.level_zero
+        memory = l0.memory(gpu.uuid) if l0 is not None else None
+        total = local_memory_bytes(card)
+        if memory is None and total:
+            used = min(float(resident), float(total))
+            memory = MemoryUsage(float(total), used, float(total) - used)
+        return Telemetry(
+            temperature_celsius=temp, memory_temperature_celsius=mem_temp,
+            power_watts=power, power_limit_watts=limit, energy_joules=energy,
+            utilization=busy, memory=memory,
+            sm_clock_hertz=None if freq is None else freq * MHZ)
+
+    def _engine_busy(self, bdf: str) -> tuple[float | None, int]:
+        """The device's busiest compute/graphics engine class, summed over the node's DRM
+        clients (0-1; None until every client has two reads), and their resident memory.
+        The i915/xe PMU would count work of every client, VMs' included, but needs
+        perf_event_open; fdinfo sees the processes of this host."""
+        usage = self._drm.usage(bdf)
+        resident = sum(u.memory_bytes for u in usage)
+        if any(u.utilization is None for u in usage):
+            return None, resident
+        engines: dict[str, float] = {}
+        for u in usage:
+            for engine, share in u.engines.items():
+                engines[engine] = min(1.0, engines.get(engine, 0.0) + share)
+        compute = [v for e, v in engines.items() if e in COMPUTE_ENGINES]
+        return (max(compute) if compute else 0.0), resident
+
+    def _power_from_energy(self, uuid: str, joules: float) -> float | None:
+        """Average power since the previous reading of the energy counter; None on the first
+        reading and after the counter went back (driver reload)."""
+        now = self._clock()
+        last = self._last_energy.get(uuid)
+        self._last_energy[uuid] = (now, joules)
+        if last is None or now <= last[0] or joules < last[1]:
+            return None
+        return (joules - last[1]) / (now - last[0])
+
+    def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability:
+        return Reliability()
+
+    def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None:
+        return None
+
+    def process_reader(self) -> ProcessReader:
+        # a device's uuid is its PCI address: fdinfo's drm-pdev
+        return FdinfoProcessReader(self._drm, lambda gpu: gpu.uuid)
+
+    def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
+        card = self._card(gpu)
+        out: list[VirtualFunction] = []
+        state = sriov(card.pci_dir)
+        if state is not None and state.num_vfs > 0:
+            # The PF provisions its enabled VFs evenly unless an operator set quotas.
+            share = 1 / state.num_vfs
+            out.extend(VirtualFunction(
+                id=vf, kind="sriov_vf", type_name=f"VF{n}", vm="", framebuffer_bytes=None,
+                memory_used_bytes=None, utilization=None, share=share)
+                for n, vf in state.vfs)
+        for m in mdevs(self.sysfs_root):
+            if m.parent == card.bdf:
+                out.append(VirtualFunction(
+                    id=m.uuid, kind="mdev", type_name=m.type_name, vm="",
+                    framebuffer_bytes=None, memory_used_bytes=None, utilization=None,
+                    share=gvt_share(m.type_name)))
+        return out
+
+    def guest_licences(self, gpu: GpuRef, tally: Tally) -> list[GuestLicence]:
+        return []
+
+    def error_events(self) -> EventSource:
+        return _NoEvents()
+
+
+
+def probe(spec: LoadSpec, auto: bool) -> IntelBackend:
+    """The Intel backend for `--device-backend` (exporter/device/registry.py): with `auto`,
+    absent unless sysfs lists an Intel GPU bound to i915 or xe."""
+    if auto:
+        cards = intel_cards(spec.sysfs_root)
+        if not any(not c.physfn for c in cards or []):
+            raise BackendAbsent(f"{spec.sysfs_root}/class/drm lists no Intel GPU bound to "
+                                "i915 or xe")
+    return IntelBackend(spec.sysfs_root, spec.proc_root)

@@ -1,0 +1,93 @@
+"""Level Zero Sysman through PyPI `pyzes` (ctypes over `libze_loader.so.1`, Debian `libze1`),
+where it is installed: the two things sysfs does not say, a device's model name and its local
+memory in use. Optional: `pyzes` loads the library when imported and raises without it, so it
+is imported here, lazily, and any failure means "absent" (one log line in the backend).
+
+The calls follow pyzes 0.1.3 (its examples/pyzes_example.py): C-style count-then-fill
+enumeration with ctypes `byref`, every call returning a `ze_result_t` (0 is success). Devices
+are matched to sysfs by PCI address (`zesDevicePciGetProperties`)."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any
+
+from exporter.device.contract import MemoryUsage, pci_bdf
+
+log = logging.getLogger(__name__)
+
+SUCCESS = 0  # ZE_RESULT_SUCCESS
+
+
+def load_pyzes() -> tuple[Any, str]:
+    """The pyzes module, or None and why (not installed, library missing, init failed)."""
+    try:
+        import pyzes  # type: ignore[import-not-found]
+    except Exception as err:  # ModuleNotFoundError, OSError (no libze_loader), anything
+        return None, f"{type(err).__name__}: {err}".splitlines()[0][:200]
+    rc = pyzes.zesInit(0)
+    if rc != SUCCESS:
+        return None, f"zesInit returned {rc}"
+    return pyzes, ""
+
+
+class LevelZero:
+    """Sysman devices by PCI address (`zes`: the pyzes module, or a stand-in in tests)."""
+
+    def __init__(self, zes: Any) -> None:
+        self._zes = zes
+        self._devices: dict[str, Any] = {}  # BDF -> zes_device_handle_t
+
+    def _enum(self, fn: Any, handle_type: Any, *parent: Any) -> list[Any]:
+        count = ctypes.c_uint32(0)
+        if fn(*parent, ctypes.byref(count), None) != SUCCESS or count.value == 0:
+            return []
+        handles = (handle_type * count.value)()
+        if fn(*parent, ctypes.byref(count), handles) != SUCCESS:
+            return []
+        return list(handles)[:count.value]
+
+    def refresh(self) -> None:
+        zes = self._zes
+        self._devices = {}
+        for driver in self._enum(zes.zesDriverGet, zes.zes_driver_handle_t):
+            for device in self._enum(zes.zesDeviceGet, zes.zes_device_handle_t, driver):
+                pci = zes.zes_pci_properties_t()
+                pci.stype = zes.ZES_STRUCTURE_TYPE_PCI_PROPERTIES
+                if zes.zesDevicePciGetProperties(device, ctypes.byref(pci)) != SUCCESS:
+                    continue
+                a = pci.address
+                self._devices[pci_bdf(
+                    f"{a.domain:04x}:{a.bus:02x}:{a.device:02x}.{a.function:x}")] = device
+
+    def model(self, bdf: str) -> str | None:
+        device = self._devices.get(bdf)
+        if device is None:
+            return None
+        props = self._zes.zes_device_properties_t()
+        props.stype = self._zes.ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES
+        if self._zes.zesDeviceGetProperties(device, ctypes.byref(props)) != SUCCESS:
+            return None
+        name = bytes(props.core.name).split(b"\0", 1)[0].decode("utf-8", "replace").strip()
+        return name or None
+
+    def memory(self, bdf: str) -> MemoryUsage | None:
+        """The device's local memory modules summed (size and size - free); None when it has
+        none (an integrated GPU) or Sysman cannot say."""
+        zes, device = self._zes, self._devices.get(bdf)
+        if device is None:
+            return None
+        total = used = 0
+        for module in self._enum(zes.zesDeviceEnumMemoryModules, zes.zes_mem_handle_t, device):
+            props = zes.zes_mem_properties_t()
+            props.stype = zes.ZES_STRUCTURE_TYPE_MEM_PROPERTIES
+            state = zes.zes_mem_state_t()
+            state.stype = zes.ZES_STRUCTURE_TYPE_MEM_STATE
+            if zes.zesMemoryGetProperties(module, ctypes.byref(props)) != SUCCESS \
+                    or props.location != zes.ZES_MEM_LOC_DEVICE \
+                    or zes.zesMemoryGetState(module, ctypes.byref(state)) != SUCCESS:
+                continue
+            total += int(state.size)
+            used += int(state.size) - min(int(state.free), int(state.size))
+        return MemoryUsage(float(total), float(used), float(total - used)) if total else None

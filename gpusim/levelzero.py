@@ -1,0 +1,190 @@
+"""A simulated `pyzes` module: the Level Zero Sysman calls the Intel backend makes
+(exporter/device/intel_levelzero.py), with pyzes 0.1.3's names, struct fields, constants and
+calling convention (ctypes `byref` out-parameters, count-then-fill enumeration, a
+`ze_result_t` return), over a list of devices."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any
+
+ZE_RESULT_SUCCESS = 0
+ZE_RESULT_ERROR_INVALID_ARGUMENT = 0x78000004
+ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES = 0x1
+ZES_STRUCTURE_TYPE_PCI_PROPERTIES = 0x2
+ZES_STRUCTURE_TYPE_MEM_PROPERTIES = 0xB
+ZES_STRUCTURE_TYPE_MEM_STATE = 0x1E
+ZES_MEM_LOC_SYSTEM = 0
+ZES_MEM_LOC_DEVICE = 1
+
+
+class zes_driver_handle_t(ctypes.c_void_p):
+    pass
+
+
+class zes_device_handle_t(ctypes.c_void_p):
+    pass
+
+
+class zes_mem_handle_t(ctypes.c_void_p):
+    pass
+
+
+class ze_device_properties_t(ctypes.Structure):
+    _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
+                ("vendorId", ctypes.c_uint32), ("deviceId", ctypes.c_uint32),
+                ("name", ctypes.c_char * 256)]
+
+
+class zes_device_properties_t(ctypes.Structure):
+    _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
+                ("core", ze_device_properties_t), ("numSubdevices", ctypes.c_uint32),
+                ("modelName", ctypes.c_char * 64)]
+
+
+class zes_pci_address_t(ctypes.Structure):
+    _fields_ = [("domain", ctypes.c_uint32), ("bus", ctypes.c_uint32),
+                ("device", ctypes.c_uint32), ("function", ctypes.c_uint32)]
+
+
+class zes_pci_properties_t(ctypes.Structure):
+    _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
+                ("address", zes_pci_address_t)]
+
+
+class zes_mem_properties_t(ctypes.Structure):
+    _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
+                ("type", ctypes.c_int32), ("onSubdevice", ctypes.c_uint8),
+                ("subdeviceId", ctypes.c_uint32), ("location", ctypes.c_int32),
+                ("physicalSize", ctypes.c_uint64)]
+
+
+class zes_mem_state_t(ctypes.Structure):
+    _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
+                ("health", ctypes.c_int32), ("free", ctypes.c_uint64),
+                ("size", ctypes.c_uint64)]
+
+
+@dataclass
+class SimZesMemory:
+    size: int
+    free: int
+    location: int = ZES_MEM_LOC_DEVICE
+
+
+@dataclass
+class SimZesDevice:
+    bdf: tuple[int, int, int, int]  # domain, bus, device, function
+    name: str
+    memory: list[SimZesMemory] = field(default_factory=list)
+
+
+def _out(ref: Any) -> Any:
+    """The object a `byref` argument points at."""
+    return ref._obj
+
+
+def _id(handle: Any) -> int:
+    return int(handle.value if hasattr(handle, "value") else handle)
+
+
+class SimZes:
+    """Use as the pyzes module: `IntelBackend(sysman=lambda: (SimZes(devices), ""))`."""
+
+    ZE_RESULT_SUCCESS = ZE_RESULT_SUCCESS
+    ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES = ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES
+    ZES_STRUCTURE_TYPE_PCI_PROPERTIES = ZES_STRUCTURE_TYPE_PCI_PROPERTIES
+    ZES_STRUCTURE_TYPE_MEM_PROPERTIES = ZES_STRUCTURE_TYPE_MEM_PROPERTIES
+    ZES_STRUCTURE_TYPE_MEM_STATE = ZES_STRUCTURE_TYPE_MEM_STATE
+    ZES_MEM_LOC_SYSTEM = ZES_MEM_LOC_SYSTEM
+    ZES_MEM_LOC_DEVICE = ZES_MEM_LOC_DEVICE
+    zes_driver_handle_t = zes_driver_handle_t
+    zes_device_handle_t = zes_device_handle_t
+    zes_mem_handle_t = zes_mem_handle_t
+    zes_device_properties_t = zes_device_properties_t
+    zes_pci_properties_t = zes_pci_properties_t
+    zes_mem_properties_t = zes_mem_properties_t
+    zes_mem_state_t = zes_mem_state_t
+
+    def __init__(self, devices: list[SimZesDevice]) -> None:
+        self.devices = devices
+        self.calls: dict[str, int] = {}
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    @staticmethod
+    def _fill(items: list[int], p_count: Any, handles: Any) -> int:
+        count = _out(p_count)
+        if handles is None:
+            count.value = len(items)
+            return ZE_RESULT_SUCCESS
+        n = min(count.value, len(items))
+        for i in range(n):
+            handles[i] = items[i]
+        count.value = n
+        return ZE_RESULT_SUCCESS
+
+    def zesInit(self, flags: int) -> int:
+        self._count("zesInit")
+        return ZE_RESULT_SUCCESS
+
+    def zesDriverGet(self, p_count: Any, handles: Any) -> int:
+        self._count("zesDriverGet")
+        return self._fill([1], p_count, handles)
+
+    def zesDeviceGet(self, driver: Any, p_count: Any, handles: Any) -> int:
+        self._count("zesDeviceGet")
+        return self._fill(list(range(1, len(self.devices) + 1)), p_count, handles)
+
+    def _device(self, handle: Any) -> SimZesDevice | None:
+        i = _id(handle) - 1
+        return self.devices[i] if 0 <= i < len(self.devices) else None
+
+    def zesDevicePciGetProperties(self, handle: Any, props: Any) -> int:
+        self._count("zesDevicePciGetProperties")
+        dev = self._device(handle)
+        if dev is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        a = _out(props).address
+        a.domain, a.bus, a.device, a.function = dev.bdf
+        return ZE_RESULT_SUCCESS
+
+    def zesDeviceGetProperties(self, handle: Any, props: Any) -> int:
+        self._count("zesDeviceGetProperties")
+        dev = self._device(handle)
+        if dev is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        _out(props).core.name = dev.name.encode()
+        return ZE_RESULT_SUCCESS
+
+    def zesDeviceEnumMemoryModules(self, handle: Any, p_count: Any,
+                                   handles: Any) -> int:
+        self._count("zesDeviceEnumMemoryModules")
+        i = _id(handle)
+        dev = self._device(handle)
+        if dev is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        return self._fill([i << 8 | m for m in range(len(dev.memory))], p_count, handles)
+
+    def _module(self, handle: Any) -> SimZesMemory | None:
+        h = _id(handle)
+        dev = self._device(h >> 8)
+        return dev.memory[h & 0xFF] if dev is not None and (h & 0xFF) < len(dev.memory) \
+            else None
+
+    def zesMemoryGetProperties(self, handle: Any, props: Any) -> int:
+        mem = self._module(handle)
+        if mem is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        _out(props).location = mem.location
+        _out(props).physicalSize = mem.size
+        return ZE_RESULT_SUCCESS
+
+    def zesMemoryGetState(self, handle: Any, state: Any) -> int:
+        mem = self._module(handle)
+        if mem is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        _out(state).size, _out(state).free = mem.size, mem.free
+        return ZE_RESULT_SUCCESS
