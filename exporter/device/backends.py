@@ -56,7 +56,7 @@ class Backends:
     def __len__(self) -> int:
         return len(self.members)
 
-    def vendor(self, vendor: Vendor) -> DeviceBackend | None:
+    def for_vendor(self, vendor: Vendor) -> DeviceBackend | None:
         """The backend of `vendor`, None when the node runs none."""
         return self._by_vendor.get(vendor)
 
