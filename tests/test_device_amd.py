@@ -153,7 +153,9 @@ def test_a_lost_gpu_raises_device_lost_and_keeps_its_identity() -> None:
     with pytest.raises(DeviceLost):
         backend.telemetry(inv.gpus[5], Tally())
     again = backend.inventory(inv)
-    assert sorted(g.uuid for g in again.gpus) == sorted(g.uuid for g in inv.gpus)
+    # every GPU keeps its index: GPU 6 does not become GPU 5 when GPU 5 drops out
+    assert sorted((g.index, g.uuid) for g in again.gpus) == \
+        sorted((g.index, g.uuid) for g in inv.gpus)
     assert len(again.migs) == 64
 
 
