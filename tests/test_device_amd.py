@@ -153,7 +153,9 @@ def test_a_lost_gpu_raises_device_lost_and_keeps_its_identity() -> None:
     with pytest.raises(DeviceLost):
         backend.telemetry(inv.gpus[5], Tally())
     again = backend.inventory(inv)
-    assert sorted(g.uuid for g in again.gpus) == sorted(g.uuid for g in inv.gpus)
+    # every GPU keeps its index: GPU 6 does not become GPU 5 when GPU 5 drops out
+    assert sorted((g.index, g.uuid) for g in again.gpus) == \
+        sorted((g.index, g.uuid) for g in inv.gpus)
     assert len(again.migs) == 64
 
 
@@ -526,3 +528,38 @@ def test_a_function_the_library_flavour_lacks_is_absent_not_a_failure() -> None:
     assert events.wait(0) is None
     with pytest.raises(AttributeError):
         Flavour(object()).amdsmi_init()  # not an amdsmi module: no pretending
+
+
+def test_without_amdsmi_process_list_processes_come_from_drm_fdinfo(tmp_path: Path) -> None:
+    """The host package has no process list: the backend falls back to DRM fdinfo
+    (exporter/device/fdinfo.py) for the GPU's PCI address, in the kernel's amdgpu format."""
+    import os
+
+    from exporter.device.amdsmiapi import Flavour
+
+    proc = tmp_path / "proc"
+    for pid, pdev, vram_kib in ((4242, "0000:05:00.0", 2048), (4343, "0000:99:00.0", 1024),
+                                (4444, "0000:0c:00.0", 512)):
+        (proc / str(pid) / "fd").mkdir(parents=True)
+        (proc / str(pid) / "fdinfo").mkdir(parents=True)
+        os.symlink("/dev/dri/renderD128", proc / str(pid) / "fd" / "5")
+        (proc / str(pid) / "fdinfo" / "5").write_text(
+            f"pos:\t0\nflags:\t02100002\ndrm-driver:\tamdgpu\ndrm-pdev:\t{pdev}\n"
+            f"drm-client-id:\t{pid}\ndrm-memory-vram:\t{vram_kib} KiB\n"
+            "drm-engine-gfx:\t1000 ns\n")
+    sim = mxgpu_host(gpus=1, clock=ManualClock(T0 + 5), start=T0)
+    api: AmdSmiApi = Flavour(_HostFlavour(sim))  # type: ignore[assignment]
+    backend = AmdBackend(api, proc_root=str(proc))
+    backend.open()
+    inv = backend.inventory(None)
+    tally = Tally()
+    got = backend.process_reader().read(inv.gpus[0], inv.migs, tally)
+    assert [(p.pid, p.uuid, p.memory_bytes) for p in got] == [(4242, inv.gpus[0].uuid,
+                                                                2048 * 1024)]
+    assert tally.failures == 0
+    # where amdsmi lists processes (none here), fdinfo is not read: pid 4444 is not taken
+    cpx = AmdBackend(mi300x_cpx_nps4(gpus=1, clock=ManualClock(T0 + 5), start=T0).as_api(),
+                     proc_root=str(proc))
+    cpx.open()
+    inv = cpx.inventory(None)
+    assert cpx.process_reader().read(inv.gpus[0], inv.migs, Tally()) == []

@@ -77,7 +77,7 @@ class AmdBackend:
     def __init__(self, api: AmdSmiApi | None = None, *,
                  loader: Callable[[], AmdSmiApi] = load_amdsmi,
                  clock_ns: Callable[[], int] = time.monotonic_ns,
-                 event_interval: float = 5.0) -> None:
+                 event_interval: float = 5.0, proc_root: str | None = None) -> None:
         """`api` None: amdsmi is imported by the first `open()` (lazily: a node without
         libamd_smi.so gets one "amdsmi init failed: amdsmi: ..." line and retries, never an
         import-time traceback)."""
@@ -85,6 +85,7 @@ class AmdBackend:
         self._loader = loader
         self._clock_ns = clock_ns
         self._event_interval = event_interval  # seconds between reads of the CPER records
+        self._proc_root = proc_root  # DRM fdinfo where amdsmi lists no processes; None: off
 
     @property
     def _api(self) -> AmdSmiApi:
@@ -240,7 +241,12 @@ class AmdBackend:
         return None if t is None or u is None else MemoryUsage(t * MIB, u * MIB)
 
     def process_reader(self) -> ProcessReader:
-        return AmdProcessReader(lambda: self._api, self._clock_ns)
+        fallback = None
+        if self._proc_root is not None:
+            from exporter.device.fdinfo import DrmFdinfo, FdinfoProcessReader
+
+            fallback = FdinfoProcessReader(DrmFdinfo(self._proc_root), lambda g: _amd(g).bdf)
+        return AmdProcessReader(lambda: self._api, self._clock_ns, fallback)
 
     def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
         """MxGPU: the VFs of a GPU on a GIM host, by VF PCI address (what the AMD device plugin
@@ -298,7 +304,7 @@ def probe(spec: LoadSpec, auto: bool) -> DeviceBackend:
         return load_amd_backend(spec.amdsmi, spec.clock)  # ConfigError for a bad --amdsmi
     if not amd_gpu_functions(spec.sysfs_root):
         raise BackendAbsent(f"sysfs ({spec.sysfs_root}) lists no AMD GPU")
-    return AmdBackend()
+    return AmdBackend(proc_root=spec.proc_root)
 
 
 def amd_gpu_functions(sysfs_root: str = "/sys") -> list[str] | None:

@@ -75,7 +75,9 @@ def discover(api: AmdSmiApi, previous: Inventory | None = None) -> Inventory:
     migs: list[MigRef] = []
     static: dict[str, GpuStatic] = {}
     driver = ""
-    for index, bdf in enumerate(sorted(members)):
+    index_of = _indexes(sorted(members), {bdf: g.index for bdf, g in known.items()})
+    for bdf in sorted(members):
+        index = index_of[bdf]
         group = sorted(members[bdf], key=lambda m: m.partition)
         try:
             gpu, st, parts = _gpu(api, r, index, bdf, group)
@@ -102,6 +104,18 @@ def discover(api: AmdSmiApi, previous: Inventory | None = None) -> Inventory:
             migs.extend(m for m in previous.migs if m.parent == old)
     return Inventory(driver_version=driver, gpus=tuple(gpus), migs=tuple(migs),
                      static=static)
+
+
+def _indexes(bdfs: list[str], previous: dict[str, int]) -> dict[str, int]:
+    """A GPU keeps the index it had (its series stay the same series when another GPU is lost
+    and drops out of amdsmi's list); a new one takes the lowest index not in use."""
+    out = {b: previous[b] for b in bdfs if b in previous}
+    used = set(previous.values())
+    free = (i for i in range(len(bdfs) + len(used)) if i not in used)
+    for b in bdfs:
+        if b not in out:
+            out[b] = next(free)
+    return out
 
 
 def _gpu(api: AmdSmiApi, r: AmdCalls, index: int, bdf: str, group: list[_Member]

@@ -17,15 +17,21 @@ from collections.abc import Callable, Iterable, Sequence
 from exporter.device.amd_calls import AmdCalls, field, number
 from exporter.device.amd_inventory import AmdGpu
 from exporter.device.amdsmiapi import AmdSmiApi
-from exporter.device.contract import GpuRef, MigRef, ProcessSample, Tally
+from exporter.device.contract import GpuRef, MigRef, ProcessReader, ProcessSample, Tally
 
 
 class AmdProcessReader:
+    """`fallback`: where amdsmi gives no process list for a GPU (the MxGPU host package has
+    none; NO_PERM without the privileges it needs), the GPU's processes from another reader
+    (DRM fdinfo: whole GPUs, not partitions)."""
+
     def __init__(self, api: Callable[[], AmdSmiApi],
-                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock_ns: Callable[[], int] = time.monotonic_ns,
+                 fallback: ProcessReader | None = None) -> None:
         # the backend's amdsmi, asked at each read: the reader is made before open() loads it
         self._api = api
         self._clock_ns = clock_ns
+        self._fallback = fallback
         # (device or partition uuid, pid) -> (gfx ns, read at ns) of the last read
         self._last: dict[tuple[str, int], tuple[int, int]] = {}
 
@@ -39,9 +45,12 @@ class AmdProcessReader:
         now = self._clock_ns()
         out: list[ProcessSample] = []
         seen: set[tuple[str, int]] = set()
+        listed = False
         for h in gpu.handle.members:
             part_uuid = by_handle.get(id(h), "") if gpu.mig_enabled else ""
-            for p in r.call(api.amdsmi_get_gpu_process_list, h) or []:
+            procs = r.call(api.amdsmi_get_gpu_process_list, h)
+            listed = listed or procs is not None
+            for p in procs or []:
                 pid = number(p.get("pid"))
                 if pid is None:
                     continue
@@ -55,6 +64,8 @@ class AmdProcessReader:
         for key in [k for k in self._last if k[0] in _uuids(gpu, partitions)
                     and k not in seen]:
             del self._last[key]  # exited: a reused PID starts afresh
+        if not listed and self._fallback is not None:
+            return self._fallback.read(gpu, partitions, tally)
         return out
 
     def _share(self, key: tuple[str, int], gfx: float | None, now: int) -> float | None:
