@@ -190,11 +190,11 @@ def _run(args: argparse.Namespace) -> int:
         progress = Progress(-(-period.hours // chunk), quiet=args.quiet)
         fresh = not Path(args.db).exists()
         try:
-            result = api.meter(args.db, source, period, cost_model=model, chunk_hours=chunk,
-                               sample_interval=args.sample_interval, replace=args.replace,
-                               resume=not args.no_resume, progress=progress,
-                               verbose=args.verbose, price_progress=_price_progress(args),
-                               say=say, clusters=clusters, wait=args.wait)
+            result = api.meter(args.db, source, period, api.MeterSettings(
+                cost_model=model, clusters=clusters, chunk_hours=chunk,
+                sample_interval=args.sample_interval, replace=args.replace,
+                resume=not args.no_resume, wait=args.wait, say=say, progress=progress,
+                price_progress=_price_progress(args), verbose=args.verbose))
         except BaseException:
             if fresh:
                 _drop_if_empty(Path(args.db))
