@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from metering import interrupt
+from metering import closes, interrupt
 from metering.cluster import ClusterScope
 from metering.costmodel import CostModel
 from metering.db import DatabaseError, LedgerLocked, connect, out_of_memory
@@ -105,6 +105,8 @@ class MeterSettings:
     replace: bool = False  # overwrite hours whose facts would shrink (else exit 6)
     resume: bool = True  # take over an interrupted run's committed chunks
     wait: float = 0.0  # seconds to wait for a ledger another process holds (0: exit 7)
+    # Hours of a closed month: post what changes as adjustments (else refused, exit 9).
+    adjust_closed: bool = False
     # What the run says while it works.
     say: Say = _quiet
     progress: Progress | None = None
@@ -124,6 +126,7 @@ def meter(ledger: str | Path, source: Source, period: Period,
     s = settings
     say, progress, verbose = s.say, s.progress, s.verbose
     with open_ledger(ledger, wait=s.wait, say=say) as con:
+        _check_closed(con, period, s.adjust_closed, f"metering {period.label()}", say)
         say(f"meter: {period.label()} ({period.hours} h) from {source.name} into {ledger}")
         if isinstance(source, PrometheusSource):
             settled = source.settle_selector(period)  # the exporter's identity, not no job
@@ -155,6 +158,9 @@ def meter(ledger: str | Path, source: Source, period: Period,
             priced = _price(con, period, s.cost_model, s.price_progress,
                             sorted(result.clusters))
             say(f"meter: priced {period.label()}")
+            if priced.adjustment_lines:
+                say(f"meter: posted {priced.adjustment_lines} adjustment line(s) for the "
+                    "closed hours")
         assert result.journal is not None
         result.journal.finish(con)  # finished when priced: killed before, a rerun prices
         return MeterResult(result, priced)
@@ -162,11 +168,13 @@ def meter(ledger: str | Path, source: Source, period: Period,
 
 def price(ledger: str | Path, period: Period, cost_model: CostModel,
           progress: Progress | None = None, cluster: str | None = None, wait: float = 0.0,
-          say: Say = _quiet) -> PricingResult:
+          say: Say = _quiet, adjust_closed: bool = False) -> PricingResult:
     """Rebuild the charges of `period` (of every cluster, or of `cluster` only) from the facts
     already in `ledger` (no source read, facts untouched), in one transaction. A ledger without
-    device facts for the period is refused (exit 6) and never created."""
+    device facts for the period is refused (exit 6) and never created; hours of a closed month
+    are refused (exit 9) unless `adjust_closed`."""
     with open_ledger(ledger, create=False, wait=wait, say=say) as con:
+        _check_closed(con, period, adjust_closed, f"pricing {period.label()}", say)
         start, end = period.naive()
         where, params = "", list[object]([start, end])
         if cluster is not None:
@@ -181,11 +189,24 @@ def price(ledger: str | Path, period: Period, cost_model: CostModel,
                       [cluster] if cluster is not None else None)
 
 
+def _check_closed(con: duckdb.DuckDBPyConnection, period: Period, adjust: bool, doing: str,
+                  say: Say) -> None:
+    """Refuse to touch a closed month's hours (exit 9) unless told to post adjustments."""
+    months = closes.closed_in(con, period)
+    if not months:
+        return
+    posted = closes.posting_month(con, months[-1])
+    if not adjust:
+        raise closes.refuse(months, posted, doing)
+    say(f"meter: {', '.join(map(str, months))} closed: its bill stays; what changes in its "
+        f"hours is posted as adjustments to {posted}")
+
+
 def _price(con: duckdb.DuckDBPyConnection, period: Period, cost_model: CostModel,
            progress: Progress | None, clusters: list[str] | None = None) -> PricingResult:
     try:
         return price_period(con, cost_model, period.start, period.end, progress=progress,
-                            clusters=clusters)
+                            clusters=clusters, freeze=closes.Freeze.of(con, period))
     except MeteringError:
         raise
     except duckdb.OutOfMemoryException:
