@@ -179,7 +179,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("--daily picks its own days: expected no --month, --from or --to")
     if not 0 <= args.late_days <= 31:
         raise UsageError(f"--late-days: expected 0 to 31 days, got {args.late_days}")
-    period = (daily_window(datetime.now(UTC), args.late_days) if args.daily
+    period = (daily_window(_now(), args.late_days) if args.daily
               else resolve(args.month, args.start, args.end))
     if args.chunk is not None and args.chunk < 1:
         raise UsageError(f"--chunk: expected a whole number of hours >= 1, got {args.chunk}")
@@ -265,6 +265,11 @@ def _publish(gateway: str, args: argparse.Namespace, period: Period, clusters: C
               f"written): {exc}", file=sys.stderr)
         return
     say(f"meter: pushed state to {gateway} ({len(budgets)} team budget(s))")
+
+
+def _now() -> datetime:
+    """The clock --daily reads (tests set it)."""
+    return datetime.now(UTC)
 
 
 def _catch_up(args: argparse.Namespace, window: Period, clusters: ClusterScope,

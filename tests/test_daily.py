@@ -220,3 +220,42 @@ def test_daily_takes_no_period(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert meter_main(["--openmetrics", "x.om", "--daily", "--month", "2026-10", "--db",
                        str(tmp_path / "m.duckdb")]) == ExitCode.USAGE
     assert "--daily picks its own days" in _err(capsys)
+
+
+def test_the_daily_mode_catches_up_and_posts_late_data_for_a_closed_month(
+        fleet_om_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`meter --daily` as the CronJob runs it, at chosen moments: a first run, a catch-up
+    after weeks without runs, the close, and a run whose late days reach into the closed
+    month, posting what its late samples change."""
+    import metering.cli_meter as cli
+
+    late = history(fleet_om_file, tmp_path / "late.om", late_missing=True, september=True)
+    full = history(fleet_om_file, tmp_path / "full.om", september=True)
+    truth = tmp_path / "truth.duckdb"
+    assert meter(truth, full, "2026-09-01", "2026-10-01") == 0
+    db = tmp_path / "ledger.duckdb"
+
+    def daily(now: datetime, source: Path, *extra: str) -> tuple[int, str]:
+        monkeypatch.setattr(cli, "_now", lambda: now)
+        rc = meter_main(["--openmetrics", str(source), "--daily", "--db", str(db), *extra])
+        return rc, capsys.readouterr().err
+
+    rc, err = daily(datetime(2026, 9, 7, 0, 30, tzinfo=UTC), late, "--late-days", "5")
+    assert rc == 0 and "meter: 2026-09-01T00:00Z .. 2026-09-07T00:00Z (144 h)" in err
+    rc, err = daily(datetime(2026, 10, 5, 0, 30, tzinfo=UTC), late)
+    assert rc == 0 and "catching up from 2026-09-07T00:00Z" in err
+    assert "2026-09-07T00:00Z .. 2026-10-05T00:00Z" in err
+    assert close_main(["2026-09", "--db", str(db), "-q"]) == 0
+    closed = bill(db, SEP)
+
+    rc, err = daily(datetime(2026, 10, 6, 0, 30, tzinfo=UTC), full, "--late-days", "31")
+    assert rc == 0, err
+    assert "2026-09 closed: its bill stays" in err and "adjustment line(s)" in err
+    assert bill(db, SEP) == closed
+    with connect(db, read_only=True) as con:
+        posted = {(t, n): c for t, n, c in con.execute(
+            "SELECT team, namespace, sum(cost) FROM adjustments GROUP BY ALL").fetchall()}
+    want = bill(truth, SEP)
+    assert {k: closed.get(k, Decimal(0)) + posted.get(k, Decimal(0))
+            for k in want.keys() | posted.keys()} == want
