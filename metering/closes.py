@@ -2,7 +2,8 @@
 
 Metering runs every day (`meter --daily`), so a month's hours are metered and priced as they
 close; at month end `close` checks that every hour of the month is metered and priced and
-records the month in `month_closes`. From then on:
+records the month in `month_closes` (a cluster's hours count from its first metered hour in
+the month: one installed mid-month has nothing earlier to meter). From then on:
 
 - re-metering or re-pricing its hours is refused (`ClosedError`, exit 9) unless the caller asks
   for adjustments (`meter --daily` does; `--adjust-closed` elsewhere);
@@ -155,7 +156,10 @@ def close(con: Any, month: Month, now: datetime) -> Closed:
     have = {(c, h) for c, h in con.execute(
         "SELECT cluster, hour FROM coverage WHERE hour >= $s AND hour < $e", params).fetchall()}
     for cluster in clusters:
-        hours = [month.start + i * HOUR for i in range(month.hours)]
+        # From the cluster's first metered hour: a cluster metered since mid-month (newly
+        # installed, newly added) has no earlier hours to meter, and its month still closes.
+        first = min(h for c, h in have if c == cluster)
+        hours = [first + i * HOUR for i in range(int((month.end - first) / HOUR))]
         missing = [h for h in hours if (cluster, h) not in have]
         if missing:
             gaps = hour_ranges(missing)

@@ -169,7 +169,7 @@ def test_a_closed_month_never_changes_and_late_data_becomes_adjustments(
     out = tmp_path / "reports"
     for month in ("2026-09", "2026-10"):
         assert report_main(["--month", month, "--db", str(db), "--out", str(out),
-                            "--format", "md", "--format", "focus"]) == 0
+                            "--format", "md", "--format", "csv", "--format", "focus"]) == 0
     sep_md = (out / "chargeback-2026-09.md").read_text()
     oct_md = (out / "chargeback-2026-10.md").read_text()
     total = sum(posted.values(), Decimal(0))
@@ -183,6 +183,12 @@ def test_a_closed_month_never_changes_and_late_data_becomes_adjustments(
                                for r in corrections)
     assert sum(Decimal(r["BilledCost"]) for r in corrections) == total
     assert not [r for r in _focus_rows(out, "2026-09") if r["ChargeClass"]]
+    tidy = list(csv.DictReader(io.StringIO((out / "chargeback-2026-10.csv").read_text())))
+    billed = [r for r in tidy if r["section"] == "adjustment"]
+    assert billed and {r["hour_from"] for r in billed} == {"2026-09-01T00:00:00Z"}
+    assert sum(Decimal(r["cost"]) for r in billed) == total
+    sep_tidy = (out / "chargeback-2026-09.csv").read_text()
+    assert ",adjustment," not in sep_tidy  # the closed month's own files keep their rows
 
 
 def _focus_rows(out: Path, month: str) -> list[dict[str, Any]]:
@@ -197,8 +203,9 @@ def test_close_refuses_a_month_not_metered_whole_or_not_over(
     capsys.readouterr()
     assert close_main(["2026-10", "--db", str(db)]) == ExitCode.REFUSED
     err = _err(capsys)
-    assert "2026-10: cluster default: 720 hour(s) not metered" in err and "\n" not in err
-    assert "gpu-ledger meter --from 2026-10-01T00:00Z --to 2026-10-31T00:00Z" not in err
+    # from the first metered hour (Oct 5) to the month's end: 27 days, one of them metered
+    assert "2026-10: cluster default: 624 hour(s) not metered" in err and "\n" not in err
+    assert "(gpu-ledger meter --from 2026-10-06T00:00Z --to 2026-11-01T00:00Z)" in err
     this = Month.of(datetime.now(UTC))
     assert close_main([str(this), "--db", str(db)]) == ExitCode.REFUSED
     assert "has not ended yet" in _err(capsys)
