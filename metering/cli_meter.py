@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "samples, and catch up on days the ledger lacks since its last metered "
                         "hour (at most 62 days); changes to a closed month's hours are posted "
                         "as adjustments to the open month")
-    p.add_argument("--late-days", type=int, default=DEFAULT_LATE_DAYS, metavar="N",
+    p.add_argument("--late-days", type=int, default=None, metavar="N",
                    help=f"with --daily: days before yesterday re-metered for late samples "
                         f"(default {DEFAULT_LATE_DAYS})")
     p.add_argument("--month", metavar="YYYY-MM", help="calendar month (UTC)")
@@ -177,9 +177,12 @@ def _basic_auth(args: argparse.Namespace) -> tuple[str, str] | None:
 def _run(args: argparse.Namespace) -> int:
     if args.daily and (args.month or args.start or args.end):
         raise UsageError("--daily picks its own days: expected no --month, --from or --to")
-    if not 0 <= args.late_days <= 31:
-        raise UsageError(f"--late-days: expected 0 to 31 days, got {args.late_days}")
-    period = (daily_window(_now(), args.late_days) if args.daily
+    if args.late_days is not None and not args.daily:
+        raise UsageError("--late-days: expected with --daily (the days it re-meters)")
+    late_days = DEFAULT_LATE_DAYS if args.late_days is None else args.late_days
+    if not 0 <= late_days <= 31:
+        raise UsageError(f"--late-days: expected 0 to 31 days, got {late_days}")
+    period = (daily_window(_now(), late_days) if args.daily
               else resolve(args.month, args.start, args.end))
     if args.chunk is not None and args.chunk < 1:
         raise UsageError(f"--chunk: expected a whole number of hours >= 1, got {args.chunk}")

@@ -227,6 +227,11 @@ def test_daily_takes_no_period(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert meter_main(["--openmetrics", "x.om", "--daily", "--month", "2026-10", "--db",
                        str(tmp_path / "m.duckdb")]) == ExitCode.USAGE
     assert "--daily picks its own days" in _err(capsys)
+    assert meter_main(["--openmetrics", "x.om", "--month", "2026-10", "--late-days", "3",
+                       "--db", str(tmp_path / "m.duckdb")]) == ExitCode.USAGE
+    assert "--late-days: expected with --daily" in _err(capsys)
+    assert meter_main(["--openmetrics", "x.om", "--daily", "--late-days", "40",
+                       "--db", str(tmp_path / "m.duckdb")]) == ExitCode.USAGE
 
 
 def test_the_daily_mode_catches_up_and_posts_late_data_for_a_closed_month(
