@@ -9,7 +9,9 @@ import sys
 # command -> (module, one-line help). Each module exposes main(argv: list[str]) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
     "exporter": ("exporter.cli", "run the node exporter (NVML + pod attribution) for Prometheus"),
-    "meter": ("metering.cli_meter", "pull hourly GPU usage from Prometheus into DuckDB, price it"),
+    "meter": ("metering.cli_meter", "pull hourly GPU usage from Prometheus into DuckDB, price it"
+              " (--daily: the operating mode)"),
+    "close": ("metering.cli_close", "close a metered month: later data becomes adjustments"),
     "report": ("metering.report.cli", "write the monthly chargeback report"),
     "cost-model": ("metering.cli_costmodel", "check or show a cost model file"),
     "ledger": ("metering.cli_ledger", "export a ledger as Parquet, or merge per-cluster ledgers"),

@@ -196,7 +196,8 @@ def run_meter(source: Source, period: Period, db: Path) -> int:
 
     try:
         with contextlib.closing(source):
-            api.meter(db, source, period, cost_model=load_cost_model(None), say=log)
+            api.meter(db, source, period,
+                      api.MeterSettings(cost_model=load_cost_model(None), say=log))
     except MeteringError as err:
         print(f"gpu-ledger demo: {err}", file=sys.stderr)
         return err.code

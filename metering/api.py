@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from metering import interrupt
+from metering import closes, interrupt
 from metering.cluster import ClusterScope
 from metering.costmodel import CostModel
 from metering.db import DatabaseError, LedgerLocked, connect, out_of_memory
@@ -93,20 +93,40 @@ def open_ledger(path: str | Path, *, create: bool = True, wait: float = 0.0,
         con.close()
 
 
-def meter(ledger: str | Path, source: Source, period: Period, *,
-          cost_model: CostModel | None = None, chunk_hours: int = DEFAULT_CHUNK_HOURS,
-          sample_interval: float | None = None, replace: bool = False, resume: bool = True,
-          progress: Progress | None = None, verbose: bool = False,
-          price_progress: Progress | None = None, say: Say = _quiet,
-          clusters: ClusterScope | None = None, wait: float = 0.0) -> MeterResult:
+@dataclass(frozen=True)
+class MeterSettings:
+    """Everything `meter()` takes besides where (ledger), from what (source) and when
+    (period). The defaults are the CLI's: ingest only, cluster `default`, resumable."""
+
+    cost_model: CostModel | None = None  # None: ingest only, price later (`price()`)
+    clusters: ClusterScope | None = None  # None: cluster `default`
+    chunk_hours: int = DEFAULT_CHUNK_HOURS  # hours per range query and transaction
+    sample_interval: float | None = None  # None: detected per node and chunk
+    replace: bool = False  # overwrite hours whose facts would shrink (else exit 6)
+    resume: bool = True  # take over an interrupted run's committed chunks
+    wait: float = 0.0  # seconds to wait for a ledger another process holds (0: exit 7)
+    # Hours of a closed month: post what changes as adjustments (else refused, exit 9).
+    adjust_closed: bool = False
+    # What the run says while it works.
+    say: Say = _quiet
+    progress: Progress | None = None
+    price_progress: Progress | None = None
+    verbose: bool = False
+
+
+def meter(ledger: str | Path, source: Source, period: Period,
+          settings: MeterSettings = MeterSettings()) -> MeterResult:
     """Ingest `period` from `source` into `ledger` chunk by chunk (each chunk one
-    transaction) as the cluster(s) `clusters` names (default: cluster `default`), then price
-    the period of those clusters with `cost_model` (one transaction; skipped when None).
+    transaction) as the cluster(s) `settings.clusters` names, then price the period of those
+    clusters with `settings.cost_model` (one transaction; skipped when None).
     Killed at any point, a re-run of the same call gives the same ledger as an uninterrupted
     run: an interrupted run is resumed after its committed chunks (all are rewritten
     identically with `resume=False`) and pricing is redone. A ledger another process holds
-    is waited for up to `wait` seconds, then refused (`LedgerLocked`, exit 7)."""
-    with open_ledger(ledger, wait=wait, say=say) as con:
+    is waited for up to `settings.wait` seconds, then refused (`LedgerLocked`, exit 7)."""
+    s = settings
+    say, progress, verbose = s.say, s.progress, s.verbose
+    with open_ledger(ledger, wait=s.wait, say=say) as con:
+        _check_closed(con, period, s.adjust_closed, f"metering {period.label()}", say)
         say(f"meter: {period.label()} ({period.hours} h) from {source.name} into {ledger}")
         if isinstance(source, PrometheusSource):
             settled = source.settle_selector(period)  # the exporter's identity, not no job
@@ -114,9 +134,9 @@ def meter(ledger: str | Path, source: Source, period: Period, *,
                 say(f"meter: {settled}")
         if progress is not None and verbose and isinstance(source, PrometheusSource):
             source.planner.on_split = progress.message  # a store refused a query: say so
-        result = ingest(con, source, period, chunk_hours, sample_interval,
-                        progress, verbose=verbose, replace=replace, resume=resume,
-                        clusters=clusters, finish=False)
+        result = ingest(con, source, period, s.chunk_hours, s.sample_interval,
+                        progress, verbose=verbose, replace=s.replace, resume=s.resume,
+                        clusters=s.clusters, finish=False)
         rows = ", ".join(f"{n} {t}" for t, n in result.rows.items())
         say(f"meter: {result.chunks} chunks, {result.queries} queries, {rows}")
         if isinstance(source, PrometheusSource):
@@ -134,9 +154,13 @@ def meter(ledger: str | Path, source: Source, period: Period, *,
             gaps = ", ".join(r.label() for r in hour_ranges(result.empty_hours))
             say(f"meter: no device data for {len(result.empty_hours)} hour(s): {gaps}")
         priced = None
-        if cost_model is not None:
-            priced = _price(con, period, cost_model, price_progress, sorted(result.clusters))
+        if s.cost_model is not None:
+            priced = _price(con, period, s.cost_model, s.price_progress,
+                            sorted(result.clusters))
             say(f"meter: priced {period.label()}")
+            if priced.adjustment_lines:
+                say(f"meter: posted {priced.adjustment_lines} adjustment line(s) for the "
+                    "closed hours")
         assert result.journal is not None
         result.journal.finish(con)  # finished when priced: killed before, a rerun prices
         return MeterResult(result, priced)
@@ -144,11 +168,13 @@ def meter(ledger: str | Path, source: Source, period: Period, *,
 
 def price(ledger: str | Path, period: Period, cost_model: CostModel,
           progress: Progress | None = None, cluster: str | None = None, wait: float = 0.0,
-          say: Say = _quiet) -> PricingResult:
+          say: Say = _quiet, adjust_closed: bool = False) -> PricingResult:
     """Rebuild the charges of `period` (of every cluster, or of `cluster` only) from the facts
     already in `ledger` (no source read, facts untouched), in one transaction. A ledger without
-    device facts for the period is refused (exit 6) and never created."""
+    device facts for the period is refused (exit 6) and never created; hours of a closed month
+    are refused (exit 9) unless `adjust_closed`."""
     with open_ledger(ledger, create=False, wait=wait, say=say) as con:
+        _check_closed(con, period, adjust_closed, f"pricing {period.label()}", say)
         start, end = period.naive()
         where, params = "", list[object]([start, end])
         if cluster is not None:
@@ -163,11 +189,24 @@ def price(ledger: str | Path, period: Period, cost_model: CostModel,
                       [cluster] if cluster is not None else None)
 
 
+def _check_closed(con: duckdb.DuckDBPyConnection, period: Period, adjust: bool, doing: str,
+                  say: Say) -> None:
+    """Refuse to touch a closed month's hours (exit 9) unless told to post adjustments."""
+    months = closes.closed_in(con, period)
+    if not months:
+        return
+    posted = closes.posting_month(con, months[-1])
+    if not adjust:
+        raise closes.refuse(months, posted, doing)
+    say(f"meter: {', '.join(map(str, months))} closed: its bill stays; what changes in its "
+        f"hours is posted as adjustments to {posted}")
+
+
 def _price(con: duckdb.DuckDBPyConnection, period: Period, cost_model: CostModel,
            progress: Progress | None, clusters: list[str] | None = None) -> PricingResult:
     try:
         return price_period(con, cost_model, period.start, period.end, progress=progress,
-                            clusters=clusters)
+                            clusters=clusters, freeze=closes.Freeze.of(con, period))
     except MeteringError:
         raise
     except duckdb.OutOfMemoryException:

@@ -13,6 +13,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from contextlib import closing
+from datetime import UTC, datetime
 from pathlib import Path
 
 from metering import api, db, interrupt, publish
@@ -28,13 +29,28 @@ from metering.errors import (
 )
 from metering.ingest import DEFAULT_CHUNK_HOURS, PrometheusSource, Source, memory_budget
 from metering.openmetrics_source import OpenMetricsSource
-from metering.period import Period, fmt_hour, resolve
+from metering.period import (
+    DAY,
+    HOUR,
+    Period,
+    daily_window,
+    fmt_hour,
+    midnight,
+    resolve,
+    utc_aware,
+)
 from metering.progress import Progress
 from metering.promclient import PromClient
 from metering.queryplan import DEFAULT_MAX_SAMPLES, DEFAULT_MAX_SERIES, Limits
 from metering.selector import DEFAULT_SELECTOR, Selector, SelectorError
 
 DEFAULT_DB = "gpu-ledger.duckdb"
+# Days before yesterday that `--daily` re-meters: samples a store receives late (remote-write
+# backlogs, a Prometheus restarted from its WAL) are picked up within them.
+DEFAULT_LATE_DAYS = 2
+# How far back `--daily` catches up on days the ledger lacks (a CronJob suspended for weeks);
+# older gaps are metered with --from/--to.
+CATCH_UP_DAYS = 62
 # Defaults for --selector, --cluster and --cluster-label of a run that reads a source, so a
 # deployment sets them without editing the CronJob's command (deploy/base: ConfigMap keys
 # `selector`, `cluster`, `cluster-label`). An option given on the command line wins; an empty
@@ -57,9 +73,22 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--price-only", action="store_true",
                      help="price the facts already in --db for the period (no source needed), "
                           "e.g. after changing the cost model")
+    p.add_argument("--daily", action="store_true",
+                   help="the operating mode (the shipped CronJob, just after midnight UTC): "
+                        "meter yesterday and re-meter the --late-days days before it for late "
+                        "samples, and catch up on days the ledger lacks since its last metered "
+                        "hour (at most 62 days); changes to a closed month's hours are posted "
+                        "as adjustments to the open month")
+    p.add_argument("--late-days", type=int, default=None, metavar="N",
+                   help=f"with --daily: days before yesterday re-metered for late samples "
+                        f"(default {DEFAULT_LATE_DAYS})")
     p.add_argument("--month", metavar="YYYY-MM", help="calendar month (UTC)")
     p.add_argument("--from", dest="start", metavar="TIME", help="start, ISO date/time, UTC")
     p.add_argument("--to", dest="end", metavar="TIME", help="end (exclusive), ISO date/time, UTC")
+    p.add_argument("--adjust-closed", action="store_true",
+                   help="hours of a month `gpu-ledger close` closed: keep its bill and post "
+                        "what changes as adjustments to the first open month after it "
+                        "(refused by default, exit 9; --daily implies it)")
     p.add_argument("--db", default=DEFAULT_DB, metavar="PATH",
                    help=f"DuckDB file (default ./{DEFAULT_DB})")
     p.add_argument("--cost-model", metavar="PATH", help="cost model (default: packaged one)")
@@ -146,7 +175,15 @@ def _basic_auth(args: argparse.Namespace) -> tuple[str, str] | None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    period = resolve(args.month, args.start, args.end)
+    if args.daily and (args.month or args.start or args.end):
+        raise UsageError("--daily picks its own days: expected no --month, --from or --to")
+    if args.late_days is not None and not args.daily:
+        raise UsageError("--late-days: expected with --daily (the days it re-meters)")
+    late_days = DEFAULT_LATE_DAYS if args.late_days is None else args.late_days
+    if not 0 <= late_days <= 31:
+        raise UsageError(f"--late-days: expected 0 to 31 days, got {late_days}")
+    period = (daily_window(_now(), late_days) if args.daily
+              else resolve(args.month, args.start, args.end))
     if args.chunk is not None and args.chunk < 1:
         raise UsageError(f"--chunk: expected a whole number of hours >= 1, got {args.chunk}")
     if args.sample_interval is not None and not 0 < args.sample_interval <= 3600:
@@ -172,6 +209,8 @@ def _run(args: argparse.Namespace) -> int:
     if period.clipped:
         say(f"meter: period ends in the future; metering complete hours up to "
             f"{fmt_hour(period.end)}")
+    if args.daily:
+        period = _catch_up(args, period, clusters, say)
     # The cost model before any source or ledger: a bad file should not cost an ingest run.
     model = None if args.no_price else load_cost_model(args.cost_model)
     if args.price_only:
@@ -190,11 +229,12 @@ def _run(args: argparse.Namespace) -> int:
         progress = Progress(-(-period.hours // chunk), quiet=args.quiet)
         fresh = not Path(args.db).exists()
         try:
-            result = api.meter(args.db, source, period, cost_model=model, chunk_hours=chunk,
-                               sample_interval=args.sample_interval, replace=args.replace,
-                               resume=not args.no_resume, progress=progress,
-                               verbose=args.verbose, price_progress=_price_progress(args),
-                               say=say, clusters=clusters, wait=args.wait)
+            result = api.meter(args.db, source, period, api.MeterSettings(
+                cost_model=model, clusters=clusters, chunk_hours=chunk,
+                sample_interval=args.sample_interval, replace=args.replace,
+                resume=not args.no_resume, wait=args.wait,
+                adjust_closed=args.adjust_closed or args.daily, say=say, progress=progress,
+                price_progress=_price_progress(args), verbose=args.verbose))
         except BaseException:
             if fresh:
                 _drop_if_empty(Path(args.db))
@@ -228,6 +268,36 @@ def _publish(gateway: str, args: argparse.Namespace, period: Period, clusters: C
               f"written): {exc}", file=sys.stderr)
         return
     say(f"meter: pushed state to {gateway} ({len(budgets)} team budget(s))")
+
+
+def _now() -> datetime:
+    """The clock --daily reads (tests set it)."""
+    return datetime.now(UTC)
+
+
+def _catch_up(args: argparse.Namespace, window: Period, clusters: ClusterScope,
+              say: Callable[[str], None]) -> Period:
+    """--daily's period: `window`, started earlier when the ledger's last metered hour of
+    the cluster(s) is older (days missed), by at most CATCH_UP_DAYS."""
+    if not Path(args.db).exists():
+        return window
+    with api.open_ledger(args.db, create=False, wait=args.wait, say=say) as con:
+        where, params = "", list[object]()
+        if clusters.label is None:
+            where, params = " WHERE cluster = ?", [clusters.name]
+        row = con.execute("SELECT max(hour) FROM coverage" + where, params).fetchone()
+    if row is None or row[0] is None:
+        return window
+    resume_at = midnight(utc_aware(row[0]) + HOUR)
+    if resume_at >= window.start:
+        return window
+    earliest = window.end - CATCH_UP_DAYS * DAY
+    start = max(resume_at, earliest)
+    say(f"meter: catching up from {fmt_hour(start)}: the ledger's last metered hour is "
+        f"{fmt_hour(row[0])}" + ("" if start == resume_at else
+                                  f"; older days: --from {fmt_hour(resume_at)} --to "
+                                  f"{fmt_hour(start)}"))
+    return Period(start, window.end)
 
 
 def _drop_if_empty(path: Path) -> None:
@@ -298,8 +368,8 @@ def _price_only(args: argparse.Namespace, period: Period, model: CostModel,
     """Price the period from the facts in --db: no Prometheus, no file, no ingest."""
     try:
         result = api.price(args.db, period, model, progress=_price_progress(args),
-                           wait=args.wait, say=say,
-                           cluster=args.cluster)
+                           wait=args.wait, say=say, cluster=args.cluster,
+                           adjust_closed=args.adjust_closed or args.daily)
     except RefusedError as exc:
         raise RefusedError(f"{exc}: gpu-ledger meter --prometheus URL {_period_args(args)} "
                            f"--db {args.db}") from None
@@ -340,6 +410,8 @@ def _from_env(args: argparse.Namespace, name: str) -> str:
 
 
 def _period_args(args: argparse.Namespace) -> str:
+    if args.daily:
+        return "--daily"
     if args.month:
         return f"--month {args.month}"
     return f"--from {args.start} --to {args.end}"

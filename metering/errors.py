@@ -23,6 +23,7 @@ class ExitCode(enum.IntEnum):
     # not metered or not priced, mixed cost models, bad label values in the source
     LOCKED = 7  # another run holds the ledger
     OUT_OF_MEMORY = 8  # DuckDB needed more than its memory cap (--memory-limit)
+    CLOSED = 9  # the hours are in a month `gpu-ledger close` closed: its bill never changes
     INTERRUPTED = 130  # Ctrl-C / SIGINT: committed chunks are kept
 
 
@@ -51,6 +52,10 @@ class SourceError(MeteringError):
 
 class RefusedError(MeteringError):
     code = ExitCode.REFUSED
+
+
+class ClosedError(MeteringError):
+    code = ExitCode.CLOSED
 
 
 class LockedError(MeteringError):

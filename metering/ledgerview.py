@@ -21,6 +21,9 @@ LEDGER_TABLES: Final = ("device_hours", "mig_hours", "allocation_hours", "worklo
 # What the charges were priced with (pricing.py keeps it): not per cluster or hour, so read and
 # exported whole, and merged by key.
 SIDE_TABLES: Final = ("cost_models", "cost_model_prices")
+# Closed months and the adjustments posted for them (metering/closes.py): read from a DuckDB
+# ledger (empty where it predates them); not part of a Parquet export yet.
+CLOSE_TABLES: Final = ("month_closes", "adjustments")
 # Tables every ledger has; the others may be missing from an export (then read as empty).
 _REQUIRED: Final = ("device_hours", "coverage", "charges")
 # Hive partition keys of the Parquet export, read as text whatever they look like.
@@ -80,7 +83,8 @@ def attach_ledger(con: duckdb.DuckDBPyConnection, p: Path, schema: str,
     else:
         sources = _duckdb_sources(con, p, f"ledger_{schema}")
     for table, source in sources.items():
-        scoped = f"SELECT * FROM {source}" if table in SIDE_TABLES else _scoped(source, cluster)
+        whole = table in SIDE_TABLES or table == "month_closes"
+        scoped = f"SELECT * FROM {source}" if whole else _scoped(source, cluster)
         try:
             con.execute(f"CREATE VIEW memory.{schema}.{table} AS {scoped}")
             con.execute(f"SELECT * FROM memory.{schema}.{table} LIMIT 0").fetchall()
@@ -109,7 +113,7 @@ def _duckdb_sources(con: duckdb.DuckDBPyConnection, p: Path, alias: str) -> dict
         raise LedgerError(f"{p}: expected a GPU Ledger metering database (tables "
                           f"{', '.join(_REQUIRED)}), got one without {', '.join(missing)}")
     sources = {t: f"{alias}.main.{t}" if t in columns else f"memory.blank.{t}"
-               for t in SIDE_TABLES}
+               for t in (*SIDE_TABLES, *CLOSE_TABLES)}
     for table in LEDGER_TABLES:
         if table not in columns:
             sources[table] = f"memory.blank.{table}"
@@ -130,7 +134,7 @@ def _parquet_sources(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, st
         manifest.verify(root, (*LEDGER_TABLES, *SIDE_TABLES))
     except manifest.ManifestError as e:
         raise LedgerError(str(e)) from None
-    sources = {}
+    sources = {t: f"memory.blank.{t}" for t in CLOSE_TABLES}
     for table in SIDE_TABLES:
         whole = root / table / "part-0.parquet"
         sources[table] = (f"read_parquet('{str(whole).replace(chr(39), chr(39) * 2)}')"

@@ -75,6 +75,12 @@ class Month:
     def period(self) -> Period:
         return Period(utc_aware(self.start), utc_aware(self.end))
 
+    @classmethod
+    def of(cls, t: datetime) -> Month:
+        """The month holding `t` (naive: UTC)."""
+        t = utc_naive(t)
+        return cls(t.year, t.month)
+
     def previous(self) -> Month:
         return Month(self.year - 1, 12) if self.month == 1 else Month(self.year, self.month - 1)
 
@@ -109,6 +115,34 @@ class Period:
 
     def label(self) -> str:
         return f"{fmt_hour(self.start)} .. {fmt_hour(self.end)}"
+
+    def months(self) -> list[Month]:
+        """The calendar months the period has hours in."""
+        out, cur = [], Month.of(self.start)
+        while cur.start < utc_naive(self.end):
+            out.append(cur)
+            cur = cur.next()
+        return out
+
+    def clip(self, start: datetime, end: datetime) -> Period | None:
+        """The part of the period within [start, end) (naive or aware UTC); None if none."""
+        s, e = max(self.start, utc_aware(start)), min(self.end, utc_aware(end))
+        return Period(s, e) if s < e else None
+
+
+DAY = timedelta(days=1)
+
+
+def midnight(t: datetime) -> datetime:
+    """The start of `t`'s day in UTC (aware)."""
+    return utc_aware(t).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def daily_window(now: datetime, late_days: int) -> Period:
+    """What `meter --daily` meters at `now`: the last closed day (yesterday, UTC) and the
+    `late_days` days before it, whose late samples it picks up."""
+    today = midnight(now)
+    return Period(today - (late_days + 1) * DAY, today)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import duckdb
 
@@ -23,6 +23,9 @@ from metering.costmodel import MICRO, CostModel
 from metering.db import memory_limit, memory_limit_bytes, transaction
 from metering.period import Period, utc_aware, utc_naive
 from metering.progress import Progress
+
+if TYPE_CHECKING:
+    from metering.closes import Freeze
 
 # Temp tables that carry the resolved cost model into SQL; see the header of pricing.sql.
 _CONFIG_TABLES: Final = {
@@ -61,6 +64,7 @@ class PricingResult:
     adjustment: Decimal  # list price given away (or added) by discounts, tiers, efficiency
     unpriced_allocations: int  # allocation facts with no device fact in that hour
     default_priced_models: tuple[str, ...]  # models that matched no pricing.gpus entry
+    adjustment_lines: int = 0  # lines posted for closed hours (metering.closes)
 
     @property
     def total(self) -> Decimal:
@@ -186,7 +190,8 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                  start: datetime, end: datetime,
                  slice_hours: int | None = None,
                  progress: Progress | None = None,
-                 clusters: Sequence[str] | None = None) -> PricingResult:
+                 clusters: Sequence[str] | None = None,
+                 freeze: Freeze | None = None) -> PricingResult:
     """Rebuild `charges` for hours in [start, end) from the facts, in one transaction.
 
     `clusters` limits the rebuild to those clusters (default: every cluster with facts or
@@ -195,7 +200,8 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
     On any error the transaction is rolled back and the period's previous charges stay as they
     were. The period is priced `slice_hours` at a time inside that transaction (same rows,
     bounded memory; None: chosen from the facts and the memory cap, and said to `progress`);
-    `progress` is told about each slice of each cluster.
+    `progress` is told about each slice of each cluster. `freeze`: the period's closed hours
+    keep their charges and the difference is posted as adjustments (metering.closes).
     """
     start, end = utc_naive(start), utc_naive(end)
     if slice_hours is None:
@@ -223,6 +229,8 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
             slices = list(Period(utc_aware(start), utc_aware(end)).chunks(slice_hours))
             if progress is not None:
                 progress.total = len(slices) * len(names)
+            if freeze is not None:
+                freeze.before(con, start, end, names)
             for cluster in names:
                 defaults.update(_load_config(con, model.for_cluster(cluster), start, end,
                                              cluster))
@@ -242,6 +250,7 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                         where = "" if names == [DEFAULT_CLUSTER] else f"{cluster} "
                         progress.chunk_done(where + piece.label(), f"{int(row[9])} charge rows",
                                             int(row[9]), "charge rows")
+            posted = 0 if freeze is None else freeze.after(con, start, end, names, model.hash)
     finally:
         for table in (*_WORK_TABLES, *_CONFIG_TABLES):
             con.execute(f"DROP TABLE IF EXISTS {table}")
@@ -254,4 +263,5 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
         charged=Decimal(charged), idle_shared=Decimal(shared), idle=Decimal(idle),
         down=Decimal(down), adjustment=Decimal(adjustment),
         unpriced_allocations=orphans, default_priced_models=tuple(sorted(defaults)),
+        adjustment_lines=posted,
     )

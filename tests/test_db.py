@@ -12,7 +12,7 @@ from metering.db import DatabaseError, connect, migrate
 
 TABLES = {"allocation_hours", "charges", "coverage", "device_hours", "mig_hours",
           "workload_hours", "grant_hours", "ingest_runs", "ingest_chunks", "cost_models",
-          "cost_model_prices"}
+          "cost_model_prices", "month_closes", "adjustments"}
 
 
 def tables(con: object) -> set[str]:

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tomllib
 import zipfile
-from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,6 +26,7 @@ from alerts.generate import DEFAULT_CONFIG
 from exporter.cli import build_parser as exporter_parser
 from exporter.cli import parse_listen
 from gpu_ledger.cli import COMMANDS
+from metering.cli_close import build_parser as close_parser
 from metering.cli_meter import build_parser as meter_parser
 from metering.report import cli as report_cli
 
@@ -345,7 +345,7 @@ def test_daemonset_args_parse_with_the_exporter_cli() -> None:
 
 def test_cronjob_schedule_and_references() -> None:
     spec = CRONJOB["spec"]
-    assert spec["schedule"] == "0 3 1 * *"
+    assert spec["schedule"] == "30 0 * * *"  # daily, just after midnight UTC
     assert spec["timeZone"] == "Etc/UTC"
     assert spec["concurrencyPolicy"] == "Forbid"
     volumes = {v["name"]: v for v in CJ_POD["volumes"]}
@@ -366,58 +366,59 @@ def cronjob_script() -> str:
     return script
 
 
-def run_script(tmp_path: Path, env: dict[str, str]) -> list[list[str]]:
-    """Run the CronJob's script with a stub `gpu-ledger` that records its arguments."""
+def run_script(tmp_path: Path, env: dict[str, str], now: str = "2026-11-15T00:30:00Z"
+               ) -> list[list[str]]:
+    """Run the CronJob's script with a stub `gpu-ledger` that records its arguments, and a
+    `date` whose clock reads `now` (arithmetic on a given date, -d, is the real date's)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     record = tmp_path / "calls"
     stub = bin_dir / "gpu-ledger"
     stub.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\037" "$a" >> {record}; done\n'
                     f'echo >> {record}\n')
-    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    real_date = shutil.which("date")
+    clock = bin_dir / "date"
+    clock.write_text(f'#!/bin/sh\ncase " $* " in *" -d "*) exec {real_date} "$@";; esac\n'
+                     f'exec {real_date} -d "{now}" "$@"\n')
+    for f in (stub, clock):
+        f.chmod(f.stat().st_mode | stat.S_IXUSR)
     full_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", **env}
     subprocess.run(["/bin/sh", "-c", cronjob_script()], env=full_env, check=True,
                    capture_output=True, timeout=30)
     return [line.split("\x1f")[:-1] for line in record.read_text().splitlines()]
 
 
-def test_cronjob_script_meters_then_reports_with_real_parsers(tmp_path: Path) -> None:
-    calls = run_script(tmp_path, {"PROMETHEUS_URL": "http://prom:9090", "MONTH": "2026-10"})
-    assert [c[0] for c in calls] == ["meter", "report"]
+def test_cronjob_script_meters_daily_then_closes_and_reports_on_the_1st(tmp_path: Path
+                                                                       ) -> None:
+    """Every day `meter --daily`; on the 1st also `close` and `report` the month before (the
+    year crossed on January 1st), with the real commands' parsers."""
+    calls = run_script(tmp_path, {"PROMETHEUS_URL": "http://prom:9090"},
+                       now="2026-01-01T00:30:00Z")
+    assert [c[0] for c in calls] == ["meter", "close", "report"]
     meter = meter_parser().parse_args(calls[0][1:])
-    report = report_cli._parser().parse_args(calls[1][1:])
-    assert (meter.prometheus, meter.month, report.month) == ("http://prom:9090", "2026-10",
-                                                            "2026-10")
-    assert meter.db == report.db
+    close = close_parser().parse_args(calls[1][1:])
+    report = report_cli._parser().parse_args(calls[2][1:])
+    assert meter.prometheus == "http://prom:9090" and meter.daily and not meter.month
+    assert (close.month, report.month) == ("2025-12", "2025-12")
+    assert meter.db == close.db == report.db
     mounts = {m["name"]: m["mountPath"] for m in CJ_CONTAINER["volumeMounts"]}
     assert Path(meter.db).parent == Path(mounts["data"])
     assert Path(report.out).is_relative_to(mounts["data"])
     assert Path(meter.cost_model) == Path(mounts["cost-model"]) / "cost-model.yaml"
-    for command in ("meter", "report"):
+    for command in ("meter", "close", "report"):
         assert COMMANDS[command][0].startswith("metering.")
 
 
-def previous_month(now: datetime) -> str:
-    return f"{now.year - 1}-12" if now.month == 1 else f"{now.year}-{now.month - 1:02d}"
-
-
-def test_cronjob_script_defaults_to_the_previous_month(tmp_path: Path) -> None:
-    before = previous_month(datetime.now(UTC))
+def test_cronjob_script_only_meters_on_other_days(tmp_path: Path) -> None:
     calls = run_script(tmp_path, {"PROMETHEUS_URL": "http://prom:9090"})
-    after = previous_month(datetime.now(UTC))
-    month = meter_parser().parse_args(calls[0][1:]).month
-    assert month in (before, after)  # both differ only when run across a month's end
+    assert [c[0] for c in calls] == ["meter"]
 
 
-def test_previous_month_snippet_crosses_the_year() -> None:
-    line = next(x for x in cronjob_script().splitlines() if x.startswith("month="))
-    inner = re.search(r"\$\((date .*)\)\}\"$", line)
-    assert inner is not None, line
-    # the same date arithmetic, from a fixed first-of-month instead of today
-    snippet = inner.group(1).replace('"$(date -u +%Y-%m-01)', '"2026-01-01')
-    out = subprocess.run(["/bin/sh", "-c", snippet], capture_output=True, text=True,
-                         check=True, timeout=10).stdout.strip()
-    assert out == "2025-12"
+def test_cronjob_script_closes_the_month_named(tmp_path: Path) -> None:
+    """MONTH closes and reports that month whatever the day (a failed run on the 1st)."""
+    calls = run_script(tmp_path, {"PROMETHEUS_URL": "http://prom:9090", "MONTH": "2026-10"})
+    assert [c[0] for c in calls] == ["meter", "close", "report"]
+    assert close_parser().parse_args(calls[1][1:]).month == "2026-10"
 
 
 def test_dashboards_are_configmaps_for_the_grafana_sidecar() -> None:

@@ -58,6 +58,7 @@ CASES: dict[ExitCode, list[list[str]]] = {
         ["report", "--month", "2026-10", "--bogus"],
         ["cost-model", "check", "--bogus"],
         ["report", "--month", "2026-10", "--db", "{empty_ledger}", "--format", "xls"],
+        ["close", "2026-13", "--db", "{empty_ledger}"],
     ],
     ExitCode.BAD_INPUT: [
         ["meter", "--openmetrics", "{om}", *DAY, "--db", "{new}", "--cost-model", "{bad_model}"],
@@ -69,6 +70,8 @@ CASES: dict[ExitCode, list[list[str]]] = {
         ["meter", "--openmetrics", "{om}", *DAY, "--db", "{junk}"],
         ["report", "--month", "2026-10", "--db", "{junk}"],
         ["meter", "--openmetrics", "{bad_om}", *DAY, "--db", "{new}"],
+        ["close", "2026-10", "--db", "{missing}"],
+        ["close", "2026-10", "--db", "{junk}"],
     ],
     ExitCode.SOURCE: [
         ["meter", "--prometheus", "http://127.0.0.1:{port}", *DAY, "--db", "{new}",
@@ -78,6 +81,7 @@ CASES: dict[ExitCode, list[list[str]]] = {
         ["meter", "--openmetrics", "{empty_om}", *DAY, "--db", "{empty_ledger}"],
         ["meter", "--price-only", *DAY, "--db", "{empty_ledger}"],
         ["report", "--month", "2026-10", "--db", "{empty_ledger}", "--out", "{out}"],
+        ["close", "2026-10", "--db", "{empty_ledger}"],
     ],
 }
 

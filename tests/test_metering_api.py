@@ -36,7 +36,8 @@ def test_library_gives_the_cli_ledger(fleet_om_file: Path, tmp_path: Path) -> No
     lines: list[str] = []
     source: Source = OpenMetricsSource(str(fleet_om_file), DAY)
     with closing(source):
-        result = api.meter(lib, source, DAY, cost_model=load_cost_model(None), say=lines.append)
+        result = api.meter(lib, source, DAY, api.MeterSettings(cost_model=load_cost_model(None),
+                                                              say=lines.append))
     assert result.ingest.rows["device_hours"] == 144 and result.pricing is not None
     assert result.pricing.total == result.pricing.fleet_cost
     assert lines[-1] == f"meter: priced {DAY.label()}"

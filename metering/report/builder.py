@@ -18,7 +18,7 @@ from typing import Any
 import duckdb
 
 import metering
-from metering import crosscheck, db, ledgerview, sqlfile
+from metering import closes, crosscheck, db, ledgerview, sqlfile
 from metering.costmodel import CostModel, CostModelError, load_cost_model, parse_cost_model
 from metering.errors import InputError, MeteringError, RefusedError, UsageError
 from metering.period import HOUR, Month, hour_ranges, utc_naive
@@ -514,7 +514,7 @@ def make_report(
         recs = waste.recommend(con, month.start, month.end, waste.mig_fraction(cm),
                                settings or waste.Settings()) if same else None
         budgets = cm.budgets if same else None
-        return build_report(
+        report = build_report(
             con, month, info, metering.__version__, top,
             price_lookup(cm) if same and uniform else None,
             budgets.monthly if budgets else None,
@@ -522,6 +522,10 @@ def make_report(
             cluster or "", savings=recs, days=days, cluster_prices=by_cluster,
             notes=warnings, default_priced=default_priced,
         )
+        return dataclasses.replace(  # the close and its adjustments (metering/closes.py)
+            report, closed_at=closes.closed_months(con).get(month),
+            adjustments_out=closes.adjustments(con, for_month=month),
+            adjustments_in=closes.adjustments(con, posted_month=month))
     finally:
         con.close()
 

@@ -243,6 +243,7 @@ def sections(report: Report) -> list[tuple[str, Grid]]:
         ("Prices and capacity by GPU model", price_grid(report)),
         ("Utilisation maturity", maturity_grid(report)),
         *([("Budgets", b)] if (b := budget_grid(report)) is not None else []),
+        *adjustment_sections(report),
         *([("Savings", g)] if (g := savings_grid(report)) is not None else []),
         *([(LARGER_UNIT, g)] if (g := larger_unit_grid(report)) is not None else []),
         (
@@ -276,6 +277,50 @@ def sections(report: Report) -> list[tuple[str, Grid]]:
             ),
         ),
     ]
+
+
+def closed_text(report: Report) -> str:
+    """The close and the adjustments either way; '' for an open month without any."""
+    parts = []
+    if report.closed_at is not None:
+        parts.append(f"closed on {report.closed_at:%Y-%m-%d %H:%M} UTC (gpu-ledger close): "
+                     "the charges above never change")
+        posted = sorted({a.posted_month for a in report.adjustments_out})
+        total = sum((a.cost for a in report.adjustments_out), Decimal(0))
+        parts.append(f"adjustments posted to {', '.join(map(str, posted))}: {total:+,.2f} "
+                     f"{currency(report)} (data metered after the close)" if posted else
+                     "no adjustments posted since")
+    if report.adjustments_in:
+        fors = sorted({a.for_month for a in report.adjustments_in})
+        total = sum((a.cost for a in report.adjustments_in), Decimal(0))
+        parts.append(f"adjustments for {', '.join(map(str, fors))}: {total:+,.2f} "
+                     f"{currency(report)}, billed in this month")
+    return "; ".join(parts)
+
+
+ADJUSTMENTS_NOTE = (
+    "Adjustments: usage of a closed month metered after its close (late samples), per cluster, "
+    "team and namespace; its cost is billed in the month that was open when it was metered. "
+    "The closed month's charges stay as they were sent."
+)
+
+
+def adjustment_sections(report: Report) -> list[tuple[str, Grid]]:
+    """'Adjustments posted to <later month>' (a closed month's report) and 'Adjustments for
+    <closed month>' (the month that bills them)."""
+    out = []
+    for lines, title, posted in ((report.adjustments_out, "Adjustments posted to {}", True),
+                                 (report.adjustments_in, "Adjustments for {}", False)):
+        for month in sorted({a.posted_month if posted else a.for_month for a in lines}):
+            mine = [a for a in lines if (a.posted_month if posted else a.for_month) == month]
+            rows = [[a.cluster, label(a.team), label(a.namespace),
+                     f"{a.allocated_gpu_hours:+,.1f}", f"{cents(a.cost):+,.2f}"] for a in mine]
+            total = sum((a.cost for a in mine), Decimal(0))
+            rows.append(["Total", "", "", "", f"{cents(total):+,.2f}"])
+            out.append((title.format(month), Grid(
+                ["Cluster", "Team", "Namespace", "GPU-hours", f"Cost ({currency(report)})"],
+                3, rows, [""] * len(mine) + ["total"], [ADJUSTMENTS_NOTE])))
+    return out
 
 
 def budget_text(report: Report) -> str:
@@ -453,6 +498,7 @@ def facts(report: Report) -> list[tuple[str, str]]:
         ("Savings", savings_text(report)),
         ("Idle", report.idle_policy),
         ("Previous month", previous_text(report)),
+        *([("Closed", closed_text(report))] if closed_text(report) else []),
         ("Tool", f"gpu-ledger {report.tool_version}"),
     ]
 

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from metering.closes import Adjustment
 from metering.report.csvout import neutralise
 from metering.report.model import ChargeDay, ModelPrice, Report
 
@@ -151,6 +152,37 @@ def rows(report: Report, provider: str = PROVIDER_DEFAULT) -> Iterator[Row]:
             parts = [("idle-share", cd.cost)]
         for part, amount in parts:
             yield {**base, **_row(cd, part, amount, price)}
+    for adj in report.adjustments_in:
+        yield {**base, **_correction(adj)}
+
+
+def _correction(adj: Adjustment) -> Row:
+    """An adjustment for a closed month (metering/closes.py) as FOCUS 1.2 bills a correction
+    to a previously invoiced billing period (specification/columns/chargeclass.md): billed
+    in this month's billing period, ChargeClass "Correction", and its charge period the closed
+    month whose usage it corrects. The amount is the change, so it may be negative."""
+    gpu_hours = Decimal(repr(adj.allocated_gpu_hours)).quantize(_Q6)
+    fleet_row = adj.team in ("idle", "down", "adjustment")
+    tags = {f"{TAG_PREFIX}{k}": v for k, v in (
+        ("team", adj.team), ("namespace", adj.namespace), ("cluster", adj.cluster),
+        ("corrects", str(adj.for_month))) if v}
+    return {
+        "BilledCost": adj.cost, "ContractedCost": adj.cost, "EffectiveCost": adj.cost,
+        "ListCost": adj.cost, "ListUnitPrice": None,
+        "ChargeCategory": "Usage", "ChargeClass": "Correction",
+        "ChargeDescription": f"Correction for {adj.for_month}: GPU time metered after the month "
+                             f"was closed ({adj.namespace or adj.team})",
+        "ChargeFrequency": "Usage-Based",
+        "ChargePeriodStart": adj.for_month.start, "ChargePeriodEnd": adj.for_month.end,
+        "ConsumedQuantity": gpu_hours, "ConsumedUnit": UNIT, "PricingCategory": "Standard",
+        "PricingQuantity": gpu_hours, "PricingUnit": UNIT,
+        "ResourceId": None, "ResourceName": None, "ResourceType": None, "SkuId": None,
+        "SubAccountId": adj.team, "SubAccountName": adj.team,
+        "Tags": json.dumps(tags, sort_keys=True, ensure_ascii=False),
+        "x_Team": "" if fleet_row else adj.team, "x_Namespace": adj.namespace,
+        "x_GpuModel": "", "x_SharingMode": "", "x_MigProfile": "", "x_RowKind": "correction",
+        "x_AllocatedGpuHours": gpu_hours, "x_UsedGpuHours": None,
+    }
 
 
 def _row(cd: ChargeDay, part: str, amount: Decimal, price: ModelPrice | None) -> Row:

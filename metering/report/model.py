@@ -12,6 +12,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from metering.closes import Adjustment
 from metering.period import HOUR, HourRange, Month
 from metering.report.waste import Recommendation
 
@@ -270,6 +271,12 @@ class Report:
     # cluster -> GPU model -> list price that cluster's charges were priced at (filled where
     # the cost model is at hand; prices may differ per cluster, see Capacity.price).
     cluster_prices: Mapping[str, Mapping[str, ModelPrice]] = field(default_factory=dict)
+    # When `gpu-ledger close` closed the month (None: open): its charges never change since.
+    closed_at: datetime | None = None
+    # Adjustments for this closed month, billed in later months; and those billed in this
+    # month for earlier closed months (metering/closes.py).
+    adjustments_out: list[Adjustment] = field(default_factory=list)
+    adjustments_in: list[Adjustment] = field(default_factory=list)
 
     @property
     def capacity_gpu_hours(self) -> Decimal:

@@ -81,7 +81,7 @@ COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 
 # Section names, in the order rows appear.
 SECTIONS = ("fleet", "cluster", "team", "namespace", "model_sharing", "pod", "team_day",
-            "missing_hours", "model_price", "budget", "maturity", "savings")
+            "missing_hours", "adjustment", "model_price", "budget", "maturity", "savings")
 
 Value = str | int | bool | Decimal | None
 Row = dict[str, Value]
@@ -161,8 +161,16 @@ def rows(report: Report) -> Iterator[Row]:
                 "hours": gap.hours,
             }
         )
-
-
+    # Billed in this month for a closed month (metering/closes.py); a closed month's own rows
+    # never change, so the adjustments posted for it appear in the month that bills them.
+    for rank, adj in enumerate(report.adjustments_in, start=1):
+        start, end = _iso(HourRange(adj.for_month.start, adj.for_month.end))
+        yield _complete({**context, "section": "adjustment", "rank": rank,
+                         "cluster": adj.cluster or report.cluster, "team": adj.team,
+                         "namespace": adj.namespace, "kind": "correction",
+                         "hour_from": start, "hour_to": end,
+                         "allocated_gpu_hours": Decimal(repr(adj.allocated_gpu_hours)),
+                         "cost": adj.cost})
     for rank, cap in enumerate(report.capacity, start=1):
         yield _complete({**context, "section": "model_price", "rank": rank, **_capacity(cap)})
     for rank, m in enumerate(report.maturity, start=1):

@@ -184,3 +184,29 @@ CREATE TABLE IF NOT EXISTS ingest_chunks (
     committed_at      TIMESTAMP NOT NULL,
     clusters          VARCHAR[]             -- the clusters it rewrote; NULL: not recorded
 );
+
+-- Closed months (metering/closes.py, `gpu-ledger close`): a closed month's charges never
+-- change again. What data metered after the close changes in its hours is appended to
+-- `adjustments` and billed in the first open month after it (docs/metering.md, "Closing a
+-- month").
+CREATE TABLE IF NOT EXISTS month_closes (
+    month             DATE      NOT NULL PRIMARY KEY,  -- first day of the month
+    closed_at         TIMESTAMP NOT NULL,   -- UTC
+    cost              DECIMAL(18, 6) NOT NULL,  -- the closed bill: its charges' cost
+    device_hours      BIGINT    NOT NULL
+);
+
+-- Per hour of a closed month x cluster x team x namespace: how much later data changed the
+-- cost (may be negative). Appended, never rewritten: the sum over an hour's rows is what its
+-- charges would be now, less what the closed bill says.
+CREATE TABLE IF NOT EXISTS adjustments (
+    hour              TIMESTAMP NOT NULL,   -- the closed month's hour the usage was in
+    cluster           VARCHAR   NOT NULL,
+    team              VARCHAR   NOT NULL,
+    namespace         VARCHAR   NOT NULL,
+    cost              DECIMAL(18, 6) NOT NULL,
+    allocated_gpu_hours DOUBLE  NOT NULL,
+    posted_month      DATE      NOT NULL,   -- the open month that bills it
+    posted_at         TIMESTAMP NOT NULL,   -- UTC
+    cost_model_hash   VARCHAR   NOT NULL
+);
