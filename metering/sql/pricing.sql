@@ -348,7 +348,7 @@ WITH h AS (
     FROM _alloc a
 ), s AS (SELECT hour, uuid, sum(greatest(eh, 0)) AS total FROM h GROUP BY hour, uuid)
 SELECT h.hour, h.team, h.namespace, h.pod, h.container, h.node, h.uuid, h.mig_uuid, h.model,
-       h.sharing, h.rule,
+       h.sharing, h.profile, h.rule,
        greatest(h.eh, 0) * CASE WHEN s.total > h.up_frac THEN h.up_frac / s.total ELSE 1 END
            AS w
 FROM h JOIN s USING (hour, uuid);
@@ -394,15 +394,15 @@ WITH dv AS (
     FROM down d LEFT JOIN holders h USING (hour, uuid)
     GROUP BY ALL
 )
-SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing, rule,
-       w AS fraction, mj_row AS mj, est, price_u, cost_row AS cost_u, co2_row AS co2_mg
+SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing, profile,
+       rule, w AS fraction, mj_row AS mj, est, price_u, cost_row AS cost_u, co2_row AS co2_mg
 FROM holders
 UNION ALL
-SELECT hour, 'down', '', '', '', node, uuid, '', model, 'down', 'down', 1 - up_frac, mj_down,
+SELECT hour, 'down', '', '', '', node, uuid, '', model, 'down', '', 'down', 1 - up_frac, mj_down,
        est, price_u, cost_down, co2_down
 FROM fleet WHERE mj_down <> 0
 UNION ALL
-SELECT hour, 'idle', '', '', '', node, uuid, '', model, 'idle', 'idle',
+SELECT hour, 'idle', '', '', '', node, uuid, '', model, 'idle', '', 'idle',
        CASE WHEN mj > 0 THEN (mj - mj_down - mj_held) / mj ELSE 0 END,
        mj - mj_down - mj_held, est, price_u, cost_u - coalesce(cost_down, 0) - cost_held,
        co2_mg - coalesce(co2_down, 0) - co2_held
@@ -414,10 +414,10 @@ DELETE FROM energy_hours WHERE hour >= getvariable('gl_start') AND hour < getvar
 
 -- step: energy_insert
 INSERT INTO energy_hours (hour, team, namespace, pod, container, node, uuid, mig_uuid, model,
-                          sharing, rule, fraction, energy_joules, estimated, price_per_kwh,
+                          sharing, profile, rule, fraction, energy_joules, estimated, price_per_kwh,
                           energy_cost, co2e_grams, cost_model_hash, cluster)
-SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing, rule,
-       fraction, (CAST(mj AS DECIMAL(18, 0)) * CAST(0.001 AS DECIMAL(18, 3)))::DECIMAL(18, 3),
+SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing, profile,
+       rule, fraction, (CAST(mj AS DECIMAL(18, 0)) * CAST(0.001 AS DECIMAL(18, 3)))::DECIMAL(18, 3),
        est, gl_money(price_u), gl_money(cost_u),
        (CAST(co2_mg AS DECIMAL(18, 0)) * CAST(0.001 AS DECIMAL(18, 3)))::DECIMAL(18, 3),
        getvariable('gl_hash'), getvariable('gl_cluster')

@@ -185,6 +185,7 @@ CREATE TABLE IF NOT EXISTS energy_hours (
     mig_uuid          VARCHAR   NOT NULL,
     model             VARCHAR   NOT NULL,
     sharing           VARCHAR   NOT NULL,   -- the holder's mode, or idle | down
+    profile           VARCHAR   NOT NULL,   -- MIG profile or ''
     rule              VARCHAR   NOT NULL,   -- held | mig-activity | mig-slices | sm-share |
                                             -- held (no SM data) | idle | down
     fraction          DOUBLE    NOT NULL,   -- share of the device-hour's energy
