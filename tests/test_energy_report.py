@@ -127,3 +127,54 @@ def test_html_report_with_energy_columns_renders_in_chromium(report: Report,
     want = ["2.50", "1.400", "0.50", "0.672"]  # compute, kWh, energy, kg CO2e
     assert [c for c in science.split("\t") if c in want] == want
     assert width > 300
+
+
+def test_savings_state_the_kwh_and_co2e_they_would_free(tmp_path: Path) -> None:
+    """100 h of a whole H100 drawing 0.5 kWh an hour (400 g/kWh, PUE 1): 50 kWh, 20 kg.
+    Rightsized to MIG 1g.10gb it gives back 6/7 of the device: 400 x 6/7 = 342.857143 saved,
+    so 50 x 342.857143 / 400 = 42.857143 kWh and 17.142857 kg. An idle Job's 30 idle hours
+    of 0.5 kWh: 15 kWh, 6 kg."""
+    from test_waste import COST_MODEL, H100, MONTH, Holder, _facts
+
+    from metering.report.waste import Kind, Settings, mig_fraction, recommend
+
+    holders = [Holder("infer-7d9f-abcde", "GPU-1", H100, 100, mem_gb=8.0,
+                      owner=("Deployment", "infer"), peaks={5: 9.0}),
+               Holder("batch-x1", "GPU-2", H100, 100, mem_gb=60.0, sm=0.8,
+                      owner=("Job", "batch"), peaks=dict.fromkeys(range(30), 0.0))]
+    carbon = COST_MODEL + "carbon: {grams_per_kwh: 400}\n"
+    con, cm = _facts(tmp_path / "m.duckdb", holders, carbon)
+    try:
+        con.execute("UPDATE device_hours SET energy_joules = 1800000")
+        price_period(con, cm, MONTH.start, MONTH.end)
+        recs = {r.kind: r for r in recommend(con, MONTH.start, MONTH.end, mig_fraction(cm),
+                                             Settings())}
+    finally:
+        con.close()
+    to_mig, idle = recs[Kind.TO_MIG], recs[Kind.IDLE]
+    share = Decimal("342.857143") / 400
+    assert to_mig.saving == Decimal("342.857143")
+    assert (to_mig.energy_saving_kwh, to_mig.co2e_saving_kg) == (
+        (50 * share).quantize(Decimal("0.000001")), (20 * share).quantize(Decimal("0.000001")))
+    assert (to_mig.energy_saving_kwh, to_mig.co2e_saving_kg) == \
+        (Decimal("42.857143"), Decimal("17.142857"))
+    assert (idle.energy_saving_kwh, idle.co2e_saving_kg) == (Decimal("15"), Decimal("6"))
+
+
+def test_the_metering_push_carries_each_teams_energy_and_carbon(report: Report) -> None:
+    """What `meter --pushgateway` pushes, from the report's team rows (as cli_meter does)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from metering import publish
+    from metering.period import Period, utc_aware
+
+    energy: list[tuple[str, float, float | None]] = [
+        (t.team, float(t.energy.kwh), float(t.energy.co2e_kg or 0))
+        for t in report.teams if t.energy is not None and not t.overhead]
+    period = Period(utc_aware(MONTH.start), utc_aware(MONTH.end))
+    state = publish.RunState("default", period, 3, 1.0, MONTH, "EUR", (), energy)
+    got = {(f.name, s.labels["team"]): s.value
+           for f in text_string_to_metric_families(publish.exposition(state))
+           for s in f.samples if "team" in s.labels}
+    assert got == {(publish.ENERGY, "science"): 1.4, (publish.ENERGY, "ml"): 0.3,
+                   (publish.CO2E, "science"): 0.672, (publish.CO2E, "ml"): 0.144}
