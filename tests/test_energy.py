@@ -391,3 +391,25 @@ def test_a_bad_intensity_csv_names_its_line(tmp_path: Path, csv: str, problem: s
     assert _error(tmp_path, "carbon: {grams_per_kwh: 1, intensity_csv: grid.csv}\n") == (
         "cost-model.yaml: carbon.intensity_csv: expected a CSV of timestamp,gCO2e/kWh lines "
         f"({problem})")
+
+
+def test_the_packaged_examples_parse_and_the_docs_name_every_key(tmp_path: Path) -> None:
+    """The commented-out `energy:` and `carbon:` examples of cost-model.yaml, uncommented,
+    are a valid cost model; docs/cost-model.md names every key."""
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "cost-model.yaml").read_text()
+    examples = []
+    for section in ("energy", "carbon"):
+        lines = text.split(f"\n# {section}:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+        examples.append(f"{section}:\n" + "\n".join(line[2:] for line in lines))
+    (tmp_path / "grid-intensity.csv").write_text("timestamp,g\n2026-10-01T00:00:00Z,123\n")
+    cm = model(tmp_path, "\n".join(examples) + "\n")
+    assert cm.energy is not None and cm.carbon is not None
+    assert cm.energy.price_at(datetime(2026, 10, 3, 23)) == Decimal("0.10")  # Sat night
+    assert cm.energy.price_at(datetime(2026, 10, 3, 12)) == Decimal("0.12")  # Sat noon
+    assert cm.energy.price_at(datetime(2026, 10, 1, 12)) == Decimal("0.20")  # Thu noon
+    assert cm.carbon.grams_at(T0) == Decimal(123) and cm.carbon.grams_at(T1) == Decimal(350)
+    docs = (root / "docs" / "cost-model.md").read_text()
+    for key in ("energy", "price_per_kwh", "pue", "timezone", "tariff", "hours", "days",
+                "carbon", "grams_per_kwh", "intensity_csv"):
+        assert f"`{key}" in docs, key
