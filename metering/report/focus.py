@@ -8,7 +8,9 @@ own figures follow as `x_` columns. The mapping is documented in docs/reports.md
 Money: BilledCost = EffectiveCost = ContractedCost = the charge; ListCost = ListUnitPrice x
 PricingQuantity at the cost model's list price. Idle cost shared out to a team is its own row
 (no unit price), so the product rule of the specification holds on every row that has one.
-Summed over the file, BilledCost and ListCost both equal the fleet's cost.
+Summed over the file, BilledCost and ListCost both equal the fleet's cost. Where the month's
+energy is reported (cost model `energy:` / `carbon:`), energy rows follow with kWh and kg CO2e
+as `x_` columns (FOCUS 1.2 has none); BilledCost then adds the energy line.
 """
 
 from __future__ import annotations
