@@ -10,6 +10,7 @@ import sys
 from decimal import Decimal
 
 from metering.costmodel import CostModel, CostModelError, PriceRule, load_cost_model
+from metering.energy import DAYS
 from metering.errors import ArgumentParser, ExitCode
 
 
@@ -36,6 +37,24 @@ def _rule_lines(rule: PriceRule, currency: str) -> list[str]:
     if rule.memory_gb is not None:
         lines.append(f"    memory {rule.memory_gb} GB")
     return lines
+
+
+def _energy_lines(model: CostModel) -> list[str]:
+    e, c = model.energy, model.carbon
+    if e is None:
+        out = ["energy: inside the device-hour rate (no `energy:` section)"]
+    else:
+        out = [f"energy: measured kWh x PUE {e.pue} x {_money(e.price_per_kwh, model.currency)}"
+               "/kWh (derived rates are capital + overhead)"
+               + (f"; tariff in {e.timezone}:" if e.tariff else "")]
+        out += [f"  {w.key}: hours {w.start:02d}-{w.end:02d} "
+                f"{','.join(DAYS[d] for d in sorted(w.days)) if len(w.days) < 7 else 'every day'}"
+                f": {_money(w.price_per_kwh, model.currency)}/kWh" for w in e.tariff]
+    if c is not None:
+        csv = f", hourly from {c.intensity_csv} ({len(c.intensity)} hours)" if c.intensity_csv \
+            else ""
+        out.append(f"carbon: {c.grams_per_kwh} gCO2e/kWh{csv}")
+    return out
 
 
 def show(model: CostModel, name: str, models: list[str]) -> str:
@@ -71,6 +90,7 @@ def show(model: CostModel, name: str, models: list[str]) -> str:
     if model.idle_weights:
         idle += " (" + ", ".join(f"{t}={w}" for t, w in model.idle_weights.items()) + ")"
     out.append(f"idle: {idle}; down GPU hours: `down` rows, never shared")
+    out += _energy_lines(model)
     for cluster, own in model.clusters.items():  # each cluster's model, in full
         body = show(own, name, models).splitlines()[1:]
         out += [f"cluster {cluster} (clusters.{cluster}):", *(f"  {line}" for line in body)]

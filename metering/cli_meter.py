@@ -252,15 +252,19 @@ def _publish(gateway: str, args: argparse.Namespace, period: Period, clusters: C
     from metering.report.builder import make_report  # the report's budgets: one definition
 
     month, currency, budgets = publish.budget_month(period), "", []
+    energy: list[tuple[str, float, float | None]] = []
     if result.pricing is not None:
         try:
             report = make_report(args.db, month, args.cost_model, 0)
             currency, budgets = report.cost_model.currency, list(report.budgets or [])
+            energy = [(t.team, float(t.energy.kwh), None if t.energy.co2e_kg is None
+                       else float(t.energy.co2e_kg))
+                      for t in report.teams if t.energy is not None and not t.overhead]
         except MeteringError as exc:
             print(f"gpu-ledger meter: warning: budgets not published: {exc}", file=sys.stderr)
     hours = period.hours - len(result.ingest.empty_hours)
     state = publish.RunState(clusters.name, period, hours, publish.now(), month, currency,
-                             budgets)
+                             budgets, energy)
     try:
         publish.push(gateway, state)
     except publish.PushError as exc:

@@ -19,10 +19,20 @@ from decimal import ROUND_HALF_UP, Decimal
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpu_ledger import safeyaml
 from gpu_ledger.sharing import SharingMode
 from metering.cluster import CLUSTER_NAME_RULE, is_cluster_name
+from metering.energy import (
+    DAYS,
+    MAX_GRAMS_PER_KWH,
+    Carbon,
+    EnergyPricing,
+    IntensityError,
+    TariffWindow,
+    read_intensity,
+)
 from metering.errors import InputError
 
 MICRO: Final = Decimal("0.000001")
@@ -39,7 +49,7 @@ IDLE_POLICIES: Final = ("separate", "proportional", "even", "weights")
 # Sections a cluster may set differently under `clusters.NAME` (currency and budgets are the
 # ledger's, one for every cluster).
 CLUSTER_SECTIONS: Final = ("pricing", "mig", "sharing", "vgpu", "basis", "utilization_tiers",
-                           "teams", "discounts", "idle")
+                           "teams", "discounts", "idle", "energy", "carbon")
 _MISSING: Final = object()
 # Sane bounds, so a typo fails `cost-model check` instead of pricing (docs/cost-model.md,
 # "Bounds"): a device-hour costs at most a million currency units (charges are DECIMAL(18, 6),
@@ -118,6 +128,12 @@ class Derivation:
     def hourly(self) -> Decimal:
         total = self.capital_hourly + self.energy_hourly + self.overhead_hourly
         return total.quantize(MICRO, rounding=ROUND_HALF_UP)
+
+    @property
+    def compute_hourly(self) -> Decimal:
+        """Capital + overhead: the rate when `energy:` prices the measured kWh instead."""
+        return (self.capital_hourly + self.overhead_hourly).quantize(MICRO,
+                                                                     rounding=ROUND_HALF_UP)
 
 
 @dataclass(frozen=True)
@@ -242,6 +258,10 @@ class CostModel:
     # its share of the entry it matches ("fraction"), or not at all ("exclude": the host
     # cluster is metered too and its vGPU rows already bill the hardware).
     vgpu_guests: str = "fraction"
+    # `energy:` prices each holder's measured kWh (then device-hour rates are capital +
+    # overhead only); `carbon:` turns kWh into CO2e. None: not priced / not reported.
+    energy: EnergyPricing | None = None
+    carbon: Carbon | None = None
 
     def for_cluster(self, name: str) -> CostModel:
         return self.clusters.get(name, self)
@@ -321,7 +341,8 @@ def load_cost_model(path: str | Path | None) -> CostModel:
         doc = safeyaml.load(text, name, unique_keys=True, exponent_floats=True)
     except safeyaml.YamlError as e:
         raise CostModelError(name, e.key or e.where, "valid YAML", hint=e.problem) from None
-    return dataclasses.replace(_Parser(name).model(doc, p, hashlib.sha256(raw).hexdigest()),
+    parser = _Parser(name, files=p.resolve().parent)
+    return dataclasses.replace(parser.model(doc, p, hashlib.sha256(raw).hexdigest()),
                                name=name, text=text)
 
 
@@ -338,9 +359,13 @@ def parse_cost_model(text: str, name: str) -> CostModel:
 
 
 class _Parser:
-    def __init__(self, file: str, prefix: str = "") -> None:
+    def __init__(self, file: str, prefix: str = "", files: Path | None = None) -> None:
         self.file = file
         self.prefix = prefix  # key path of the section being read: "clusters.NAME."
+        # Where files the model names (carbon.intensity_csv) are read from; None: not read
+        # (a copy read back from the ledger, priced already).
+        self.files = files
+        self.measured_energy = False  # `energy:` given: derived rates leave out power_watts
 
     def fail(self, key: str, expected: str, found: object = _MISSING,
              hint: str = "") -> CostModelError:
@@ -438,7 +463,8 @@ class _Parser:
             raise self.fail("currency", "a three-letter ISO 4217 code like USD", currency)
         if "pricing" not in top:
             raise self.fail("pricing", "a pricing section with default and gpus")
-        default, gpus = self.pricing(top["pricing"])
+        energy = self.energy(top.get("energy"))
+        default, gpus = self.pricing(top["pricing"], measured_energy=energy is not None)
         mig_fraction, mig_table = self.mig(top.get("mig"))
         if mig_fraction == "memory":
             for rule in (default, *gpus):
@@ -462,6 +488,7 @@ class _Parser:
                          team_discounts=team_disc, model_discounts=model_disc,
                          idle_policy=policy, idle_weights=weights, budgets=budgets,
                          vgpu_guests=self.vgpu_guests(top.get("vgpu")),
+                         energy=energy, carbon=self.carbon(top.get("carbon")),
                          clusters=self.clusters(top, path, digest))
 
     def clusters(self, top: dict[str, Any], path: Path, digest: str) -> dict[str, CostModel]:
@@ -485,14 +512,17 @@ class _Parser:
                 raise self.fail(key, "at least one section to override: "
                                 + ", ".join(CLUSTER_SECTIONS))
             sections = self.mapping(override, key, CLUSTER_SECTIONS)
-            out[name] = _Parser(self.file, key + ".").model({**base, **sections}, path, digest)
+            out[name] = _Parser(self.file, key + ".", self.files).model(
+                {**base, **sections}, path, digest)
         return out
 
-    def pricing(self, value: object) -> tuple[PriceRule, tuple[PriceRule, ...]]:
+    def pricing(self, value: object, measured_energy: bool = False
+                ) -> tuple[PriceRule, tuple[PriceRule, ...]]:
         sec = self.mapping(value, "pricing", ("default", "gpus"))
         if "default" not in sec:
             raise self.fail("pricing.default",
                             "the price for GPU models no entry matches (hourly or derived)")
+        self.measured_energy = measured_energy
         default = self.price(sec["default"], "pricing.default", named=False)
         gpus_raw = sec.get("gpus") or []
         if not isinstance(gpus_raw, list):
@@ -533,7 +563,8 @@ class _Parser:
                                 sec["hourly"])
         else:
             derived = self.derivation(sec["derived"], f"{key}.derived")
-            hourly = derived.hourly
+            # with `energy:` the measured kWh are priced apart: the rate is capital + overhead
+            hourly = derived.compute_hourly if self.measured_energy else derived.hourly
         memory = sec.get("memory_gb")
         memory_gb = None if memory is None else \
             self.number(memory, f"{key}.memory_gb", lo_open=True, hi=MAX_MEMORY_GB)
@@ -732,3 +763,88 @@ class _Parser:
         warn_at = self.number(sec.get("warn_at", 1), "budgets.warn_at", lo_open=True,
                               hi=Decimal(1))
         return Budgets(monthly, warn_at)
+
+    def energy(self, value: object) -> EnergyPricing | None:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.fail("energy", "a mapping with price_per_kwh (and pue, tariff, "
+                            "timezone)", value)
+        sec = self.mapping(value, "energy", ("price_per_kwh", "pue", "tariff", "timezone"))
+        if "price_per_kwh" not in sec:
+            raise self.fail("energy.price_per_kwh", "a number >= 0 (the price of one kWh)")
+        price = self.kwh_price(sec["price_per_kwh"], "energy.price_per_kwh")
+        pue = self.number(sec.get("pue", 1), "energy.pue", lo=Decimal(1), hi=MAX_PUE)
+        if pue != pue.quantize(MICRO):
+            raise self.fail("energy.pue", "a PUE with at most 6 decimal places", sec["pue"])
+        zone = self.text(sec.get("timezone", "UTC"), "energy.timezone",
+                         "an IANA time zone like Europe/Berlin")
+        try:
+            ZoneInfo(zone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise self.fail("energy.timezone", "an IANA time zone like Europe/Berlin",
+                            zone) from None
+        raw = sec.get("tariff") or []
+        if not isinstance(raw, list):
+            raise self.fail("energy.tariff", "a list of {hours, days, price_per_kwh}", raw)
+        return EnergyPricing(price, pue, tuple(self.window(w, f"energy.tariff[{i}]")
+                                               for i, w in enumerate(raw)), zone)
+
+    def kwh_price(self, value: object, key: str) -> Decimal:
+        price = self.number(value, key, hi=MAX_HOURLY)
+        if price != price.quantize(MICRO):
+            raise self.fail(key, "a price with at most 6 decimal places", value)
+        return price
+
+    def window(self, value: object, key: str) -> TariffWindow:
+        if not isinstance(value, dict):
+            raise self.fail(key, "a mapping with hours, price_per_kwh and optional days",
+                            value)
+        sec = self.mapping(value, key, ("hours", "days", "price_per_kwh"))
+        for name in ("hours", "price_per_kwh"):
+            if name not in sec:
+                raise self.fail(f"{key}.{name}", "a value (hours like \"22-06\", a price)")
+        hours = sec["hours"]
+        m = re.fullmatch(r"(\d{1,2})-(\d{1,2})", hours) if isinstance(hours, str) else None
+        start, end = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+        if not 0 <= start <= 23 or not 1 <= end <= 24 or start == end:
+            raise self.fail(f"{key}.hours", "START-END in whole hours, 0-23 and 1-24, like "
+                            "\"07-22\" or \"22-06\" (crossing midnight)", hours)
+        raw_days = sec.get("days", list(DAYS))
+        if not isinstance(raw_days, list) or not raw_days:
+            raise self.fail(f"{key}.days", "a list of days: " + ", ".join(DAYS), raw_days)
+        days: set[int] = set()
+        for day in raw_days:
+            days.add(DAYS.index(self.choice(day, f"{key}.days", DAYS)))
+        price = self.kwh_price(sec["price_per_kwh"], f"{key}.price_per_kwh")
+        return TariffWindow(key, start, end, frozenset(days), price)
+
+    def carbon(self, value: object) -> Carbon | None:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.fail("carbon", "a mapping with grams_per_kwh (and intensity_csv)", value)
+        sec = self.mapping(value, "carbon", ("grams_per_kwh", "intensity_csv"))
+        if "grams_per_kwh" not in sec:
+            raise self.fail("carbon.grams_per_kwh",
+                            "a number >= 0 (gCO2e per kWh, for hours the CSV lacks)")
+        grams = self.number(sec["grams_per_kwh"], "carbon.grams_per_kwh",
+                            hi=MAX_GRAMS_PER_KWH)
+        if grams != grams.quantize(Decimal("0.001")):
+            raise self.fail("carbon.grams_per_kwh", "grams with at most 3 decimal places",
+                            sec["grams_per_kwh"])
+        csv_name = sec.get("intensity_csv")
+        if csv_name is None:
+            return Carbon(grams)
+        csv_name = self.text(csv_name, "carbon.intensity_csv",
+                             "a CSV file of timestamp,gCO2e/kWh lines")
+        if self.files is None:
+            return Carbon(grams, csv_name)
+        path = Path(csv_name)
+        try:
+            intensity = read_intensity(path if path.is_absolute() else self.files / path,
+                                       csv_name)
+        except IntensityError as e:
+            raise self.fail("carbon.intensity_csv", "a CSV of timestamp,gCO2e/kWh lines",
+                            hint=str(e)) from None
+        return Carbon(grams, csv_name, intensity)

@@ -146,6 +146,14 @@ _MIGRATIONS += tuple(
                                 ("ingest_chunks", "clusters", "VARCHAR[]")))
 
 
+# Energy estimated from power samples (a missing or reset counter); earlier rows are measured.
+_MIGRATIONS += ((
+    "SELECT count(*) = 0 FROM information_schema.columns WHERE table_catalog = "
+    "current_database() AND table_name = 'device_hours' AND column_name = 'energy_estimated'",
+    ("ALTER TABLE device_hours ADD COLUMN energy_estimated BOOLEAN DEFAULT false",
+     "ALTER TABLE device_hours ALTER COLUMN energy_estimated SET NOT NULL")),)
+
+
 def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Bring an existing database's tables up to schema.sql; returns the statements run."""
     done: list[str] = []

@@ -92,6 +92,8 @@ SIGNALS: tuple[SignalSpec, ...] = (
     SignalSpec("energy_last", "gpu_energy_joules_total", "last", ("node", "uuid"),
                DEVICE_KEY),
     SignalSpec("energy_min", "gpu_energy_joules_total", "min", ("node", "uuid"), DEVICE_KEY),
+    # Power samples: the hour's energy where the counter is missing or reset (flagged).
+    SignalSpec("power_sum", "gpu_power_watts", "sum", ("node", "uuid"), DEVICE_KEY),
     SignalSpec("mig_count", "gpu_mig_info", "count",
                ("node", "uuid", "mig_uuid", "profile", "slices", "parent_slices"), MIG_KEY),
     SignalSpec("mig_tlast", "gpu_mig_info", "tlast", ("node",), MIG_KEY),
@@ -131,6 +133,7 @@ VALUE_RANGE: dict[str, tuple[float, float]] = {
     "gpu_info": (0.0, 1.0),
     "gpu_utilization_ratio": (0.0, 1.0),
     "gpu_energy_joules_total": (0.0, 1e15),  # 1 kW for 30 years is 1e12 J
+    "gpu_power_watts": (0.0, 1e5),  # MAX_WATTS of the cost model; a GPU draws about 1e3
     "gpu_mig_info": (0.0, 1.0),
     "gpu_mig_memory_total_bytes": (0.0, MAX_BYTES),
     "gpu_sm_active_ratio": (0.0, 1.0),

@@ -17,7 +17,7 @@ from metering import db, manifest
 from metering.cluster import CLUSTER_NAME_RULE, is_cluster_name
 
 LEDGER_TABLES: Final = ("device_hours", "mig_hours", "allocation_hours", "workload_hours",
-                        "grant_hours", "coverage", "charges")
+                        "grant_hours", "coverage", "charges", "energy_hours")
 # What the charges were priced with (pricing.py keeps it): not per cluster or hour, so read and
 # exported whole, and merged by key.
 SIDE_TABLES: Final = ("cost_models", "cost_model_prices")

@@ -21,6 +21,7 @@ from metering import sqlfile
 from metering.cluster import DEFAULT_CLUSTER
 from metering.costmodel import MICRO, CostModel
 from metering.db import memory_limit, memory_limit_bytes, transaction
+from metering.energy import hours_of
 from metering.period import Period, utc_aware, utc_naive
 from metering.progress import Progress
 
@@ -37,8 +38,12 @@ _CONFIG_TABLES: Final = {
     "_p_eff": "sharing VARCHAR, factor DOUBLE",
     "_p_tiers": "lo DOUBLE, hi DOUBLE, multiplier DOUBLE",
     "_p_idle_weights": "team VARCHAR, weight DOUBLE",
+    # per hour of the slice: kWh price and PUE in millionths, gCO2e/kWh in thousandths; price
+    # and intensity NULL where the cost model has no `energy:` / `carbon:`
+    "_p_energy": "hour TIMESTAMP, price_u BIGINT, pue_u BIGINT, gpk_m BIGINT",
 }
-_WORK_TABLES: Final = ("_dev", "_alloc", "_rows", "_idle", "_pool", "_share")
+_WORK_TABLES: Final = ("_dev", "_alloc", "_rows", "_idle", "_pool", "_share", "_eshare",
+                       "_erows")
 # Integer micros -> DECIMAL(18, 6) without passing through a float.
 _MONEY_MACRO: Final = ("CREATE OR REPLACE TEMP MACRO gl_money(m) AS "
                        "(CAST(m AS DECIMAL(18, 0)) * CAST(0.000001 AS DECIMAL(18, 6)))"
@@ -115,6 +120,19 @@ def _load_config(con: duckdb.DuckDBPyConnection, model: CostModel,
         con.execute(f"SET VARIABLE {name} = ?", [value])
     con.execute(_MONEY_MACRO)
     return tuple(sorted(defaults))
+
+
+def _load_energy(con: duckdb.DuckDBPyConnection, model: CostModel, start: datetime,
+                 end: datetime) -> None:
+    """The hours of [start, end) with their kWh price, PUE and carbon intensity (_p_energy).
+    PUE is energy.pue, or 1 without `energy:` (carbon of the GPUs' own joules)."""
+    con.execute("DELETE FROM _p_energy")
+    energy, carbon = model.energy, model.carbon
+    pue = energy.pue if energy is not None else Decimal(1)
+    _insert(con, "_p_energy", [
+        (h, None if energy is None else int(energy.price_at(h) / MICRO), int(pue / MICRO),
+         None if carbon is None else int(carbon.grams_at(h) * 1000))
+        for h in hours_of(start, end)])
 
 
 def _record_cost_model(con: duckdb.DuckDBPyConnection, model: CostModel,
@@ -238,6 +256,7 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                     lo, hi = piece.naive()
                     con.execute("SET VARIABLE gl_start = ?", [lo])
                     con.execute("SET VARIABLE gl_end = ?", [hi])
+                    _load_energy(con, model.for_cluster(cluster), lo, hi)
                     for _, step in sql.steps:
                         con.execute(step)
                     row = con.execute(sql.query("totals")).fetchone()

@@ -37,7 +37,11 @@ STATUS = "gpu_ledger_team_budget_status"
 LAST_SUCCESS = "gpu_ledger_meter_last_success_timestamp_seconds"
 HOURS = "gpu_ledger_meter_hours_metered"
 THROUGH = "gpu_ledger_meter_metered_through_timestamp_seconds"
-METRICS = (SPEND, BUDGET, FORECAST, STATUS, LAST_SUCCESS, HOURS, THROUGH)
+# Measured energy and carbon per team (cost models with `energy:` or `carbon:`; the report's
+# team rows, docs/reports.md "Energy and carbon").
+ENERGY = "gpu_ledger_team_energy_kwh_month_to_date"
+CO2E = "gpu_ledger_team_co2e_kg_month_to_date"
+METRICS = (SPEND, BUDGET, FORECAST, STATUS, LAST_SUCCESS, HOURS, THROUGH, ENERGY, CO2E)
 
 # status label values, one series per state (1 for the team's state, 0 for the others).
 STATUS_LABEL = {BudgetStatus.WITHIN: "within", BudgetStatus.HEADING_OVER: "heading_over",
@@ -59,6 +63,8 @@ class RunState:
     month: Month | None = None  # the month the budgets are of (None: no budgets published)
     currency: str = ""
     budgets: Sequence[BudgetLine] = ()
+    # (team, kWh, kg CO2e or None without `carbon:`) month to date, from the report
+    energy: Sequence[tuple[str, float, float | None]] = ()
 
 
 def budget_month(period: Period) -> Month:
@@ -109,6 +115,14 @@ def exposition(state: RunState) -> str:
                          [_sample(STATUS, {**team(b), "status": label},
                                   1.0 if b.status is status else 0.0)
                           for b in state.budgets for status, label in STATUS_LABEL.items()])
+    if state.month is not None and state.energy:
+        month = str(state.month)
+        lines += _family(ENERGY, "Team's measured GPU energy so far this month, kWh.",
+                         [_sample(ENERGY, {"team": t, "month": month}, kwh)
+                          for t, kwh, _ in state.energy])
+        lines += _family(CO2E, "Team's GPU energy so far this month as kg CO2e.",
+                         [_sample(CO2E, {"team": t, "month": month}, kg)
+                          for t, _, kg in state.energy if kg is not None])
     return "\n".join(lines) + "\n"
 
 

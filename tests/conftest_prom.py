@@ -155,7 +155,8 @@ def build_fleet() -> Fleet:
 
 def expected_facts() -> dict[str, list[tuple[Any, ...]]]:
     """Rows for DAY, hand-computed from the fleet description, in the column order of
-    device_hours / mig_hours / allocation_hours (labels as a sorted tuple of pairs)."""
+    device_hours / mig_hours / allocation_hours (labels as a sorted tuple of pairs; the
+    cluster column left out)."""
     from datetime import timedelta
 
     dev: list[tuple[Any, ...]] = []
@@ -167,13 +168,13 @@ def expected_facts() -> dict[str, list[tuple[Any, ...]]]:
         # energy: 6000 J/h; GPU-a2's first hour back has no hour before: last - first = 59 min.
         a2_energy = None if a2_down else (5900.0 if h == 12 else 6000.0)
         dev += [
-            (hour, "node-a", "0", "GPU-a0", H100, False, 3600.0, 3600.0, 1800.0, 6000.0),
-            (hour, "node-a", "1", "GPU-a1", H100, False, 3600.0, 3600.0, 900.0, 6000.0),
+            (hour, "node-a", "0", "GPU-a0", H100, False, 3600.0, 3600.0, 1800.0, 6000.0, False),
+            (hour, "node-a", "1", "GPU-a1", H100, False, 3600.0, 3600.0, 900.0, 6000.0, False),
             (hour, "node-a", "2", "GPU-a2", H100, False, 3600.0, 0.0 if a2_down else 3600.0,
-             None if a2_down else 450.0, a2_energy),
-            (hour, "node-a", "3", "GPU-a3", H100, True, 3600.0, 3600.0, None, 6000.0),
-            (hour, "node-b", "0", "GPU-b0", A100, True, 3600.0, 3600.0, None, 6000.0),
-            (hour, "node-b", "1", "GPU-b1", A100, False, 3600.0, 3600.0, 2700.0, 6000.0),
+             None if a2_down else 450.0, a2_energy, False),
+            (hour, "node-a", "3", "GPU-a3", H100, True, 3600.0, 3600.0, None, 6000.0, False),
+            (hour, "node-b", "0", "GPU-b0", A100, True, 3600.0, 3600.0, None, 6000.0, False),
+            (hour, "node-b", "1", "GPU-b1", A100, False, 3600.0, 3600.0, 2700.0, 6000.0, False),
         ]
         mig.append((hour, "node-b", "GPU-b0", "MIG-b0-1", "3g.40gb", 3, 7, 40.0 * GIB, 3600.0,
                     None))

@@ -148,7 +148,7 @@ pricing:
      'memory_gb, got unknown key "hourley" (did you mean "hourly"?)'),
     (VALID + "idel: {policy: even}\n",
      'cost-model.yaml: idel: expected a known key: version, currency, pricing, mig, sharing, '
-     'vgpu, basis, utilization_tiers, teams, discounts, idle, budgets, clusters, '
+     'vgpu, basis, utilization_tiers, teams, discounts, idle, energy, carbon, budgets, clusters, '
      'got unknown key "idel" (did you mean "idle"?)'),
     (VALID + "idle: {policy: proportionate}\n",
      "cost-model.yaml: idle.policy: expected one of separate | proportional | even | weights "

@@ -12,7 +12,7 @@ from metering.db import DatabaseError, connect, migrate
 
 TABLES = {"allocation_hours", "charges", "coverage", "device_hours", "mig_hours",
           "workload_hours", "grant_hours", "ingest_runs", "ingest_chunks", "cost_models",
-          "cost_model_prices", "month_closes", "adjustments"}
+          "cost_model_prices", "month_closes", "adjustments", "energy_hours"}
 
 
 def tables(con: object) -> set[str]:
@@ -139,7 +139,7 @@ def test_a_database_from_the_first_release_is_migrated(tmp_path: Path) -> None:
     raw.close()
     con = connect(old)
     fresh = connect(":memory:")
-    for table in ("mig_hours", "allocation_hours", "charges"):
+    for table in ("device_hours", "mig_hours", "allocation_hours", "charges"):
         assert _columns(con, table) == _columns(fresh, table), table  # same shape as new
     # Old ingests wrote 0 for "no SM samples" on MIG, old pricing used 0 on every MIG row:
     # both become unknown. A whole GPU's 0 is a measured idle and stays.

@@ -229,6 +229,9 @@ def test_export_schema_is_the_documented_one(tmp_path: Path) -> None:
                 "'1g.10gb', 1, 7, 1e10, 3600, NULL, 'east')")
     con.execute("INSERT INTO grant_hours VALUES ('2026-10-05 00:00', 'ns', 'p', 'c', 'GPU-1', "
                 "'', 0.5, NULL, 'east')")
+    con.execute("INSERT INTO energy_hours VALUES ('2026-10-05 00:00', 'idle', '', '', '', 'n1', "
+                "'GPU-1', '', 'L4', 'idle', '', 'idle', 1, 3600, false, NULL, NULL, NULL, 'h', "
+                "'east')")
     con.close()
     out = tmp_path / "export"
     export_ledger(db, out)

@@ -20,6 +20,7 @@ import duckdb
 import metering
 from metering import closes, crosscheck, db, ledgerview, sqlfile
 from metering.costmodel import CostModel, CostModelError, load_cost_model, parse_cost_model
+from metering.energy import JOULES_PER_KWH
 from metering.errors import InputError, MeteringError, RefusedError, UsageError
 from metering.period import HOUR, Month, hour_ranges, utc_naive
 from metering.progress import Progress
@@ -32,6 +33,8 @@ from metering.report.model import (
     KINDS,
     ChargeDay,
     CostModelInfo,
+    Energy,
+    EnergyDay,
     Line,
     Maturity,
     ModelCapacity,
@@ -90,11 +93,13 @@ class Sums:
     sm_unknown: Decimal = _ZERO  # allocated without SM data
     fleet_hours: Decimal = _ZERO  # device-hours of idle and down rows
     sm_unknown_mig: Decimal = _ZERO  # of sm_unknown, on MIG instances (no GPM)
+    energy: Energy | None = None  # None: energy not reported (no `energy:` / `carbon:`)
 
     def line(self, **keys: Any) -> Line:
         return Line(**keys, allocated_gpu_hours=self.allocated, used_gpu_hours=self.used,
                     sm_unknown_gpu_hours=self.sm_unknown, cost=self.cost,
-                    idle_share=self.idle_share, fleet_gpu_hours=self.fleet_hours)
+                    idle_share=self.idle_share, fleet_gpu_hours=self.fleet_hours,
+                    energy=self.energy)
 
 
 Key = tuple[tuple[str, ...], str]  # (key values, kind)
@@ -133,7 +138,31 @@ def read_sections(con: Any, month: Month) -> Sections:
         out[section][key] = Sums(_q6(alloc), None if used is None else _q6(used),
                                  Decimal(cost), Decimal(idle), _q6(unknown), _q6(fleet_hours),
                                  _q6(unknown_mig))
+    reported, priced, carbon = con.execute(_sql("energy_reported"), _month(month)).fetchone()
+    if not reported:
+        return out
+    for row in con.execute(_sql("energy_sections"), _month(month)).fetchall():
+        section, values = str(row[0]), dict(zip(_COLUMNS, row[1:10], strict=True))
+        joules, cost, grams, estimated = row[10:]
+        keys = SECTION_KEYS[section]
+        if section == "pods" and not values["pod"]:
+            continue
+        key = (tuple(str(values[k]) for k in keys), str(values["kind"]))
+        energy = Energy(kwh=_kwh(joules), cost=Decimal(cost or 0) if priced else None,
+                        co2e_kg=(Decimal(grams or 0) / 1000).quantize(_Q6) if carbon else None,
+                        estimated_kwh=_kwh(estimated))
+        out[section][key] = dataclasses.replace(out[section].get(key, _NO_SUMS), energy=energy)
+    # Rows of charges without energy rows (a device without an energy figure) show 0 kWh.
+    none = Energy(_ZERO, _ZERO if priced else None, _ZERO if carbon else None, _ZERO)
+    for groups in out.values():
+        for key, sums in groups.items():
+            if sums.energy is None:
+                groups[key] = dataclasses.replace(sums, energy=none)
     return out
+
+
+def _kwh(joules: Any) -> Decimal:
+    return (Decimal(joules or 0) / JOULES_PER_KWH).quantize(_Q6)
 
 
 def _fleet(sections: Sections) -> Sums | None:
@@ -280,6 +309,17 @@ def read_charge_days(con: Any, month: Month) -> list[ChargeDay]:
     ]
 
 
+def read_energy_days(con: Any, month: Month) -> list[EnergyDay]:
+    """The month's energy at the FOCUS export's grain (model.EnergyDay)."""
+    return [
+        EnergyDay(day, team, ns, pod, mdl, sharing, profile, kind, cluster, _kwh(joules),
+                  None if cost is None else Decimal(cost),
+                  None if grams is None else (Decimal(grams) / 1000).quantize(_Q6))
+        for day, team, ns, pod, mdl, sharing, profile, kind, cluster, joules, cost, grams
+        in con.execute(_sql("energy_days"), _month(month)).fetchall()
+    ]
+
+
 def build_report(
     con: Any,
     month: Month,
@@ -293,6 +333,7 @@ def build_report(
     *,
     savings: list[waste.Recommendation] | None = None,
     days: list[ChargeDay] | None = None,
+    energy_days: list[EnergyDay] | None = None,
     cluster_prices: Mapping[str, Mapping[str, ModelPrice]] | None = None,
     notes: Sequence[str] = (),
     default_priced: Sequence[str] = (),
@@ -360,6 +401,7 @@ def build_report(
         elapsed_hours=elapsed,
         closed=closed,
         charge_days=list(days or []),
+        energy_days=list(energy_days or []) if fleet_line.energy is not None else [],
         cluster=cluster,
         clusters=section("clusters"),
         cluster_prices=dict(cluster_prices or {}),
@@ -504,6 +546,7 @@ def make_report(
         # Prices per GPU model are one figure only where every cluster has the same ones.
         uniform = cluster is not None or not (set(cm.clusters) & set(clusters_in(con, month)))
         days = read_charge_days(con, month) if charge_days else []
+        edays = read_energy_days(con, month) if charge_days else []
         by_cluster: dict[str, dict[str, ModelPrice]] = {}
         if same and days:
             gpu_models = sorted({cd.model for cd in days if cd.model})
@@ -519,7 +562,8 @@ def make_report(
             price_lookup(cm) if same and uniform else None,
             budgets.monthly if budgets else None,
             budgets.warn_at if budgets else Decimal(1),
-            cluster or "", savings=recs, days=days, cluster_prices=by_cluster,
+            cluster or "", savings=recs, days=days, energy_days=edays,
+            cluster_prices=by_cluster,
             notes=warnings, default_priced=default_priced,
         )
         return dataclasses.replace(  # the close and its adjustments (metering/closes.py)

@@ -41,7 +41,8 @@ def _text(value: tidy.Value) -> str:
 def render_csv(report: Report) -> bytes:
     buf = io.StringIO(newline="")
     writer = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
-    writer.writerow(tidy.COLUMN_NAMES)
+    names = [name for name, _ in tidy.columns(report)]
+    writer.writerow(names)
     for row in tidy.rows(report):
-        writer.writerow(_text(row[name]) for name in tidy.COLUMN_NAMES)
+        writer.writerow(_text(row[name]) for name in names)
     return buf.getvalue().encode("utf-8")

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_FLOOR, ROUND_HALF_UP, Decimal
 
-from metering.report.model import Line, Report
+from metering.report.model import Energy, Line, Report
 from metering.report.waste import Kind, Recommendation
 
 CENT = Decimal("0.01")
@@ -168,6 +168,55 @@ def efficiency(line: Line) -> str:
     return percent(eff) + (OVER_MARK if eff is not None and eff > 1 else "")
 
 
+def energy_heads(report: Report) -> list[str]:
+    """Energy columns of a breakdown, where the month's energy is reported: kWh always, the
+    energy line's cost where `energy:` priced it, kg CO2e where `carbon:` gave intensities."""
+    if not report.energy_shown:
+        return []
+    return ["Energy kWh", *([f"Energy ({currency(report)})"] if report.energy_priced else []),
+            *(["kg CO2e"] if report.carbon_shown else [])]
+
+
+def energy_cells(report: Report, line: Line) -> list[str]:
+    if not report.energy_shown:
+        return []
+    zero = Decimal(0)
+    e = line.energy or Energy(zero, zero, zero)
+    cells = [f"{e.kwh:,.3f}"]
+    if report.energy_priced:
+        cells.append(f"{cents(e.cost or zero):,.2f}")
+    if report.carbon_shown:
+        cells.append(f"{e.co2e_kg or zero:,.3f}")
+    return cells
+
+
+def energy_text(report: Report) -> str:
+    """The month's measured energy, its line on the bill and its carbon, fleet-wide."""
+    e = report.fleet.energy
+    if e is None:
+        return ""
+    out = f"{e.kwh:,.3f} kWh measured"
+    if e.estimated_kwh:
+        out += f" ({e.estimated_kwh:,.3f} kWh estimated from power samples)"
+    if e.cost is not None:
+        out += (f"; energy {cents(e.cost):,.2f} {currency(report)} billed apart from compute "
+                f"{cents(report.fleet.cost):,.2f} {currency(report)}")
+    else:
+        out += "; priced inside the device-hour rate (no `energy:` in the cost model)"
+    if e.co2e_kg is not None:
+        out += f"; {e.co2e_kg:,.3f} kg CO2e"
+    return out
+
+
+ENERGY_NOTE = (
+    "Energy: each device-hour's measured joules split among its holders (exclusive: all of "
+    "the time held; MIG: the instance's GPM activity, else its slices; time-slicing, MPS, "
+    "fractional, vGPU: SM activity), the rest on the idle and down rows. Its cost is kWh x "
+    "PUE x the tariff's price of the hour, billed apart from the compute cost; kg CO2e is "
+    "kWh x PUE x the grid's intensity (docs/reports.md, \"Energy and carbon\")."
+)
+
+
 def grid(
     report: Report,
     key_heads: Sequence[str],
@@ -187,10 +236,11 @@ def grid(
         "GPU-hours",
         "Used GPU-h",
         "Efficiency",
-        f"Cost ({currency(report)})",
+        f"{'Compute' if report.energy_priced else 'Cost'} ({currency(report)})",
     ]
     if show_idle_share:
         heads.append("of which shared idle")
+    heads += energy_heads(report)
     heads.append("Share")
     if report.has_previous:
         heads.append(f"Change vs {report.month.previous()}")
@@ -216,12 +266,15 @@ def grid(
         ]
         if show_idle_share:
             cells.append(money(ln.idle_share))
+        cells += energy_cells(report, ln)
         cells.append(percent(ln.share_of_total))
         if report.has_previous:
             cells.append(change(ln, report.has_previous))
         rows.append(cells)
         kinds.append(kind)
     notes = [GPU_HOURS_NOTE] if first else []
+    if first and report.energy_shown:
+        notes.append(ENERGY_NOTE)
     if any((ln.efficiency or 0) > 1 for _, ln, _, _ in entries):
         notes.append(OVER_NOTE)
     return Grid(heads, len(key_heads), rows, kinds, notes)
@@ -496,7 +549,10 @@ def facts(report: Report) -> list[tuple[str, str]]:
         ("Currency", currency(report)),
         ("Budgets", budget_text(report)),
         ("Savings", savings_text(report)),
+        *([("Idle energy", t)] if report.energy_shown and (t := fleet_energy_text(report))
+          else []),
         ("Idle", report.idle_policy),
+        *([("Energy", energy_text(report))] if report.energy_shown else []),
         ("Previous month", previous_text(report)),
         *([("Closed", closed_text(report))] if closed_text(report) else []),
         ("Tool", f"gpu-ledger {report.tool_version}"),
@@ -549,9 +605,27 @@ def savings_text(report: Report) -> str:
     total = sum((r.saving for r in savings), Decimal(0))
     text = (f"{len(savings)} recommendation(s); up to {money(total)} {currency(report)} "
             "this month")
+    if report.energy_shown:
+        kwh = sum((r.energy_saving_kwh or Decimal(0) for r in savings), Decimal(0))
+        text += f", {kwh:,.3f} kWh"
+        if report.carbon_shown:
+            kg = sum((r.co2e_saving_kg or Decimal(0) for r in savings), Decimal(0))
+            text += f", {kg:,.3f} kg CO2e"
     if larger:
         text += f"; {len(larger)} workload(s) need a larger unit"
     return text
+
+
+def fleet_energy_text(report: Report) -> str:
+    """Savings' energy view of the fleet rows: what idle and down GPUs drew this month."""
+    parts = []
+    for ln in report.teams:
+        if ln.kind in ("idle", "down") and ln.energy is not None and ln.energy.kwh:
+            what = "idle GPUs and idle SMs" if ln.kind == "idle" else "down GPUs"
+            carbon = (f", {ln.energy.co2e_kg:,.3f} kg CO2e"
+                      if ln.energy.co2e_kg is not None else "")
+            parts.append(f"{what} {ln.energy.kwh:,.3f} kWh{carbon}")
+    return "; ".join(parts)
 
 
 def saving_recs(report: Report) -> list[Recommendation]:
@@ -579,12 +653,21 @@ def _recommendation_grid(report: Report, recs: list[Recommendation], amount_head
     if not recs:
         return None
     heads = ["#", "Workload", "Team", "GPU model", "Holds", "Recommendation",
-             f"{amount_head} ({currency(report)})", "Confidence", "Evidence"]
+             f"{amount_head} ({currency(report)})"]
+    if report.energy_shown:
+        heads.append("kWh")
+    if report.carbon_shown:
+        heads.append("kg CO2e")
+    heads += ["Confidence", "Evidence"]
     rows, kinds = [], []
     for i, r in enumerate(recs, start=1):
-        rows.append([str(i), workload_name(report, r), label(r.team),
-                     r.model, r.current, f"{r.kind.value}: {r.proposed}", money(abs(r.saving)),
-                     r.confidence, evidence_text(r)])
+        row = [str(i), workload_name(report, r), label(r.team),
+               r.model, r.current, f"{r.kind.value}: {r.proposed}", money(abs(r.saving))]
+        if report.energy_shown:
+            row.append(DASH if r.energy_saving_kwh is None else f"{abs(r.energy_saving_kwh):,.3f}")
+        if report.carbon_shown:
+            row.append(DASH if r.co2e_saving_kg is None else f"{abs(r.co2e_saving_kg):,.3f}")
+        rows.append([*row, r.confidence, evidence_text(r)])
         kinds.append("")
     # no column is right-aligned: the amount sits between text columns
     return Grid(heads, len(heads), rows, kinds, [note])

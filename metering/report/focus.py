@@ -8,7 +8,9 @@ own figures follow as `x_` columns. The mapping is documented in docs/reports.md
 Money: BilledCost = EffectiveCost = ContractedCost = the charge; ListCost = ListUnitPrice x
 PricingQuantity at the cost model's list price. Idle cost shared out to a team is its own row
 (no unit price), so the product rule of the specification holds on every row that has one.
-Summed over the file, BilledCost and ListCost both equal the fleet's cost.
+Summed over the file, BilledCost and ListCost both equal the fleet's cost. Where the month's
+energy is reported (cost model `energy:` / `carbon:`), energy rows follow with kWh and kg CO2e
+as `x_` columns (FOCUS 1.2 has none); BilledCost then adds the energy line.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import yaml
 
 from metering.closes import Adjustment
 from metering.report.csvout import neutralise
-from metering.report.model import ChargeDay, ModelPrice, Report
+from metering.report.model import ChargeDay, EnergyDay, ModelPrice, Report
 
 PROVIDER_DEFAULT = "GPU platform"
 TAG_PREFIX = "gpu-ledger/"  # provider-defined tag keys carry a prefix (FOCUS Tags)
@@ -86,16 +88,28 @@ CUSTOM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("x_GpuModel", "String"),
     ("x_SharingMode", "String"),
     ("x_MigProfile", "String"),
-    ("x_RowKind", "String"),  # team | idle | down | adjustment | idle-share
+    # team | idle | down | adjustment | idle-share; energy | idle-energy | down-energy (the
+    # energy lines, when the month's energy is reported)
+    ("x_RowKind", "String"),
     ("x_AllocatedGpuHours", "Decimal"),
     ("x_UsedGpuHours", "Decimal"),
     ("x_CostModelHash", "String"),
 )
 
 
-def column_types() -> list[tuple[str, str]]:
+# FOCUS (1.2, the newest release; checked up to FOCUS_Spec 04f8bb3) has no energy or carbon
+# column: GPU Ledger's are `x_` columns, written when the month's energy is reported.
+ENERGY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("x_EnergyKwh", "Decimal"),
+    ("x_CarbonKgCO2e", "Decimal"),
+)
+ENERGY_UNIT = "kWh"
+
+
+def column_types(report: Report | None = None) -> list[tuple[str, str]]:
     s = spec()
-    return [(c, s.columns[c].data_type) for c in FOCUS_COLUMNS] + list(CUSTOM_COLUMNS)
+    energy = list(ENERGY_COLUMNS) if report is not None and report.energy_shown else []
+    return [(c, s.columns[c].data_type) for c in FOCUS_COLUMNS] + list(CUSTOM_COLUMNS) + energy
 
 
 Row = dict[str, Any]
@@ -151,7 +165,10 @@ def rows(report: Report, provider: str = PROVIDER_DEFAULT) -> Iterator[Row]:
         elif cd.idle_share:  # a weighted idle-share row: all of it is idle
             parts = [("idle-share", cd.cost)]
         for part, amount in parts:
-            yield {**base, **_row(cd, part, amount, price)}
+            yield {**base, **_row(cd, part, amount, price), "x_EnergyKwh": None,
+                   "x_CarbonKgCO2e": None}
+    for ed in report.energy_days:
+        yield {**base, **_energy_row(ed)}
     for adj in report.adjustments_in:
         yield {**base, **_correction(adj)}
 
@@ -182,6 +199,42 @@ def _correction(adj: Adjustment) -> Row:
         "x_Team": "" if fleet_row else adj.team, "x_Namespace": adj.namespace,
         "x_GpuModel": "", "x_SharingMode": "", "x_MigProfile": "", "x_RowKind": "correction",
         "x_AllocatedGpuHours": gpu_hours, "x_UsedGpuHours": None,
+        "x_EnergyKwh": None, "x_CarbonKgCO2e": None,
+    }
+
+
+def _energy_row(ed: EnergyDay) -> Row:
+    """The energy line of a charge day: its kWh at the hours' tariff (a cost model without
+    `energy:` has it inside the device-hour rate, so 0 here) and its CO2e."""
+    cost = ed.cost if ed.cost is not None else _ZERO
+    what = (f"pod {ed.namespace}/{ed.pod}" if ed.pod and not ed.kind
+            else "idle GPUs (SMs not busy or nobody holding)" if ed.kind == "idle"
+            else "GPUs while down or unseen" if ed.kind == "down" else f"team {ed.team}")
+    tags = {f"{TAG_PREFIX}{k}": v for k, v in (
+        ("team", ed.team), ("namespace", ed.namespace), ("gpu-model", ed.model),
+        ("sharing", ed.sharing), ("mig-profile", ed.profile), ("cluster", ed.cluster),
+        ("line", "energy")) if v}
+    is_pod = bool(ed.pod) and not ed.kind
+    return {
+        "BilledCost": cost, "ContractedCost": cost, "EffectiveCost": cost, "ListCost": cost,
+        "ListUnitPrice": None,  # the tariff's price varies by hour
+        "ChargeCategory": "Usage",
+        "ChargeDescription": f"Measured energy of {what} on {ed.model}",
+        "ChargeFrequency": "Usage-Based",
+        "ChargePeriodStart": ed.day, "ChargePeriodEnd": ed.day + _DAY,
+        "ConsumedQuantity": ed.kwh, "ConsumedUnit": ENERGY_UNIT,
+        "PricingCategory": "Standard", "PricingQuantity": ed.kwh, "PricingUnit": ENERGY_UNIT,
+        "ResourceId": f"{ed.namespace}/{ed.pod}" if is_pod else None,
+        "ResourceName": ed.pod if is_pod else None,
+        "ResourceType": "Kubernetes Pod" if is_pod else None,
+        "SkuId": ed.model or None,
+        "SubAccountId": ed.team, "SubAccountName": ed.team,
+        "Tags": json.dumps(tags, sort_keys=True, ensure_ascii=False),
+        "x_Team": ed.team if not ed.kind else "", "x_Namespace": ed.namespace,
+        "x_GpuModel": ed.model, "x_SharingMode": ed.sharing, "x_MigProfile": ed.profile,
+        "x_RowKind": "energy" if not ed.kind else f"{ed.kind}-energy",
+        "x_AllocatedGpuHours": _ZERO, "x_UsedGpuHours": None,
+        "x_EnergyKwh": ed.kwh, "x_CarbonKgCO2e": ed.co2e_kg,
     }
 
 
@@ -238,7 +291,7 @@ def _text(value: Any) -> str:
 def render_csv(report: Report) -> bytes:
     buf = io.StringIO(newline="")
     writer = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
-    names = [name for name, _ in column_types()]
+    names = [name for name, _ in column_types(report)]
     writer.writerow(names)
     for row in rows(report):
         writer.writerow(_text(row[name]) for name in names)
@@ -255,12 +308,12 @@ _ARROW = {
 
 def render_parquet(report: Report) -> bytes:
     data = list(rows(report))
-    fields = [pa.field(name, _ARROW[kind]) for name, kind in column_types()]
+    fields = [pa.field(name, _ARROW[kind]) for name, kind in column_types(report)]
     metadata = {"focus_version": spec().version, "gpu_ledger.period": str(report.month),
                 "gpu_ledger.cost_model_hash": report.cost_model.hash}
     schema = pa.schema(fields, metadata=metadata)
     columns: dict[str, list[Any]] = {}
-    for name, _ in column_types():
+    for name, _ in column_types(report):
         columns[name] = [r[name] for r in data]
     table = pa.table(columns, schema=schema)
     sink = pa.BufferOutputStream()

@@ -26,6 +26,17 @@ _Q6 = Decimal("0.000001")
 _ZERO = Decimal(0)
 
 
+@dataclass(frozen=True)
+class Energy:
+    """A row's measured energy and what it was priced at (docs/reports.md, "Energy and
+    carbon"): on teams' rows their holders' share, on idle and down rows the fleet's rest."""
+
+    kwh: Decimal
+    cost: Decimal | None  # None: the cost model has no `energy:` (energy is in the rate)
+    co2e_kg: Decimal | None  # None: the cost model has no `carbon:`
+    estimated_kwh: Decimal = _ZERO  # of kwh, from power samples (counter missing or reset)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Line:
     """One report row. Key fields that do not apply to the section are ''."""
@@ -50,6 +61,7 @@ class Line:
     idle_share: Decimal = _ZERO
     share_of_total: Decimal | None = None
     previous_cost: Decimal | None = None  # None: no previous month to compare with
+    energy: Energy | None = None  # None: energy is not reported this month
 
     @property
     def sm_known_gpu_hours(self) -> Decimal:
@@ -263,6 +275,7 @@ class Report:
     closed: bool = True
     # Filled only for the FOCUS export (metering/report/focus.py).
     charge_days: list[ChargeDay] = field(default_factory=list)
+    energy_days: list[EnergyDay] = field(default_factory=list)  # FOCUS too, when energy_shown
     # The cluster this report is about; '' for the fleet view over every cluster.
     cluster: str = ""
     # One row per cluster with charges in the month (or the one cluster of a per-cluster
@@ -281,6 +294,19 @@ class Report:
     @property
     def capacity_gpu_hours(self) -> Decimal:
         return sum((c.capacity_gpu_hours for c in self.capacity), _ZERO)
+
+    @property
+    def energy_shown(self) -> bool:
+        """The month's energy was priced or its carbon reported: energy columns everywhere."""
+        return self.fleet.energy is not None
+
+    @property
+    def energy_priced(self) -> bool:
+        return self.fleet.energy is not None and self.fleet.energy.cost is not None
+
+    @property
+    def carbon_shown(self) -> bool:
+        return self.fleet.energy is not None and self.fleet.energy.co2e_kg is not None
 
     @property
     def devices(self) -> int:
@@ -342,6 +368,25 @@ class ChargeDay:
     cost: Decimal
     idle_share: Decimal
     cluster: str = ""
+
+
+@dataclass(frozen=True)
+class EnergyDay:
+    """Energy summed at the FOCUS grain (as ChargeDay): one FOCUS row of its own, billed as
+    the energy line (docs/reports.md, "FOCUS export")."""
+
+    day: datetime
+    team: str
+    namespace: str
+    pod: str
+    model: str
+    sharing: str
+    profile: str
+    kind: str  # '' for teams' energy, else idle | down
+    cluster: str
+    kwh: Decimal
+    cost: Decimal | None  # None: not priced (`energy:` absent)
+    co2e_kg: Decimal | None  # None: no `carbon:`
 
 
 _DIGITS = re.compile(r"(\d+)")

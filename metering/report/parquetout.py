@@ -37,14 +37,14 @@ def schema(report: Report) -> Any:
         "gpu_ledger.sm_unknown_share": "" if report.sm_unknown_share is None
         else f"{report.sm_unknown_share:.6f}",
     }
-    fields = [pa.field(name, _TYPES[kind]) for name, kind in tidy.COLUMNS]
+    fields = [pa.field(name, _TYPES[kind]) for name, kind in tidy.columns(report)]
     return pa.schema(fields, metadata=metadata)
 
 
 def render_parquet(report: Report) -> bytes:
     rows = list(tidy.rows(report))
     columns: dict[str, list[Any]] = {}
-    for name, kind in tidy.COLUMNS:
+    for name, kind in tidy.columns(report):
         values: list[Any] = [row[name] for row in rows]
         if kind == "float":  # exact decimals in the model; Parquet readers want doubles
             values = [None if v is None else float(v) for v in values]

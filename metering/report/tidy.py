@@ -78,6 +78,20 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("cluster", "str"),
 )
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
+# Appended where the month's energy is reported (the cost model has `energy:` or `carbon:`);
+# a report without them keeps the columns above, byte for byte.
+ENERGY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("energy_kwh", "float"),  # measured kWh (a team's holders' share; idle / down: the rest)
+    ("energy_cost", "money"),  # the energy line (kWh x PUE x tariff); null: not priced
+    ("co2e_kg", "float"),  # kg CO2e; null: no `carbon:`
+    ("energy_estimated_kwh", "float"),  # of energy_kwh, from power samples
+    ("energy_saving_kwh", "float"),  # savings rows: kWh the recommendation would save
+    ("co2e_saving_kg", "float"),
+)
+
+
+def columns(report: Report) -> tuple[tuple[str, str], ...]:
+    return COLUMNS + ENERGY_COLUMNS if report.energy_shown else COLUMNS
 
 # Section names, in the order rows appear.
 SECTIONS = ("fleet", "cluster", "team", "namespace", "model_sharing", "pod", "team_day",
@@ -113,6 +127,9 @@ def _figures(line: Line) -> Row:
         "share_of_total": line.share_of_total,
         "previous_cost": line.previous_cost,
         "cost_change": line.cost_change,
+        **({} if line.energy is None else {
+            "energy_kwh": line.energy.kwh, "energy_cost": line.energy.cost,
+            "co2e_kg": line.energy.co2e_kg, "energy_estimated_kwh": line.energy.estimated_kwh}),
     }
 
 
@@ -196,7 +213,8 @@ def _saving(r: Recommendation) -> Row:
         "confidence": r.confidence, "peak_memory_gb": ev.peak_memory_gb,
         "p95_memory_gb": ev.p95_memory_gb, "p95_sm": ev.p95_sm, "hours_observed": ev.hours,
         "coverage": ev.coverage, "idle_device_hours": ev.idle_device_hours,
-        "gpu_hours": ev.device_hours,
+        "gpu_hours": ev.device_hours, "energy_saving_kwh": r.energy_saving_kwh,
+        "co2e_saving_kg": r.co2e_saving_kg,
     }
 
 
@@ -217,4 +235,5 @@ def _capacity(cap: ModelCapacity) -> Row:
 
 def _complete(row: Row) -> Row:
     """Text columns that do not apply are '', other columns null."""
-    return {name: row.get(name, "" if kind == "str" else None) for name, kind in COLUMNS}
+    return {name: row.get(name, "" if kind == "str" else None)
+            for name, kind in COLUMNS + ENERGY_COLUMNS}

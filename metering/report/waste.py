@@ -125,6 +125,11 @@ class Recommendation:
     saving: Decimal  # in the month; negative: the change costs more (a MIG holder that is full)
     confidence: str  # high | medium | low
     evidence: Evidence
+    # The energy view (docs/reports.md, "Savings"): the measured kWh and kg CO2e the change
+    # would free: an idle holder's energy while idle; for a rightsizing, the busy hours'
+    # energy times the share of the cost saved. None: no energy figure (no energy rows).
+    energy_saving_kwh: Decimal | None = None
+    co2e_saving_kg: Decimal | None = None  # None also where the cost model has no `carbon:`
 
     @property
     def workload(self) -> str:
@@ -153,6 +158,19 @@ class _Group:
     evidence: Evidence
     cost: Decimal
     idle_cost: Decimal
+    # measured energy (kWh) and CO2e (kg) of the busy and the idle device-hours; None: unknown
+    kwh: Decimal = _ZERO
+    idle_kwh: Decimal = _ZERO
+    co2e_kg: Decimal | None = None
+    idle_co2e_kg: Decimal | None = None
+
+
+def _kwh(joules: Any) -> Decimal:
+    return (Decimal(str(joules or 0)) / 3_600_000).quantize(_Q6)
+
+
+def _kg(grams: Any) -> Decimal | None:
+    return None if grams is None else (Decimal(str(grams)) / 1000).quantize(_Q6)
 
 
 def _dec(value: Any, q: Decimal = _Q6) -> Decimal | None:
@@ -175,7 +193,8 @@ def _groups(con: Any, start: datetime, end: datetime) -> list[_Group]:
         con.execute(f"DROP TABLE IF EXISTS {_P95_TABLE}")
     out = []
     for (cluster, ns, okind, oname, model, sharing, profile, team, hours, dev_h, peak, p95m, p95s,
-         coverage, idle_dh, all_hours, cost, idle_cost, held_coverage) in rows:
+         coverage, idle_dh, all_hours, cost, idle_cost, held_coverage, joules, idle_joules,
+         grams, idle_grams) in rows:
         ev = Evidence(
             hours=int(hours), device_hours=_dec(dev_h) or _ZERO,
             peak_memory_gb=None if peak is None else _dec(Decimal(str(peak)) / _GB),
@@ -184,7 +203,8 @@ def _groups(con: Any, start: datetime, end: datetime) -> list[_Group]:
             all_hours=int(all_hours), held_coverage=_dec(held_coverage) or _ZERO,
         )
         out.append(_Group(cluster, ns, okind, oname, model, sharing, profile, team or "", ev,
-                          Decimal(cost or 0), Decimal(idle_cost or 0)))
+                          Decimal(cost or 0), Decimal(idle_cost or 0), _kwh(joules),
+                          _kwh(idle_joules), _kg(grams), _kg(idle_grams)))
     return out
 
 
@@ -237,13 +257,14 @@ def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFractio
 
         def make(kind: Kind, proposed: str, saving: Decimal, g: _Group = g,
                  current: str = current) -> Recommendation:
+            kwh, kg = _energy_saving(g, kind, saving)
             return Recommendation(
                 kind=kind, team=g.team, cluster=g.cluster, namespace=g.namespace,
                 owner_kind=g.owner_kind, owner_name=g.owner_name, model=g.model,
                 current=current, proposed=proposed,
                 cost=g.idle_cost if kind is Kind.IDLE else g.cost, saving=saving,
                 confidence=_confidence(kind, g.evidence, settings),
-                evidence=g.evidence)
+                evidence=g.evidence, energy_saving_kwh=kwh, co2e_saving_kg=kg)
 
         if ev.idle_device_hours >= settings.idle_hours and _to_the_cent(g.idle_cost):
             out.append(make(Kind.IDLE, "release GPUs while no process uses them",
@@ -264,6 +285,20 @@ def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFractio
             out.append(make(*rec))
     out.sort(key=lambda r: (-r.saving, r.workload, r.kind.value))
     return out
+
+
+def _energy_saving(g: _Group, kind: Kind, saving: Decimal
+                   ) -> tuple[Decimal | None, Decimal | None]:
+    """kWh and kg CO2e a recommendation frees: an idle holder's energy while idle; a
+    rightsizing's busy energy times saving / cost, the share of the device it gives back
+    (negative for a larger unit). None where the workload has no energy figure."""
+    if kind is Kind.IDLE:
+        return (g.idle_kwh or None), g.idle_co2e_kg if g.idle_kwh else None
+    if not g.kwh or not g.cost:
+        return None, None
+    share = saving / g.cost
+    kg = None if g.co2e_kg is None else (g.co2e_kg * share).quantize(_Q6)
+    return (g.kwh * share).quantize(_Q6), kg
 
 
 def _to_the_cent(amount: Decimal) -> bool:

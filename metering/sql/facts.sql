@@ -3,7 +3,7 @@
 -- file order; `-- query:` sections are run by name where Python needs their rows.
 --
 -- Inputs (registered Arrow tables, one per SignalSpec in facts.py): up_count, up_sum, up_tlast,
--- info_count, util_sum, energy_last, energy_min, mig_count, mig_tlast, migmem_max, gpm_sum,
+-- info_count, util_sum, energy_last, energy_min, power_sum, mig_count, mig_tlast, migmem_max, gpm_sum,
 -- alloc_count, alloc_sum, alloc_tlast, cmem_sum, cmem_max, csm_sum, cmemfrac_max,
 -- ccorefrac_max; each row is one series x
 -- hour with `sh` (series hash), `key` (hash of the labels that identify the fact row, cluster
@@ -90,7 +90,7 @@ GROUP BY fam, hour, key;
 
 -- step: device_hours
 INSERT INTO device_hours (hour, cluster, node, gpu, uuid, model, mig_enabled, observed_seconds,
-                          up_seconds, sm_active_seconds, energy_joules)
+                          up_seconds, sm_active_seconds, energy_joules, energy_estimated)
 WITH up AS (
     SELECT c.hour, c.key, c.sh, c.value AS n,
            CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w,
@@ -112,25 +112,39 @@ util AS (
 inc AS (
     -- Per series: last value of the hour minus last value of the hour before (a drop is a
     -- counter reset: count from zero); with no hour before, last minus first of the hour.
+    -- A reset within the hour (last < first) counts from zero too.
     SELECT l.hour, l.key,
-           CASE WHEN p.value IS NULL THEN l.value - m.value
+           CASE WHEN p.value IS NULL AND l.value >= m.value THEN l.value - m.value
+                WHEN p.value IS NULL THEN l.value
                 WHEN l.value >= p.value THEN l.value - p.value
-                ELSE l.value END AS j
+                ELSE l.value END AS j,
+           l.value < coalesce(p.value, m.value) AS reset
     FROM energy_last l
     LEFT JOIN energy_last p ON p.sh = l.sh AND p.hour = l.hour - INTERVAL 1 HOUR
     LEFT JOIN energy_min m ON m.sh = l.sh AND m.hour = l.hour
     WHERE gl_in(l.hour)),
-energy AS (SELECT hour, key, sum(j) AS j FROM inc GROUP BY hour, key)
+energy AS (SELECT hour, key, sum(j) AS j, bool_or(reset) AS reset FROM inc GROUP BY hour, key),
+power AS (
+    -- integral of gpu_power_watts: joules, for hours whose counter is missing or reset
+    SELECT w.hour, w.key, sum(w.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS j
+    FROM power_sum w LEFT JOIN spacing sp ON sp.cluster = w.cluster AND sp.node = w.node
+    WHERE gl_in(w.hour) GROUP BY w.hour, w.key)
 SELECT d.hour, c.cluster, c.node, c.gpu, c.uuid, c.model, coalesce(i.mig, false),
        gl_sec(d.obs, h.u), d.up * gl_scale(d.obs, h.u),
        CASE WHEN coalesce(i.mig, false) THEN NULL ELSE u.sm * gl_scale(d.obs, h.u) END,
-       e.j * gl_scale(d.obs, h.u)
+       -- the counter's increase; where it is missing or reset, the power integral (a reset
+       -- loses the joules before it), flagged; a reset without power samples keeps the
+       -- counter's (low) figure, flagged too. Neither: NULL, unknown.
+       CASE WHEN e.j IS NOT NULL AND NOT e.reset THEN e.j
+            ELSE coalesce(w.j, e.j) END * gl_scale(d.obs, h.u),
+       (e.j IS NULL AND w.j IS NOT NULL) OR coalesce(e.reset, false)
 FROM dev d
 JOIN up_count c ON c.sh = d.sh AND c.hour = d.hour
 LEFT JOIN _held h ON h.fam = 'device' AND h.hour = d.hour AND h.key = d.key
 LEFT JOIN info i ON i.hour = d.hour AND i.key = d.key
 LEFT JOIN util u ON u.hour = d.hour AND u.key = d.key
-LEFT JOIN energy e ON e.hour = d.hour AND e.key = d.key;
+LEFT JOIN energy e ON e.hour = d.hour AND e.key = d.key
+LEFT JOIN power w ON w.hour = d.hour AND w.key = d.key;
 
 -- step: mig_hours
 INSERT INTO mig_hours (hour, cluster, node, uuid, mig_uuid, profile, slices, parent_slices,

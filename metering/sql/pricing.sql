@@ -6,7 +6,8 @@
 --
 -- The cost model arrives as session variables (getvariable('gl_*')) and small temp tables that
 -- pricing.py fills from the resolved cost model: _p_models (price per GPU model), _p_ns (team
--- per namespace), _p_team_disc, _p_mig_table, _p_vgpu_table, _p_eff, _p_tiers, _p_idle_weights.
+-- per namespace), _p_team_disc, _p_mig_table, _p_vgpu_table, _p_eff, _p_tiers, _p_idle_weights,
+-- _p_energy (per hour: price of a kWh and gCO2e per kWh, in integer millionths / thousandths).
 --
 -- Money is integer millionths of the currency ("micros") until the final INSERT, so that
 --   fleet cost = down + charged list amounts + idle      (per device-hour, exactly)
@@ -22,7 +23,8 @@ SELECT d.hour, d.node, d.uuid, d.model,
        m.memory_gb,
        least(greatest(d.up_seconds, 0), 3600) / 3600.0 AS up_frac,
        floor(m.rate_micros * least(greatest(d.up_seconds, 0), 3600) / 3600.0)::BIGINT
-           AS avail_micros
+           AS avail_micros,
+       d.energy_joules, d.energy_estimated
 FROM device_hours d
 JOIN _p_models m ON m.model = d.model
 WHERE d.hour >= getvariable('gl_start') AND d.hour < getvariable('gl_end')
@@ -139,7 +141,8 @@ SELECT u.hour, u.team, u.namespace, u.pod, u.container, u.node, u.uuid, u.mig_uu
        u.sharing, u.profile, u.shared, u.up_frac, u.rate_micros, u.split_w, u.alloc_hours,
        u.used_hours,
        coalesce(t.multiplier, 1.0) * coalesce(e.factor, 1.0)
-           * (1 - coalesce(td.discount, 0)) * (1 - u.model_discount) AS mult
+           * (1 - coalesce(td.discount, 0)) * (1 - u.model_discount) AS mult,
+       u.is_mig, u.slice_frac, u.held_hours, u.share
 FROM u
 LEFT JOIN _p_tiers t ON u.util > t.lo AND u.util <= t.hi
 LEFT JOIN _p_eff e ON e.sharing = u.sharing
@@ -324,6 +327,101 @@ SELECT hour, 'adjustment', '', '', '', '', '', '', model, 'adjustment', '', 'adj
        getvariable('gl_cluster')
 FROM _rows GROUP BY hour, model
 HAVING sum(list_micros - final_micros) <> 0;
+
+-- step: energy_share
+-- Each holder's share of its device-hour's measured energy (docs/cost-model.md, "Energy and
+-- carbon"), in device-hours: exclusive, all of the time it held; MIG, its instance's GPM
+-- activity in device-equivalents, else its slices' share of the time held; time-slicing, MPS,
+-- fractional, vGPU, its SM activity (as the usage split measures it), else its held share. A
+-- device whose holders claim more than its up time is scaled down to it.
+CREATE OR REPLACE TEMP TABLE _eshare AS
+WITH h AS (
+    SELECT a.*,
+           CASE WHEN a.is_mig THEN coalesce(a.used_hours, a.slice_frac * a.share * a.held_hours)
+                WHEN a.sharing = 'exclusive' THEN a.alloc_hours
+                ELSE coalesce(a.used_hours, a.alloc_hours) END AS eh,
+           CASE WHEN a.is_mig AND a.used_hours IS NOT NULL THEN 'mig-activity'
+                WHEN a.is_mig THEN 'mig-slices'
+                WHEN a.sharing = 'exclusive' THEN 'held'
+                WHEN a.used_hours IS NOT NULL THEN 'sm-share'
+                ELSE 'held (no SM data)' END AS rule
+    FROM _alloc a
+), s AS (SELECT hour, uuid, sum(greatest(eh, 0)) AS total FROM h GROUP BY hour, uuid)
+SELECT h.hour, h.team, h.namespace, h.pod, h.container, h.node, h.uuid, h.mig_uuid, h.model,
+       h.sharing, h.profile, h.rule,
+       greatest(h.eh, 0) * CASE WHEN s.total > h.up_frac THEN h.up_frac / s.total ELSE 1 END
+           AS w
+FROM h JOIN s USING (hour, uuid);
+
+-- step: energy_rows
+-- Joules in integer millijoules, money in micros, CO2e in milligrams: each holder gets the
+-- floor of its share, `down` the floor of the hour's down time, `idle` exactly what is left,
+-- so the rows of a device-hour add up to its energy, cost and CO2e with nothing lost.
+CREATE OR REPLACE TEMP TABLE _erows AS
+WITH dv AS (
+    SELECT d.hour, d.node, d.uuid, d.model, d.up_frac, d.energy_estimated AS est,
+           CAST(round(greatest(d.energy_joules, 0) * 1000) AS BIGINT) AS mj,
+           pe.price_u, pe.pue_u, pe.gpk_m
+    FROM _dev d JOIN _p_energy pe USING (hour)
+    WHERE d.energy_joules IS NOT NULL AND isfinite(d.energy_joules)
+), tot AS (
+    -- a kWh is 3.6e9 mJ; PUE and price in millionths, intensity in thousandths: cost in
+    -- micros and CO2e in milligrams are the product / 3.6e15, rounded half up
+    SELECT dv.*,
+           (CAST(mj AS HUGEINT) * pue_u * price_u + 1800000000000000) // 3600000000000000
+               AS cost_u,
+           (CAST(mj AS HUGEINT) * pue_u * gpk_m + 1800000000000000) // 3600000000000000 AS co2_mg
+    FROM dv
+), held AS (
+    SELECT e.*, t.est, t.price_u, t.mj AS dev_mj, t.cost_u AS dev_cost, t.co2_mg AS dev_co2,
+           CAST(floor(t.mj * e.w) AS BIGINT) AS mj_row
+    FROM _eshare e JOIN tot t USING (hour, uuid)
+), holders AS (
+    -- (0 J: 0, or NULL where not priced)
+    SELECT *, CASE WHEN dev_mj > 0 THEN CAST(dev_cost * mj_row AS HUGEINT) // dev_mj
+                   ELSE dev_cost * 0 END AS cost_row,
+           CASE WHEN dev_mj > 0 THEN CAST(dev_co2 * mj_row AS HUGEINT) // dev_mj
+                ELSE dev_co2 * 0 END AS co2_row
+    FROM held
+), down AS (
+    SELECT t.*, CAST(floor(t.mj * (1 - t.up_frac)) AS BIGINT) AS mj_down FROM tot t
+), fleet AS (
+    SELECT d.*,
+           CASE WHEN d.mj > 0 THEN d.cost_u * d.mj_down // d.mj END AS cost_down,
+           CASE WHEN d.mj > 0 THEN d.co2_mg * d.mj_down // d.mj END AS co2_down,
+           coalesce(sum(h.mj_row), 0) AS mj_held, coalesce(sum(h.cost_row), 0) AS cost_held,
+           coalesce(sum(h.co2_row), 0) AS co2_held
+    FROM down d LEFT JOIN holders h USING (hour, uuid)
+    GROUP BY ALL
+)
+SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing, profile,
+       rule, w AS fraction, mj_row AS mj, est, price_u, cost_row AS cost_u, co2_row AS co2_mg
+FROM holders
+UNION ALL
+SELECT hour, 'down', '', '', '', node, uuid, '', model, 'down', '', 'down', 1 - up_frac, mj_down,
+       est, price_u, cost_down, co2_down
+FROM fleet WHERE mj_down <> 0
+UNION ALL
+SELECT hour, 'idle', '', '', '', node, uuid, '', model, 'idle', '', 'idle',
+       CASE WHEN mj > 0 THEN (mj - mj_down - mj_held) / mj ELSE 0 END,
+       mj - mj_down - mj_held, est, price_u, cost_u - coalesce(cost_down, 0) - cost_held,
+       co2_mg - coalesce(co2_down, 0) - co2_held
+FROM fleet WHERE mj - mj_down - mj_held <> 0 OR cost_u - coalesce(cost_down, 0) - cost_held <> 0;
+
+-- step: energy_delete
+DELETE FROM energy_hours WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
+  AND cluster = getvariable('gl_cluster');
+
+-- step: energy_insert
+INSERT INTO energy_hours (hour, team, namespace, pod, container, node, uuid, mig_uuid, model,
+                          sharing, profile, rule, fraction, energy_joules, estimated, price_per_kwh,
+                          energy_cost, co2e_grams, cost_model_hash, cluster)
+SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing, profile,
+       rule, fraction, (CAST(mj AS DECIMAL(18, 0)) * CAST(0.001 AS DECIMAL(18, 3)))::DECIMAL(18, 3),
+       est, gl_money(price_u), gl_money(cost_u),
+       (CAST(co2_mg AS DECIMAL(18, 0)) * CAST(0.001 AS DECIMAL(18, 3)))::DECIMAL(18, 3),
+       getvariable('gl_hash'), getvariable('gl_cluster')
+FROM _erows;
 
 -- query: totals
 SELECT

@@ -60,6 +60,46 @@ GROUP BY GROUPING SETS ((), (cluster), (team, kind), (namespace, kind),
 -- an empty month still has its (empty) fleet row: drop it, a month without charges has none
 HAVING count(*) > 0;
 
+-- query: energy_reported
+-- Whether the month's energy was priced or carbon reported: then every output shows energy
+-- and CO2e columns (a cost model without `energy:` and `carbon:` keeps its bills as they were).
+SELECT EXISTS (SELECT 1 FROM energy_hours WHERE hour >= $start AND hour < $end
+               AND (energy_cost IS NOT NULL OR co2e_grams IS NOT NULL)),
+       EXISTS (SELECT 1 FROM energy_hours WHERE hour >= $start AND hour < $end
+               AND energy_cost IS NOT NULL),
+       EXISTS (SELECT 1 FROM energy_hours WHERE hour >= $start AND hour < $end
+               AND co2e_grams IS NOT NULL);
+
+-- query: energy_sections
+-- The energy rows summed by the groupings of `sections` (same section names and keys):
+-- joules, energy cost and grams of CO2e, exact DECIMAL sums. Idle and down energy are fleet
+-- rows (kind idle / down) as their charges are.
+WITH c AS (
+    SELECT cluster, team, namespace, pod, model, sharing, profile,
+           CAST(CAST(hour AS DATE) AS VARCHAR) AS day,
+           CASE WHEN team = sharing AND team IN ('idle', 'down') THEN team ELSE '' END AS kind,
+           energy_joules, energy_cost, co2e_grams,
+           CASE WHEN estimated THEN energy_joules ELSE 0 END AS estimated_joules
+    FROM energy_hours WHERE hour >= $start AND hour < $end
+)
+SELECT CASE WHEN grouping(day) = 0 THEN 'team_days'
+            WHEN grouping(pod) = 0 THEN 'pods'
+            WHEN grouping(model) = 0 THEN 'models'
+            WHEN grouping(namespace) = 0 THEN 'namespaces'
+            WHEN grouping(team) = 0 THEN 'teams'
+            WHEN grouping(cluster) = 0 THEN 'clusters'
+            ELSE 'fleet' END AS section,
+       coalesce(cluster, '') AS cluster, coalesce(team, '') AS team,
+       coalesce(namespace, '') AS namespace, coalesce(pod, '') AS pod,
+       coalesce(model, '') AS model, coalesce(sharing, '') AS sharing,
+       coalesce(profile, '') AS profile, coalesce(day, '') AS day, coalesce(kind, '') AS kind,
+       SUM(energy_joules), SUM(energy_cost), SUM(co2e_grams), SUM(estimated_joules)
+FROM c
+GROUP BY GROUPING SETS ((), (cluster), (team, kind), (namespace, kind),
+                        (team, namespace, pod, kind), (model, sharing, profile, kind),
+                        (day, team, kind))
+HAVING count(*) > 0;
+
 -- query: covered_hours
 -- Hours with data from every cluster metered in the month: an hour one cluster lacks is a
 -- gap of the fleet, not hidden by the others.
@@ -118,3 +158,11 @@ UNION
 SELECT DISTINCT cluster, model FROM charges
 WHERE hour >= $start AND hour < $end AND uuid <> ''
 ORDER BY ALL;
+
+-- query: energy_days
+-- Energy rows summed at the FOCUS export's grain (as charge_days): kWh from joules, the
+-- energy cost and grams of CO2e (NULL where the cost model did not price / give carbon).
+SELECT CAST(CAST(hour AS DATE) AS TIMESTAMP), team, namespace, pod, model, sharing, profile,
+       CASE WHEN team = sharing AND team IN ('idle', 'down') THEN team ELSE '' END,
+       cluster, SUM(energy_joules), SUM(energy_cost), SUM(co2e_grams)
+FROM energy_hours WHERE hour >= $start AND hour < $end GROUP BY ALL ORDER BY ALL;

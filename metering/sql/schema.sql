@@ -23,7 +23,11 @@ CREATE TABLE IF NOT EXISTS device_hours (
     up_seconds        DOUBLE    NOT NULL,   -- of which gpu_up == 1
     sm_active_seconds DOUBLE,               -- integral of gpu_utilization_ratio (NULL on MIG)
     energy_joules     DOUBLE,               -- increase of gpu_energy_joules_total
-    cluster           VARCHAR   NOT NULL DEFAULT 'default'
+    cluster           VARCHAR   NOT NULL DEFAULT 'default',
+    -- energy_joules is the integral of gpu_power_watts, not the counter's increase: the
+    -- counter was missing or reset in the hour (docs/cost-model.md, "Energy and carbon").
+    -- Added later: last, as migrations append it.
+    energy_estimated  BOOLEAN   NOT NULL DEFAULT false
 );
 
 CREATE TABLE IF NOT EXISTS mig_hours (
@@ -160,6 +164,36 @@ CREATE TABLE IF NOT EXISTS charges (
                                             -- (MIG without GPM, no SM samples)
     cost              DECIMAL(18, 6) NOT NULL,
     idle_share        DECIMAL(18, 6) NOT NULL, -- part of cost that is shared-out idle
+    cost_model_hash   VARCHAR   NOT NULL,
+    cluster           VARCHAR   NOT NULL DEFAULT 'default'
+);
+
+-- Each priced device-hour's energy split among its holders, rebuilt with `charges` by pricing
+-- (docs/cost-model.md, "Energy and carbon"). Per device-hour with a known energy_joules, the
+-- rows' energy_joules add up to the device's, exactly (integer millijoules), and so do
+-- energy_cost and co2e_grams to the device-hour's (integer micros, milligrams). team 'idle'
+-- (sharing 'idle'): the energy the holders' share leaves (no holder, or SMs not busy);
+-- team 'down' (sharing 'down'): the part of the hour the device was not up, by time.
+CREATE TABLE IF NOT EXISTS energy_hours (
+    hour              TIMESTAMP NOT NULL,
+    team              VARCHAR   NOT NULL,
+    namespace         VARCHAR   NOT NULL,   -- '' for idle, down
+    pod               VARCHAR   NOT NULL,
+    container         VARCHAR   NOT NULL,
+    node              VARCHAR   NOT NULL,
+    uuid              VARCHAR   NOT NULL,
+    mig_uuid          VARCHAR   NOT NULL,
+    model             VARCHAR   NOT NULL,
+    sharing           VARCHAR   NOT NULL,   -- the holder's mode, or idle | down
+    profile           VARCHAR   NOT NULL,   -- MIG profile or ''
+    rule              VARCHAR   NOT NULL,   -- held | mig-activity | mig-slices | sm-share |
+                                            -- held (no SM data) | idle | down
+    fraction          DOUBLE    NOT NULL,   -- share of the device-hour's energy
+    energy_joules     DECIMAL(18, 3) NOT NULL,
+    estimated         BOOLEAN   NOT NULL,   -- the device-hour's energy came from power samples
+    price_per_kwh     DECIMAL(18, 6),       -- NULL: the cost model has no `energy:`
+    energy_cost       DECIMAL(18, 6),       -- kWh x PUE x price_per_kwh; NULL: not priced
+    co2e_grams        DECIMAL(18, 3),       -- kWh x PUE x gCO2e/kWh; NULL: no `carbon:`
     cost_model_hash   VARCHAR   NOT NULL,
     cluster           VARCHAR   NOT NULL DEFAULT 'default'
 );

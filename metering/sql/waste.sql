@@ -35,6 +35,12 @@ WITH a AS (
            sum(cost - idle_share) AS cost
     FROM charges WHERE hour >= $start AND hour < $end AND pod <> ''
     GROUP BY hour, cluster, namespace, pod, container, uuid, mig_uuid
+), e AS (
+    -- the holder's share of the device-hour's measured energy (pricing's energy_hours)
+    SELECT hour, cluster, namespace, pod, container, uuid, mig_uuid,
+           sum(energy_joules) AS joules, sum(co2e_grams) AS grams
+    FROM energy_hours WHERE hour >= $start AND hour < $end AND pod <> ''
+    GROUP BY hour, cluster, namespace, pod, container, uuid, mig_uuid
 ), dh AS (
     SELECT a.cluster, a.namespace, a.owner_kind, a.owner_name, a.model, a.sharing, a.profile,
            a.hour, a.uuid, a.mig_uuid,
@@ -44,11 +50,15 @@ WITH a AS (
            CASE WHEN a.mig_uuid <> '' THEN any_value(a.inst_sm)
                 WHEN count(a.sm_seconds) = count(*)
                     THEN least(sum(a.sm_seconds) / nullif(max(a.held_s), 0), 1.0) END AS sm,
-           max(c.team) AS team, coalesce(sum(c.cost), 0) AS cost
+           max(c.team) AS team, coalesce(sum(c.cost), 0) AS cost,
+           coalesce(sum(e.joules), 0) AS joules, sum(e.grams) AS grams
     FROM a
     LEFT JOIN c ON c.hour = a.hour AND c.cluster = a.cluster AND c.namespace = a.namespace
          AND c.pod = a.pod AND c.container = a.container AND c.uuid = a.uuid
          AND c.mig_uuid = a.mig_uuid
+    LEFT JOIN e ON e.hour = a.hour AND e.cluster = a.cluster AND e.namespace = a.namespace
+         AND e.pod = a.pod AND e.container = a.container AND e.uuid = a.uuid
+         AND e.mig_uuid = a.mig_uuid
     GROUP BY a.namespace, a.owner_kind, a.owner_name, a.model, a.sharing, a.profile, a.hour,
              a.cluster, a.uuid, a.mig_uuid
 )
@@ -56,7 +66,8 @@ WITH a AS (
 -- holding, priced apart; rightsizing looks at the other (busy) device-hours only, so the
 -- two kinds never count the same hour twice.
 SELECT cluster, namespace, owner_kind, owner_name, model, sharing, profile, hour, held_h,
-       mem_max, sm, team, cost, coalesce(mem_max = 0 AND coalesce(sm, 0) = 0, false) AS idle
+       mem_max, sm, team, cost, coalesce(mem_max = 0 AND coalesce(sm, 0) = 0, false) AS idle,
+       joules, grams
 FROM dh;
 
 -- query: p95
@@ -94,7 +105,12 @@ WITH g AS (
            -- idle holding is judged on every held device-hour: those with a memory figure
            count(mem_max) / count(*) AS held_coverage,
            coalesce(sum(cost) FILTER (WHERE NOT idle), 0) AS cost,
-           coalesce(sum(cost) FILTER (WHERE idle), 0) AS idle_cost
+           coalesce(sum(cost) FILTER (WHERE idle), 0) AS idle_cost,
+           -- measured energy (J) and CO2e (g) of the busy and the idle device-hours
+           coalesce(sum(joules) FILTER (WHERE NOT idle), 0) AS joules,
+           coalesce(sum(joules) FILTER (WHERE idle), 0) AS idle_joules,
+           sum(grams) FILTER (WHERE NOT idle) AS grams,
+           sum(grams) FILTER (WHERE idle) AS idle_grams
     FROM waste_device_hours GROUP BY ALL
 ), hours AS (  -- hours the workload held a unit, and those in which one was busy
     SELECT cluster, namespace, owner_kind, owner_name, model, sharing, profile, count(*) FILTER (WHERE busy) AS hours, count(*) AS all_hours
@@ -111,7 +127,7 @@ WITH g AS (
 )
 SELECT cluster, namespace, owner_kind, owner_name, model, sharing, profile, team.team, hours.hours, g.device_hours, g.peak_mem, mem.p95 AS p95_mem,
        sm.p95 AS p95_sm, g.coverage, g.idle_dh, hours.all_hours, g.cost, g.idle_cost,
-       g.held_coverage
+       g.held_coverage, g.joules, g.idle_joules, g.grams, g.idle_grams
 FROM g JOIN hours USING (cluster, namespace, owner_kind, owner_name, model, sharing, profile)
 LEFT JOIN team USING (cluster, namespace, owner_kind, owner_name, model, sharing, profile)
 LEFT JOIN mem USING (cluster, namespace, owner_kind, owner_name, model, sharing, profile)
