@@ -128,6 +128,17 @@ EXAMPLE_HOURLY_RATES_USD: dict[str, float] = {
     "NVIDIA L4": 0.80,
 }
 DEFAULT_HOURLY_RATE_USD = 2.00
+# Example grid carbon intensity (gCO2e per kWh) for the live carbon estimate of clusters whose
+# metering job pushes none (CARBON_INTENSITY below); replace it with your grid's and regenerate.
+EXAMPLE_CARBON_INTENSITY_G_PER_KWH = 400.0
+# Series the metering job pushes per cluster (`gpu-ledger meter --pushgateway`,
+# metering/publish.py): the cost model's carbon intensity of the cluster now, and each team's
+# month-to-date energy and CO2e from the ledger. Read by the rules and the cost dashboard.
+CARBON_INTENSITY = "gpu_ledger_carbon_intensity_grams_per_kwh"
+TEAM_ENERGY_KWH = "gpu_ledger_team_energy_kwh"
+TEAM_CARBON_KG = "gpu_ledger_team_carbon_kg"
+METERING_ENERGY_PUSHES = (CARBON_INTENSITY, TEAM_ENERGY_KWH, TEAM_CARBON_KG)
+JOULES_PER_KWH = 3.6e6
 
 
 def xid_regex(codes: tuple[int, ...]) -> str:
@@ -550,6 +561,92 @@ def per_level(metric: str, source: str) -> tuple[Record, ...]:
     )
 
 
+# --- per-holder power and energy (docs/recording-rules.md "Power, energy and carbon") --------
+# The live view of the ledger's energy split (metering, docs/cost-model.md): each holder's
+# share of its device, the rest idle, so holders + idle = the device's power and energy.
+ATTRIBUTION_ONLY = "resource, sharing, replicas, owner_kind, owner_name"
+# A holder's claim on its device before scaling, one term per sharing mode (each container and
+# device falls in exactly one): exclusive, all of it; MIG, its part of the instance's GPM
+# activity in device-equivalents, else of the instance's slices; other whole-GPU sharing
+# (time-slicing, MPS, fractional, vGPU), its own SM utilisation, else its allocated fraction.
+ENERGY_WEIGHT = f"""max without ({ATTRIBUTION_ONLY}) (
+  gpu_container_allocation{{mig_uuid="", sharing="exclusive"}}
+) > bool 0
+or
+clamp_max(
+  gpu_container_sm_utilization_ratio{{mig_uuid=""}}
+  and on (namespace, pod, container, uuid) gpu_container_allocation{{sharing!="exclusive"}},
+  1
+)
+or
+(
+  sum without ({ATTRIBUTION_ONLY}) (
+    container:gpu_allocation_fraction:ratio{{mig_uuid="", sharing!="exclusive"}}
+  )
+  unless on (namespace, pod, container, uuid) gpu_container_sm_utilization_ratio
+)
+or
+sum without (owner_kind, owner_name) (container:gpu_device_share:ratio{{mig_uuid!=""}})
+* on (mig_uuid) group_left ()
+(
+  sum by (mig_uuid) (mig:gpu_used:gpus)
+  or max by (mig_uuid) (mig:gpu_instance_share:ratio)
+)"""
+GPU_KEYS = "cluster, node, gpu, uuid, model"
+DEVICES = f"max by ({GPU_KEYS}) (gpu_info)"
+
+
+def energy_window(share: str, window: str) -> str:
+    """A device's measured energy over `window` times `share`'s mean over the window: the
+    mean over the device's idle-share samples (one per evaluation while the device is
+    listed), so a holder present for 20 minutes of the hour gets a third of its share and the
+    shares of a device still add up to 1."""
+    return (f"sum_over_time({share}[{window}])\n"
+            "/ on (uuid) group_left ()\n"
+            f"count_over_time(gpu:gpu_idle_energy_share:ratio[{window}])\n"
+            f"* on (uuid) group_left (gpu, model) gpu:gpu_energy_joules:increase{window}")
+
+
+ENERGY_RECORDS: tuple[Record, ...] = (
+    Record("container:gpu_energy_weight:ratio", ENERGY_WEIGHT),
+    # A device whose holders claim more than all of it is scaled down to it, as the ledger does.
+    Record("container:gpu_energy_share:ratio",
+           "container:gpu_energy_weight:ratio\n"
+           "/ on (uuid) group_left ()\n"
+           "clamp_min(sum by (uuid) (container:gpu_energy_weight:ratio), 1)"),
+    Record("gpu:gpu_idle_energy_share:ratio",
+           f"{DEVICES}\n"
+           "  - on (uuid) group_left () sum by (uuid) (container:gpu_energy_share:ratio)\n"
+           f"or {DEVICES}"),
+    Record("container:gpu_power:watts",
+           "container:gpu_energy_share:ratio\n"
+           "* on (uuid) group_left (gpu, model) gpu_power_watts"),
+    Record("gpu:gpu_idle_power:watts",
+           "gpu:gpu_idle_energy_share:ratio * on (uuid) group_left () gpu_power_watts"),
+    # The device's measured joules in the last hour; estimated from power samples where the
+    # GPU has no energy counter.
+    Record("gpu:gpu_energy_joules:increase1h",
+           f"max by ({GPU_KEYS}) (increase(gpu_energy_joules_total[1h]))\n"
+           f"or max by ({GPU_KEYS}) (avg_over_time(gpu_power_watts[1h]) * 3600)"),
+    Record("container:gpu_energy_joules:increase1h",
+           energy_window("container:gpu_energy_share:ratio", "1h")),
+    Record("gpu:gpu_idle_energy_joules:increase1h",
+           energy_window("gpu:gpu_idle_energy_share:ratio", "1h")),
+    # Grid intensity per cluster: the metering job's (its cost model's carbon section), else
+    # the example figure for every cluster with GPUs.
+    Record("cluster:gpu_carbon_intensity:grams_per_kwh",
+           f"max by (cluster) ({CARBON_INTENSITY}{{{DEFAULT_CONFIG.metering_selector}}})\n"
+           f"or max by (cluster) (gpu_info) * 0 + {EXAMPLE_CARBON_INTENSITY_G_PER_KWH:g}"),
+)
+
+
+def carbon(level: str) -> Record:
+    """CO2e in grams of a level's energy of the last hour at its cluster's intensity."""
+    return Record(f"{level}:gpu_carbon_grams:increase1h",
+                  f"{level}:gpu_energy_joules:increase1h / {JOULES_PER_KWH:g}\n"
+                  "* on (cluster) group_left () cluster:gpu_carbon_intensity:grams_per_kwh")
+
+
 RECORDS: tuple[Record, ...] = (
     # MIG instance -> its share of the parent GPU, by compute slices.
     Record("mig:gpu_slices:count",
@@ -577,11 +674,8 @@ RECORDS: tuple[Record, ...] = (
            "  * on (uuid) group_left (gpu, model) gpu_utilization_ratio\n"
            'or container:gpu_device_share:ratio{mig_uuid!=""}\n'
            "  * on (mig_uuid) group_left (gpu, model, profile) mig:gpu_used:gpus"),
-    Record("container:gpu_power:watts",
-           'container:gpu_device_share:ratio{mig_uuid=""}\n'
-           "  * on (uuid) group_left (gpu, model) gpu_power_watts\n"
-           'or container:gpu_device_share:ratio{mig_uuid!=""}\n'
-           "  * on (mig_uuid) group_left (gpu, model, profile) mig:gpu_power:watts"),
+    # Power and energy per holder, and what no holder draws.
+    *ENERGY_RECORDS,
     # Example live showback: USD per hour by model, then per device and container.
     *(Record("model:gpu_hourly_rate:usd", f"vector({rate:g})", (("model", model),))
       for model, rate in EXAMPLE_HOURLY_RATES_USD.items()),
@@ -599,6 +693,17 @@ RECORDS: tuple[Record, ...] = (
     *per_level("gpu_power:watts", "container:gpu_power:watts"),
     *per_level("gpu_memory_used:bytes", "gpu_container_memory_used_bytes"),
     *per_level("gpu_cost:usd_per_hour", "container:gpu_cost:usd_per_hour"),
+    *per_level("gpu_energy_joules:increase1h", "container:gpu_energy_joules:increase1h"),
+    carbon("namespace"),
+    carbon("team"),
+    *(Record(f"{level}:{metric}", f"sum by ({by}) ({source})")
+      for level, by in (("model", "cluster, model"), ("cluster", "cluster"))
+      for metric, source in (("gpu_power:watts", "gpu_power_watts"),
+                             ("gpu_idle_power:watts", "gpu:gpu_idle_power:watts"),
+                             ("gpu_energy_joules:increase1h", "gpu:gpu_energy_joules:increase1h"),
+                             ("gpu_idle_energy_joules:increase1h",
+                              "gpu:gpu_idle_energy_joules:increase1h"))),
+    carbon("cluster"),
     Record("cluster:gpu_capacity:gpus", "count by (cluster) (gpu_info)"),
     Record("cluster:gpu_allocated:gpus", "sum by (cluster) (container:gpu_allocated:gpus)"),
     Record("cluster:gpu_used:gpus",
@@ -659,11 +764,9 @@ GR_ENGINE_MIG = (
 POWER_SPLIT = (
     'container:gpu_power:watts{mig_uuid=""}\n'
     'or container:gpu_power:watts{mig_uuid!=""}\n'
-    "  * on (mig_uuid) group_left (gpu_instance_id) gpu_mig_info\n"
-    # a MIG GPU: what its containers' instances do not account for stays on the device
-    "or (gpu_power_watts - on (uuid) group_left ()\n"
-    '    sum by (uuid) (container:gpu_power:watts{mig_uuid!=""}))\n'
-    "or (gpu_power_watts unless on (uuid) container:gpu_power:watts)")
+    "  * on (mig_uuid) group_left (gpu_instance_id, profile) gpu_mig_info\n"
+    # what no container draws (idle time, unheld MIG slices, unheld GPUs) stays on the device
+    "or gpu_power_watts * on (uuid) group_left () gpu:gpu_idle_energy_share:ratio")
 
 _DCGM_CORE: tuple[Record, ...] = (
     # device properties, one series per GPU

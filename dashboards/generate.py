@@ -42,6 +42,7 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from alerts.generate import JOULES_PER_KWH, TEAM_CARBON_KG, TEAM_ENERGY_KWH
 from gpu_ledger.generated import sync
 from gpu_ledger.sharing import SharingMode
 
@@ -501,6 +502,51 @@ def cost() -> Board:
           [(f"sort_desc(pod:gpu_cost:usd_per_hour{{{NS}}})", "")], width=12)
     b.add(tab("Example hourly rates (USD per GPU-hour)"),
           [("model:gpu_hourly_rate:usd", "")], width=12)
+    b.row("Energy and carbon (live)")
+    # Recording rules (docs/recording-rules.md "Power, energy and carbon"): holders' power as
+    # the ledger splits energy, the rest idle; CO2e at the metering job's intensity per cluster.
+    b.add(st("GPU power now", "watt"), [(f"sum(cluster:gpu_power:watts{{{CL}}})", "")],
+          width=5, height=4)
+    b.add(st("Idle power now", "watt"), [(f"sum(cluster:gpu_idle_power:watts{{{CL}}})", "")],
+          width=5, height=4, description="Power no holder accounts for: unheld GPUs and MIG "
+          "slices, and the idle time of shared GPUs.")
+    b.add(st("GPU energy, last hour", "kwatth"),
+          [(f"sum(cluster:gpu_energy_joules:increase1h{{{CL}}}) / {JOULES_PER_KWH:g}", "")],
+          width=5, height=4)
+    b.add(st("CO2e, last hour (estimate)", "massg"),
+          [(f"sum(cluster:gpu_carbon_grams:increase1h{{{CL}}})", "")], width=5, height=4,
+          description="Energy x the cluster's grid intensity (gCO2e/kWh).")
+    b.add(st("Grid intensity (gCO2e/kWh)"),
+          [(f"cluster:gpu_carbon_intensity:grams_per_kwh{{{CL}}}", "{{cluster}}")],
+          width=4, height=4, description="From the metering job's cost model (carbon), else "
+          "the example figure set in alerts/generate.py.")
+    b.add(ts("Power by team, and idle", "watt", stack=True),
+          [(f"team:gpu_power:watts{{{CL}}}", "{{team}}"),
+           (f"sum(cluster:gpu_idle_power:watts{{{CL}}})", "idle")],
+          description="Stacked, the series add up to the GPUs' power.")
+    b.add(ts("Power by namespace", "watt", stack=True),
+          [(f"namespace:gpu_power:watts{{{NS}}}", "{{namespace}}")])
+    b.add(ts("Power by GPU model: held and idle", "watt", stack=True),
+          [(f"sum by (model) (model:gpu_power:watts{{{CL}}})\n"
+            f"- sum by (model) (model:gpu_idle_power:watts{{{CL}}})", "{{model}} held"),
+           (f"sum by (model) (model:gpu_idle_power:watts{{{CL}}})", "{{model}} idle")])
+    b.add(tab("Energy and CO2e of the last hour by team", merge=True),
+          [(f"sum by (team) (team:gpu_energy_joules:increase1h{{{CL}}}) / {JOULES_PER_KWH:g}",
+            ""),
+           (f"sum by (team) (team:gpu_carbon_grams:increase1h{{{CL}}}) / 1000", "")],
+          description="A: kWh, B: kg CO2e (live estimate; the month's figures come from "
+          "metering, below).")
+    b.add(tab("Energy and CO2e of the last hour by namespace", merge=True),
+          [(f"sum by (namespace) (namespace:gpu_energy_joules:increase1h{{{NS}}}) / "
+            f"{JOULES_PER_KWH:g}", ""),
+           (f"sum by (namespace) (namespace:gpu_carbon_grams:increase1h{{{NS}}}) / 1000", "")],
+          description="A: kWh, B: kg CO2e.")
+    b.add(tab("Energy of the last hour by GPU model", merge=True),
+          [(f"sum by (model) (model:gpu_energy_joules:increase1h{{{CL}}}) / {JOULES_PER_KWH:g}",
+            ""),
+           (f"sum by (model) (model:gpu_idle_energy_joules:increase1h{{{CL}}}) / "
+            f"{JOULES_PER_KWH:g}", "")],
+          width=24, height=6, description="A: kWh drawn, B: of which idle (no holder).")
     b.row("Budgets (from metering)")
     # Pushed by `gpu-ledger meter --pushgateway` (metering/publish.py) per metered cluster:
     # spend and forecast add up over clusters' ledgers, a team's budget is one figure.
@@ -513,6 +559,11 @@ def cost() -> Board:
           width=18, description="From the last metering run: A: spend so far this month, "
           "B: monthly budget, C: forecast to month end (spend so far extrapolated "
           "linearly, as in the report), D: status (alert GpuLedgerBudgetHeadingOver).")
+    b.add(tab("Team energy and CO2e this month (from metering)", merge=True),
+          [(f"sum by (team, month) ({TEAM_ENERGY_KWH}{{{CL}}})", ""),
+           (f"sum by (team, month) ({TEAM_CARBON_KG}{{{CL}}})", "")],
+          width=18, description="From the last metering run: A: kWh of measured GPU energy "
+          "split to the team, B: kg CO2e at the cost model's carbon intensity.")
     b.add(st("Hours since last metering run", "h"),
           [(f"(time() - max by (cluster) "
             f"(gpu_ledger_meter_last_success_timestamp_seconds{{{CL}}})) / 3600", "{{cluster}}")],

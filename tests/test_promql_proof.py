@@ -48,6 +48,7 @@ from dcgm_queries import (
 )
 from promtools import free_port, http_server, running_prometheus, running_pushgateway
 
+from alerts.generate import CARBON_INTENSITY, TEAM_CARBON_KG, TEAM_ENERGY_KWH
 from dashboards.generate import BOARDS, expressions
 from exporter.metrics import FAMILIES
 from gpu_ledger.procutil import stop
@@ -251,6 +252,20 @@ def _metering_state() -> publish.RunState:
     return publish.RunState(CLUSTER, period, 24, now - 3 * 86400, month, "USD", (line,))
 
 
+def _push_energy_state(gateway: str) -> None:
+    """The energy state the metering job pushes into its group (issue 28, alerts/generate.py
+    METERING_ENERGY_PUSHES): a POST adds these names beside what `meter` PUT there."""
+    month = str(_metering_state().month)
+    body = "".join(
+        f'{name}{{team="nlp",month="{month}"}} {value}\n'
+        for name, value in ((TEAM_ENERGY_KWH, 123.5), (TEAM_CARBON_KG, 49.4)))
+    body += f"{CARBON_INTENSITY} 400\n"
+    req = urllib.request.Request(publish.group_url(gateway, CLUSTER), data=body.encode(),
+                                 method="POST", headers={"Content-Type": "text/plain"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        resp.read()
+
+
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     work = tmp_path_factory.mktemp("proof")
@@ -279,6 +294,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             http_server(lambda path, headers: (200, "text/plain", OTHER_PROCESS)) as other_url, \
             running_pushgateway(work) as gateway:
         publish.push(gateway, _metering_state())  # the metering job's state, as `meter` pushes it
+        _push_energy_state(gateway)
         kubeconfig = api.kubeconfig(str(work / "kubeconfig"))
         node = SimNode(sc, time.time, start, None, None, proc_root, None)  # type: ignore[arg-type]
         node.refresh_proc_tree()
@@ -454,6 +470,42 @@ def test_shared_gpu_use_is_split_not_copied(prometheus: str) -> None:
     # time-sliced, exclusive, MPS, fractional (HAMi), DRA-claimed and vGPU-host
     assert len(rows) == 6
     assert all(abs(float(r["value"][1])) < 1e-9 for r in rows), rows
+
+
+def _per_uuid(prom: str, expr: str, t: float) -> dict[str, float]:
+    return {k[0]: v for k, v in by(query(prom, expr, t), "uuid").items()}
+
+
+def test_holders_and_idle_power_add_up_to_each_gpu(prometheus: str) -> None:
+    """Per GPU, in every sharing mode and on MIG, the holders' power plus the idle power is
+    the GPU's power; on the time-sliced GPU both pods draw a part (by their own SM use) and
+    the rest, the GPU's idle time, is idle power rather than the pods'."""
+    t = rule_time(prometheus, "gpu:gpu_idle_power:watts")
+    device = _per_uuid(prometheus, "gpu_power_watts", t)
+    idle = _per_uuid(prometheus, "gpu:gpu_idle_power:watts", t)
+    holders = _per_uuid(prometheus, "sum by (uuid) (container:gpu_power:watts)", t)
+    assert len(device) == GPUS and set(idle) == set(device)
+    assert set(holders) < set(device) and len(holders) >= 6  # GPU 7 (vGPU guest) is unheld
+    assert {u: idle[u] + holders.get(u, 0.0) for u in device} == pytest.approx(device, rel=1e-9)
+    [shared] = [r["metric"]["uuid"] for r in query(prometheus, f'gpu_info{{gpu="{SHARED_GPU}"}}')]
+    pods = by(query(prometheus, f'container:gpu_power:watts{{uuid="{shared}"}}', t), "pod")
+    assert set(pods) == {("bert-finetune",), ("tokenizer",)}
+    assert all(v > 0 for v in pods.values()) and idle[shared] > 0
+    assert pods[("bert-finetune",)] > pods[("tokenizer",)]  # SM 0.4 against 0.1
+
+
+def test_holders_and_idle_energy_add_up_to_each_gpu(prometheus: str) -> None:
+    """The same for the last hour's energy: each GPU's measured joules, split."""
+    t = rule_time(prometheus, "gpu:gpu_idle_energy_joules:increase1h")
+    device = _per_uuid(prometheus, "gpu:gpu_energy_joules:increase1h", t)
+    idle = _per_uuid(prometheus, "gpu:gpu_idle_energy_joules:increase1h", t)
+    holders = _per_uuid(prometheus,
+                        "sum by (uuid) (container:gpu_energy_joules:increase1h)", t)
+    assert len(device) == GPUS and all(v > 0 for v in device.values())
+    assert {u: idle[u] + holders.get(u, 0.0) for u in device} == pytest.approx(device, rel=1e-9)
+    teams = by(query(prometheus, "team:gpu_carbon_grams:increase1h", t), "team")
+    assert {"nlp", "inference", "ml-research"} <= {k[0] for k in teams}
+    assert all(v > 0 for v in teams.values())
 
 
 # --- the DCGM-compatible view: the queries of NVIDIA's dashboard 12239 and of OpenCost -------
