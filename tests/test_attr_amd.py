@@ -200,3 +200,22 @@ def test_the_exporter_attributes_amd_partitions_end_to_end(sock: str, tmp_path: 
     assert values(body, "gpu_container_allocation", pod="train-b", mig_uuid=part.uuid,
                   sharing="mig") == [1]
     assert values(body, "gpu_exporter_unresolved_device_ids_total") in ([], [0])
+
+
+def test_time_slicing_replicas_of_the_device_plugin(sock: str, tmp_path: Path) -> None:
+    """ROCm/k8s-device-plugin's time-slicing (internal/pkg/plugin/timeslice.go) advertises
+    `<id>-slice-<n>`: a share of what `<id>` names, whole GPU or partition."""
+    inv = _cpx_inventory()
+    _xcp_tree(tmp_path, 2)
+    index = AmdDeviceIndex(inv, read_amd_sysfs(str(tmp_path)))
+    part = {(m.parent.index, m.gpu_instance_id): m for m in inv.migs}
+    pods = [PodAllocation("ml", "a", [ContainerAllocation("main", [
+                ("amd.com/gpu", ["amdgpu_xcp_30-slice-0", "amdgpu_xcp_30-slice-1"])])]),
+            PodAllocation("ml", "b", [ContainerAllocation("main", [
+                ("amd.com/gpu", ["0000:0c:00.0-slice-3"])])])]
+    allocations, _ = _poll(sock, pods)
+    rows = amd_units(allocations, (), index, None, {}, UnknownIds())
+    got = sorted((u.holder.pod, u.device, u.mode) for u in rows)
+    p11, p00 = part[(1, 1)], part[(0, 0)]
+    assert got == [("a", (p11.parent.uuid, p11.uuid), SharingMode.TIME_SLICING)] * 2 + [
+        ("b", (p00.parent.uuid, p00.uuid), SharingMode.TIME_SLICING)]

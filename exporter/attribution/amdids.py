@@ -20,6 +20,7 @@ The render node joins a partition: the backend keeps it as the partition's
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -37,6 +38,9 @@ _XCP = re.compile(r"amdgpu_xcp_(?P<n>[0-9]{1,6})\Z")
 _RENDER = re.compile(r"renderD(?P<n>[0-9]{1,6})\Z")
 _GROUP = re.compile(r"[0-9]{1,6}\Z")
 _DRA_NAME = re.compile(r"gpu-(?P<card>[0-9]{1,6})-(?P<render>[0-9]{1,6})\Z")
+# time-slicing replicas: the plugin's `<id>-slice-<n>` (internal/pkg/plugin/timeslice.go), and
+# the `<id>::<n>` other plugins use
+_REPLICA = re.compile(r"(?P<base>.+?)(?:-slice-|::)(?P<n>[0-9]{1,6})\Z")
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class AmdRef:
     vf: str = ""
     vf_fraction: float | None = None
     vf_use: VirtualFunction | None = field(default=None, compare=False)
+    replica: bool = False  # one time-slicing share of the device
 
     @property
     def key(self) -> tuple[str, str]:
@@ -97,6 +102,8 @@ class AmdRef:
     def mode(self) -> SharingMode:
         if self.vf:
             return SharingMode.VGPU
+        if self.replica:
+            return SharingMode.TIME_SLICING
         return SharingMode.MIG if self.partition else SharingMode.EXCLUSIVE
 
 
@@ -137,8 +144,16 @@ class AmdDeviceIndex:
         self._sysfs = sysfs
 
     def resolve(self, device_id: str) -> tuple[AmdRef, ...]:
-        """Every device an ID names (an IOMMU group may hold several VFs); () for none."""
+        """Every device an ID names (an IOMMU group may hold several VFs); () for none. A
+        time-slicing replica (`<id>-slice-<n>`) names a share of what `<id>` names."""
         base = device_id.strip()
+        replica = _REPLICA.match(base)
+        if replica:
+            return tuple(dataclasses.replace(r, replica=True)
+                         for r in self._resolve(replica["base"]) if not r.vf)
+        return self._resolve(base)
+
+    def _resolve(self, base: str) -> tuple[AmdRef, ...]:
         ref = self._by_bdf.get(pci_bdf(base)) or self._vf_by_bdf.get(pci_bdf(base))
         if ref is not None:  # a GPU (partition 0), or a VF by address (KubeVirt's PCI plugin)
             return (ref,)

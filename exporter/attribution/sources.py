@@ -127,7 +127,9 @@ def amd_units(allocations: Iterable[Allocation], claims: Iterable[ClaimDevice],
     `amdgpu_xcp_<n>`, MxGPU VFs by IOMMU group) and `gpu.amd.com` DRA devices. Partitions are
     `mig`-like units priced by their fraction, VFs `vgpu`-like units with their framebuffer
     share as grant; a device several containers hold is time-slicing unless overridden."""
-    held: list[tuple[Holder, str, tuple[str, str], SharingMode, AmdRef]] = []
+    # (holder, resource, ref, what makes it one unit: the plugin's ID; a DRA device named
+    # twice in one container's claims is one unit)
+    held: list[tuple[Holder, str, AmdRef, str]] = []
     for a in allocations:
         if not is_amd_resource(a.resource):
             continue
@@ -136,7 +138,7 @@ def amd_units(allocations: Iterable[Allocation], claims: Iterable[ClaimDevice],
             refs = index.resolve(device_id)
             if not refs:
                 unknown.report(a.resource, device_id)
-            held.extend((holder, a.resource, r.key, r.mode, r) for r in refs)
+            held.extend((holder, a.resource, r, f"{device_id}/{r.vf}") for r in refs)
     for c in claims:
         if c.driver != AMD_DRA_DRIVER:
             continue
@@ -144,26 +146,25 @@ def amd_units(allocations: Iterable[Allocation], claims: Iterable[ClaimDevice],
         if ref is None:
             unknown.report(c.driver, f"{c.pool}/{c.device}")
             continue
-        held.append((Holder(c.namespace, c.pod, c.container), c.driver, ref.key, ref.mode,
-                     ref))
+        held.append((Holder(c.namespace, c.pod, c.container), c.driver, ref, ""))
     sharers: dict[tuple[str, str], set[Holder]] = {}
-    for holder, _, key, _, _ in held:
-        sharers.setdefault(key, set()).add(holder)
+    for holder, _, ref, _ in held:
+        sharers.setdefault(ref.key, set()).add(holder)
     rows: list[Unit] = []
     done: set[tuple[Holder, tuple[str, str], str]] = set()
-    for holder, resource, key, mode, ref in held:
-        if (holder, key, ref.vf) in done:
+    for holder, resource, ref, unit in held:
+        if (holder, ref.key, unit) in done:
             continue
-        done.add((holder, key, ref.vf))
+        done.add((holder, ref.key, unit))
         if ref.vf:  # the VM's use, which the host sees only per VF
-            rows.append(Unit(holder, key, resource, SharingMode.VGPU,
+            rows.append(Unit(holder, ref.key, resource, SharingMode.VGPU,
                              Grant(memory_fraction=ref.vf_fraction),
                              InstanceUse(ref.vf_use.utilization, ref.vf_use.memory_used_bytes)
                              if ref.vf_use is not None else None))
             continue
-        shared = len(sharers[key]) > 1
-        mode = overrides.get(resource) or (SharingMode.TIME_SLICING if shared else mode)
-        rows.append(Unit(holder, key, resource, mode))
+        shared = len(sharers[ref.key]) > 1
+        mode = overrides.get(resource) or (SharingMode.TIME_SLICING if shared else ref.mode)
+        rows.append(Unit(holder, ref.key, resource, mode))
     return rows
 
 
