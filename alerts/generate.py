@@ -310,7 +310,8 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
               "  > ignoring (source) gpu_answering_devices", T.gpu_not_answering_for,
               "A GPU of the node does not answer its driver library",
               "Node {{ $labels.node }} has {{ $value }} GPU(s) on its PCI bus but fewer "
-              "answer their driver library{{ with query (printf `gpu_answering_devices{instance=\"%s\"}` "
+              "answer their driver library"
+              "{{ with query (printf `gpu_answering_devices{instance=\"%s\"}` "
               "$labels.instance) }} (only {{ (index . 0).Value }}){{ end }}, for "
               f"{T.gpu_not_answering_for}: a GPU is lost or fell off the bus, possibly before the "
               "exporter started."),

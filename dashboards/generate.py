@@ -286,6 +286,15 @@ def node_detail() -> Board:
           [(f"increase(gpu_xid_errors_total{{{DEV}}}[$__rate_interval])", g + " XID {{xid}}")])
     b.add(tab("Last XID per code"),
           [(f"gpu_xid_last_timestamp_seconds{{{DEV}}} * 1000", "")], width=24, height=6)
+    # Other vendors' errors (AMD RAS): per-block counts and events by kind and code
+    b.add(ts("RAS errors by block", "none"),
+          [(f"increase(gpu_ras_errors_total{{{DEV}}}[$__rate_interval])",
+            g + " {{block}} {{type}}")], width=8)
+    b.add(ts("Error events by code (AMD RAS)", "none"),
+          [(f"increase(gpu_error_events_total{{{DEV}}}[$__rate_interval])",
+            g + " {{kind}} {{code}} {{error_severity}}")], width=8)
+    b.add(tab("Last error event per code"),
+          [(f"gpu_error_event_last_timestamp_seconds{{{DEV}}} * 1000", "")], width=8)
     b.row("MIG")
     b.add(tab("MIG instances"), [(f"gpu_mig_info{{{DEV}}}", "")], width=24, height=6)
     b.add(ts("MIG memory", "bytes"),

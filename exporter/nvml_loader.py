@@ -41,7 +41,8 @@ def load_nvml(spec: str, clock: Callable[[], float] = time.time) -> NvmlApi:
 
 
 def load_backend(spec: str, clock: Callable[[], float] = time.time) -> DeviceBackend:
-    """The device backend for `--nvml SPEC` (only NVML today: docs/backends.md)."""
+    """The NVML backend for `--nvml SPEC`; the exporter chooses all of a node's backends
+    (`--device-backend`) in exporter/device/registry.py."""
     from exporter.device.nvml import NvmlBackend
 
     return NvmlBackend(load_nvml(spec, clock))

@@ -53,7 +53,7 @@ class Sampler:
     def __init__(self, backend: DeviceBackend | Backends, options: ExporterOptions,
                  specs: Sequence[CollectorSpec], clock: Callable[[], float] = time.time,
                  threaded: bool = True, eager_render: bool = True) -> None:
-        self.backend = backend if isinstance(backend, Backends) else Backends([backend])
+        self.backend = Backends.of(backend)
         self._members = [_Member(b) for b in self.backend]
         self.eager_render = eager_render
         self.options = options

@@ -209,7 +209,7 @@ def node(sockdir: Path) -> Iterator[Node]:
 
 
 def cycle(collector: AttributionCollector, opts: ExporterOptions) -> SampleSink:
-    ctx = CycleContext(nvml=None, options=opts, now=time.time(), gpus=list(GPUS),
+    ctx = CycleContext(options=opts, now=time.time(), gpus=list(GPUS),
                        migs=list(MIGS), processes=[])
     sink = SampleSink()
     collector.collect(ctx, sink)

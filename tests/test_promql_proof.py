@@ -377,9 +377,23 @@ def selectors(expr: str) -> set[str]:
             if name in METRIC_NAMES or name in records}
 
 
+# Families only the AMD backend fills (RAS block counts and events): the proof's node is
+# NVIDIA's until the AMD simulator (issue 25) joins the scenario, so queries on them are checked
+# to run without error, not for data (tests/test_device_backends.py emits them).
+AMD_ONLY = ("gpu_ras_errors_total", "gpu_error_events_total",
+            "gpu_error_event_last_timestamp_seconds")
+
+
+def _amd_only(expr: str) -> bool:
+    return any(re.search(rf"(?<![:\w]){name}(?![:\w])", expr) for name in AMD_ONLY)
+
+
 def test_every_panel_query_returns_data(prometheus: str) -> None:
+    for where, expr in _panel_queries():
+        if _amd_only(expr):
+            assert query_errors(prometheus, substitute(expr)) is None, where
     empty = [f"{where}: {expr}" for where, expr in _panel_queries()
-             if not query(prometheus, substitute(expr))]
+             if not _amd_only(expr) and not query(prometheus, substitute(expr))]
     assert empty == [], "panel queries without data:\n" + "\n".join(empty)
 
 
@@ -412,7 +426,7 @@ def test_alert_expression_runs_and_its_selectors_match(prometheus: str,
     assert query_errors(prometheus, rule["expr"]) is None
     found = selectors(rule["expr"])
     assert found, f"no selector recognised in {rule['expr']}"
-    empty = [s for s in sorted(found) if not query(prometheus, s)]
+    empty = [s for s in sorted(found) if not _amd_only(s) and not query(prometheus, s)]
     assert empty == [], f"{rule['alert']}: selectors without data: {empty}"
 
 

@@ -65,6 +65,7 @@ def test_host_instances_are_reported_and_attributed_to_virt_launcher_pods() -> N
     sc = load_scenario(HOST)
     assert {i for _, i in device_ids(sc)} == {v.uuid for g in sc.gpus for v in g.vgpus}
     s = _samples(HOST, 60)
+    # device labels are node, gpu, uuid, model, vendor; then the family's own
     info = {labels[5]: (labels[6], labels[7]) for labels, _, _ in s["gpu_vgpu_info"]}
     v = sc.gpus[0].vgpus
     assert info[v[0].uuid] == ("NVIDIA A100-20C", "vms/vm-train")
@@ -98,7 +99,7 @@ def test_host_instances_are_reported_and_attributed_to_virt_launcher_pods() -> N
 def test_guest_license_state(t: float, state: int) -> None:
     s = _samples(GUEST, t)
     (labels, value, _), = s["gpu_vgpu_license_state"]
-    assert labels[5:] == ("compute", "NVIDIA Virtual Compute Server") and value == state
+    assert labels[4:] == ("nvidia", "compute", "NVIDIA Virtual Compute Server") and value == state
     assert "gpu_vgpu_info" not in s or s["gpu_vgpu_info"] == []
 
 

@@ -45,13 +45,19 @@ class Backends:
                                  f"and {b.library}")
             self._by_vendor[b.vendor] = b
 
+    @classmethod
+    def of(cls, backend: DeviceBackend | Backends) -> Backends:
+        """`backend` itself when it is the node's Backends, else one backend as Backends."""
+        return backend if isinstance(backend, Backends) else cls([backend])
+
     def __iter__(self) -> Iterator[DeviceBackend]:
         return iter(self.members)
 
     def __len__(self) -> int:
         return len(self.members)
 
-    def of(self, vendor: Vendor) -> DeviceBackend | None:
+    def for_vendor(self, vendor: Vendor) -> DeviceBackend | None:
+        """The backend of `vendor`, None when the node runs none."""
         return self._by_vendor.get(vendor)
 
     def _for(self, gpu: GpuRef) -> DeviceBackend:
