@@ -173,9 +173,11 @@ def test_a_closed_month_never_changes_and_late_data_becomes_adjustments(
     sep_md = (out / "chargeback-2026-09.md").read_text()
     oct_md = (out / "chargeback-2026-10.md").read_text()
     total = sum(posted.values(), Decimal(0))
-    assert "## Adjustments posted to 2026-10" in sep_md and "closed on" in sep_md
+    assert "## Adjustments posted to 2026-10" in sep_md and "**Closed:** on " in sep_md
     assert f"adjustments posted to 2026-10: {total:+,.2f}" in sep_md
     assert "## Adjustments for 2026-09" in oct_md and "Adjustments posted" not in oct_md
+    assert f"adjustments for 2026-09: {total:+,.2f} USD, billed in this month" in oct_md
+    assert "**Closed:**" not in oct_md
     focus = _focus_rows(out, "2026-10")
     corrections = [r for r in focus if r["ChargeClass"] == "Correction"]
     assert corrections and all(r["ChargePeriodStart"] == "2026-09-01T00:00:00Z" and

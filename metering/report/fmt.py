@@ -333,16 +333,23 @@ def sections(report: Report) -> list[tuple[str, Grid]]:
 
 
 def closed_text(report: Report) -> str:
-    """The close and the adjustments either way; '' for an open month without any."""
+    """When `gpu-ledger close` closed the month; '' for an open month."""
+    if report.closed_at is None:
+        return ""
+    return (f"on {report.closed_at:%Y-%m-%d %H:%M} UTC (gpu-ledger close): the charges in this "
+            "report never change")
+
+
+def adjustments_text(report: Report) -> str:
+    """Adjustments either way: posted to later months for this closed month, and billed in
+    this month for earlier closed months; '' when neither."""
     parts = []
-    if report.closed_at is not None:
-        parts.append(f"closed on {report.closed_at:%Y-%m-%d %H:%M} UTC (gpu-ledger close): "
-                     "the charges above never change")
+    if report.closed_at is not None or report.adjustments_out:
         posted = sorted({a.posted_month for a in report.adjustments_out})
         total = sum((a.cost for a in report.adjustments_out), Decimal(0))
         parts.append(f"adjustments posted to {', '.join(map(str, posted))}: {total:+,.2f} "
-                     f"{currency(report)} (data metered after the close)" if posted else
-                     "no adjustments posted since")
+                     f"{currency(report)} (usage metered after the close)" if posted else
+                     "none posted since the close")
     if report.adjustments_in:
         fors = sorted({a.for_month for a in report.adjustments_in})
         total = sum((a.cost for a in report.adjustments_in), Decimal(0))
@@ -555,6 +562,7 @@ def facts(report: Report) -> list[tuple[str, str]]:
         *([("Energy", energy_text(report))] if report.energy_shown else []),
         ("Previous month", previous_text(report)),
         *([("Closed", closed_text(report))] if closed_text(report) else []),
+        *([("Adjustments", adjustments_text(report))] if adjustments_text(report) else []),
         ("Tool", f"gpu-ledger {report.tool_version}"),
     ]
 
