@@ -42,8 +42,7 @@ _CONFIG_TABLES: Final = {
     # and intensity NULL where the cost model has no `energy:` / `carbon:`
     "_p_energy": "hour TIMESTAMP, price_u BIGINT, pue_u BIGINT, gpk_m BIGINT",
 }
-_WORK_TABLES: Final = ("_dev", "_alloc", "_rows", "_idle", "_pool", "_share", "_eshare",
-                       "_erows")
+_WORK_TABLES: Final = ("_dev", "_alloc", "_rows", "_idle", "_pool", "_share")
 # Integer micros -> DECIMAL(18, 6) without passing through a float.
 _MONEY_MACRO: Final = ("CREATE OR REPLACE TEMP MACRO gl_money(m) AS "
                        "(CAST(m AS DECIMAL(18, 0)) * CAST(0.000001 AS DECIMAL(18, 6)))"

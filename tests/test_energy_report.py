@@ -97,6 +97,10 @@ def test_focus_bills_energy_rows_and_carbon_as_x_columns(report: Report) -> None
     train = next(r for r in energy if r["ResourceName"] == "train")
     assert (train["ConsumedUnit"], train["ConsumedQuantity"], train["BilledCost"]) == \
         ("kWh", "1.400000", "0.504000")
+    table = pq.read_table(io.BytesIO(focus.render_parquet(report)))
+    assert table.column_names[-2:] == ["x_EnergyKwh", "x_CarbonKgCO2e"]
+    assert sum(v for v in table.column("x_CarbonKgCO2e").to_pylist() if v is not None) == \
+        Decimal("0.864")
 
 
 def test_html_report_with_energy_columns_renders_in_chromium(report: Report,

@@ -328,15 +328,29 @@ SELECT hour, 'adjustment', '', '', '', '', '', '', model, 'adjustment', '', 'adj
 FROM _rows GROUP BY hour, model
 HAVING sum(list_micros - final_micros) <> 0;
 
--- step: energy_share
--- Each holder's share of its device-hour's measured energy (docs/cost-model.md, "Energy and
--- carbon"), in device-hours: exclusive, all of the time it held; MIG, its instance's GPM
--- activity in device-equivalents, else its slices' share of the time held; time-slicing, MPS,
--- fractional, vGPU, its SM activity (as the usage split measures it), else its held share. A
--- device whose holders claim more than its up time is scaled down to it.
-CREATE OR REPLACE TEMP TABLE _eshare AS
+-- step: energy_delete
+DELETE FROM energy_hours WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
+  AND cluster = getvariable('gl_cluster');
+
+-- step: energy_insert
+-- Each device-hour's measured energy split among its holders (docs/cost-model.md, "Energy and
+-- carbon"). One statement, no work table: a materialised copy of _alloc per slice raised
+-- pricing's peak memory by more than half.
+--
+-- eshare: each holder's share in device-hours. Exclusive, all of the time it held; MIG, its
+-- instance's GPM activity in device-equivalents, else its slices' share of the time held;
+-- time-slicing, MPS, fractional, vGPU, its SM activity (as the usage split measures it), else
+-- its held share. A device whose holders claim more than its up time is scaled down to it.
+--
+-- Then joules in integer millijoules, money in micros, CO2e in milligrams: each holder gets
+-- the floor of its share, `down` the floor of the hour's down time, `idle` exactly what is
+-- left, so the rows of a device-hour add up to its energy, cost and CO2e with nothing lost.
+INSERT INTO energy_hours (hour, team, namespace, pod, container, node, uuid, mig_uuid, model,
+                          sharing, profile, rule, fraction, energy_joules, estimated,
+                          price_per_kwh, energy_cost, co2e_grams, cost_model_hash, cluster)
 WITH h AS (
-    SELECT a.*,
+    SELECT a.hour, a.team, a.namespace, a.pod, a.container, a.node, a.uuid, a.mig_uuid,
+           a.model, a.sharing, a.profile, a.up_frac,
            CASE WHEN a.is_mig THEN coalesce(a.used_hours, a.slice_frac * a.share * a.held_hours)
                 WHEN a.sharing = 'exclusive' THEN a.alloc_hours
                 ELSE coalesce(a.used_hours, a.alloc_hours) END AS eh,
@@ -346,19 +360,13 @@ WITH h AS (
                 WHEN a.used_hours IS NOT NULL THEN 'sm-share'
                 ELSE 'held (no SM data)' END AS rule
     FROM _alloc a
-), s AS (SELECT hour, uuid, sum(greatest(eh, 0)) AS total FROM h GROUP BY hour, uuid)
-SELECT h.hour, h.team, h.namespace, h.pod, h.container, h.node, h.uuid, h.mig_uuid, h.model,
-       h.sharing, h.profile, h.rule,
-       greatest(h.eh, 0) * CASE WHEN s.total > h.up_frac THEN h.up_frac / s.total ELSE 1 END
-           AS w
-FROM h JOIN s USING (hour, uuid);
-
--- step: energy_rows
--- Joules in integer millijoules, money in micros, CO2e in milligrams: each holder gets the
--- floor of its share, `down` the floor of the hour's down time, `idle` exactly what is left,
--- so the rows of a device-hour add up to its energy, cost and CO2e with nothing lost.
-CREATE OR REPLACE TEMP TABLE _erows AS
-WITH dv AS (
+), s AS (SELECT hour, uuid, sum(greatest(eh, 0)) AS total FROM h GROUP BY hour, uuid
+), eshare AS (
+    SELECT h.* EXCLUDE (eh, up_frac),
+           greatest(h.eh, 0) * CASE WHEN s.total > h.up_frac THEN h.up_frac / s.total ELSE 1 END
+               AS w
+    FROM h JOIN s USING (hour, uuid)
+), dv AS (
     SELECT d.hour, d.node, d.uuid, d.model, d.up_frac, d.energy_estimated AS est,
            CAST(round(greatest(d.energy_joules, 0) * 1000) AS BIGINT) AS mj,
            pe.price_u, pe.pue_u, pe.gpk_m
@@ -375,7 +383,7 @@ WITH dv AS (
 ), held AS (
     SELECT e.*, t.est, t.price_u, t.mj AS dev_mj, t.cost_u AS dev_cost, t.co2_mg AS dev_co2,
            CAST(floor(t.mj * e.w) AS BIGINT) AS mj_row
-    FROM _eshare e JOIN tot t USING (hour, uuid)
+    FROM eshare e JOIN tot t USING (hour, uuid)
 ), holders AS (
     -- (0 J: 0, or NULL where not priced)
     SELECT *, CASE WHEN dev_mj > 0 THEN CAST(dev_cost * mj_row AS HUGEINT) // dev_mj
@@ -393,35 +401,29 @@ WITH dv AS (
            coalesce(sum(h.co2_row), 0) AS co2_held
     FROM down d LEFT JOIN holders h USING (hour, uuid)
     GROUP BY ALL
+), erows AS (
+    SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing,
+           profile, rule, w AS fraction, mj_row AS mj, est, price_u, cost_row AS cost_u,
+           co2_row AS co2_mg
+    FROM holders
+    UNION ALL
+    SELECT hour, 'down', '', '', '', node, uuid, '', model, 'down', '', 'down', 1 - up_frac,
+           mj_down, est, price_u, cost_down, co2_down
+    FROM fleet WHERE mj_down <> 0
+    UNION ALL
+    SELECT hour, 'idle', '', '', '', node, uuid, '', model, 'idle', '', 'idle',
+           CASE WHEN mj > 0 THEN (mj - mj_down - mj_held) / mj ELSE 0 END,
+           mj - mj_down - mj_held, est, price_u, cost_u - coalesce(cost_down, 0) - cost_held,
+           co2_mg - coalesce(co2_down, 0) - co2_held
+    FROM fleet
+    WHERE mj - mj_down - mj_held <> 0 OR cost_u - coalesce(cost_down, 0) - cost_held <> 0
 )
-SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing, profile,
-       rule, w AS fraction, mj_row AS mj, est, price_u, cost_row AS cost_u, co2_row AS co2_mg
-FROM holders
-UNION ALL
-SELECT hour, 'down', '', '', '', node, uuid, '', model, 'down', '', 'down', 1 - up_frac, mj_down,
-       est, price_u, cost_down, co2_down
-FROM fleet WHERE mj_down <> 0
-UNION ALL
-SELECT hour, 'idle', '', '', '', node, uuid, '', model, 'idle', '', 'idle',
-       CASE WHEN mj > 0 THEN (mj - mj_down - mj_held) / mj ELSE 0 END,
-       mj - mj_down - mj_held, est, price_u, cost_u - coalesce(cost_down, 0) - cost_held,
-       co2_mg - coalesce(co2_down, 0) - co2_held
-FROM fleet WHERE mj - mj_down - mj_held <> 0 OR cost_u - coalesce(cost_down, 0) - cost_held <> 0;
-
--- step: energy_delete
-DELETE FROM energy_hours WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
-  AND cluster = getvariable('gl_cluster');
-
--- step: energy_insert
-INSERT INTO energy_hours (hour, team, namespace, pod, container, node, uuid, mig_uuid, model,
-                          sharing, profile, rule, fraction, energy_joules, estimated, price_per_kwh,
-                          energy_cost, co2e_grams, cost_model_hash, cluster)
 SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing, profile,
        rule, fraction, (CAST(mj AS DECIMAL(18, 0)) * CAST(0.001 AS DECIMAL(18, 3)))::DECIMAL(18, 3),
        est, gl_money(price_u), gl_money(cost_u),
        (CAST(co2_mg AS DECIMAL(18, 0)) * CAST(0.001 AS DECIMAL(18, 3)))::DECIMAL(18, 3),
        getvariable('gl_hash'), getvariable('gl_cluster')
-FROM _erows;
+FROM erows;
 
 -- query: totals
 SELECT
