@@ -146,6 +146,14 @@ _MIGRATIONS += tuple(
                                 ("ingest_chunks", "clusters", "VARCHAR[]")))
 
 
+# Vendors: every earlier device row is NVIDIA's (the exporter read NVML only).
+_MIGRATIONS += ((
+    "SELECT count(*) = 0 FROM information_schema.columns WHERE table_catalog = "
+    "current_database() AND table_name = 'device_hours' AND column_name = 'vendor'",
+    ("ALTER TABLE device_hours ADD COLUMN vendor VARCHAR DEFAULT 'nvidia'",
+     "ALTER TABLE device_hours ALTER COLUMN vendor SET NOT NULL")),)
+
+
 def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Bring an existing database's tables up to schema.sql; returns the statements run."""
     done: list[str] = []

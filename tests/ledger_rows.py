@@ -1,5 +1,6 @@
 """Test helper: INSERT statements that fill a ledger table by position, every column but
-`cluster` (which then takes its default, 'default'): the single-cluster rows most tests write."""
+`cluster` and `vendor` (which then take their defaults, 'default' and 'nvidia'): the
+single-cluster NVIDIA rows most tests write."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def _columns(table: str) -> tuple[str, ...]:
     con = duckdb.connect(":memory:")
     con.execute(schema_sql())
     rows = con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ? "
-                       "AND column_name <> 'cluster' ORDER BY ordinal_position",
+                       "AND column_name NOT IN ('cluster', 'vendor') ORDER BY ordinal_position",
                        [table]).fetchall()
     con.close()
     return tuple(r[0] for r in rows)

@@ -90,7 +90,7 @@ GROUP BY fam, hour, key;
 
 -- step: device_hours
 INSERT INTO device_hours (hour, cluster, node, gpu, uuid, model, mig_enabled, observed_seconds,
-                          up_seconds, sm_active_seconds, energy_joules)
+                          up_seconds, sm_active_seconds, energy_joules, vendor)
 WITH up AS (
     SELECT c.hour, c.key, c.sh, c.value AS n,
            CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w,
@@ -103,7 +103,9 @@ dev AS (
     SELECT hour, key, arg_max(sh, w) AS sh, sum(n * dt) AS obs, sum(ones * dt) AS up
     FROM up GROUP BY hour, key),
 info AS (
-    SELECT hour, key, bool_or(lower(mig_mode) IN ('enabled', 'true', '1', 'on')) AS mig
+    SELECT hour, key, bool_or(lower(mig_mode) IN ('enabled', 'true', '1', 'on')) AS mig,
+           -- no vendor label (exporters before it): NVIDIA, the only vendor they read
+           max(nullif(lower(trim(vendor)), '')) AS vendor
     FROM info_count WHERE gl_in(hour) GROUP BY hour, key),
 util AS (
     SELECT u.hour, u.key, sum(u.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS sm
@@ -124,7 +126,7 @@ energy AS (SELECT hour, key, sum(j) AS j FROM inc GROUP BY hour, key)
 SELECT d.hour, c.cluster, c.node, c.gpu, c.uuid, c.model, coalesce(i.mig, false),
        gl_sec(d.obs, h.u), d.up * gl_scale(d.obs, h.u),
        CASE WHEN coalesce(i.mig, false) THEN NULL ELSE u.sm * gl_scale(d.obs, h.u) END,
-       e.j * gl_scale(d.obs, h.u)
+       e.j * gl_scale(d.obs, h.u), coalesce(i.vendor, 'nvidia')
 FROM dev d
 JOIN up_count c ON c.sh = d.sh AND c.hour = d.hour
 LEFT JOIN _held h ON h.fam = 'device' AND h.hour = d.hour AND h.key = d.key

@@ -23,7 +23,10 @@ CREATE TABLE IF NOT EXISTS device_hours (
     up_seconds        DOUBLE    NOT NULL,   -- of which gpu_up == 1
     sm_active_seconds DOUBLE,               -- integral of gpu_utilization_ratio (NULL on MIG)
     energy_joules     DOUBLE,               -- increase of gpu_energy_joules_total
-    cluster           VARCHAR   NOT NULL DEFAULT 'default'
+    cluster           VARCHAR   NOT NULL DEFAULT 'default',
+    -- who made it (gpu_info's `vendor` label: nvidia | amd | intel); rows of exporters that had
+    -- no such label are NVIDIA's. Added later: last, as migrations append it.
+    vendor            VARCHAR   NOT NULL DEFAULT 'nvidia'
 );
 
 CREATE TABLE IF NOT EXISTS mig_hours (
@@ -31,7 +34,7 @@ CREATE TABLE IF NOT EXISTS mig_hours (
     node              VARCHAR   NOT NULL,
     uuid              VARCHAR   NOT NULL,   -- parent GPU
     mig_uuid          VARCHAR   NOT NULL,
-    profile           VARCHAR   NOT NULL,   -- e.g. 3g.40gb
+    profile           VARCHAR   NOT NULL,   -- e.g. 3g.40gb; an AMD partition: cpx_nps4
     slices            INTEGER   NOT NULL,   -- compute slices of the profile
     parent_slices     INTEGER   NOT NULL,
     memory_total_bytes DOUBLE,
