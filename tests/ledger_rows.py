@@ -1,6 +1,6 @@
 """Test helper: INSERT statements that fill a ledger table by position, every column but
-`cluster` and `vendor` (which then take their defaults, 'default' and 'nvidia'): the
-single-cluster NVIDIA rows most tests write."""
+`cluster` (which then takes its default, 'default') and columns added after it (their
+defaults too): the single-cluster rows most tests write."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from metering.db import schema_sql
 def _columns(table: str) -> tuple[str, ...]:
     con = duckdb.connect(":memory:")
     con.execute(schema_sql())
-    rows = con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ? "
-                       "AND column_name NOT IN ('cluster', 'vendor') ORDER BY ordinal_position",
-                       [table]).fetchall()
+    rows = con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = $t "
+                       "AND ordinal_position < (SELECT ordinal_position FROM information_schema."
+                       "columns WHERE table_name = $t AND column_name = 'cluster') "
+                       "ORDER BY ordinal_position", {"t": table}).fetchall()
     con.close()
     return tuple(r[0] for r in rows)
 

@@ -119,8 +119,9 @@ def test_a_ledger_without_vendors_gets_nvidia(tmp_path: Path) -> None:
     connect(path).close()
     old = duckdb.connect(str(path))
     old.execute("ALTER TABLE device_hours DROP COLUMN vendor")
-    old.execute("INSERT INTO device_hours VALUES (?, 'n1', '0', 'GPU-1', 'NVIDIA L4', false, "
-                "3600, 3600, NULL, NULL, 'default')", [T0])
+    old.execute("INSERT INTO device_hours (hour, node, gpu, uuid, model, mig_enabled, "
+                "observed_seconds, up_seconds) VALUES (?, 'n1', '0', 'GPU-1', 'NVIDIA L4', "
+                "false, 3600, 3600)", [T0])
     done = migrate(old)
     assert any("vendor" in s for s in done)
     assert old.execute("SELECT vendor FROM device_hours").fetchall() == [("nvidia",)]

@@ -6,8 +6,7 @@
 --
 -- The cost model arrives as session variables (getvariable('gl_*')) and small temp tables that
 -- pricing.py fills from the resolved cost model: _p_models (price per GPU model), _p_ns (team
--- per namespace), _p_team_disc, _p_mig_table, _p_vgpu_table, _p_eff, _p_tiers, _p_idle_weights,
--- _p_partitions (AMD compute partitions per mode of each AMD model, metering/partitions.py).
+-- per namespace), _p_team_disc, _p_mig_table, _p_vgpu_table, _p_eff, _p_tiers, _p_idle_weights.
 --
 -- Money is integer millionths of the currency ("micros") until the final INSERT, so that
 --   fleet cost = down + charged list amounts + idle      (per device-hour, exactly)
@@ -33,9 +32,9 @@ SELECT d.hour, d.node, d.uuid, d.model,
        floor(m.rate_micros * least(greatest(d.up_seconds, 0), 3600) / 3600.0)::BIGINT
            AS avail_micros
 FROM device_hours d
-JOIN _p_models m ON m.model = d.model AND m.vendor = d.vendor
+JOIN _p_models m ON m.model = d.model
 WHERE d.hour >= getvariable('gl_start') AND d.hour < getvariable('gl_end')
-  AND d.cluster = getvariable('gl_cluster');
+  AND d.cluster = getvariable('gl_cluster') AND m.vendor = d.vendor;
 
 -- step: alloc
 -- One row per allocation fact (hour x container x device or MIG instance) with everything that
@@ -104,6 +103,7 @@ WITH a AS (
         AND gr.pod = a.pod AND gr.container = a.container AND gr.uuid = a.uuid
         AND gr.mig_uuid = a.mig_uuid
     -- an AMD partition held by resource name only (no partition facts): its mode's count
+    -- (_p_partitions: per AMD model of the period and mode, from metering/partitions.py)
     LEFT JOIN _p_partitions pp
            ON a.mig_uuid <> '' AND mh.mig_uuid IS NULL AND pp.model = d.model
           AND pp.mode = regexp_extract(a.resource, '^amd\.com/(spx|dpx|tpx|qpx|cpx)(_nps\d)?$', 1)
