@@ -111,11 +111,11 @@ def _amd_units(model: str) -> GpuUnits | None:
 
 class Kind(enum.Enum):
     TO_MIG = "whole GPU -> MIG"
-    TO_PARTITION = "whole GPU -> AMD partition"
     TO_SHARE = "whole GPU -> shared"
     MIG_DOWN = "MIG profile down"
     MIG_UP = "MIG profile up"
     IDLE = "idle holder"
+    TO_PARTITION = "whole GPU -> AMD partition"  # last: report colours follow this order
 
 
 @dataclass(frozen=True)
