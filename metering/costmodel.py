@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from gpu_ledger import safeyaml
 from gpu_ledger.sharing import SharingMode
+from metering import partitions
 from metering.cluster import CLUSTER_NAME_RULE, is_cluster_name
 from metering.errors import InputError
 
@@ -56,9 +57,6 @@ _CURRENCY = re.compile(r"^[A-Z]{3}$")
 _TEAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _LABEL = re.compile(r"^([A-Za-z0-9.-]+/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 _PROFILE = re.compile(r"^\d+g\.\d+gb(\+[a-z]+)?$")
-# An AMD compute x memory partition as the exporter names it (docs/cost-model.md, "AMD
-# partitions"): the compute mode, optionally with the memory mode: cpx_nps4, dpx, spx_nps1.
-_AMD_PROFILE = re.compile(r"^(spx|dpx|tpx|qpx|cpx)(_nps[1248])?$")
 # Who made a GPU: the `vendor` label of gpu_info (device_hours.vendor; rows of exporters
 # without the label are NVIDIA's).
 VENDORS: Final = ("nvidia", "amd", "intel")
@@ -603,7 +601,7 @@ class _Parser:
         for profile, frac in table_raw.items():
             k = f"mig.table.{profile}"
             if not isinstance(profile, str) or not (_PROFILE.match(profile)
-                                                    or _AMD_PROFILE.match(profile)):
+                                                    or partitions.is_profile(profile)):
                 raise self.fail(k, "a MIG profile name like 3g.40gb or an AMD partition like "
                                 "cpx_nps4", profile)
             table[profile] = self.number(frac, k, lo_open=True, hi=Decimal(1))

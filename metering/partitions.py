@@ -50,6 +50,11 @@ def partition_memory_gb(model: str) -> int | None:
                 None)
 
 
+def is_profile(name: str) -> bool:
+    """Whether `name` is a partition profile exactly as the exporter writes it (cpx_nps4)."""
+    return _PROFILE.fullmatch(name) is not None
+
+
 def compute_mode(profile: str) -> str | None:
     """The compute mode of a partition profile ("cpx_nps4" -> "cpx"); None if not one."""
     m = _PROFILE.match(profile.strip().lower())

@@ -74,7 +74,9 @@ WITH a AS (
            CASE WHEN a.mig_uuid = '' THEN ''
                 ELSE coalesce(mh.profile,
                               nullif(regexp_extract(a.resource, 'mig-(\d+g\.\d+gb)', 1), ''),
-                              nullif(regexp_extract(a.resource, '^amd\.com/(\w+)$', 1), ''),
+                              nullif(regexp_extract(
+                                  a.resource, '^amd\.com/((spx|dpx|tpx|qpx|cpx)(_nps\d)?)$', 1),
+                                  ''),
                               '') END AS profile,
            coalesce(mh.slices,
                     TRY_CAST(nullif(regexp_extract(a.resource, 'mig-(\d+)g\.', 1), '')
