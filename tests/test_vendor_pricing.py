@@ -127,3 +127,31 @@ def test_a_ledger_without_vendors_gets_nvidia(tmp_path: Path) -> None:
     assert old.execute("SELECT vendor FROM device_hours").fetchall() == [("nvidia",)]
     assert migrate(old) == []
     old.close()
+
+
+def test_an_export_from_before_vendors_reads_as_nvidia(tmp_path: Path) -> None:
+    """A Parquet export written before device_hours.vendor (its files lack the column) is
+    still a ledger: its devices read as NVIDIA's, as the migration makes a ledger's."""
+    import pyarrow.parquet as pq
+    from test_fleet_ledger import cluster_ledger
+
+    from metering import manifest
+    from metering.export import export_ledger
+    from metering.ledgerview import open_ledger
+
+    out = tmp_path / "export"
+    export_ledger(cluster_ledger(tmp_path, "fleet.duckdb", ("east",)), out)
+    m = manifest.read(out)
+    assert m is not None
+    for rel, entry in list(m.files.items()):
+        if entry.table == "device_hours":
+            f = out / rel
+            pq.write_table(pq.read_table(f).drop_columns(["vendor"]), f)
+            m.files[rel] = manifest.describe(out, f, entry.table, entry.cluster, entry.month)
+    manifest.write(out, m)
+    con = open_ledger(out)
+    try:
+        assert {r[0] for r in con.execute("SELECT vendor FROM device_hours").fetchall()} == {
+            "nvidia"}
+    finally:
+        con.close()
