@@ -27,6 +27,8 @@ def summary(model: CostModel, name: str) -> str:
 def _rule_lines(rule: PriceRule, currency: str) -> list[str]:
     name = (f"model {rule.model!r}" if rule.model is not None
             else f"pattern {rule.pattern!r}" if rule.pattern is not None else "default")
+    if rule.vendor is not None:
+        name += f" ({rule.vendor} only)"
     lines = [f"  {rule.key:<18} {name}: {_money(rule.hourly, currency)} per device-hour"]
     d = rule.derived
     if d is not None:

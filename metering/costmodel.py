@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpu_ledger import safeyaml
 from gpu_ledger.sharing import SharingMode
+from metering import partitions
 from metering.cluster import CLUSTER_NAME_RULE, is_cluster_name
 from metering.energy import (
     DAYS,
@@ -66,6 +67,9 @@ _CURRENCY = re.compile(r"^[A-Z]{3}$")
 _TEAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _LABEL = re.compile(r"^([A-Za-z0-9.-]+/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 _PROFILE = re.compile(r"^\d+g\.\d+gb(\+[a-z]+)?$")
+# Who made a GPU: the `vendor` label of gpu_info (device_hours.vendor; rows of exporters
+# without the label are NVIDIA's).
+VENDORS: Final = ("nvidia", "amd", "intel")
 
 
 class _Raw(str):
@@ -146,8 +150,12 @@ class PriceRule:
     hourly: Decimal
     derived: Derivation | None
     memory_gb: Decimal | None
+    vendor: str | None = None  # only this vendor's GPUs; None: any vendor's
 
-    def matches(self, model: str) -> bool:
+    def matches(self, model: str, vendor: str | None = None) -> bool:
+        """`vendor` None: a GPU whose vendor is not known here (a report's price table)."""
+        if self.vendor is not None and vendor is not None and vendor != self.vendor:
+            return False
         if self.model is not None:
             return model == self.model
         return self.pattern is not None and fnmatch.fnmatchcase(model, self.pattern)
@@ -190,6 +198,7 @@ class ResolvedPrice:
     memory_gb: Decimal | None
     rule: str  # which entry matched: pricing.gpus[1] or pricing.default
     guest: GuestPrice | None = None  # a vGPU guest's GPU: hourly is its share of the rule's
+    vendor: str | None = None  # as asked for; None: any
 
 
 @dataclass(frozen=True)
@@ -266,17 +275,21 @@ class CostModel:
     def for_cluster(self, name: str) -> CostModel:
         return self.clusters.get(name, self)
 
-    def price_for(self, model: str) -> ResolvedPrice:
-        """Exact model entries win over patterns; patterns are tried in file order."""
-        rule = next((r for r in self.gpus if r.model == model), None)
+    def price_for(self, model: str, vendor: str | None = None) -> ResolvedPrice:
+        """Exact model entries win over patterns; patterns are tried in file order. An entry
+        with a `vendor` matches that vendor's GPUs only; among exact entries for the name, one
+        that names the vendor wins over one that does not. `vendor` None (not known to the
+        caller, e.g. a report's price table): every entry may match."""
+        exact = [r for r in self.gpus if r.model is not None and r.matches(model, vendor)]
+        rule = next((r for r in exact if r.vendor is not None), exact[0] if exact else None)
         if rule is None:
-            rule = next((r for r in self.gpus if r.pattern and r.matches(model)), None)
+            rule = next((r for r in self.gpus if r.pattern and r.matches(model, vendor)), None)
         rule = rule or self.default_price
         guest = None if rule.model is not None else self._guest(model, rule)
         hourly = rule.hourly if guest is None else (rule.hourly * guest.fraction).quantize(
             MICRO, ROUND_HALF_UP)
         return ResolvedPrice(model, hourly, self.model_discount(model), rule.memory_gb,
-                             rule.key, guest)
+                             rule.key, guest, vendor)
 
     def _guest(self, model: str, rule: PriceRule) -> GuestPrice | None:
         """A vGPU type priced by an entry for whole GPUs (a pattern or the default): its
@@ -532,13 +545,15 @@ class _Parser:
         seen: dict[str, str] = {}
         for rule in gpus:
             name = rule.model if rule.model is not None else f"pattern {rule.pattern}"
+            if rule.vendor is not None:
+                name += f" of vendor {rule.vendor}"
             if name in seen:
                 raise self.fail(rule.key, f"a model not already priced at {seen[name]}", name)
             seen[name] = rule.key
         return default, gpus
 
     def price(self, value: object, key: str, *, named: bool) -> PriceRule:
-        names = ("model", "pattern") if named else ()
+        names = ("model", "pattern", "vendor") if named else ()
         sec = self.mapping(value, key, (*names, "hourly", "derived", "memory_gb"))
         if not isinstance(value, dict):
             raise self.fail(key, "a mapping with hourly or derived", value)
@@ -548,8 +563,9 @@ class _Parser:
                 raise self.fail(key, "exactly one of model (exact name) or pattern (glob)",
                                 sorted(sec))
             if "model" in sec:
-                model = self.text(sec["model"], f"{key}.model", "a GPU model name as NVML "
-                                  "reports it, like \"NVIDIA H100 80GB HBM3\"")
+                model = self.text(sec["model"], f"{key}.model", "a GPU model name as the "
+                                  "exporter's gpu_info reports it, like \"NVIDIA H100 80GB "
+                                  "HBM3\" or \"AMD Instinct MI300X\"")
             else:
                 pattern = self.glob(sec["pattern"], f"{key}.pattern", "a GPU model name")
         if ("hourly" in sec) == ("derived" in sec):
@@ -568,7 +584,9 @@ class _Parser:
         memory = sec.get("memory_gb")
         memory_gb = None if memory is None else \
             self.number(memory, f"{key}.memory_gb", lo_open=True, hi=MAX_MEMORY_GB)
-        return PriceRule(key, model, pattern, hourly, derived, memory_gb)
+        vendor = self.choice(sec["vendor"], f"{key}.vendor", VENDORS) if "vendor" in sec \
+            else None
+        return PriceRule(key, model, pattern, hourly, derived, memory_gb, vendor)
 
     def derivation(self, value: object, key: str) -> Derivation:
         fields = ("purchase_price", "depreciation_months", "hours_per_month", "power_watts",
@@ -613,8 +631,10 @@ class _Parser:
         table: dict[str, Decimal] = {}
         for profile, frac in table_raw.items():
             k = f"mig.table.{profile}"
-            if not isinstance(profile, str) or not _PROFILE.match(profile):
-                raise self.fail(k, "a MIG profile name like 3g.40gb", profile)
+            if not isinstance(profile, str) or not (_PROFILE.match(profile)
+                                                    or partitions.is_profile(profile)):
+                raise self.fail(k, "a MIG profile name like 3g.40gb or an AMD partition like "
+                                "cpx_nps4", profile)
             table[profile] = self.number(frac, k, lo_open=True, hi=Decimal(1))
         if fraction == "table" and not table:
             raise self.fail("mig.table", "at least one profile when mig.fraction is table")

@@ -152,6 +152,12 @@ _MIGRATIONS += ((
     "current_database() AND table_name = 'device_hours' AND column_name = 'energy_estimated'",
     ("ALTER TABLE device_hours ADD COLUMN energy_estimated BOOLEAN DEFAULT false",
      "ALTER TABLE device_hours ALTER COLUMN energy_estimated SET NOT NULL")),)
+# Vendors: every earlier device row is NVIDIA's (the exporter read NVML only).
+_MIGRATIONS += ((
+    "SELECT count(*) = 0 FROM information_schema.columns WHERE table_catalog = "
+    "current_database() AND table_name = 'device_hours' AND column_name = 'vendor'",
+    ("ALTER TABLE device_hours ADD COLUMN vendor VARCHAR DEFAULT 'nvidia'",
+     "ALTER TABLE device_hours ALTER COLUMN vendor SET NOT NULL")),)
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -87,7 +87,8 @@ SIGNALS: tuple[SignalSpec, ...] = (
     # Last sample time per series-hour: with the count it places the series' samples in the
     # hour, so overlapping duplicates (two jobs, an HA pair) are counted once (_dedup).
     SignalSpec("up_tlast", "gpu_up", "tlast", ("node",), DEVICE_KEY),
-    SignalSpec("info_count", "gpu_info", "count", ("node", "uuid", "mig_mode"), DEVICE_KEY),
+    SignalSpec("info_count", "gpu_info", "count", ("node", "uuid", "mig_mode", "vendor"),
+               DEVICE_KEY),
     SignalSpec("util_sum", "gpu_utilization_ratio", "sum", ("node", "uuid"), DEVICE_KEY),
     SignalSpec("energy_last", "gpu_energy_joules_total", "last", ("node", "uuid"),
                DEVICE_KEY),

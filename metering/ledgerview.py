@@ -143,19 +143,24 @@ def _parquet_sources(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, st
         if table not in found:
             sources[table] = f"memory.blank.{table}"
             continue
-        columns = ", ".join(r[0] for r in con.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_catalog = "
-            "'memory' AND table_schema = 'blank' AND table_name = ? ORDER BY ordinal_position",
-            [table]).fetchall())
         # Columns in the schema's order and types; month is the partition key only.
         files = (f"read_parquet({parquet_glob(root, table)}, hive_partitioning = true, "
                  f"hive_types = {PARTITION_TYPES}, filename = true)")
-        _check_parquet(con, root, table, files)
+        have = _check_parquet(con, root, table, files)
+        # A column added after the export was written (device_hours.vendor) reads as its
+        # default, as the migration gives a ledger's rows of before.
+        columns = ", ".join(
+            name if name in have or default is None else f"{default} AS {name}"
+            for name, default in con.execute(
+                "SELECT column_name, column_default FROM information_schema.columns WHERE "
+                "table_catalog = 'memory' AND table_schema = 'blank' AND table_name = ? "
+                "ORDER BY ordinal_position", [table]).fetchall())
         sources[table] = f"(SELECT {columns} FROM {files})"
     return sources
 
 
-def _check_parquet(con: duckdb.DuckDBPyConnection, root: Path, table: str, files: str) -> None:
+def _check_parquet(con: duckdb.DuckDBPyConnection, root: Path, table: str, files: str
+                   ) -> set[str]:
     """One line, not a wrong bill or a traceback later: every column of the table's files has
     the ledger's type, and each cluster-month comes from one file holding that month's hours
     only (the same file under another month= partition would count its hours twice)."""
@@ -176,7 +181,7 @@ def _check_parquet(con: duckdb.DuckDBPyConnection, root: Path, table: str, files
                               f"ledger's is {kind} (a file not written by `gpu-ledger ledger "
                               "export`); export the ledger again")
     if "hour" not in have:
-        return
+        return set(have)
     try:
         row = con.execute(
             f"SELECT filename, cluster, month FROM {files} GROUP BY ALL HAVING "
@@ -193,3 +198,4 @@ def _check_parquet(con: duckdb.DuckDBPyConnection, root: Path, table: str, files
         raise LedgerError(f"{name}: cluster {cluster}, {month} of {table} is not this file's "
                           "alone or holds hours of another month: its rows would be counted "
                           "twice; export the ledger again")
+    return set(have)

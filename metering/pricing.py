@@ -22,6 +22,7 @@ from metering.cluster import DEFAULT_CLUSTER
 from metering.costmodel import MICRO, CostModel
 from metering.db import memory_limit, memory_limit_bytes, transaction
 from metering.energy import hours_of
+from metering.partitions import DEFAULT_XCDS, MODES, partition_xcds, partitions
 from metering.period import Period, utc_aware, utc_naive
 from metering.progress import Progress
 
@@ -30,7 +31,9 @@ if TYPE_CHECKING:
 
 # Temp tables that carry the resolved cost model into SQL; see the header of pricing.sql.
 _CONFIG_TABLES: Final = {
-    "_p_models": "model VARCHAR, rate_micros BIGINT, model_discount DOUBLE, memory_gb DOUBLE",
+    "_p_models": "model VARCHAR, rate_micros BIGINT, model_discount DOUBLE, memory_gb DOUBLE, "
+                 "vendor VARCHAR",
+    "_p_partitions": "model VARCHAR, mode VARCHAR, parts INTEGER",
     "_p_ns": "namespace VARCHAR, team VARCHAR",
     "_p_team_disc": "team VARCHAR, discount DOUBLE",
     "_p_mig_table": "profile VARCHAR, fraction DOUBLE",
@@ -82,18 +85,24 @@ def _load_config(con: duckdb.DuckDBPyConnection, model: CostModel,
     for table, columns in _CONFIG_TABLES.items():
         con.execute(f"CREATE OR REPLACE TEMP TABLE {table} ({columns})")
     period = [start, end, cluster]
-    models = [r[0] for r in con.execute(
-        "SELECT DISTINCT model FROM device_hours WHERE hour >= ? AND hour < ? AND cluster = ?",
-        period).fetchall()]
+    models = con.execute(
+        "SELECT DISTINCT model, vendor FROM device_hours WHERE hour >= ? AND hour < ? "
+        "AND cluster = ?", period).fetchall()
     defaults: list[str] = []
     rows: list[tuple[object, ...]] = []
-    for name in models:
-        price = model.price_for(name)
+    for name, vendor in models:
+        price = model.price_for(name, vendor)
         if price.rule == model.default_price.key:
             defaults.append(name)
         memory = None if price.memory_gb is None else float(price.memory_gb)
-        rows.append((name, int(price.hourly / MICRO), float(price.discount), memory))
+        rows.append((name, int(price.hourly / MICRO), float(price.discount), memory, vendor))
     _insert(con, "_p_models", rows)
+    # AMD compute partitions per mode of the period's models, for partitions known only by
+    # their resource name (amd.com/cpx_nps4); a model not listed counts DEFAULT_XCDS.
+    _insert(con, "_p_partitions", [
+        (name, mode, n) for name, vendor in models if vendor == "amd"
+        for mode in MODES
+        if (n := partitions(mode, partition_xcds(name) or DEFAULT_XCDS)) is not None])
     namespaces = [r[0] for r in con.execute(
         "SELECT DISTINCT namespace FROM allocation_hours WHERE hour >= ? AND hour < ? "
         "AND cluster = ?", period).fetchall()]
@@ -140,10 +149,10 @@ def _record_cost_model(con: duckdb.DuckDBPyConnection, model: CostModel,
     con.execute("INSERT OR REPLACE INTO cost_models VALUES (?, ?, ?, ?, ?)",
                 [model.hash, model.name or str(model.path), model.currency, model.text,
                  utc_naive(datetime.now(UTC))])
-    models = [r[0] for r in con.execute(
-        "SELECT DISTINCT model FROM device_hours WHERE hour >= ? AND hour < ?", [start, end]
-    ).fetchall()]
-    prices = [model.price_for(m) for m in models]
+    models = con.execute(
+        "SELECT DISTINCT model, vendor FROM device_hours WHERE hour >= ? AND hour < ?",
+        [start, end]).fetchall()
+    prices = [model.price_for(m, v) for m, v in models]
     if prices:
         con.executemany("INSERT OR REPLACE INTO cost_model_prices VALUES (?, ?, ?, ?, ?)",
                         [(model.hash, p.model, p.hourly, float(p.discount), p.rule)

@@ -198,6 +198,8 @@ def expected_facts() -> dict[str, list[tuple[Any, ...]]]:
             alloc.append((hour, "node-a", "batch", "short-1", "job", "GPU-a1", "",
                           "nvidia.com/gpu", "exclusive", 1, 1.0, 1200.0, GIB / 2 * 1200.0,
                           300.0, ()))
+    # No gpu_info carries a vendor label: every device is NVIDIA's, the ledger's default.
+    dev = [(*row, "nvidia") for row in dev]
     return {"device_hours": sorted(dev, key=_key), "mig_hours": sorted(mig, key=_key),
             "allocation_hours": sorted(alloc, key=_key)}
 

@@ -179,7 +179,8 @@ pricing:
      "cost-model.yaml: pricing.default.memory_gb: expected the GPU's memory in GB, needed by "
      "mig.fraction: memory"),
     (VALID + "mig: {fraction: table, table: {3g: 0.5}}\n",
-     'cost-model.yaml: mig.table.3g: expected a MIG profile name like 3g.40gb, got "3g"'),
+     'cost-model.yaml: mig.table.3g: expected a MIG profile name like 3g.40gb or an AMD '
+     'partition like cpx_nps4, got "3g"'),
     (VALID + "mig: {table: {3g.40gb: 1.5}}\n",
      "cost-model.yaml: mig.table.3g.40gb: expected a number > 0 and <= 1, got 1.5"),
     (VALID + "sharing: {efficiency: {time_slicing: 0.9}}\n",

@@ -44,9 +44,11 @@ def _ledger(path: Path) -> Path:
              holds it the first 372 hours, nobody the rest."""
     con = connect(path)
     hours = ("SELECT TIMESTAMP '2026-10-01' + INTERVAL (h) HOUR AS hour FROM range(744) t(h)")
-    con.execute(f"INSERT INTO device_hours SELECT hour, 'n1', '0', 'GPU-host', '{HOST_GPU}', "
+    dev = ("INSERT INTO device_hours (hour, node, gpu, uuid, model, mig_enabled, "
+           "observed_seconds, up_seconds, sm_active_seconds, energy_joules, cluster) ")
+    con.execute(dev + f"SELECT hour, 'n1', '0', 'GPU-host', '{HOST_GPU}', "
                 f"false, 3600, 3600, NULL, NULL, 'host' FROM ({hours})")
-    con.execute(f"INSERT INTO device_hours SELECT hour, 'vm-1', '0', 'GPU-vm', '{GUEST_GPU}', "
+    con.execute(dev + f"SELECT hour, 'vm-1', '0', 'GPU-vm', '{GUEST_GPU}', "
                 f"false, 3600, 3600, NULL, NULL, 'guest' FROM ({hours})")
     con.execute("INSERT INTO allocation_hours SELECT hour, 'n1', 'vms', 'virt-launcher-vm-1', "
                 "'compute', 'GPU-host', '', 'nvidia.com/NVIDIA_A100-20C', 'vgpu', 1, 1, 3600, "

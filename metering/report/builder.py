@@ -480,9 +480,9 @@ def price_warnings(con: Any, month: Month, cm: CostModel) -> tuple[list[str], li
     defaults: dict[str, tuple[Decimal, list[str]]] = {}  # model -> price, clusters
     guests: dict[str, tuple[str, list[str]]] = {}  # "model price" -> text, clusters
     rows = con.execute(_sql("cluster_models"), _month(month)).fetchall()
-    for cluster, gpu in rows:
+    for cluster, gpu, vendor in rows:
         c = cm.for_cluster(cluster)
-        price = c.price_for(gpu)
+        price = c.price_for(gpu, vendor)
         if price.rule == c.default_price.key:
             defaults.setdefault(gpu, (price.hourly, []))[1].append(cluster)
         if price.guest is not None and price.guest.fraction > 0:

@@ -4,8 +4,10 @@ Per workload (the pod's controller from its owner references: Deployment, Statef
 a pod without one is its own workload), from the hourly facts:
 
 - whole-GPU holders whose peak memory and p95 SM activity fit a smaller unit get the smallest
-  MIG profile of their GPU model that fits (catalogue: metering/data/mig-profiles.yaml), else
-  the smallest time-slicing / MPS share that fits;
+  MIG profile of their GPU model that fits (catalogue: metering/data/mig-profiles.yaml), on an
+  AMD Instinct the smallest compute partition that fits (metering/partitions.py: a CPX
+  partition is one of 8 XCDs of an MI300X), else the smallest time-slicing / MPS share that
+  fits;
 - MIG holders that outgrow or underuse their profile get the next profile up or down;
 - idle holders: workloads that held devices with no GPU process (peak memory 0 all hour) for
   at least `idle_hours` device-hours.
@@ -29,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from metering import sqlfile
+from metering import partitions, sqlfile
 from metering.costmodel import CostModel
 
 _GB = Decimal(10) ** 9
@@ -61,9 +63,19 @@ class GpuUnits:
     memory_gb: Decimal
     slices: int
     profiles: tuple[Profile, ...]  # smallest first
+    # "mig"; "amd_partition": profiles are compute modes (cpx, qpx, ...), slices XCDs
+    kind: str = "mig"
 
     def index(self, name: str) -> int | None:
+        if self.kind == "amd_partition":  # the exporter's "cpx_nps4" is mode cpx
+            name = partitions.compute_mode(name) or name
         return next((i for i, p in enumerate(self.profiles) if p.name == name), None)
+
+    def label(self, p: Profile) -> str:
+        """How a proposal names a profile: "MIG 1g.10gb", "AMD CPX partition (1 of 8)"."""
+        if self.kind == "amd_partition":
+            return f"AMD {p.name.upper()} partition (1 of {self.slices // p.slices})"
+        return f"MIG {p.name}"
 
 
 @cache
@@ -82,7 +94,19 @@ def units_for(model: str) -> GpuUnits | None:
     for patterns, units in catalogue():
         if any(fnmatch.fnmatchcase(model, p) for p in patterns):
             return units
-    return None
+    return _amd_units(model)
+
+
+def _amd_units(model: str) -> GpuUnits | None:
+    """An AMD Instinct's compute partitions, each its equal share of the XCDs and HBM."""
+    sizes = partitions.sizes(model)
+    memory = partitions.partition_memory_gb(model)
+    xcds = partitions.partition_xcds(model)
+    if not sizes or memory is None or xcds is None:
+        return None
+    return GpuUnits(Decimal(memory), xcds,
+                    tuple(Profile(s.mode, s.xcds, Decimal(memory) / s.parts) for s in sizes),
+                    "amd_partition")
 
 
 class Kind(enum.Enum):
@@ -91,6 +115,7 @@ class Kind(enum.Enum):
     MIG_DOWN = "MIG profile down"
     MIG_UP = "MIG profile up"
     IDLE = "idle holder"
+    TO_PARTITION = "whole GPU -> AMD partition"  # last: report colours follow this order
 
 
 @dataclass(frozen=True)
@@ -235,6 +260,12 @@ def mig_fraction(cm: CostModel) -> MigFraction:
         slices = min(Decimal(p.slices) / units.slices, Decimal(1))
         if c.mig_fraction == "table" and p.name in c.mig_table:
             return c.mig_table[p.name]
+        if units.kind == "amd_partition":
+            # pricing.sql prices AMD partitions by slices (XCDs), or by a table entry of the
+            # exporter's profile name (cpx_nps4): the first entry of this compute mode
+            listed = [f for name, f in c.mig_table.items()
+                      if partitions.compute_mode(name) == p.name]
+            return listed[0] if c.mig_fraction == "table" and listed else slices
         memory = c.price_for(model).memory_gb
         if c.mig_fraction == "memory" and memory:
             return min(p.memory_gb / memory, Decimal(1))
@@ -252,7 +283,8 @@ def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFractio
         if ev.all_hours < settings.min_hours:
             continue
         units = units_for(g.model)
-        current = f"MIG {g.profile}" if g.sharing == "mig" else (
+        current = (f"AMD partition {g.profile}" if partitions.compute_mode(g.profile)
+                   else f"MIG {g.profile}") if g.sharing == "mig" else (
             "whole GPU" if g.sharing == "exclusive" else g.sharing)
 
         def make(kind: Kind, proposed: str, saving: Decimal, g: _Group = g,
@@ -321,7 +353,8 @@ def _whole(g: _Group, units: GpuUnits, frac: MigFraction, s: Settings
         if _fits(ev.peak_memory_gb, ev.p95_sm, p.memory_gb, Decimal(p.slices) / units.slices,
                  s):
             f = frac(g.cluster, g.model, p, units)
-            return Kind.TO_MIG, f"MIG {p.name}", (g.cost * (1 - f)).quantize(_Q6)
+            kind = Kind.TO_PARTITION if units.kind == "amd_partition" else Kind.TO_MIG
+            return kind, units.label(p), (g.cost * (1 - f)).quantize(_Q6)
     for n in sorted(s.share_replicas, reverse=True):
         share = Decimal(1) / n
         if _fits(ev.peak_memory_gb, ev.p95_sm, units.memory_gb * share, share, s):
@@ -349,7 +382,7 @@ def _mig(g: _Group, units: GpuUnits, frac: MigFraction, s: Settings
         if up is None:
             return None
         extra = g.cost * (frac(g.cluster, g.model, up, units) / f_cur - 1)
-        return Kind.MIG_UP, f"MIG {up.name}", -extra.quantize(_Q6)
+        return Kind.MIG_UP, units.label(up), -extra.quantize(_Q6)
     if i > 0:
         down = units.profiles[i - 1]
         # the instance's SM activity, in the smaller instance's terms
@@ -357,7 +390,7 @@ def _mig(g: _Group, units: GpuUnits, frac: MigFraction, s: Settings
         if _fits(ev.peak_memory_gb, sm_there, down.memory_gb, Decimal(1), s):
             f_down = frac(g.cluster, g.model, down, units)
             if f_down < f_cur:
-                return (Kind.MIG_DOWN, f"MIG {down.name}",
+                return (Kind.MIG_DOWN, units.label(down),
                         (g.cost * (1 - f_down / f_cur)).quantize(_Q6))
     return None
 

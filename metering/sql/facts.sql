@@ -90,7 +90,8 @@ GROUP BY fam, hour, key;
 
 -- step: device_hours
 INSERT INTO device_hours (hour, cluster, node, gpu, uuid, model, mig_enabled, observed_seconds,
-                          up_seconds, sm_active_seconds, energy_joules, energy_estimated)
+                          up_seconds, sm_active_seconds, energy_joules, energy_estimated,
+                          vendor)
 WITH up AS (
     SELECT c.hour, c.key, c.sh, c.value AS n,
            CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w,
@@ -103,7 +104,9 @@ dev AS (
     SELECT hour, key, arg_max(sh, w) AS sh, sum(n * dt) AS obs, sum(ones * dt) AS up
     FROM up GROUP BY hour, key),
 info AS (
-    SELECT hour, key, bool_or(lower(mig_mode) IN ('enabled', 'true', '1', 'on')) AS mig
+    SELECT hour, key, bool_or(lower(mig_mode) IN ('enabled', 'true', '1', 'on')) AS mig,
+           -- no vendor label (exporters before it): NVIDIA, the only vendor they read
+           max(nullif(lower(trim(vendor)), '')) AS vendor
     FROM info_count WHERE gl_in(hour) GROUP BY hour, key),
 util AS (
     SELECT u.hour, u.key, sum(u.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS sm
@@ -137,7 +140,7 @@ SELECT d.hour, c.cluster, c.node, c.gpu, c.uuid, c.model, coalesce(i.mig, false)
        -- counter's (low) figure, flagged too. Neither: NULL, unknown.
        CASE WHEN e.j IS NOT NULL AND NOT e.reset THEN e.j
             ELSE coalesce(w.j, e.j) END * gl_scale(d.obs, h.u),
-       (e.j IS NULL AND w.j IS NOT NULL) OR coalesce(e.reset, false)
+       (e.j IS NULL AND w.j IS NOT NULL) OR coalesce(e.reset, false), coalesce(i.vendor, 'nvidia')
 FROM dev d
 JOIN up_count c ON c.sh = d.sh AND c.hour = d.hour
 LEFT JOIN _held h ON h.fam = 'device' AND h.hour = d.hour AND h.key = d.key

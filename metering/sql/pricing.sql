@@ -13,6 +13,14 @@
 --   fleet cost = down + charged list amounts + idle      (per device-hour, exactly)
 -- and every later step (discounts, sharing idle out) moves micros around without losing any.
 
+-- step: macros
+-- An Intel GVT-g mdev type named at the end of a vGPU's resource (intel.com/i915-GVTg_V5_4):
+-- type "N" is scheduled with weight 16/N of 16 (drivers/gpu/drm/i915/gvt/vgpu.c,
+-- intel_vgpu_configs), so it costs 1/N of the GPU. NULL for any other resource.
+CREATE OR REPLACE TEMP MACRO gl_mdev_share(resource) AS
+    1.0 / nullif(TRY_CAST(nullif(regexp_extract(resource, 'GVTg_V\d+_(\d+)$', 1), '')
+                          AS INTEGER), 0);
+
 -- step: devices
 -- One row per device-hour with its list price. Fleet cost of a device-hour = rate_micros:
 -- the fleet owns the GPU for the whole hour, up or not. Only up time can be charged.
@@ -28,7 +36,7 @@ SELECT d.hour, d.node, d.uuid, d.model,
 FROM device_hours d
 JOIN _p_models m ON m.model = d.model
 WHERE d.hour >= getvariable('gl_start') AND d.hour < getvariable('gl_end')
-  AND d.cluster = getvariable('gl_cluster');
+  AND d.cluster = getvariable('gl_cluster') AND m.vendor = d.vendor;
 
 -- step: alloc
 -- One row per allocation fact (hour x container x device or MIG instance) with everything that
@@ -42,14 +50,18 @@ WITH a AS (
            -- device time held while the GPU was up: a GPU that is down cannot be used.
            least(greatest(a.allocated_seconds, 0), 3600 * d.up_frac) / 3600.0 AS held_hours,
            -- the share of the device (or MIG instance) held: a vGPU type's vgpu.table
-           -- fraction; a fractional grant's or vGPU's fraction (sharing.fractional picks
-           -- memory, cores or the larger, the other figure when the picked one is absent; a
-           -- vGPU has its framebuffer share); else units of replicas: 2 of 4 replicas = 2/4.
+           -- fraction, else a GVT-g type's 1/N; a fractional grant's or vGPU's fraction
+           -- (sharing.fractional picks memory, cores or the larger, the other figure when the
+           -- picked one is absent; a vGPU, SR-IOV VF or mdev has its framebuffer share); else
+           -- units of replicas: 2 of 4 replicas = 2/4 (a VF of 4 enabled = 1/4).
            CASE WHEN vt.fraction IS NOT NULL THEN least(greatest(vt.fraction, 0), 1.0)
+                WHEN a.sharing = 'vgpu' AND gl_mdev_share(a.resource) IS NOT NULL
+                    THEN least(gl_mdev_share(a.resource), 1.0)
                 WHEN gr.fraction IS NOT NULL THEN least(greatest(gr.fraction, 0), 1.0)
                 ELSE least(greatest(a.units, 0) / greatest(a.replicas, 1), 1.0) END AS share,
-           -- a priced grant is not split by use with the device's other holders
+           -- a priced grant or type is not split by use with the device's other holders
            gr.fraction IS NULL AND vt.fraction IS NULL AND greatest(a.replicas, 1) > 1
+               AND NOT (a.sharing = 'vgpu' AND gl_mdev_share(a.resource) IS NOT NULL)
                AS shared,
            a.mig_uuid <> '' AS is_mig,
            CASE getvariable('gl_split') WHEN 'memory' THEN greatest(a.memory_byte_seconds, 0)
@@ -59,15 +71,20 @@ WITH a AS (
            CASE WHEN mh.sm_active_seconds IS NOT NULL THEN greatest(mh.sm_active_seconds, 0)
            END AS gpm_seconds,
            -- MIG profile and slices from the MIG facts, else from a mixed-strategy resource
-           -- name (nvidia.com/mig-3g.40gb) with 7 parent slices (A100, H100, H200).
+           -- name (nvidia.com/mig-3g.40gb) with 7 parent slices (A100, H100, H200), or an
+           -- AMD partition's (amd.com/cpx_nps4): one of its mode's partitions.
            CASE WHEN a.mig_uuid = '' THEN ''
                 ELSE coalesce(mh.profile,
                               nullif(regexp_extract(a.resource, 'mig-(\d+g\.\d+gb)', 1), ''),
+                              nullif(regexp_extract(
+                                  a.resource, '^amd\.com/((spx|dpx|tpx|qpx|cpx)(_nps\d)?)$', 1),
+                                  ''),
                               '') END AS profile,
            coalesce(mh.slices,
                     TRY_CAST(nullif(regexp_extract(a.resource, 'mig-(\d+)g\.', 1), '')
-                             AS INTEGER)) AS slices,
-           coalesce(mh.parent_slices, 7) AS parent_slices,
+                             AS INTEGER),
+                    CASE WHEN pp.parts IS NOT NULL THEN 1 END) AS slices,
+           coalesce(mh.parent_slices, pp.parts, 7) AS parent_slices,
            d.memory_gb
     FROM allocation_hours a
     JOIN _dev d ON d.hour = a.hour AND d.uuid = a.uuid
@@ -89,6 +106,11 @@ WITH a AS (
         AND gr.namespace = a.namespace
         AND gr.pod = a.pod AND gr.container = a.container AND gr.uuid = a.uuid
         AND gr.mig_uuid = a.mig_uuid
+    -- an AMD partition held by resource name only (no partition facts): its mode's count
+    -- (_p_partitions: per AMD model of the period and mode, from metering/partitions.py)
+    LEFT JOIN _p_partitions pp
+           ON a.mig_uuid <> '' AND mh.mig_uuid IS NULL AND pp.model = d.model
+          AND pp.mode = regexp_extract(a.resource, '^amd\.com/(spx|dpx|tpx|qpx|cpx)(_nps\d)?$', 1)
     -- a vGPU's type is its resource name after the vendor: nvidia.com/NVIDIA_A100-4C
     LEFT JOIN _p_vgpu_table vt
            ON a.sharing = 'vgpu' AND vt.profile = regexp_extract(a.resource, '[^/]+$')

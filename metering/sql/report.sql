@@ -152,12 +152,15 @@ SELECT CAST(CAST(hour AS DATE) AS TIMESTAMP), team, namespace, pod, model, shari
 FROM charges WHERE hour >= $start AND hour < $end GROUP BY ALL ORDER BY ALL;
 
 -- query: cluster_models
--- The GPU models of each cluster in the month, as ingest saw them or pricing charged them.
-SELECT DISTINCT cluster, model FROM device_hours WHERE hour >= $start AND hour < $end
-UNION
-SELECT DISTINCT cluster, model FROM charges
-WHERE hour >= $start AND hour < $end AND uuid <> ''
-ORDER BY ALL;
+-- The GPU models of each cluster in the month, as ingest saw them or pricing charged them,
+-- with their vendor where the facts say (a model two vendors share: one of them).
+SELECT cluster, model, max(vendor) FROM (
+    SELECT DISTINCT cluster, model, vendor FROM device_hours
+    WHERE hour >= $start AND hour < $end
+    UNION ALL
+    SELECT DISTINCT cluster, model, NULL FROM charges
+    WHERE hour >= $start AND hour < $end AND uuid <> '')
+GROUP BY cluster, model ORDER BY ALL;
 
 -- query: energy_days
 -- Energy rows summed at the FOCUS export's grain (as charge_days): kWh from joules, the

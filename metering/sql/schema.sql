@@ -27,7 +27,10 @@ CREATE TABLE IF NOT EXISTS device_hours (
     -- energy_joules is the integral of gpu_power_watts, not the counter's increase: the
     -- counter was missing or reset in the hour (docs/cost-model.md, "Energy and carbon").
     -- Added later: last, as migrations append it.
-    energy_estimated  BOOLEAN   NOT NULL DEFAULT false
+    energy_estimated  BOOLEAN   NOT NULL DEFAULT false,
+    -- who made it (gpu_info's `vendor` label: nvidia | amd | intel); rows of exporters that had
+    -- no such label are NVIDIA's. Added later: last, as migrations append it.
+    vendor            VARCHAR   NOT NULL DEFAULT 'nvidia'
 );
 
 CREATE TABLE IF NOT EXISTS mig_hours (
@@ -35,7 +38,7 @@ CREATE TABLE IF NOT EXISTS mig_hours (
     node              VARCHAR   NOT NULL,
     uuid              VARCHAR   NOT NULL,   -- parent GPU
     mig_uuid          VARCHAR   NOT NULL,
-    profile           VARCHAR   NOT NULL,   -- e.g. 3g.40gb
+    profile           VARCHAR   NOT NULL,   -- e.g. 3g.40gb; an AMD partition: cpx_nps4
     slices            INTEGER   NOT NULL,   -- compute slices of the profile
     parent_slices     INTEGER   NOT NULL,
     memory_total_bytes DOUBLE,
