@@ -19,6 +19,7 @@ from typing import Any, get_type_hints
 import yaml
 
 from gpu_ledger.generated import sync
+from metering import publish
 
 HERE = Path(__file__).resolve().parent
 ALERTS_FILE = HERE / "gpu-ledger-alerts.yml"
@@ -134,9 +135,9 @@ EXAMPLE_CARBON_INTENSITY_G_PER_KWH = 400.0
 # Series the metering job pushes per cluster (`gpu-ledger meter --pushgateway`,
 # metering/publish.py): the cost model's carbon intensity of the cluster now, and each team's
 # month-to-date energy and CO2e from the ledger. Read by the rules and the cost dashboard.
-CARBON_INTENSITY = "gpu_ledger_carbon_intensity_grams_per_kwh"
-TEAM_ENERGY_KWH = "gpu_ledger_team_energy_kwh"
-TEAM_CARBON_KG = "gpu_ledger_team_carbon_kg"
+CARBON_INTENSITY = publish.CARBON_INTENSITY
+TEAM_ENERGY_KWH = publish.ENERGY
+TEAM_CARBON_KG = publish.CO2E
 METERING_ENERGY_PUSHES = (CARBON_INTENSITY, TEAM_ENERGY_KWH, TEAM_CARBON_KG)
 JOULES_PER_KWH = 3.6e6
 

@@ -241,12 +241,13 @@ def _run(args: argparse.Namespace) -> int:
             raise
     gateway = args.pushgateway or os.environ.get(publish.ENV, "").strip()
     if gateway:
-        _publish(gateway, args, period, clusters, result, say)
+        _publish(gateway, args, period, clusters, model, result, say)
     return 0
 
 
 def _publish(gateway: str, args: argparse.Namespace, period: Period, clusters: ClusterScope,
-             result: api.MeterResult, say: Callable[[str], None]) -> None:
+             model: CostModel | None, result: api.MeterResult,
+             say: Callable[[str], None]) -> None:
     """Push the run's state; a failure is one warning line (always shown), never an error:
     the ledger is written, and the stale-metering alert tells a gateway that stays away."""
     from metering.report.builder import make_report  # the report's budgets: one definition
@@ -263,8 +264,13 @@ def _publish(gateway: str, args: argparse.Namespace, period: Period, clusters: C
         except MeteringError as exc:
             print(f"gpu-ledger meter: warning: budgets not published: {exc}", file=sys.stderr)
     hours = period.hours - len(result.ingest.empty_hours)
-    state = publish.RunState(clusters.name, period, hours, publish.now(), month, currency,
-                             budgets, energy)
+    finished = publish.now()
+    carbon = None if model is None else model.for_cluster(clusters.name).carbon
+    grams = None if carbon is None else float(carbon.grams_at(
+        datetime.fromtimestamp(finished, UTC).replace(minute=0, second=0, microsecond=0,
+                                                       tzinfo=None)))
+    state = publish.RunState(clusters.name, period, hours, finished, month, currency,
+                             budgets, energy, grams)
     try:
         publish.push(gateway, state)
     except publish.PushError as exc:

@@ -41,7 +41,11 @@ THROUGH = "gpu_ledger_meter_metered_through_timestamp_seconds"
 # team rows, docs/reports.md "Energy and carbon").
 ENERGY = "gpu_ledger_team_energy_kwh_month_to_date"
 CO2E = "gpu_ledger_team_co2e_kg_month_to_date"
-METRICS = (SPEND, BUDGET, FORECAST, STATUS, LAST_SUCCESS, HOURS, THROUGH, ENERGY, CO2E)
+# The cluster's carbon intensity now (the cost model's `carbon:`, the CSV's hour where it has
+# one): the live carbon estimate of the recording rules multiplies the last hour's energy by it.
+CARBON_INTENSITY = "gpu_ledger_carbon_intensity_grams_per_kwh"
+METRICS = (SPEND, BUDGET, FORECAST, STATUS, LAST_SUCCESS, HOURS, THROUGH, ENERGY, CO2E,
+           CARBON_INTENSITY)
 
 # status label values, one series per state (1 for the team's state, 0 for the others).
 STATUS_LABEL = {BudgetStatus.WITHIN: "within", BudgetStatus.HEADING_OVER: "heading_over",
@@ -65,6 +69,7 @@ class RunState:
     budgets: Sequence[BudgetLine] = ()
     # (team, kWh, kg CO2e or None without `carbon:`) month to date, from the report
     energy: Sequence[tuple[str, float, float | None]] = ()
+    carbon_grams_per_kwh: float | None = None  # None: the cost model has no `carbon:`
 
 
 def budget_month(period: Period) -> Month:
@@ -123,6 +128,10 @@ def exposition(state: RunState) -> str:
         lines += _family(CO2E, "Team's GPU energy so far this month as kg CO2e.",
                          [_sample(CO2E, {"team": t, "month": month}, kg)
                           for t, _, kg in state.energy if kg is not None])
+    if state.carbon_grams_per_kwh is not None:
+        lines += _family(CARBON_INTENSITY, "The cluster's grid carbon intensity now, gCO2e/kWh "
+                         "(cost model carbon:).",
+                         [_sample(CARBON_INTENSITY, {}, state.carbon_grams_per_kwh)])
     return "\n".join(lines) + "\n"
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from alerts.generate import DEFAULT_CONFIG, METERING_ENERGY_PUSHES
+from alerts.generate import DEFAULT_CONFIG
 from exporter.metrics import FAMILIES
 from metering import publish
 
@@ -104,7 +104,6 @@ def test_runbook_has_a_section_per_alert_and_no_orphans() -> None:
 def test_expressions_use_only_contract_metrics() -> None:
     """Rules may only read the exporter's families, Prometheus's `up`, and each other."""
     known = {f.name for f in FAMILIES} | {"up", publish.JOB} | set(publish.METRICS)  # metering
-    known |= set(METERING_ENERGY_PUSHES)  # the energy state metering pushes (issue 28)
     label_names = {label for f in FAMILIES for label in f.labels}
     records = {r["record"] for r in _rules(RECORDING)}
     for rule in _alerts() + _rules(RECORDING):

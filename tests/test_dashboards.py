@@ -13,7 +13,6 @@ import yaml
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard as SdkDashboard
 
-from alerts.generate import METERING_ENERGY_PUSHES
 from dashboards.generate import BOARDS, SCHEMA_VERSION, expressions, outputs, schema_clean
 from exporter.metrics import FAMILIES
 from gpu_ledger.sharing import SharingMode
@@ -82,7 +81,6 @@ def test_panels(name: str) -> None:
 
 def test_queries_use_only_contract_metrics_and_recording_rules() -> None:
     known = {f.name for f in FAMILIES} | {"up"} | set(publish.METRICS)  # metering's push
-    known |= set(METERING_ENERGY_PUSHES)  # the energy state metering pushes (issue 28)
     labels = {label for f in FAMILIES for label in f.labels}
     records = {r["record"] for g in yaml.safe_load(RECORDING.read_text())["groups"]
                for r in g["rules"]}

@@ -94,6 +94,24 @@ def test_push_publishes_the_reports_budget_figures(
     assert before <= last <= time.time()
     assert _values(group, publish.HOURS)[()] == 24.0
     assert _values(group, publish.THROUGH)[()] == 1791244800.0  # 2026-10-06T00:00Z
+    assert publish.CARBON_INTENSITY not in group  # the packaged model has no `carbon:`
+
+
+def test_push_carries_the_clusters_carbon_intensity(
+        fleet_om_file: Path, tmp_path: Path, gateway: str) -> None:
+    """The live carbon rules multiply energy by the intensity the metering job pushes: the
+    cluster's own (`clusters.<name>.carbon`), not the top-level one."""
+    model = tmp_path / "cm.yaml"
+    text = PACKAGED.read_text() + "\ncarbon:\n  grams_per_kwh: 250\n"
+    text = text.replace("clusters: {}", "clusters:\n  eu-west:\n    carbon: {grams_per_kwh: 35}")
+    model.write_text(text)
+    for cluster, grams in (("eu-west", 35.0), ("us-east", 250.0)):
+        run = _meter("--openmetrics", str(fleet_om_file), "--db", str(tmp_path / "l.duckdb"),
+                     *DAY, "-q", "--cost-model", str(model), "--cluster", cluster,
+                     "--pushgateway", gateway)
+        assert run.returncode == 0, run.stderr
+        group = next(g for g in _groups(gateway) if g["labels"]["cluster"] == cluster)
+        assert _values(group, publish.CARBON_INTENSITY)[()] == grams
 
 
 def test_push_from_the_environment_replaces_the_group(

@@ -48,7 +48,6 @@ from dcgm_queries import (
 )
 from promtools import free_port, http_server, running_prometheus, running_pushgateway
 
-from alerts.generate import CARBON_INTENSITY, TEAM_CARBON_KG, TEAM_ENERGY_KWH
 from dashboards.generate import BOARDS, expressions
 from exporter.metrics import FAMILIES
 from gpu_ledger.procutil import stop
@@ -249,21 +248,11 @@ def _metering_state() -> publish.RunState:
     month = Month(today.year, today.month)
     line = BudgetLine("nlp", Decimal(1000), Decimal(600), Decimal(1500),
                       BudgetStatus.HEADING_OVER)
-    return publish.RunState(CLUSTER, period, 24, now - 3 * 86400, month, "USD", (line,))
+    # with measured energy and a carbon intensity (issue 28): the live carbon rules and the
+    # team energy table read them
+    return publish.RunState(CLUSTER, period, 24, now - 3 * 86400, month, "USD", (line,),
+                            energy=(("nlp", 123.5, 49.4),), carbon_grams_per_kwh=400.0)
 
-
-def _push_energy_state(gateway: str) -> None:
-    """The energy state the metering job pushes into its group (issue 28, alerts/generate.py
-    METERING_ENERGY_PUSHES): a POST adds these names beside what `meter` PUT there."""
-    month = str(_metering_state().month)
-    body = "".join(
-        f'{name}{{team="nlp",month="{month}"}} {value}\n'
-        for name, value in ((TEAM_ENERGY_KWH, 123.5), (TEAM_CARBON_KG, 49.4)))
-    body += f"{CARBON_INTENSITY} 400\n"
-    req = urllib.request.Request(publish.group_url(gateway, CLUSTER), data=body.encode(),
-                                 method="POST", headers={"Content-Type": "text/plain"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        resp.read()
 
 
 @pytest.fixture(scope="module")
@@ -294,7 +283,6 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             http_server(lambda path, headers: (200, "text/plain", OTHER_PROCESS)) as other_url, \
             running_pushgateway(work) as gateway:
         publish.push(gateway, _metering_state())  # the metering job's state, as `meter` pushes it
-        _push_energy_state(gateway)
         kubeconfig = api.kubeconfig(str(work / "kubeconfig"))
         node = SimNode(sc, time.time, start, None, None, proc_root, None)  # type: ignore[arg-type]
         node.refresh_proc_tree()
