@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from metering import matrix
-from metering.facts import SIGNALS, SignalSpec
 from metering.matrix import Matrix
 from metering.period import Period
 from metering.promclient import Answer, PromClient, PromError
+from metering.signals import SIGNALS, SignalSpec
 
 HOUR_S = 3600
 # Prometheus's default --query.max-samples: the smallest default among the stores we target.
@@ -380,19 +380,19 @@ class QueryPlanner:
              *(sum(1 for p in answered if p.nodes == s) for s in shards)])
         yield SignalSent(spec, first, last)
 
-    def decode(self, sent: Answered) -> Matrix:
+    def decode(self, sent: Answered, seen: matrix.Labels | None = None) -> Matrix:
         """One answer in columns (metering.matrix's scanner), or by Python's json where it is
         not a well-formed matrix (then its problem is a PromError naming the query); learned
-        from."""
-        m = self._decode(sent)
+        from. `seen`: label maps the scanner decoded before (metering.matrix.read)."""
+        m = self._decode(sent, seen)
         with self._lock:
             self._learn(sent.spec, m)
         return m
 
-    def _decode(self, sent: Answered) -> Matrix:
+    def _decode(self, sent: Answered, seen: matrix.Labels | None) -> Matrix:
         answer = sent.answer
         if answer.status == 200:
-            m = matrix.read(answer.body)
+            m = matrix.read(answer.body, seen)
             if m is not None:
                 return m
         result = self.client.matrix(answer, sent.promql)

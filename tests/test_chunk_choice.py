@@ -10,7 +10,7 @@ import conftest_prom
 import pytest
 
 from gpu_ledger.cli import main as gpu_ledger
-from metering.ingest import (
+from metering.chunking import (
     CHUNK_LADDER,
     DEFAULT_INGEST_BUDGET,
     INGEST_BASE_BYTES,

@@ -88,6 +88,15 @@ SELECT fam, hour, key, sum(floor((ge - gs) / dt + 1e-6) * dt) AS u FROM (
     GROUP BY fam, hour, key, g)
 GROUP BY fam, hour, key;
 
+-- query: no_spans
+-- Instead of the spans step when no key has two series (metering/facts.py): nothing to merge.
+CREATE OR REPLACE TEMP TABLE _spans (fam VARCHAR, hour TIMESTAMP, key BIGINT, dt DOUBLE,
+                                     s DOUBLE, e DOUBLE);
+
+-- query: no_held
+-- Instead of the held step then: a key's seconds are its one series' samples' (gl_sec).
+CREATE OR REPLACE TEMP TABLE _held (fam VARCHAR, hour TIMESTAMP, key BIGINT, u DOUBLE);
+
 -- step: device_hours
 INSERT INTO device_hours (hour, cluster, node, gpu, uuid, model, mig_enabled, observed_seconds,
                           up_seconds, sm_active_seconds, energy_joules)
