@@ -191,6 +191,15 @@ def _tag_clusters(table: pa.Table, scope: ClusterScope) -> tuple[pa.Table, set[s
     return table, seen
 
 
+def _shares_keys(table: pa.Table) -> bool:
+    """Whether some fact key of a signal has two series or more (in any of its hours)."""
+    if table.num_rows == 0:
+        return False
+    keys: int = pc.count_distinct(table.column("key")).as_py()
+    series: int = pc.count_distinct(table.column("sh")).as_py()
+    return keys < series
+
+
 def _set_column(table: pa.Table, name: str, col: pa.Array | pa.ChunkedArray) -> pa.Table:
     i = table.schema.get_field_index(name)
     return table.set_column(i, name, col) if i >= 0 else table.append_column(name, col)
@@ -212,9 +221,8 @@ def write_facts(con: Any, signals: Mapping[str, pa.Table], start: datetime, end:
         table, found = _tag_clusters(signals.get(spec.name, empty_signal(spec)), scope)
         seen |= found
         con.register(spec.name, table)
-        if spec.name in _SPAN_COUNTS and table.num_rows:
-            shared = shared or (pc.count_distinct(table.column("key")).as_py()
-                                < pc.count_distinct(table.column("sh")).as_py())
+        if spec.name in _SPAN_COUNTS:
+            shared = shared or _shares_keys(table)
     for name in sorted(seen):
         problem = cluster_name_problem(name)
         if problem:
