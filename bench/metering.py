@@ -187,7 +187,7 @@ def ingest_throughput(nodes: int, hours: int) -> dict[str, Any]:
         con = connect(str(Path(tmp) / "ingest.duckdb"))
         t0 = time.perf_counter()
         with transaction(con):
-            counts = write_facts(con, tables, start, end)  # deletes the chunk's hours first
+            counts = write_facts(con, [tables], start, end)  # deletes the chunk's hours first
         wall = time.perf_counter() - t0
         con.close()
     return {"nodes": nodes, "hours": hours, "signal_points": points, "fact_rows": counts.total,

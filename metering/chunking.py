@@ -20,37 +20,40 @@ INGEST_BYTES_PER_POINT = 135
 # What a chunk may cost by default: the whole path's target is 4 GB (issue 17); a container
 # memory limit below it (cgroup) lowers it to 3/4 of that limit.
 DEFAULT_INGEST_BUDGET = 3 << 30
-# Chunk lengths the automatic choice picks from: a small change of fleet size rarely changes
-# the pick, so an interrupted run is resumed by a rerun (the chunk length is part of a run's
-# settings, metering/resume.py).
-CHUNK_LADDER = (72, 48, 24, 12, 6, 3, 2, 1)
 
+
+def points_within(budget: int) -> int:
+    """Points of answers ingest may hold at once within `budget` bytes of peak memory (at
+    least an eighth of the budget's worth where the budget is below the base)."""
+    room = budget - INGEST_BASE_BYTES
+    return max(1, (room if room > budget // 8 else budget // 8) // INGEST_BYTES_PER_POINT)
 
 
 @dataclass(frozen=True)
 class ChunkChoice:
-    """The chunk length picked for a period from the planner's estimate of its series."""
+    """How a period is fetched within a memory budget: chunks of `hours` (always the
+    default: longer ranges cost the store less per point), each in about `groups` node
+    groups (metering.queryplan) from the planner's estimate of its series."""
 
     hours: int
     series: int  # estimated series per hour, over every signal
-    peak_bytes: int  # estimated peak memory of ingest with chunks of `hours`
+    groups: int  # node groups per chunk, estimated before any answer
     budget_bytes: int
 
     def describe(self) -> str:
         gib = 1 << 30
-        return (f"chunks of {self.hours} h (automatic: ~{self.series:,} series per hour "
-                f"estimated, peak ~{self.peak_bytes / gib:.1f} GiB within a "
-                f"{self.budget_bytes / gib:.1f} GiB budget; --chunk HOURS overrides)")
+        split = (f" in ~{self.groups} node groups" if self.groups > 1 else "")
+        return (f"chunks of {self.hours} h{split} (automatic: ~{self.series:,} series per "
+                f"hour estimated, peak within a {self.budget_bytes / gib:.1f} GiB budget; "
+                "--chunk HOURS overrides the length)")
 
 
 def choose_chunk(series: int, budget: int) -> ChunkChoice:
-    """The longest chunk of CHUNK_LADDER whose estimated peak fits `budget` (the shortest
-    when none does)."""
-    def peak(hours: int) -> int:
-        return INGEST_BASE_BYTES + INGEST_BYTES_PER_POINT * series * hours
-
-    hours = next((h for h in CHUNK_LADDER if peak(h) <= budget), CHUNK_LADDER[-1])
-    return ChunkChoice(hours, series, peak(hours), budget)
+    """DEFAULT_CHUNK_HOURS, in as many node groups as `series` (per hour, every signal)
+    need to stay within `budget`."""
+    points = series * (DEFAULT_CHUNK_HOURS + 1)
+    groups = max(1, -(-points // points_within(budget)))
+    return ChunkChoice(DEFAULT_CHUNK_HOURS, series, groups, budget)
 
 
 def memory_budget(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

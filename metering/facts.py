@@ -205,75 +205,125 @@ def _set_column(table: pa.Table, name: str, col: pa.Array | pa.ChunkedArray) -> 
     return table.set_column(i, name, col) if i >= 0 else table.append_column(name, col)
 
 
-def write_facts(con: Any, signals: Mapping[str, pa.Table], start: datetime, end: datetime,
-                sample_interval: float | None = None,
+def write_facts(con: Any, groups: Iterable[Mapping[str, pa.Table]], start: datetime,
+                end: datetime, sample_interval: float | None = None,
                 clusters: ClusterScope | None = None) -> FactCounts:
-    """Replace the facts of hours [start, end) (naive UTC) of the clusters in `signals` (one
-    table per SignalSpec name; missing ones count as empty) with what the signals hold. Only
-    the clusters the chunk writes are touched: re-metering one cluster never changes
-    another's hours. The caller owns the transaction."""
+    """Replace the facts of hours [start, end) (naive UTC) of the clusters in the signals
+    with what they hold. The signals come in node groups (one table per SignalSpec name
+    each; missing ones count as empty): disjoint sets of series, written one after another,
+    so that a group's tables are let go before the next is read. Only the clusters the
+    chunk writes are touched: re-metering one cluster never changes another's hours. The
+    caller owns the transaction."""
     scope = clusters or ClusterScope()
     sql = _sql()
-    names = [s.name for s in SIGNALS]
-    seen: set[str] = set()
-    shared = False  # some fact key has two series or more (then spans are de-duplicated)
-    for spec in SIGNALS:
-        table, found = _tag_clusters(signals.get(spec.name, empty_signal(spec)), scope)
-        seen |= found
-        con.register(spec.name, table)
-        if spec.name in _SPAN_COUNTS:
-            shared = shared or _shares_keys(table)
-    for name in sorted(seen):
-        problem = cluster_name_problem(name)
-        if problem:
-            raise FactError(f"label {scope.label}: {problem}")
-    written = {scope.name} if scope.label is None else seen
-    try:
-        for name, value in (("gl_start", start), ("gl_end", end)):
-            con.execute(f"SET VARIABLE {name} = ?", [value])
-        step_sql = dict(sql.steps)
-        con.execute(step_sql["macros"])
-        _check_int_labels(con)
-        spacing: dict[tuple[str, str], float] = {}
-        default = sample_interval
-        if default is None:
-            spacing, default = detect_spacing(con)
+    w = _Writer(con, sql, scope, start, end, sample_interval)
+    for name, value in (("gl_start", start), ("gl_end", end)):
+        con.execute(f"SET VARIABLE {name} = ?", [value])
+    con.execute(dict(sql.steps)["macros"])
+    if scope.label is None:
+        w.replace({scope.name})
+    for signals in groups:
+        w.group(signals)
+    counts = w.counts
+    single = len({c for c, _ in w.spacing}) <= 1
+    counts.spacing = ({(n if single else f"{c}/{n}"): sec for (c, n), sec in w.spacing.items()}
+                      or {"*": w.default if w.default is not None else float(HOUR_S)})
+    counts.clusters = tuple(sorted(w.written))
+    counts.written = guards.held(con, start, end, w.written)
+    facts_s = {(str(c), h): float(v) for c, h, v in
+               con.execute(sql.query("fact_seconds")).fetchall()}
+    counts.duplicates = {k: v - facts_s.get(k, 0.0) for k, v in sorted(w.signal_s.items())
+                         if v - facts_s.get(k, 0.0) > 0.5}
+    return counts
+
+
+@dataclass
+class _Writer:
+    """The state of one chunk's fact writes across its node groups."""
+
+    con: Any
+    sql: SqlFile
+    scope: ClusterScope
+    start: datetime
+    end: datetime
+    fixed: float | None  # seconds per sample given (--sample-interval), or None: detected
+    counts: FactCounts = field(default_factory=FactCounts)
+    written: set[str] = field(default_factory=set)  # clusters whose hours were replaced
+    spacing: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (cluster, hour) -> sample-seconds the signals held (de-duplication's input)
+    signal_s: dict[tuple[str, datetime], float] = field(default_factory=dict)
+    default: float | None = None  # seconds per sample of nodes without their own
+
+    def __post_init__(self) -> None:
+        self.default = self.fixed
+
+    def replace(self, clusters: set[str]) -> None:
+        """Count, then delete, what the ledger holds for the hours of clusters not yet
+        replaced by this chunk."""
+        new = clusters - self.written
+        if new:
+            self.counts.held.update(guards.held(self.con, self.start, self.end, new))
+            delete_hours(self.con, self.start, self.end, new)
+            self.written |= new
+
+    def group(self, signals: Mapping[str, pa.Table]) -> None:
+        con, sql, scope = self.con, self.sql, self.scope
+        names = [s.name for s in SIGNALS]
+        seen: set[str] = set()
+        shared = False  # some fact key has two series or more (then spans are merged)
+        try:
+            for spec in SIGNALS:
+                table, found = _tag_clusters(signals.get(spec.name, empty_signal(spec)), scope)
+                seen |= found
+                con.register(spec.name, table)
+                if spec.name in _SPAN_COUNTS:
+                    shared = shared or _shares_keys(table)
+            for name in sorted(seen):
+                problem = cluster_name_problem(name)
+                if problem:
+                    raise FactError(f"label {scope.label}: {problem}")
+            _check_int_labels(con)
+            spacing: dict[tuple[str, str], float] = {}
+            default = self.fixed
             if default is None:
-                if con.execute(sql.query("pending")).fetchall()[0][0]:
+                spacing, default = detect_spacing(con)
+                default = default if default is not None else self.default  # earlier group's
+                if default is None and con.execute(sql.query("pending")).fetchall()[0][0]:
                     raise FactError(
-                        f"cannot detect the sample interval for {start:%Y-%m-%dT%H:%M}Z .. "
-                        f"{end:%Y-%m-%dT%H:%M}Z: there are allocation or MIG samples but no "
-                        "gpu_up samples; pass --sample-interval SECONDS")
-                default = float(HOUR_S)  # nothing will use it
-        con.register("spacing", pa.table({
-            "cluster": pa.array([c for c, _ in spacing], pa.string()),
-            "node": pa.array([n for _, n in spacing], pa.string()),
-            "seconds": pa.array(list(spacing.values()), pa.float64())}))
-        names.append("spacing")
-        con.execute("SET VARIABLE gl_dflt = ?", [default])
-        held = guards.held(con, start, end, written)
-        delete_hours(con, start, end, written)
-        single = len({c for c, _ in spacing}) <= 1
-        counts = FactCounts(
-            spacing={(n if single else f"{c}/{n}"): s for (c, n), s in spacing.items()}
-            or {"*": default},
-            clusters=tuple(sorted(written)), held=held)
-        for step, body in sql.steps:
-            if step in _DEDUP_STEPS and not shared:
-                # One series per key: its span holds what its samples do, so there is
-                # nothing to de-duplicate; the window over every span was 2.3 s of a chunk.
-                body = sql.query("no_spans") if step == "spans" else sql.query("no_held")
-            rows = con.execute(body).fetchall()
-            if step in _COUNTED:
-                setattr(counts, step, int(rows[0][0]) if rows else 0)
-        counts.written = guards.held(con, start, end, written)
-        counts.duplicates = {(str(c), h): float(v) for c, h, v in
-                             con.execute(sql.query("duplicates")).fetchall()}
-        return counts
-    finally:
-        con.execute(sql.query("cleanup"))
-        for name in names:
-            con.unregister(name)
+                        f"cannot detect the sample interval for "
+                        f"{self.start:%Y-%m-%dT%H:%M}Z .. {self.end:%Y-%m-%dT%H:%M}Z: there "
+                        "are allocation or MIG samples but no gpu_up samples; pass "
+                        "--sample-interval SECONDS")
+            con.register("spacing", pa.table({
+                "cluster": pa.array([c for c, _ in spacing], pa.string()),
+                "node": pa.array([n for _, n in spacing], pa.string()),
+                "seconds": pa.array(list(spacing.values()), pa.float64())}))
+            names.append("spacing")
+            con.execute("SET VARIABLE gl_dflt = ?",
+                        [default if default is not None else float(HOUR_S)])
+            if scope.label is not None:
+                self.replace(seen)
+            for step, body in sql.steps:
+                if step == "macros":
+                    continue
+                if step in _DEDUP_STEPS and not shared:
+                    # One series per key: its span holds what its samples do, so there is
+                    # nothing to de-duplicate; the window over every span was 2.3 s of a
+                    # chunk.
+                    body = sql.query("no_spans") if step == "spans" else sql.query("no_held")
+                rows = con.execute(body).fetchall()
+                if step in _COUNTED:
+                    setattr(self.counts, step,
+                            getattr(self.counts, step) + (int(rows[0][0]) if rows else 0))
+            for c, h, v in con.execute(sql.query("signal_seconds")).fetchall():
+                self.signal_s[(str(c), h)] = self.signal_s.get((str(c), h), 0.0) + float(v)
+            self.spacing.update(spacing)
+            if self.default is None:
+                self.default = default
+        finally:
+            con.execute(sql.query("cleanup"))
+            for name in names:
+                con.unregister(name)
 
 
 # The count signals whose series' spans de-duplication merges (facts.sql, step spans), and

@@ -50,8 +50,9 @@ class Source(Protocol):
     @property
     def queries(self) -> int: ...
 
-    def fetch(self, chunk: Period) -> Iterator[tuple[SignalSpec, Matrix]]:
-        """The chunk's signals (and the hour before it: energy needs it), one decoded
+    def fetch(self, chunk: Period) -> Iterator[Sequence[tuple[SignalSpec, Matrix]]]:
+        """The chunk's signals (and the hour before it: energy needs it) in node groups
+        (disjoint sets of series, each read when the one before is written), one decoded
         (spec, matrix) pair per signal with series, points at the start of their hour."""
 
     def prefetching(self, chunks: Sequence[Period]) -> AbstractContextManager[None]:
@@ -131,19 +132,19 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
         for i, chunk in todo:
             where = f"chunk {i}/{len(chunks)} ({chunk.label()})"
             before = source.queries
-            try:
-                signals = {spec.name: signal_table(spec, m) for spec, m in source.fetch(chunk)}
-            except PromError as exc:
-                raise IngestError(f"{where}: {exc}; nothing written for this chunk"
-                                  + (f", {i - 1} earlier chunk(s) kept" if i > 1 else ""),
-                                  exc.code) from None
             start, end = chunk.naive()
+            first = int(chunk.start.timestamp())
+            dropped: dict[datetime, int] = {}
             try:
-                first = int(chunk.start.timestamp())
-                dropped = {utc_naive(datetime.fromtimestamp(h, UTC)): n for h, n in
-                           source.screened.dropped_in(first, int(chunk.end.timestamp())).items()}
                 with transaction(con):
-                    counts = write_facts(con, signals, start, end, sample_interval, clusters)
+                    # Node groups are fetched as they are written: one group's signals at a
+                    # time in memory (metering.queryplan, "node groups").
+                    groups = ({spec.name: signal_table(spec, m) for spec, m in group}
+                              for group in source.fetch(chunk))
+                    counts = write_facts(con, groups, start, end, sample_interval, clusters)
+                    dropped = {utc_naive(datetime.fromtimestamp(h, UTC)): n for h, n in
+                               source.screened.dropped_in(first,
+                                                          int(chunk.end.timestamp())).items()}
                     shrunk = counts.shrunk()
                     if shrunk and not replace:
                         raise guards.refuse(shrunk, _named(counts.clusters))
@@ -153,6 +154,10 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
                         con, start, end, source.name, _now(), counts.clusters,
                         duplicates=counts.duplicates, dropped=dropped)
                     journal.record(con, chunk, counts.clusters)
+            except PromError as exc:
+                raise IngestError(f"{where}: {exc}; nothing written for this chunk"
+                                  + (f", {i - 1} earlier chunk(s) kept" if i > 1 else ""),
+                                  exc.code) from None
             except _Empty:
                 pending.append((chunk, dropped))
             except (FactError, guards.ShrinkRefused) as exc:

@@ -164,8 +164,12 @@ class OpenMetricsSource:
         fam.series.append(labels)
         return len(fam.series) - 1
 
-    def fetch(self, chunk: Period) -> Iterator[tuple[SignalSpec, Matrix]]:
-        """Signals for the chunk's hours and the hour before it (energy needs it)."""
+    def fetch(self, chunk: Period) -> Iterator[list[tuple[SignalSpec, Matrix]]]:
+        """Signals for the chunk's hours and the hour before it (energy needs it), in one
+        node group: the file is in memory already."""
+        yield list(self._signals(chunk))
+
+    def _signals(self, chunk: Period) -> Iterator[tuple[SignalSpec, Matrix]]:
         lo = int(chunk.start.timestamp() * 1000) - 3_600_000
         hi = int(chunk.end.timestamp() * 1000)
         by_family: dict[str, dict[str, np.ndarray]] = {}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from metering.chunking import ChunkChoice, choose_chunk
+from metering.chunking import ChunkChoice, choose_chunk, points_within
 from metering.matrix import Labels, Matrix
 from metering.period import Period
 from metering.prefetch import Prefetcher
@@ -40,7 +40,7 @@ class PrometheusSource:
         self.planner = QueryPlanner(client, limits, selector=selector.promql())
         self._window: str | None = None
         self.screened = Screened()
-        self._stream: Prefetcher[Sent | ChunkSent] | None = None
+        self._stream: Prefetcher[Sent | GroupSent | ChunkSent] | None = None
         self._queries = 0
 
     def settle_selector(self, period: Period) -> str | None:
@@ -68,7 +68,9 @@ class PrometheusSource:
 
     def choose_chunk(self, period: Period, budget: int) -> ChunkChoice | None:
         """The chunk length for `period` from the planner's series estimate (one label-values
-        lookup); None where the store cannot list nodes."""
+        lookup), and the memory its node groups keep within; None where the store cannot
+        list nodes."""
+        self.planner.memory_points = float(points_within(budget))
         series = self.planner.series_estimate(period)
         return None if series is None else choose_chunk(series, budget)
 
@@ -144,27 +146,32 @@ class PrometheusSource:
             self._stream.close()
             self._stream = None
 
-    def _send(self, chunks: list[Period]) -> Generator[Sent | ChunkSent, None, None]:
-        """Every query of the chunks, chunk by chunk and signal by signal (the producer)."""
+    def _send(self, chunks: list[Period]) -> Generator[Sent | GroupSent | ChunkSent, None, None]:
+        """Every query of the chunks, chunk by chunk, node group by node group and signal by
+        signal (the producer)."""
         window = self.window()
         for chunk in chunks:
             before = self.client.queries
             self._check_foreign(chunk)
-            for spec in SIGNALS:
-                yield from self.planner.send(spec, window, chunk)
+            for group in self.planner.groups(chunk):
+                for spec in SIGNALS:
+                    yield from self.planner.send(spec, window, chunk, group)
+                yield GroupSent()
             yield ChunkSent(chunk, self.client.queries - before)
 
-    def fetch(self, chunk: Period) -> Iterator[tuple[SignalSpec, Matrix]]:
-        """The chunk's signals, one (spec, matrix) pair each (signals without a series are
-        left out), points at the start of the hour they cover. Evaluation at T covers hour
-        T-1h: T = start covers the hour before the chunk, which the energy counter difference
-        needs."""
+    def fetch(self, chunk: Period) -> Iterator[list[tuple[SignalSpec, Matrix]]]:
+        """The chunk's signals in node groups (metering.queryplan: each group's points fit
+        the memory budget), one (spec, matrix) pair per signal with series, points at the
+        start of the hour they cover; the next group is decoded when the caller asks for it.
+        Evaluation at T covers hour T-1h: T = start covers the hour before the chunk, which
+        the energy counter difference needs."""
         if self._stream is None:
             with self.prefetching([chunk]):
                 yield from self.fetch(chunk)
             return
         parts: list[tuple[Piece, Matrix]] = []
-        seen: Labels = {}  # a series' labels are decoded once per chunk, not per signal
+        group: list[tuple[SignalSpec, Matrix]] = []
+        seen: Labels = {}  # a series' labels are decoded once per group, not per signal
         for sent in self._stream:
             if isinstance(sent, Answered):
                 parts.append((sent.piece, self.planner.decode(sent, seen)))
@@ -175,7 +182,10 @@ class PrometheusSource:
                 m, spec, parts = sent.assemble(parts), sent.spec, []
                 if len(m):
                     sid, ts, values = self._points(m, spec, chunk)
-                    yield spec, Matrix(m.labels, m.keys, sid, ts - HOUR_S, values)
+                    group.append((spec, Matrix(m.labels, m.keys, sid, ts - HOUR_S, values)))
+            elif isinstance(sent, GroupSent):
+                out, group, seen = group, [], {}
+                yield out
             else:
                 if sent.chunk != chunk:
                     raise RuntimeError(f"fetch({chunk.label()}) out of the prefetched order "
@@ -183,6 +193,11 @@ class PrometheusSource:
                 self._queries += sent.queries
                 return
         raise RuntimeError(f"fetch({chunk.label()}): not among the prefetched chunks")
+
+
+@dataclass(frozen=True)
+class GroupSent:
+    """Every query of a node group of the chunk was answered."""
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,8 @@ def test_non_numeric_and_non_finite_values_are_dropped_and_counted() -> None:
         src._window = "1h"
         start = datetime(2026, 10, 5, tzinfo=UTC)
         signals = {s.name: signal_table(s, m)
-                   for s, m in src.fetch(Period(start, start.replace(hour=6)))}
+                   for group in src.fetch(Period(start, start.replace(hour=6)))
+                   for s, m in group}
     assert src.dropped == 4 * len(signals)
     assert all(t.num_rows == 2 for t in signals.values())
     # counted against the hours they belong to (evaluation at T is the hour T-1h)
@@ -180,7 +181,8 @@ def test_out_of_range_values_are_dropped_and_counted() -> None:
         src._window = "1h"
         start = datetime(2026, 10, 5, tzinfo=UTC)
         signals = {s.name: signal_table(s, m)
-                   for s, m in src.fetch(Period(start, start.replace(hour=6)))}
+                   for group in src.fetch(Period(start, start.replace(hour=6)))
+                   for s, m in group}
     counts = [s.name for s in SIGNALS if s.func == "count"]
     # a sum of 5 ratio samples is plausible (5 samples of 1): only counts are out of range
     assert src.dropped == len(counts)
