@@ -125,7 +125,8 @@ def run_child(name: str, *args: str, env: dict[str, str] | None = None) -> dict[
 def signals_for(nodes: int, hours: int, start: datetime) -> tuple[dict[str, Any], float]:
     """Arrow signal tables as a source would hand them to write_facts: every series of the
     fleet with one point per hour. Returns the tables and the seconds build_signal took."""
-    from metering.facts import SIGNALS, build_signal
+    from metering.facts import build_signal
+    from metering.signals import SIGNALS
 
     devices, migs, containers = [], [], []
     for n in range(nodes):
@@ -186,7 +187,7 @@ def ingest_throughput(nodes: int, hours: int) -> dict[str, Any]:
         con = connect(str(Path(tmp) / "ingest.duckdb"))
         t0 = time.perf_counter()
         with transaction(con):
-            counts = write_facts(con, tables, start, end)  # deletes the chunk's hours first
+            counts = write_facts(con, [tables], start, end)  # deletes the chunk's hours first
         wall = time.perf_counter() - t0
         con.close()
     return {"nodes": nodes, "hours": hours, "signal_points": points, "fact_rows": counts.total,
@@ -205,7 +206,7 @@ def history(pods: int, start: datetime, end: datetime, step_s: int, path: Path) 
     from exporter.history import OpenMetricsHistory
     from gpusim.cluster import SimCluster
     from gpusim.scenario import loads_scenario
-    from metering.facts import FAMILIES
+    from metering.signals import FAMILIES
 
     sc = loads_scenario(node_scenario(gpus=16, pods=pods, procs_per_pod=1,
                                       node=f"bench-{pods}-pods"))
@@ -276,9 +277,9 @@ def promql_queries(pods: int, start: datetime, end: datetime, step_s: int) -> di
     from gpu_ledger.promserver import backfill, running_prometheus
     from metering import api
     from metering.db import connect
-    from metering.ingest import PrometheusSource
     from metering.period import Period
     from metering.promclient import PromClient
+    from metering.prometheus_source import PrometheusSource
 
     with tempfile.TemporaryDirectory(prefix="gpu-ledger-bench-prom-") as tmp:
         om = Path(tmp) / "history.om"

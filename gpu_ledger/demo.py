@@ -33,10 +33,11 @@ from exporter.errors import ConfigError
 from exporter.history import OpenMetricsHistory
 from gpu_ledger import promserver
 from metering.errors import MeteringError
-from metering.ingest import PrometheusSource, Source
+from metering.ingest import Source
 from metering.openmetrics_source import OpenMetricsSource
 from metering.period import Month, Period, PeriodError, utc_aware
 from metering.promclient import PromClient
+from metering.prometheus_source import PrometheusSource
 
 # The alert and recording rules the demo's Prometheus loads (a source checkout has them).
 RULES_DIR = Path(__file__).resolve().parent.parent / "alerts"

@@ -21,14 +21,16 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from metering import closes, interrupt
+from metering.chunking import DEFAULT_CHUNK_HOURS
 from metering.cluster import ClusterScope
 from metering.costmodel import CostModel
 from metering.db import DatabaseError, LedgerLocked, connect, out_of_memory
 from metering.errors import MeteringError, RefusedError
-from metering.ingest import DEFAULT_CHUNK_HOURS, IngestResult, PrometheusSource, Source, ingest
+from metering.ingest import IngestResult, Source, ingest
 from metering.period import Month, Period, hour_ranges
 from metering.pricing import PricingResult, price_period
 from metering.progress import Progress
+from metering.prometheus_source import PrometheusSource
 
 if TYPE_CHECKING:
     from metering.report.builder import Written

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from metering import api, db, interrupt, publish
+from metering.chunking import DEFAULT_CHUNK_HOURS, memory_budget
 from metering.cluster import DEFAULT_CLUSTER, ClusterScope, cluster_name_problem
 from metering.costmodel import CostModel, load_cost_model
 from metering.errors import (
@@ -27,7 +28,7 @@ from metering.errors import (
     RefusedError,
     UsageError,
 )
-from metering.ingest import DEFAULT_CHUNK_HOURS, PrometheusSource, Source, memory_budget
+from metering.ingest import Source
 from metering.openmetrics_source import OpenMetricsSource
 from metering.period import (
     DAY,
@@ -41,6 +42,7 @@ from metering.period import (
 )
 from metering.progress import Progress
 from metering.promclient import PromClient
+from metering.prometheus_source import PrometheusSource
 from metering.queryplan import DEFAULT_MAX_SAMPLES, DEFAULT_MAX_SERIES, Limits
 from metering.selector import DEFAULT_SELECTOR, Selector, SelectorError
 

@@ -6,15 +6,11 @@ series per hour with that series' labels. Hour H holds the samples in (H, H+1h],
 what a PromQL `<fn>_over_time(x[1h])` evaluated at H+1h sees. Everything after that is SQL
 over Arrow tables (metering/sql/facts.sql), so the cost per fact row is DuckDB's, not
 Python's. Every signal row and fact row carries the cluster it belongs to (ClusterScope).
-
-Metric names are the exporter's contract, spelled here as strings: metering never imports
-the exporter.
+What the signals are is metering.signals; this module only writes facts.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,168 +18,26 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from metering import guards, sqlfile
 from metering.cluster import DEFAULT_CLUSTER, ClusterScope, cluster_name_problem
 from metering.errors import RefusedError
+from metering.matrix import Matrix
+from metering.signals import (
+    HOUR_S,
+    POD_LABEL_PREFIX,
+    SIGNALS,
+    SignalSpec,
+    series_hash,
+    series_key,
+    series_labels,
+)
 from metering.sqlfile import SqlFile
-
-HOUR_S = 3600
-# Grid of the `tlast` subquery: at most the shortest scrape interval metered (docs/metering.md).
-TLAST_STEP_S = 10.0
-DEVICE_COLS = ("node", "gpu", "uuid", "model")
-CONTAINER_COLS = ("node", "namespace", "pod", "container", "uuid", "mig_uuid")
-# What identifies a fact row (besides the hour) in each fact table.
-DEVICE_KEY = ("uuid",)
-MIG_KEY = ("mig_uuid",)
-CONTAINER_KEY = ("namespace", "pod", "container", "uuid", "mig_uuid")
-# owner_kind/owner_name: the pod's controller (Deployment, StatefulSet, Job, ...), '' if none.
-ALLOC_COLS = (*CONTAINER_COLS, "resource", "sharing", "replicas", "owner_kind", "owner_name")
-POD_LABEL_PREFIX = "label_"
 
 
 class FactError(RefusedError):
     """The data cannot be turned into facts (bad label values, no sample spacing)."""
-
-
-@dataclass(frozen=True)
-class SignalSpec:
-    name: str  # the DuckDB view name the fact SQL reads
-    family: str  # sample name as Prometheus stores it
-    func: str  # count | sum | max | min | last | tlast (time of the hour's last sample, s)
-    cols: tuple[str, ...]  # labels kept as columns ('' where a series lacks one)
-    # Labels of the fact row the series feeds; their 64-bit hash (column `key`) is what the
-    # fact SQL groups and joins on, so no statement hashes strings per sample.
-    key: tuple[str, ...]
-    pod_labels: bool = False  # keep label_* (prefix dropped) as a MAP column `labels`
-    # Labels a series must have non-empty to count (a family that mixes device and MIG
-    # series keeps only the MIG ones); both sources apply it, so their rows stay equal.
-    nonempty: tuple[str, ...] = ()
-
-    def selector(self, match: str = "") -> str:
-        """The family with its nonempty matchers and `match` (more matchers, e.g. a node
-        shard from metering.queryplan)."""
-        matchers = [f'{label}!=""' for label in self.nonempty] + ([match] if match else [])
-        return self.family + ("{" + ",".join(matchers) + "}" if matchers else "")
-
-    def promql(self, window: str, step_s: float = TLAST_STEP_S, match: str = "",
-               metricsql: bool = False) -> str:
-        if self.func == "tlast" and metricsql:
-            # MetricsQL (VictoriaMetrics) has the exact function: no 10 s subquery grid.
-            return f"tlast_over_time({self.selector(match)}[{window}])"
-        if self.func == "tlast":
-            # Latest sample time at grid points every step_s: the hour's last sample time,
-            # exact while a grid point falls between it and its staleness marker.
-            return f"max_over_time(timestamp({self.selector(match)})[{window}:{step_s:g}s])"
-        return f"{self.func}_over_time({self.selector(match)}[{window}])"
-
-    def keeps(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(label) for label in self.nonempty)
-
-
-SIGNALS: tuple[SignalSpec, ...] = (
-    SignalSpec("up_count", "gpu_up", "count", DEVICE_COLS, DEVICE_KEY),
-    SignalSpec("up_sum", "gpu_up", "sum", DEVICE_COLS, DEVICE_KEY),
-    # Last sample time per series-hour: with the count it places the series' samples in the
-    # hour, so overlapping duplicates (two jobs, an HA pair) are counted once (_dedup).
-    SignalSpec("up_tlast", "gpu_up", "tlast", ("node",), DEVICE_KEY),
-    SignalSpec("info_count", "gpu_info", "count", ("node", "uuid", "mig_mode", "vendor"),
-               DEVICE_KEY),
-    SignalSpec("util_sum", "gpu_utilization_ratio", "sum", ("node", "uuid"), DEVICE_KEY),
-    SignalSpec("energy_last", "gpu_energy_joules_total", "last", ("node", "uuid"),
-               DEVICE_KEY),
-    SignalSpec("energy_min", "gpu_energy_joules_total", "min", ("node", "uuid"), DEVICE_KEY),
-    # Power samples: the hour's energy where the counter is missing or reset (flagged).
-    SignalSpec("power_sum", "gpu_power_watts", "sum", ("node", "uuid"), DEVICE_KEY),
-    SignalSpec("mig_count", "gpu_mig_info", "count",
-               ("node", "uuid", "mig_uuid", "profile", "slices", "parent_slices"), MIG_KEY),
-    SignalSpec("mig_tlast", "gpu_mig_info", "tlast", ("node",), MIG_KEY),
-    SignalSpec("migmem_max", "gpu_mig_memory_total_bytes", "max", ("node", "mig_uuid"),
-               MIG_KEY),
-    # GPM SM activity per MIG instance (Hopper+): the only SM figure MIG has. The family also
-    # has per-GPU series (mig_uuid ''), which device facts do not use.
-    SignalSpec("gpm_sum", "gpu_sm_active_ratio", "sum", ("node", "mig_uuid"), MIG_KEY,
-               nonempty=("mig_uuid",)),
-    SignalSpec("alloc_count", "gpu_container_allocation", "count", ALLOC_COLS, CONTAINER_KEY,
-               True),
-    SignalSpec("alloc_sum", "gpu_container_allocation", "sum", ALLOC_COLS, CONTAINER_KEY,
-               True),
-    SignalSpec("alloc_tlast", "gpu_container_allocation", "tlast", ("node",), CONTAINER_KEY),
-    SignalSpec("cmem_sum", "gpu_container_memory_used_bytes", "sum", CONTAINER_COLS,
-               CONTAINER_KEY),
-    # peak memory in the hour, for rightsizing (metering/report/waste.py)
-    SignalSpec("cmem_max", "gpu_container_memory_used_bytes", "max", CONTAINER_COLS,
-               CONTAINER_KEY),
-    SignalSpec("csm_sum", "gpu_container_sm_utilization_ratio", "sum", CONTAINER_COLS,
-               CONTAINER_KEY),
-    # Fractional grants (HAMi, gpushare): the memory / core fraction a container was granted.
-    # A grant is fixed for the pod's life; max is also blind to duplicate series.
-    SignalSpec("cmemfrac_max", "gpu_container_memory_fraction", "max", CONTAINER_COLS,
-               CONTAINER_KEY),
-    SignalSpec("ccorefrac_max", "gpu_container_core_fraction", "max", CONTAINER_COLS,
-               CONTAINER_KEY),
-)
-FAMILIES: frozenset[str] = frozenset(s.family for s in SIGNALS)
-
-# What one sample of each family can be (the exporter's contract, docs/metrics.md). A value
-# outside, or not a finite number, is dropped and counted, never priced: it comes from a broken
-# store or a writer that is not the exporter (NaN SM ratios once made a usage charge +244 %).
-MAX_BYTES = float(2 ** 50)  # 1 PiB
-VALUE_RANGE: dict[str, tuple[float, float]] = {
-    "gpu_up": (0.0, 1.0),
-    "gpu_info": (0.0, 1.0),
-    "gpu_utilization_ratio": (0.0, 1.0),
-    "gpu_energy_joules_total": (0.0, 1e15),  # 1 kW for 30 years is 1e12 J
-    "gpu_power_watts": (0.0, 1e5),  # MAX_WATTS of the cost model; a GPU draws about 1e3
-    "gpu_mig_info": (0.0, 1.0),
-    "gpu_mig_memory_total_bytes": (0.0, MAX_BYTES),
-    "gpu_sm_active_ratio": (0.0, 1.0),
-    "gpu_container_allocation": (0.0, 1e4),  # units of a device held
-    "gpu_container_memory_used_bytes": (0.0, MAX_BYTES),
-    "gpu_container_sm_utilization_ratio": (0.0, 1.0),
-    "gpu_container_memory_fraction": (0.0, 1.0),
-    "gpu_container_core_fraction": (0.0, 1.0),
-}
-MAX_SAMPLES_PER_HOUR = 360_000.0  # one every 10 ms: more is not a scrape
-
-
-def plausible(spec: SignalSpec, values: np.ndarray) -> np.ndarray:
-    """Mask of hourly aggregates (`spec.func` over one series-hour) that plausible samples can
-    give; what the Prometheus source checks, as it sees no raw sample."""
-    lo, hi = VALUE_RANGE[spec.family]
-    if spec.func == "tlast":
-        lo, hi = -np.inf, np.inf
-    elif spec.func == "count":
-        lo, hi = 0.0, MAX_SAMPLES_PER_HOUR
-    elif spec.func == "sum":
-        lo, hi = lo * MAX_SAMPLES_PER_HOUR, hi * MAX_SAMPLES_PER_HOUR
-    with np.errstate(invalid="ignore"):
-        mask: np.ndarray = np.isfinite(values) & (values >= lo) & (values <= hi)
-    return mask
-
-
-def series_key(labels: Mapping[str, str]) -> str:
-    """Canonical identity of a series (all labels but __name__), shared by both sources."""
-    return "\x1f".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "__name__")
-
-
-def series_labels(key: str) -> dict[str, str]:
-    """The labels of a series_key (a label value holding the 0x1f separator cannot be told
-    apart; no exporter label does)."""
-    out: dict[str, str] = {}
-    for part in key.split("\x1f") if key else ():
-        name, _, value = part.partition("=")
-        out[name] = value
-    return out
-
-
-@functools.lru_cache(maxsize=1 << 18)
-def series_hash(key: str) -> int:
-    """Stable 64-bit id of a series key: joins and tie-breaks on an integer, not a string.
-    Cached: a series (and a fact row's key) recurs in every signal of its family and in
-    every chunk."""
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little",
-                          signed=True)
 
 
 def build_signal(spec: SignalSpec, series: Sequence[Mapping[str, str]], sid: np.ndarray,
@@ -222,6 +76,11 @@ def build_signal(spec: SignalSpec, series: Sequence[Mapping[str, str]], sid: np.
                          if k.startswith(POD_LABEL_PREFIX)) for m in series]
         cols["labels"] = per_series(pa.array(labels, pa.map_(pa.string(), pa.string())))
     return pa.table(cols)
+
+
+def signal_table(spec: SignalSpec, m: Matrix) -> pa.Table:
+    """build_signal of a source's decoded signal (points at hour starts)."""
+    return build_signal(spec, m.labels, m.sid, m.t.astype(np.int64), m.v, m.keys)
 
 
 def empty_signal(spec: SignalSpec) -> pa.Table:
@@ -332,75 +191,145 @@ def _tag_clusters(table: pa.Table, scope: ClusterScope) -> tuple[pa.Table, set[s
     return table, seen
 
 
+def _shares_keys(table: pa.Table) -> bool:
+    """Whether some fact key of a signal has two series or more (in any of its hours)."""
+    if table.num_rows == 0:
+        return False
+    keys: int = pc.count_distinct(table.column("key")).as_py()
+    series: int = pc.count_distinct(table.column("sh")).as_py()
+    return keys < series
+
+
 def _set_column(table: pa.Table, name: str, col: pa.Array | pa.ChunkedArray) -> pa.Table:
     i = table.schema.get_field_index(name)
     return table.set_column(i, name, col) if i >= 0 else table.append_column(name, col)
 
 
-def write_facts(con: Any, signals: Mapping[str, pa.Table], start: datetime, end: datetime,
-                sample_interval: float | None = None,
+def write_facts(con: Any, groups: Iterable[Mapping[str, pa.Table]], start: datetime,
+                end: datetime, sample_interval: float | None = None,
                 clusters: ClusterScope | None = None) -> FactCounts:
-    """Replace the facts of hours [start, end) (naive UTC) of the clusters in `signals` (one
-    table per SignalSpec name; missing ones count as empty) with what the signals hold. Only
-    the clusters the chunk writes are touched: re-metering one cluster never changes
-    another's hours. The caller owns the transaction."""
+    """Replace the facts of hours [start, end) (naive UTC) of the clusters in the signals
+    with what they hold. The signals come in node groups (one table per SignalSpec name
+    each; missing ones count as empty): disjoint sets of series, written one after another,
+    so that a group's tables are let go before the next is read. Only the clusters the
+    chunk writes are touched: re-metering one cluster never changes another's hours. The
+    caller owns the transaction."""
     scope = clusters or ClusterScope()
     sql = _sql()
-    names = [s.name for s in SIGNALS]
-    seen: set[str] = set()
-    for spec in SIGNALS:
-        table, found = _tag_clusters(signals.get(spec.name, empty_signal(spec)), scope)
-        seen |= found
-        con.register(spec.name, table)
-    for name in sorted(seen):
-        problem = cluster_name_problem(name)
-        if problem:
-            raise FactError(f"label {scope.label}: {problem}")
-    written = {scope.name} if scope.label is None else seen
-    try:
-        for name, value in (("gl_start", start), ("gl_end", end)):
-            con.execute(f"SET VARIABLE {name} = ?", [value])
-        step_sql = dict(sql.steps)
-        con.execute(step_sql["macros"])
-        _check_int_labels(con)
-        spacing: dict[tuple[str, str], float] = {}
-        default = sample_interval
-        if default is None:
-            spacing, default = detect_spacing(con)
+    w = _Writer(con, sql, scope, start, end, sample_interval)
+    for name, value in (("gl_start", start), ("gl_end", end)):
+        con.execute(f"SET VARIABLE {name} = ?", [value])
+    con.execute(dict(sql.steps)["macros"])
+    if scope.label is None:
+        w.replace({scope.name})
+    for signals in groups:
+        w.group(signals)
+    counts = w.counts
+    single = len({c for c, _ in w.spacing}) <= 1
+    counts.spacing = ({(n if single else f"{c}/{n}"): sec for (c, n), sec in w.spacing.items()}
+                      or {"*": w.default if w.default is not None else float(HOUR_S)})
+    counts.clusters = tuple(sorted(w.written))
+    counts.written = guards.held(con, start, end, w.written)
+    facts_s = {(str(c), h): float(v) for c, h, v in
+               con.execute(sql.query("fact_seconds")).fetchall()}
+    counts.duplicates = {k: v - facts_s.get(k, 0.0) for k, v in sorted(w.signal_s.items())
+                         if v - facts_s.get(k, 0.0) > 0.5}
+    return counts
+
+
+@dataclass
+class _Writer:
+    """The state of one chunk's fact writes across its node groups."""
+
+    con: Any
+    sql: SqlFile
+    scope: ClusterScope
+    start: datetime
+    end: datetime
+    fixed: float | None  # seconds per sample given (--sample-interval), or None: detected
+    counts: FactCounts = field(default_factory=FactCounts)
+    written: set[str] = field(default_factory=set)  # clusters whose hours were replaced
+    spacing: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (cluster, hour) -> sample-seconds the signals held (de-duplication's input)
+    signal_s: dict[tuple[str, datetime], float] = field(default_factory=dict)
+    default: float | None = None  # seconds per sample of nodes without their own
+
+    def __post_init__(self) -> None:
+        self.default = self.fixed
+
+    def replace(self, clusters: set[str]) -> None:
+        """Count, then delete, what the ledger holds for the hours of clusters not yet
+        replaced by this chunk."""
+        new = clusters - self.written
+        if new:
+            self.counts.held.update(guards.held(self.con, self.start, self.end, new))
+            delete_hours(self.con, self.start, self.end, new)
+            self.written |= new
+
+    def group(self, signals: Mapping[str, pa.Table]) -> None:
+        con, sql, scope = self.con, self.sql, self.scope
+        names = [s.name for s in SIGNALS]
+        seen: set[str] = set()
+        shared = False  # some fact key has two series or more (then spans are merged)
+        try:
+            for spec in SIGNALS:
+                table, found = _tag_clusters(signals.get(spec.name, empty_signal(spec)), scope)
+                seen |= found
+                con.register(spec.name, table)
+                if spec.name in _SPAN_COUNTS:
+                    shared = shared or _shares_keys(table)
+            for name in sorted(seen):
+                problem = cluster_name_problem(name)
+                if problem:
+                    raise FactError(f"label {scope.label}: {problem}")
+            _check_int_labels(con)
+            spacing: dict[tuple[str, str], float] = {}
+            default = self.fixed
             if default is None:
-                if con.execute(sql.query("pending")).fetchall()[0][0]:
+                spacing, default = detect_spacing(con)
+                default = default if default is not None else self.default  # earlier group's
+                if default is None and con.execute(sql.query("pending")).fetchall()[0][0]:
                     raise FactError(
-                        f"cannot detect the sample interval for {start:%Y-%m-%dT%H:%M}Z .. "
-                        f"{end:%Y-%m-%dT%H:%M}Z: there are allocation or MIG samples but no "
-                        "gpu_up samples; pass --sample-interval SECONDS")
-                default = float(HOUR_S)  # nothing will use it
-        con.register("spacing", pa.table({
-            "cluster": pa.array([c for c, _ in spacing], pa.string()),
-            "node": pa.array([n for _, n in spacing], pa.string()),
-            "seconds": pa.array(list(spacing.values()), pa.float64())}))
-        names.append("spacing")
-        con.execute("SET VARIABLE gl_dflt = ?", [default])
-        held = guards.held(con, start, end, written)
-        delete_hours(con, start, end, written)
-        single = len({c for c, _ in spacing}) <= 1
-        counts = FactCounts(
-            spacing={(n if single else f"{c}/{n}"): s for (c, n), s in spacing.items()}
-            or {"*": default},
-            clusters=tuple(sorted(written)), held=held)
-        for step, body in sql.steps:
-            rows = con.execute(body).fetchall()
-            if step in _COUNTED:
-                setattr(counts, step, int(rows[0][0]) if rows else 0)
-        counts.written = guards.held(con, start, end, written)
-        counts.duplicates = {(str(c), h): float(v) for c, h, v in
-                             con.execute(sql.query("duplicates")).fetchall()}
-        return counts
-    finally:
-        con.execute(sql.query("cleanup"))
-        for name in names:
-            con.unregister(name)
+                        f"cannot detect the sample interval for "
+                        f"{self.start:%Y-%m-%dT%H:%M}Z .. {self.end:%Y-%m-%dT%H:%M}Z: there "
+                        "are allocation or MIG samples but no gpu_up samples; pass "
+                        "--sample-interval SECONDS")
+            con.register("spacing", pa.table({
+                "cluster": pa.array([c for c, _ in spacing], pa.string()),
+                "node": pa.array([n for _, n in spacing], pa.string()),
+                "seconds": pa.array(list(spacing.values()), pa.float64())}))
+            names.append("spacing")
+            con.execute("SET VARIABLE gl_dflt = ?",
+                        [default if default is not None else float(HOUR_S)])
+            if scope.label is not None:
+                self.replace(seen)
+            for step, body in sql.steps:
+                if step == "macros":
+                    continue
+                if step in _DEDUP_STEPS and not shared:
+                    # One series per key: its span holds what its samples do, so there is
+                    # nothing to de-duplicate; the window over every span was 2.3 s of a
+                    # chunk.
+                    body = sql.query("no_spans") if step == "spans" else sql.query("no_held")
+                rows = con.execute(body).fetchall()
+                if step in _COUNTED:
+                    setattr(self.counts, step,
+                            getattr(self.counts, step) + (int(rows[0][0]) if rows else 0))
+            for c, h, v in con.execute(sql.query("signal_seconds")).fetchall():
+                self.signal_s[(str(c), h)] = self.signal_s.get((str(c), h), 0.0) + float(v)
+            self.spacing.update(spacing)
+            if self.default is None:
+                self.default = default
+        finally:
+            con.execute(sql.query("cleanup"))
+            for name in names:
+                con.unregister(name)
 
 
+# The count signals whose series' spans de-duplication merges (facts.sql, step spans), and
+# the steps it takes.
+_SPAN_COUNTS = frozenset(("up_count", "mig_count", "alloc_count"))
+_DEDUP_STEPS = frozenset(("spans", "held"))
 _COUNTED = frozenset(("device_hours", "mig_hours", "allocation_hours", "workload_hours",
                       "grant_hours"))
 FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours",

@@ -8,100 +8,31 @@ committed stay when a later one fails.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
-import pyarrow as pa
-
 from metering import guards
+from metering.chunking import DEFAULT_CHUNK_HOURS, MAX_CHUNK_HOURS
 from metering.cluster import ClusterScope
 from metering.db import transaction
 from metering.errors import ExitCode, MeteringError
 from metering.facts import (
-    FAMILIES,
-    SIGNALS,
     FactError,
-    SignalSpec,
-    build_signal,
     delete_hours,
-    plausible,
+    signal_table,
     write_coverage,
     write_facts,
 )
 from metering.matrix import Matrix
 from metering.period import Period, utc_naive
-from metering.prefetch import Prefetcher
 from metering.progress import Progress
-from metering.promclient import PromClient, PromError
-from metering.queryplan import Answered, Limits, Piece, QueryPlanner, Refusal, Sent, SignalSent
+from metering.promclient import PromError
 from metering.resume import Journal, RunSettings
-from metering.selector import DEFAULT_SELECTOR, EXPORTER_SELECTOR, Screened, Selector
-
-# Prometheus answers at most 11,000 points per series; a chunk of N hours asks for N+1.
-MAX_CHUNK_HOURS = 10_000
-DEFAULT_CHUNK_HOURS = 72  # a 31-day month: 11 chunks x 19 queries = 209 queries
-
-# Ingest holds a chunk's points (one per series, signal and hour) as Arrow tables and in
-# DuckDB while it writes the chunk's facts: its peak memory is a base plus a cost per point.
-# Measured with bench/scale.py (docs/performance.md, "Ingest memory"): 0.18 MiB per GPU at
-# 72-hour chunks over a ~0.4 GiB base, i.e. ~135 bytes per point of the planner's estimate
-# (nodes x PRIOR_SERIES_PER_NODE series per signal, every signal, every hour).
-INGEST_BASE_BYTES = 400 << 20
-INGEST_BYTES_PER_POINT = 135
-# What a chunk may cost by default: the whole path's target is 4 GB (issue 17); a container
-# memory limit below it (cgroup) lowers it to 3/4 of that limit.
-DEFAULT_INGEST_BUDGET = 3 << 30
-# Chunk lengths the automatic choice picks from: a small change of fleet size rarely changes
-# the pick, so an interrupted run is resumed by a rerun (the chunk length is part of a run's
-# settings, metering/resume.py).
-CHUNK_LADDER = (72, 48, 24, 12, 6, 3, 2, 1)
-# Answers sent ahead of the one being decoded (metering.prefetch): enough to keep the store
-# busy, few enough that their bodies stay small beside a chunk's facts.
-PREFETCH_ANSWERS = 2
-
-
-@dataclass(frozen=True)
-class ChunkChoice:
-    """The chunk length picked for a period from the planner's estimate of its series."""
-
-    hours: int
-    series: int  # estimated series per hour, over every signal
-    peak_bytes: int  # estimated peak memory of ingest with chunks of `hours`
-    budget_bytes: int
-
-    def describe(self) -> str:
-        gib = 1 << 30
-        return (f"chunks of {self.hours} h (automatic: ~{self.series:,} series per hour "
-                f"estimated, peak ~{self.peak_bytes / gib:.1f} GiB within a "
-                f"{self.budget_bytes / gib:.1f} GiB budget; --chunk HOURS overrides)")
-
-
-def choose_chunk(series: int, budget: int) -> ChunkChoice:
-    """The longest chunk of CHUNK_LADDER whose estimated peak fits `budget` (the shortest
-    when none does)."""
-    def peak(hours: int) -> int:
-        return INGEST_BASE_BYTES + INGEST_BYTES_PER_POINT * series * hours
-
-    hours = next((h for h in CHUNK_LADDER if peak(h) <= budget), CHUNK_LADDER[-1])
-    return ChunkChoice(hours, series, peak(hours), budget)
-
-
-def memory_budget(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """DEFAULT_INGEST_BUDGET, or 3/4 of the container's memory limit where that is lower
-    (cgroup v2 memory.max, v1 memory.limit_in_bytes)."""
-    for f in (cgroup / "memory.max", cgroup / "memory" / "memory.limit_in_bytes"):
-        try:
-            text = f.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            return min(DEFAULT_INGEST_BUDGET, int(text) * 3 // 4)
-    return DEFAULT_INGEST_BUDGET
+from metering.selector import Screened, Selector
+from metering.signals import SignalSpec
 
 
 class IngestError(MeteringError):
@@ -119,7 +50,10 @@ class Source(Protocol):
     @property
     def queries(self) -> int: ...
 
-    def fetch(self, chunk: Period) -> dict[str, pa.Table]: ...
+    def fetch(self, chunk: Period) -> Iterator[Sequence[tuple[SignalSpec, Matrix]]]:
+        """The chunk's signals (and the hour before it: energy needs it) in node groups
+        (disjoint sets of series, each read when the one before is written), one decoded
+        (spec, matrix) pair per signal with series, points at the start of their hour."""
 
     def prefetching(self, chunks: Sequence[Period]) -> AbstractContextManager[None]:
         """A context in which `fetch` is called for `chunks`, in order: the source may read
@@ -127,170 +61,6 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release what the source holds (connections, parsed samples); idempotent."""
-
-
-class PrometheusSource:
-    """One range query per signal per chunk (step 1h): the query count depends on hours and
-    families only; every series comes back in the same answer."""
-
-    def __init__(self, client: PromClient, limits: Limits | None = None,
-                 selector: Selector = DEFAULT_SELECTOR) -> None:
-        self.client = client
-        self.name = client.url
-        self.selector = selector  # only these series are metered
-        # Splits each signal's chunk query by node shard and time to fit the store's limits.
-        self.planner = QueryPlanner(client, limits, selector=selector.promql())
-        self._window: str | None = None
-        self.screened = Screened()
-        self._stream: Prefetcher[Sent | ChunkSent] | None = None
-        self._queries = 0
-
-    def settle_selector(self, period: Period) -> str | None:
-        """With the default selector, decide whether series without a job label may be
-        metered: only for a period in which the store scraped nothing (no `up` series), i.e.
-        history backfilled with promtool, perhaps before the store began scraping. Where it
-        scraped, a job-less series may be a scrape's (honor_labels) and the default narrows to
-        the exporter's job (EXPORTER_SELECTOR). Returns what it decided, to say."""
-        if self.selector is not DEFAULT_SELECTOR:  # a selector given, even the same text
-            return None
-        jobs: set[str] = set()
-        try:
-            jobs.update(self.client.label_values("job", ["up"], period.start.timestamp(),
-                                                 period.end.timestamp()))
-        except PromError as exc:  # cannot tell: the exporter's job, named, is the safe side
-            jobs.add(f"unknown: {exc}")
-        if not jobs:
-            return None
-        self.selector = EXPORTER_SELECTOR
-        self.planner.selector = EXPORTER_SELECTOR.promql()
-        shown = ", ".join(sorted(jobs)[:3]) + (", ..." if len(jobs) > 3 else "")
-        return (f"this store scraped in the period (jobs {shown}): only series of job "
-                "gpu-ledger-exporter are metered, not series without a job label (--selector "
-                "names another job; docs/metering.md, \"Whose series are metered\")")
-
-    def choose_chunk(self, period: Period, budget: int) -> ChunkChoice | None:
-        """The chunk length for `period` from the planner's series estimate (one label-values
-        lookup); None where the store cannot list nodes."""
-        series = self.planner.series_estimate(period)
-        return None if series is None else choose_chunk(series, budget)
-
-    @property
-    def dropped(self) -> int:
-        """Points whose value was not plausible (not a finite number, out of range)."""
-        return sum(self.screened.dropped.values())
-
-    @property
-    def queries(self) -> int:
-        """Queries sent for the chunks fetched so far (not those prefetched beyond them)."""
-        return self._queries
-
-    def close(self) -> None:
-        """Nothing to release: each query opens and closes its connection."""
-
-    def _points(self, m: Matrix, spec: SignalSpec, chunk: Period
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(series index, time, value) of the answer's points whose value is plausible. A point
-        whose value is not ("abc", null, NaN, Inf, out of the family's range) is dropped, and
-        counted against its hour when that hour is in the chunk."""
-        sid, ts, vs = m.sid, m.t, m.v
-        ok = plausible(spec, vs) & np.isfinite(ts)
-        if not ok.all():
-            first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
-            for t in ts[~ok & np.isfinite(ts)].tolist():
-                hour = int(t) - 3600  # evaluation at T covers the hour before it
-                if first <= hour < last:
-                    self.screened.drop(hour)
-            sid, ts, vs = sid[ok], ts[ok], vs[ok]
-        return sid, ts, vs
-
-    def _check_foreign(self, chunk: Period) -> None:
-        """List the series of metered families outside the selector (an index lookup per
-        chunk): they are not metered, and the run names who publishes them."""
-        others = self.selector.complement()
-        if not others or self.screened.unchecked:
-            return
-        families = "|".join(sorted(FAMILIES))
-        match = [f'{{__name__=~"{families}",{m.promql()}}}' for m in others]
-        try:
-            found = self.client.series(match, chunk.start.timestamp() - 3600,
-                                       chunk.end.timestamp())
-        except PromError as exc:
-            self.screened.unchecked = f"series outside the selector not listed ({exc})"
-            return
-        for labels in found:
-            family = labels.pop("__name__", "")
-            self.screened.saw_foreign(family, labels)
-
-    def window(self) -> str:
-        """Range selector covering exactly (T-1h, T]. Prometheus 3 range windows are left-open;
-        Prometheus 2 includes both ends, so 1h minus a millisecond there (timestamps are ms)."""
-        if self._window is None:
-            major = self.client.major_version()
-            self._window = "1h" if major is not None and major >= 3 else "3599999ms"
-        return self._window
-
-    def prefetching(self, chunks: Sequence[Period]) -> AbstractContextManager[None]:
-        """While in this context, the queries of `chunks` (in that order, which `fetch` must
-        follow) are sent from a thread while earlier answers are decoded and written: the
-        store and ingest work at the same time."""
-        return self._prefetching(list(chunks))
-
-    @contextmanager
-    def _prefetching(self, chunks: list[Period]) -> Iterator[None]:
-        if self._stream is not None:
-            raise RuntimeError("PrometheusSource: already prefetching")
-        self._stream = Prefetcher(self._send(chunks), depth=PREFETCH_ANSWERS)
-        try:
-            yield
-        finally:
-            self._stream.close()
-            self._stream = None
-
-    def _send(self, chunks: list[Period]) -> Generator[Sent | ChunkSent, None, None]:
-        """Every query of the chunks, chunk by chunk and signal by signal (the producer)."""
-        window = self.window()
-        for chunk in chunks:
-            before = self.client.queries
-            self._check_foreign(chunk)
-            for spec in SIGNALS:
-                yield from self.planner.send(spec, window, chunk)
-            yield ChunkSent(chunk, self.client.queries - before)
-
-    def fetch(self, chunk: Period) -> dict[str, pa.Table]:
-        if self._stream is None:
-            with self.prefetching([chunk]):
-                return self.fetch(chunk)
-        # Evaluation at T covers hour T-1h: T = start covers the hour before the chunk, which
-        # the energy counter difference needs.
-        out: dict[str, pa.Table] = {}
-        parts: list[tuple[Piece, Matrix]] = []
-        for sent in self._stream:
-            if isinstance(sent, Answered):
-                parts.append((sent.piece, self.planner.decode(sent)))
-            elif isinstance(sent, Refusal):
-                if self.planner.on_split:
-                    self.planner.on_split(sent.message)
-            elif isinstance(sent, SignalSent):
-                m, spec, parts = sent.assemble(parts), sent.spec, []
-                if len(m):
-                    sid, ts, values = self._points(m, spec, chunk)
-                    out[spec.name] = build_signal(spec, m.labels, sid,
-                                                  ts.astype(np.int64) - 3600, values, m.keys)
-            else:
-                if sent.chunk != chunk:
-                    raise RuntimeError(f"fetch({chunk.label()}) out of the prefetched order "
-                                       f"({sent.chunk.label()})")
-                self._queries += sent.queries
-                return out
-        raise RuntimeError(f"fetch({chunk.label()}): not among the prefetched chunks")
-
-
-@dataclass(frozen=True)
-class ChunkSent:
-    """Every query of a chunk was answered; `queries` were sent for it."""
-
-    chunk: Period
-    queries: int
 
 
 @dataclass
@@ -362,19 +132,19 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
         for i, chunk in todo:
             where = f"chunk {i}/{len(chunks)} ({chunk.label()})"
             before = source.queries
-            try:
-                signals = source.fetch(chunk)
-            except PromError as exc:
-                raise IngestError(f"{where}: {exc}; nothing written for this chunk"
-                                  + (f", {i - 1} earlier chunk(s) kept" if i > 1 else ""),
-                                  exc.code) from None
             start, end = chunk.naive()
+            first = int(chunk.start.timestamp())
+            dropped: dict[datetime, int] = {}
             try:
-                first = int(chunk.start.timestamp())
-                dropped = {utc_naive(datetime.fromtimestamp(h, UTC)): n for h, n in
-                           source.screened.dropped_in(first, int(chunk.end.timestamp())).items()}
                 with transaction(con):
-                    counts = write_facts(con, signals, start, end, sample_interval, clusters)
+                    # Node groups are fetched as they are written: one group's signals at a
+                    # time in memory (metering.queryplan, "node groups").
+                    groups = ({spec.name: signal_table(spec, m) for spec, m in group}
+                              for group in source.fetch(chunk))
+                    counts = write_facts(con, groups, start, end, sample_interval, clusters)
+                    dropped = {utc_naive(datetime.fromtimestamp(h, UTC)): n for h, n in
+                               source.screened.dropped_in(first,
+                                                          int(chunk.end.timestamp())).items()}
                     shrunk = counts.shrunk()
                     if shrunk and not replace:
                         raise guards.refuse(shrunk, _named(counts.clusters))
@@ -384,6 +154,10 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
                         con, start, end, source.name, _now(), counts.clusters,
                         duplicates=counts.duplicates, dropped=dropped)
                     journal.record(con, chunk, counts.clusters)
+            except PromError as exc:
+                raise IngestError(f"{where}: {exc}; nothing written for this chunk"
+                                  + (f", {i - 1} earlier chunk(s) kept" if i > 1 else ""),
+                                  exc.code) from None
             except _Empty:
                 pending.append((chunk, dropped))
             except (FactError, guards.ShrinkRefused) as exc:

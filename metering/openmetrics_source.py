@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +20,10 @@ import numpy as np
 import pyarrow as pa
 
 from metering.errors import InputError
-from metering.facts import FAMILIES, SIGNALS, VALUE_RANGE, build_signal
+from metering.matrix import Matrix
 from metering.period import Period
 from metering.selector import DEFAULT_SELECTOR, Screened, Selector
+from metering.signals import FAMILIES, SIGNALS, VALUE_RANGE, SignalSpec, series_key
 
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"\s*(,|\})')
 _UNESCAPE = re.compile(r"\\(.)")
@@ -77,6 +78,7 @@ class OpenMetricsSource:
         self._lo_ms = int(period.start.timestamp() * 1000) - 3_600_000
         self._hi_ms = int(period.end.timestamp() * 1000)
         self.families = self._read()
+        self._series_keys: dict[str, list[str]] = {}
         self._con = duckdb.connect(":memory:")
         for name, fam in self.families.items():
             self._con.register(f"raw_{name}", pa.table({
@@ -162,8 +164,12 @@ class OpenMetricsSource:
         fam.series.append(labels)
         return len(fam.series) - 1
 
-    def fetch(self, chunk: Period) -> dict[str, pa.Table]:
-        """Signals for the chunk's hours and the hour before it (energy needs it)."""
+    def fetch(self, chunk: Period) -> Iterator[list[tuple[SignalSpec, Matrix]]]:
+        """Signals for the chunk's hours and the hour before it (energy needs it), in one
+        node group: the file is in memory already."""
+        yield list(self._signals(chunk))
+
+    def _signals(self, chunk: Period) -> Iterator[tuple[SignalSpec, Matrix]]:
         lo = int(chunk.start.timestamp() * 1000) - 3_600_000
         hi = int(chunk.end.timestamp() * 1000)
         by_family: dict[str, dict[str, np.ndarray]] = {}
@@ -179,7 +185,6 @@ class OpenMetricsSource:
                     FROM raw_{name} WHERE t_ms > $lo AND t_ms <= $hi
                     GROUP BY sid, hour_s ORDER BY sid, hour_s""",
                 {"lo": lo, "hi": hi}).fetchnumpy()
-        out: dict[str, pa.Table] = {}
         for spec in SIGNALS:
             agg = by_family.get(spec.family)
             if agg is None or len(agg["sid"]) == 0:
@@ -189,8 +194,16 @@ class OpenMetricsSource:
             if spec.nonempty:  # what the PromQL selector leaves out (e.g. mig_uuid!="")
                 keep = np.fromiter((spec.keeps(m) for m in series), np.bool_, len(series))[sid]
                 sid, hour_s, value = sid[keep], hour_s[keep], value[keep]
-            out[spec.name] = build_signal(spec, series, sid, hour_s, value)
-        return out
+            yield spec, Matrix(series, self._keys(spec.family), sid.astype(np.int64),
+                               hour_s.astype(np.float64), value.astype(np.float64))
+
+    def _keys(self, family: str) -> list[str]:
+        """series_key of each series of the family, once per run."""
+        keys = self._series_keys.get(family)
+        if keys is None:
+            keys = self._series_keys[family] = [series_key(m)
+                                                for m in self.families[family].series]
+        return keys
 
     def prefetching(self, chunks: Sequence[Period]) -> AbstractContextManager[None]:
         """The file is parsed already: nothing to read ahead."""

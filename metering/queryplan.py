@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from metering import matrix
-from metering.facts import SIGNALS, SignalSpec
+from metering.chunking import DEFAULT_INGEST_BUDGET, points_within
 from metering.matrix import Matrix
 from metering.period import Period
 from metering.promclient import Answer, PromClient, PromError
+from metering.signals import SIGNALS, SignalSpec
 
 HOUR_S = 3600
 # Prometheus's default --query.max-samples: the smallest default among the stores we target.
@@ -46,6 +47,7 @@ DEFAULT_MAX_QUERY_BYTES = 12_000
 PRIOR_SERIES_PER_NODE = 8.0
 PRIOR_SAMPLES_PER_HOUR = 240.0
 SHARD_LABEL = "node"
+DEFAULT_MEMORY_POINTS = float(points_within(DEFAULT_INGEST_BUDGET))
 
 # What stores say when a query exceeds a limit (the HTTP status is 422 for both, but so is any
 # other execution error, so the message is what tells them apart).
@@ -108,6 +110,8 @@ class SplitStats:
     lookups: int = 0  # label-values calls
     nodes: int = 0  # most nodes of one chunk (the last may have none: a period's tail)
     no_discovery: str = ""  # why nodes could not be listed (then no node shards)
+    groups: int = 0  # node groups of chunks too large to hold at once (0: none needed)
+    max_group_nodes: int = 0
     metricsql: bool = False  # last-sample times from MetricsQL tlast_over_time
 
     def describe(self) -> str:
@@ -119,6 +123,8 @@ class SplitStats:
         extra = f"; {self.refused} query(ies) refused by the store's limits and split again" \
             if self.refused else ""
         why = f"; {self.no_discovery}" if self.no_discovery else ""
+        why += (f"; {self.groups} node group(s) of up to {self.max_group_nodes:,} nodes, "
+                "written one after another to bound memory" if self.groups else "")
         why += "; last-sample times with MetricsQL tlast_over_time" if self.metricsql else ""
         return (f"{self.queries} range queries for {self.signal_queries} signal-chunks over "
                 f"up to {self.nodes} node(s) per chunk: {split}{extra}{why}")
@@ -174,12 +180,15 @@ class QueryPlanner:
     answers (`decode`): ingest runs the two in different threads."""
 
     def __init__(self, client: PromClient, limits: Limits | None = None,
-                 on_split: Callable[[str], None] | None = None, selector: str = "") -> None:
+                 on_split: Callable[[str], None] | None = None, selector: str = "",
+                 memory_points: float = DEFAULT_MEMORY_POINTS) -> None:
         self.client = client
         self.selector = selector  # matchers every query carries (metering.selector)
         self.limits = limits or Limits()
         self.stats = SplitStats()
         self.on_split = on_split  # told about each split forced by a store error
+        # Points of answers ingest may hold at once (a chunk's node group; node groups above)
+        self.memory_points = memory_points
         self._learned = _Learned()
         self._nodes: tuple[str, ...] | None = None
         self._chunk: Period | None = None
@@ -241,6 +250,50 @@ class QueryPlanner:
         self.stats.lookups += 1
         return set(values)
 
+    # --- node groups ----------------------------------------------------------------------
+    # A chunk's answers are held in memory until its facts are written. Rather than shorter
+    # chunks (each of which costs the store a scan of every series' index and the hour
+    # before; issue 27: six 12-h chunks cost it 2.8x one 72-h chunk), a chunk whose points
+    # would not fit `memory_points` is fetched and written in node groups: every signal of
+    # the first group's nodes, then the next group's, each group's tables let go before the
+    # next is read. A group's size comes from the series per node the answers so far held
+    # (the priors before the first), so it is planned when its queries are sent.
+
+    def groups(self, chunk: Period) -> Iterator[tuple[str, ...] | None]:
+        """The chunk's node groups, in node name order: None (every series) when the whole
+        chunk fits; else tuples of node names, the first with "" (series without a node)."""
+        nodes = self.nodes(chunk)
+        steps = chunk.hours + 1
+        if not nodes:
+            yield None
+            return
+        with self._lock:
+            total = sum(self._points_per_step(n) for n in nodes) * steps
+        if total <= self.memory_points:
+            yield None
+            return
+        rest = list(nodes)
+        head: tuple[str, ...] = ("",)
+        while rest:
+            taken: list[str] = []
+            points = 0.0
+            with self._lock:
+                for node in rest:
+                    cost = self._points_per_step(node) * steps
+                    if taken and points + cost > self.memory_points:
+                        break
+                    taken.append(node)
+                    points += cost
+            del rest[:len(taken)]
+            self.stats.groups += 1
+            self.stats.max_group_nodes = max(self.stats.max_group_nodes, len(taken))
+            yield (*head, *taken)
+            head = ()
+
+    def _points_per_step(self, node: str) -> float:
+        """Points one evaluation hour of the node's series holds over every signal."""
+        return sum(self._series(s.family, node) for s in SIGNALS)
+
     # --- estimates ------------------------------------------------------------------------
 
     def series_estimate(self, period: Period) -> int | None:
@@ -274,21 +327,24 @@ class QueryPlanner:
     # --- planning -------------------------------------------------------------------------
 
     def plan(self, spec: SignalSpec, first: int, last: int,
-             nodes: Sequence[str] | None) -> list[Piece]:
-        """Pieces covering every series and every evaluation hour first..last once."""
+             nodes: Sequence[str] | None, group: tuple[str, ...] | None = None
+             ) -> list[Piece]:
+        """Pieces covering every series (of the node group, where given: its `nodes`) and
+        every evaluation hour first..last once."""
         steps = (last - first) // HOUR_S + 1
         if not nodes:  # unknown (or no) nodes: one query; a limit error splits it by time
-            return [Piece(None, first, last)]
+            return [Piece(group, first, last)]
         budget = self._budget(spec)
         series = {n: self._series(spec.family, n) for n in nodes}
         weight = {n: series[n] * self._per_step(spec, n) for n in nodes}
         total_series = sum(series.values())
         if (sum(weight.values()) * steps <= budget
                 and total_series <= self.limits.max_series):
-            return [Piece(None, first, last)]
+            return [Piece(group, first, last)]
         heaviest = max(weight.values())
         hours = max(1, min(steps, int(budget // max(heaviest, 1.0))))
-        shards = self._pack(nodes, weight, series, hours, budget)
+        shards = self._pack(nodes, weight, series, hours, budget,
+                            empty=group is None or "" in group)
         pieces: list[Piece] = []
         for shard in shards:
             for a, b in _time_ranges(first, last, hours):
@@ -305,16 +361,17 @@ class QueryPlanner:
                    for n in members) * piece.steps
 
     def _pack(self, nodes: Sequence[str], weight: dict[str, float], series: dict[str, float],
-              hours: int, budget: float) -> list[tuple[str, ...]]:
+              hours: int, budget: float, empty: bool = True) -> list[tuple[str, ...]]:
         """Nodes in name order into shards within the sample, series and length budgets.
-        The first shard also matches an empty node label (series without one)."""
+        With `empty`, the first shard also matches an empty node label (series without
+        one)."""
         shards: list[tuple[str, ...]] = []
-        cur: list[str] = [""]
+        cur: list[str] = [""] if empty else []
         cost = n_series = 0.0
         length = 0
         for node in nodes:
             w, s, ln = weight[node] * hours, series[node], len(node) * 2 + 1
-            if len(cur) > (1 if not shards else 0) and (
+            if len(cur) > (1 if not shards and empty else 0) and (
                     cost + w > budget
                     or n_series + s > self.limits.max_series
                     or length + ln > self.limits.max_query_bytes):
@@ -332,15 +389,17 @@ class QueryPlanner:
     # the next queries while it decodes and writes earlier answers (metering.prefetch). The
     # estimates both steps share are guarded by a lock.
 
-    def send(self, spec: SignalSpec, window: str, chunk: Period) -> Iterator[Sent]:
-        """The signal's pieces over the chunk's evaluation hours (chunk start to end), each
-        answer as the store sent it; a piece the store refuses as over a limit is split in
-        two and sent again (`Refusal` says so). Ends with a `SignalSent`."""
+    def send(self, spec: SignalSpec, window: str, chunk: Period,
+             group: tuple[str, ...] | None = None) -> Iterator[Sent]:
+        """The signal's pieces over the chunk's evaluation hours (chunk start to end) for the
+        node group (None: every series), each answer as the store sent it; a piece the store
+        refuses as over a limit is split in two and sent again (`Refusal` says so). Ends with
+        a `SignalSent`."""
         first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
         metricsql = self.metricsql()
-        nodes = self.nodes(chunk)
+        nodes = self.nodes(chunk) if group is None else tuple(n for n in group if n)
         with self._lock:
-            pieces = self.plan(spec, first, last, nodes)
+            pieces = self.plan(spec, first, last, nodes, group)
         self.stats.signal_queries += 1
         answered: list[Piece] = []
         todo = list(reversed(pieces))
@@ -380,19 +439,19 @@ class QueryPlanner:
              *(sum(1 for p in answered if p.nodes == s) for s in shards)])
         yield SignalSent(spec, first, last)
 
-    def decode(self, sent: Answered) -> Matrix:
+    def decode(self, sent: Answered, seen: matrix.Labels | None = None) -> Matrix:
         """One answer in columns (metering.matrix's scanner), or by Python's json where it is
         not a well-formed matrix (then its problem is a PromError naming the query); learned
-        from."""
-        m = self._decode(sent)
+        from. `seen`: label maps the scanner decoded before (metering.matrix.read)."""
+        m = self._decode(sent, seen)
         with self._lock:
             self._learn(sent.spec, m)
         return m
 
-    def _decode(self, sent: Answered) -> Matrix:
+    def _decode(self, sent: Answered, seen: matrix.Labels | None) -> Matrix:
         answer = sent.answer
         if answer.status == 200:
-            m = matrix.read(answer.body)
+            m = matrix.read(answer.body, seen)
             if m is not None:
                 return m
         result = self.client.matrix(answer, sent.promql)

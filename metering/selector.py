@@ -169,5 +169,5 @@ DEFAULT_SELECTOR = Selector.parse(DEFAULT_SELECTOR_TEXT)
 # The default for a period the store scraped in (it has `up` series): the exporter's job. There a
 # series without a job label is no proof of anything: with `honor_labels: true` a target (a
 # Pushgateway, a federated Prometheus, any pod) that exposes job="" has its series stored
-# with no job label at all. metering.ingest.PrometheusSource.settle_selector picks it.
+# with no job label at all. metering.prometheus_source.PrometheusSource.settle_selector picks it.
 EXPORTER_SELECTOR = Selector.parse('job="gpu-ledger-exporter"')

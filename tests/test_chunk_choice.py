@@ -1,6 +1,6 @@
-"""The chunk length is picked from the planner's estimate of series x hours so ingest's peak
-memory stays within its budget (lowered by a container memory limit); the run says what it
-picked, and --chunk overrides it."""
+"""Chunks stay 72 hours long whatever the fleet; ingest's peak memory is kept within its
+budget (lowered by a container memory limit) by node groups, sized from the planner's
+estimate of series x hours; the run says what it picked, and --chunk overrides the length."""
 
 from __future__ import annotations
 
@@ -10,36 +10,38 @@ import conftest_prom
 import pytest
 
 from gpu_ledger.cli import main as gpu_ledger
-from metering.ingest import (
-    CHUNK_LADDER,
+from metering.chunking import (
+    DEFAULT_CHUNK_HOURS,
     DEFAULT_INGEST_BUDGET,
     INGEST_BASE_BYTES,
     INGEST_BYTES_PER_POINT,
     choose_chunk,
     memory_budget,
+    points_within,
 )
 
 fleet_prom_url = conftest_prom.fleet_prom_url  # session fixture
 GIB = 1 << 30
 
 
-@pytest.mark.parametrize(("nodes", "budget", "hours"), [
-    (10, 3 * GIB, 72),  # a small fleet: the longest chunk
-    (1_250, 3 * GIB, 72),  # 10,000 GPUs within the default budget
-    (1_250, int(1.5 * GIB), 24),  # ... in a 2 GiB container
-    (10_000, 3 * GIB, 12),  # 80,000 GPUs
-    (10**7, 3 * GIB, 1),  # nothing fits: the shortest, not a refusal
+@pytest.mark.parametrize(("nodes", "budget", "groups"), [
+    (10, 3 * GIB, 1),  # a small fleet: one group
+    (1_250, 3 * GIB, 1),  # 10,000 GPUs within the default budget
+    (1_250, int(1.5 * GIB), 2),  # ... in a 2 GiB container
+    (10_000, 3 * GIB, 6),  # 80,000 GPUs
+    (10_000, 100 << 20, 1_143),  # a budget below the base: an eighth of it per group
 ])
-def test_longest_chunk_within_the_budget(nodes: int, budget: int, hours: int) -> None:
+def test_long_chunks_in_node_groups_within_the_budget(nodes: int, budget: int,
+                                                      groups: int) -> None:
     series = nodes * 8 * 19
     choice = choose_chunk(series, budget)
-    assert choice.hours == hours
-    assert choice.peak_bytes == INGEST_BASE_BYTES + INGEST_BYTES_PER_POINT * series * hours
-    longer = [h for h in CHUNK_LADDER if h > hours]
-    if hours > 1:
-        assert choice.peak_bytes <= budget
-    if longer:  # the next longer one would not have fitted
-        assert INGEST_BASE_BYTES + INGEST_BYTES_PER_POINT * series * min(longer) > budget
+    assert choice.hours == DEFAULT_CHUNK_HOURS == 72
+    assert choice.groups == groups
+    points = series * (choice.hours + 1)
+    per_group = points_within(budget)
+    assert points <= per_group * groups and (groups == 1 or points > per_group * (groups - 1))
+    if budget > INGEST_BASE_BYTES:
+        assert INGEST_BASE_BYTES + INGEST_BYTES_PER_POINT * per_group <= budget
 
 
 def test_budget_follows_the_container_limit(tmp_path: Path) -> None:

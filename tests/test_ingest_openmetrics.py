@@ -215,3 +215,36 @@ def test_fractional_grants_become_grant_facts(tmp_path: Path) -> None:
     rows = con.execute("SELECT pod, memory_fraction, core_fraction FROM grant_hours "  # type: ignore[attr-defined]
                        "ORDER BY pod").fetchall()
     assert rows == [("p", 0.25, 0.3), ("q", 0.75, None)]
+
+
+def test_skipping_the_dedup_window_changes_no_fact(fleet_om_file: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no fact key has two series the spans window is skipped (metering/facts.py): the
+    facts equal those of the window run anyway, row for row, and where keys do have two
+    series (a restart, two scrape jobs) it still runs."""
+    from metering import facts
+
+    period = resolve(None, "2026-10-05", "2026-10-06")
+    ran: list[bool] = []
+    real = facts._shares_keys
+    monkeypatch.setattr(facts, "_shares_keys", lambda t: ran.append(real(t)) or ran[-1])
+    rows = {}
+    for window in ("when needed", "always"):
+        if window == "always":
+            monkeypatch.setattr(facts, "_DEDUP_STEPS", frozenset())
+        src = OpenMetricsSource(str(fleet_om_file), period)
+        con = connect(tmp_path / f"{window}.duckdb")
+        ingest(con, src, period, 24)
+        src.close()
+        rows[window] = {t: fact_rows(con, t) for t in expected_facts()}
+    assert ran and not any(ran)  # the fleet has one series per key: skipped
+    assert rows["when needed"] == rows["always"]
+    ran.clear()
+    monkeypatch.setattr(facts, "_DEDUP_STEPS", frozenset(("spans", "held")))
+    (tmp_path / "dup").mkdir()
+    twice = [*_gpu_up(30, labels=DEV + ',job="a"'), *_gpu_up(30, labels=DEV + ',job="b"')]
+    con = _run(tmp_path / "dup", "\n".join(twice) + "\n# EOF\n",
+               selector=Selector.parse('job=~"a|b"'))
+    assert any(ran)
+    assert con.execute("SELECT observed_seconds FROM device_hours"  # type: ignore[attr-defined]
+                       ).fetchall() == [(3600.0,)]

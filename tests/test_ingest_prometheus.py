@@ -7,6 +7,7 @@ import urllib.parse
 from pathlib import Path
 
 import conftest_prom
+import pyarrow as pa
 import pytest
 from conftest_prom import expected_facts, fact_rows
 from promtools import http_server, proxy_to
@@ -14,11 +15,13 @@ from waiting import wait_until
 
 from metering.cli_meter import main
 from metering.db import connect
-from metering.facts import SIGNALS
-from metering.ingest import IngestError, PrometheusSource, describe_spacing, ingest
+from metering.facts import signal_table
+from metering.ingest import IngestError, describe_spacing, ingest
 from metering.openmetrics_source import OpenMetricsSource
 from metering.period import Period, resolve
 from metering.promclient import PromClient
+from metering.prometheus_source import PrometheusSource
+from metering.signals import SIGNALS
 
 # Session fixtures: the fleet's OpenMetrics file and a Prometheus backfilled with it.
 fleet_om_file = conftest_prom.fleet_om_file
@@ -51,6 +54,27 @@ def test_facts_match_the_hand_computed_fleet(fleet_prom_url: str, tmp_path: Path
     cov = con.execute("SELECT count(*), min(devices), max(devices), any_value(source) "
                       "FROM coverage").fetchone()
     assert cov == (24, 6, 6, fleet_prom_url)
+    con.close()
+
+
+def test_node_groups_give_the_hand_computed_facts(fleet_prom_url: str, tmp_path: Path
+                                                 ) -> None:
+    """A memory budget too small for a node's points: a 24-hour chunk fetched and written
+    node group by node group (one node each), in one transaction, gives the same facts,
+    coverage and de-duplication as one query per signal."""
+    con = connect(tmp_path / "m.duckdb")
+    source = PrometheusSource(PromClient(fleet_prom_url, retries=0))
+    source.planner.memory_points = 1.0
+    result = ingest(con, source, resolve(None, "2026-10-05", "2026-10-06"), 24)
+    stats = source.planner.stats
+    assert stats.groups == 2 and stats.max_group_nodes == 1  # node-a, then node-b
+    assert result.queries == 2 * len(SIGNALS) and result.chunks == 1
+    assert result.spacing == {"node-a": 60.0, "node-b": 30.0}
+    expected = expected_facts()
+    for table in FACTS:
+        assert fact_rows(con, table) == expected[table], table
+    assert con.execute("SELECT count(*), min(devices), max(devices) FROM coverage"
+                       ).fetchone() == (24, 6, 6)
     con.close()
 
 
@@ -209,18 +233,23 @@ def test_the_next_chunks_queries_are_sent_while_the_current_one_is_written(
         return any(f"start={chunk.start.timestamp():.3f}&" in p for p in served)
 
     alone = PrometheusSource(PromClient(fleet_prom_url))
-    expected = [alone.fetch(c) for c in (first, second)]
+
+    def tables(source: PrometheusSource, chunk: Period) -> dict[str, pa.Table]:
+        return {spec.name: signal_table(spec, m)
+                for group in source.fetch(chunk) for spec, m in group}
+
+    expected = [tables(alone, c) for c in (first, second)]
     alone.close()
     with http_server(record) as url:
         source = PrometheusSource(PromClient(url, retries=0))
         with pytest.raises(RuntimeError, match="out of the prefetched order"), \
                 source.prefetching([first, second, third]):
-            got = source.fetch(first)
+            got = tables(source, first)
             wait_until(lambda: asked_for(second), "the second chunk's queries")
             assert got == expected[0]
             assert source.queries == len(SIGNALS)  # for this chunk only, though more were sent
-            assert source.fetch(second) == expected[1]
-            source.fetch(first)  # not the next chunk: a programming error, said at once
+            assert tables(source, second) == expected[1]
+            tables(source, first)  # not the next chunk: a programming error, said at once
         wait_until(lambda: not any(t.name == "gpu-ledger-prefetch"
                                    for t in threading.enumerate()), "the sender to stop")
         source.close()

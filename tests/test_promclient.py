@@ -138,8 +138,9 @@ def test_non_numeric_and_non_finite_values_are_dropped_and_counted() -> None:
     """"abc", null, NaN and +Inf values are never priced: 4 of the 6 points are dropped."""
     from datetime import UTC, datetime
 
-    from metering.ingest import PrometheusSource
+    from metering.facts import signal_table
     from metering.period import Period
+    from metering.prometheus_source import PrometheusSource
 
     values = [[1791162000, "abc"], [1791165600, None], [1791169200, "NaN"],
               [1791172800, "+Inf"], [1791176400, "1"], [1791180000, "0.5"]]
@@ -149,7 +150,9 @@ def test_non_numeric_and_non_finite_values_are_dropped_and_counted() -> None:
         src = PrometheusSource(client(url))
         src._window = "1h"
         start = datetime(2026, 10, 5, tzinfo=UTC)
-        signals = src.fetch(Period(start, start.replace(hour=6)))
+        signals = {s.name: signal_table(s, m)
+                   for group in src.fetch(Period(start, start.replace(hour=6)))
+                   for s, m in group}
     assert src.dropped == 4 * len(signals)
     assert all(t.num_rows == 2 for t in signals.values())
     # counted against the hours they belong to (evaluation at T is the hour T-1h)
@@ -160,9 +163,10 @@ def test_out_of_range_values_are_dropped_and_counted() -> None:
     """A count of 1e308 and a ratio of 5 cannot come from the exporter: dropped, counted."""
     from datetime import UTC, datetime
 
-    from metering.facts import SIGNALS
-    from metering.ingest import PrometheusSource
+    from metering.facts import signal_table
     from metering.period import Period
+    from metering.prometheus_source import PrometheusSource
+    from metering.signals import SIGNALS
 
     def respond(path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query).get("query", [""])[0]
@@ -176,7 +180,9 @@ def test_out_of_range_values_are_dropped_and_counted() -> None:
         src = PrometheusSource(client(url))
         src._window = "1h"
         start = datetime(2026, 10, 5, tzinfo=UTC)
-        signals = src.fetch(Period(start, start.replace(hour=6)))
+        signals = {s.name: signal_table(s, m)
+                   for group in src.fetch(Period(start, start.replace(hour=6)))
+                   for s, m in group}
     counts = [s.name for s in SIGNALS if s.func == "count"]
     # a sum of 5 ratio samples is plausible (5 samples of 1): only counts are out of range
     assert src.dropped == len(counts)
@@ -187,7 +193,7 @@ def test_out_of_range_values_are_dropped_and_counted() -> None:
 def test_ratio_maxima_above_one_are_dropped() -> None:
     import numpy as np
 
-    from metering.facts import SIGNALS, plausible
+    from metering.signals import SIGNALS, plausible
 
     spec = next(s for s in SIGNALS if s.family == "gpu_container_core_fraction")
     assert plausible(spec, np.array([0.0, 1.0, 1.5, np.nan, -0.1])).tolist() == \

@@ -15,10 +15,10 @@ from promtools import backfill, running_prometheus, running_victoria, vm_import
 
 from metering.cli_meter import main
 from metering.db import connect
-from metering.facts import SIGNALS
 from metering.period import resolve
 from metering.promclient import PromClient
 from metering.queryplan import HOUR_S, Limits, Piece, QueryPlanner, _time_ranges
+from metering.signals import SIGNALS
 
 fleet_om_file = conftest_prom.fleet_om_file
 fleet_prom_url = conftest_prom.fleet_prom_url

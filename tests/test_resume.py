@@ -21,7 +21,7 @@ from promtools import http_server, proxy_to
 
 from metering.cli_meter import main
 from metering.db import connect
-from metering.facts import SIGNALS
+from metering.signals import SIGNALS
 
 fleet_om_file = conftest_prom.fleet_om_file
 fleet_prom_url = conftest_prom.fleet_prom_url

@@ -88,6 +88,15 @@ SELECT fam, hour, key, sum(floor((ge - gs) / dt + 1e-6) * dt) AS u FROM (
     GROUP BY fam, hour, key, g)
 GROUP BY fam, hour, key;
 
+-- query: no_spans
+-- Instead of the spans step when no key has two series (metering/facts.py): nothing to merge.
+CREATE OR REPLACE TEMP TABLE _spans (fam VARCHAR, hour TIMESTAMP, key BIGINT, dt DOUBLE,
+                                     s DOUBLE, e DOUBLE);
+
+-- query: no_held
+-- Instead of the held step then: a key's seconds are its one series' samples' (gl_sec).
+CREATE OR REPLACE TEMP TABLE _held (fam VARCHAR, hour TIMESTAMP, key BIGINT, u DOUBLE);
+
 -- step: device_hours
 INSERT INTO device_hours (hour, cluster, node, gpu, uuid, model, mig_enabled, observed_seconds,
                           up_seconds, sm_active_seconds, energy_joules, energy_estimated,
@@ -247,9 +256,10 @@ LEFT JOIN m ON m.hour = k.hour AND m.key = k.key
 LEFT JOIN cf ON cf.hour = k.hour AND cf.key = k.key
 WHERE m.v IS NOT NULL OR cf.v IS NOT NULL;
 
--- query: duplicates
--- Per (cluster, hour): sample-seconds the sources hold minus those the facts kept, over device,
--- MIG and allocation series, i.e. what de-duplication removed (run after the steps).
+-- query: signal_seconds
+-- Per (cluster, hour): sample-seconds a node group's device, MIG and allocation signals hold.
+-- Minus the facts' seconds (fact_seconds, once the chunk's groups are written), that is what
+-- de-duplication removed.
 SELECT cluster, hour, sum(s) FROM (
     SELECT c.cluster, c.hour, c.value * coalesce(sp.seconds, getvariable('gl_dflt')) AS s
     FROM up_count c LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
@@ -261,11 +271,16 @@ SELECT cluster, hour, sum(s) FROM (
     UNION ALL
     SELECT c.cluster, c.hour, c.value * coalesce(sp.seconds, getvariable('gl_dflt'))
     FROM alloc_count c LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
-    WHERE gl_in(c.hour)
-    UNION ALL SELECT cluster, hour, -observed_seconds FROM device_hours WHERE gl_in(hour)
-    UNION ALL SELECT cluster, hour, -observed_seconds FROM mig_hours WHERE gl_in(hour)
-    UNION ALL SELECT cluster, hour, -allocated_seconds FROM allocation_hours WHERE gl_in(hour))
-GROUP BY cluster, hour HAVING sum(s) > 0.5 ORDER BY cluster, hour;
+    WHERE gl_in(c.hour))
+GROUP BY cluster, hour;
+
+-- query: fact_seconds
+-- Per (cluster, hour): the seconds the chunk's device, MIG and allocation facts hold.
+SELECT cluster, hour, sum(s) FROM (
+    SELECT cluster, hour, observed_seconds AS s FROM device_hours WHERE gl_in(hour)
+    UNION ALL SELECT cluster, hour, observed_seconds FROM mig_hours WHERE gl_in(hour)
+    UNION ALL SELECT cluster, hour, allocated_seconds FROM allocation_hours WHERE gl_in(hour))
+GROUP BY cluster, hour;
 
 -- query: cleanup
 -- Run after the steps, whether they succeeded or not.

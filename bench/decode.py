@@ -1,0 +1,190 @@
+"""Client-side cost of a range query's answer: decoding (points per CPU-second) and fetching
+(CPU-seconds per GiB), each beside its alternative, in one process.
+
+    python -m bench.decode                     # 2,500 series x 73 points, like a 72-h chunk
+    python -m bench.decode --series 20000 --json out.json
+
+Decoders on the same answer bytes: metering.matrix.read (the scanner: typed Arrow columns),
+the scanner of an earlier commit (`--old REV`, default the commit before the typed columns:
+per-point RE2 checks and a string column cut to floats), Python's json + from_result (the
+path every odd answer takes) and json alone. Each must give the same matrix as json's path.
+Fetch: metering.promclient (http.client, one deadline, its own loop over the body) against
+urllib.request.urlopen().read() from the same loopback server: the alternative the standard
+library offers, since the metering image carries no HTTP stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from bench.common import machine, say, table, write_json
+from metering import matrix
+from metering.promclient import PromClient
+
+OLD_REV = "e4e6bbb"  # the scanner with per-point RE2 checks (before issue 27)
+
+
+def answer(series: int, points: int, seed: int = 7) -> bytes:
+    """A matrix answer in the layout stores write: allocation-like label sets, hourly
+    points, values as the exporter's series give them (counts, ratios, byte counts)."""
+    rng = random.Random(seed)
+    t0 = 1_790_812_800
+    parts = []
+    for i in range(series):
+        metric = {"container": "main", "mig_uuid": "", "namespace": f"team-{i % 20:02d}",
+                  "node": f"node-{i // 40:05d}", "owner_kind": "Job",
+                  "owner_name": f"job-{i}", "pod": f"job-{i}", "replicas": "1",
+                  "resource": "nvidia.com/gpu", "sharing": "exclusive",
+                  "uuid": f"GPU-{i // 5:05d}-{i % 8}", "label_team": f"t{i % 20:02d}"}
+        kind = i % 3
+        vals = []
+        for k in range(points):
+            v = ("12" if kind == 0 else f"{rng.choice((0.25, 0.5, 0.875)) * 12:g}"
+                 if kind == 1 else str(rng.randrange(4, 80) * 2**30 * 12))
+            vals.append(f'[{t0 + 3600 * k},"{v}"]')
+        parts.append('{"metric":' + json.dumps(metric, separators=(",", ":"))
+                     + ',"values":[' + ",".join(vals) + "]}")
+    return ('{"status":"success","data":{"resultType":"matrix","result":['
+            + ",".join(parts) + "]}}").encode()
+
+
+def old_matrix(rev: str) -> ModuleType | None:
+    """metering/matrix.py as of `rev`, imported under another name (None without git)."""
+    try:
+        text = subprocess.run(["git", "show", f"{rev}:metering/matrix.py"], check=True,
+                              capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    text = text.replace("from metering.facts import series_key",
+                        "from metering.signals import series_key")
+    path = Path(tempfile.mkdtemp()) / "old_matrix.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("old_matrix", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["old_matrix"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def cpu(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    """Least CPU seconds of `repeat` calls (the box is shared: the least is the cost)."""
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.process_time()
+        out = fn()
+        best = min(best, time.process_time() - t0)
+    return best, out
+
+
+def same(a: matrix.Matrix, b: matrix.Matrix) -> bool:
+    return (a.labels == b.labels and a.keys == b.keys and np.array_equal(a.sid, b.sid)
+            and np.array_equal(a.t, b.t) and np.array_equal(a.v, b.v, equal_nan=True))
+
+
+def serve(body: bytes) -> tuple[ThreadingHTTPServer, str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.decode", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--series", type=int, default=2500)
+    p.add_argument("--points", type=int, default=73, help="points per series (73: 72 h)")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--old", default=OLD_REV, help="git revision of the scanner to compare")
+    p.add_argument("--json", help="write the figures as JSON too")
+    args = p.parse_args(argv)
+
+    body = answer(args.series, args.points)
+    n = args.series * args.points
+    res: dict[str, Any] = {"machine": machine(), "series": args.series, "points": n,
+                           "bytes": len(body)}
+    seen: matrix.Labels = {}
+    matrix.read(body, seen)
+    reference = matrix.from_result(json.loads(body)["data"]["result"])
+    decoders: dict[str, Callable[[], Any]] = {
+        "scanner, typed Arrow columns (metering.matrix.read)": lambda: matrix.read(body),
+        "same, a family's second signal (labels decoded before: same chunk)":
+            lambda: matrix.read(body, seen),
+        "json.loads + from_result (the path of odd answers)":
+            lambda: matrix.from_result(json.loads(body)["data"]["result"]),
+        "json.loads alone": lambda: json.loads(body),
+    }
+    old = old_matrix(args.old)
+    if old is not None:
+        decoders[f"scanner of {args.old} (per-point RE2, string column)"] = \
+            lambda: old.read(body)
+    rows = []
+    res["decode"] = {}
+    for name, fn in decoders.items():
+        s, out = cpu(fn, args.repeat)
+        ok = same(out, reference) if hasattr(out, "sid") else None
+        res["decode"][name] = {"cpu_s": s, "points_per_cpu_s": n / s, "same": ok}
+        rows.append([name, f"{s * 1e3:.0f} ms", f"{n / s / 1e6:.2f} M",
+                     "" if ok is None else "yes" if ok else "**no**"])
+    say(f"decode: {args.series:,} series x {args.points} points ({n:,} points, "
+        f"{len(body) / 2**20:.1f} MiB)")
+    say(table(["decoder", "CPU", "points per CPU-s", "same matrix as json's path"], rows))
+
+    server, url = serve(body)
+    try:
+        client = PromClient(url, timeout=120)
+
+        def ours() -> int:
+            return len(client._fetch("/api/v1/query_range?query=x").body)
+
+        def stdlib() -> int:
+            with urllib.request.urlopen(url + "/api/v1/query_range?query=x", timeout=120) as r:
+                return len(r.read())
+
+        fetch_rows = []
+        res["fetch"] = {}
+        for name, fn in (("metering.promclient (http.client, deadline, read1 loop)", ours),
+                         ("urllib.request.urlopen().read()", stdlib)):
+            t0 = time.perf_counter()
+            s, size = cpu(fn, args.repeat)
+            wall = (time.perf_counter() - t0) / args.repeat
+            res["fetch"][name] = {"cpu_s": s, "wall_s": wall, "bytes": size}
+            fetch_rows.append([name, f"{s * 1e3:.0f} ms", f"{s / (size / 2**30):.2f} s",
+                               f"{wall * 1e3:.0f} ms"])
+        say(table(["client", "CPU per answer (client thread + server in one process)",
+                   "CPU-s per GiB", "wall per answer"], fetch_rows))
+    finally:
+        server.shutdown()
+        server.server_close()
+    write_json(args.json, res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

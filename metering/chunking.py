@@ -1,0 +1,71 @@
+"""How long a chunk of a metered period is, and what it may cost in memory: picked from the
+query planner's estimate of the series and the container's memory limit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# Prometheus answers at most 11,000 points per series; a chunk of N hours asks for N+1.
+MAX_CHUNK_HOURS = 10_000
+DEFAULT_CHUNK_HOURS = 72  # a 31-day month: 11 chunks x 19 queries = 209 queries
+
+# Ingest holds a chunk's points (one per series, signal and hour) as Arrow tables and in
+# DuckDB while it writes the chunk's facts: its peak memory is a base plus a cost per point.
+# Measured with bench/scale.py (docs/performance.md, "Ingest memory"): 0.18 MiB per GPU at
+# 72-hour chunks over a ~0.4 GiB base, i.e. ~135 bytes per point of the planner's estimate
+# (nodes x PRIOR_SERIES_PER_NODE series per signal, every signal, every hour).
+INGEST_BASE_BYTES = 400 << 20
+INGEST_BYTES_PER_POINT = 135
+# What a chunk may cost by default: the whole path's target is 4 GB (issue 17); a container
+# memory limit below it (cgroup) lowers it to 3/4 of that limit.
+DEFAULT_INGEST_BUDGET = 3 << 30
+
+
+def points_within(budget: int) -> int:
+    """Points of answers ingest may hold at once within `budget` bytes of peak memory (at
+    least an eighth of the budget's worth where the budget is below the base)."""
+    room = budget - INGEST_BASE_BYTES
+    return max(1, (room if room > budget // 8 else budget // 8) // INGEST_BYTES_PER_POINT)
+
+
+@dataclass(frozen=True)
+class ChunkChoice:
+    """How a period is fetched within a memory budget: chunks of `hours` (always the
+    default: longer ranges cost the store less per point), each in about `groups` node
+    groups (metering.queryplan) from the planner's estimate of its series."""
+
+    hours: int
+    series: int  # estimated series per hour, over every signal
+    groups: int  # node groups per chunk, estimated before any answer
+    budget_bytes: int
+
+    def describe(self) -> str:
+        gib = 1 << 30
+        split = (f" in ~{self.groups} node groups" if self.groups > 1 else "")
+        return (f"chunks of {self.hours} h{split} (automatic: ~{self.series:,} series per "
+                f"hour estimated, peak within a {self.budget_bytes / gib:.1f} GiB budget; "
+                "--chunk HOURS overrides the length)")
+
+
+def choose_chunk(series: int, budget: int) -> ChunkChoice:
+    """DEFAULT_CHUNK_HOURS, in as many node groups as `series` (per hour, every signal)
+    need to stay within `budget`."""
+    points = series * (DEFAULT_CHUNK_HOURS + 1)
+    groups = max(1, -(-points // points_within(budget)))
+    return ChunkChoice(DEFAULT_CHUNK_HOURS, series, groups, budget)
+
+
+def memory_budget(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """DEFAULT_INGEST_BUDGET, or 3/4 of the container's memory limit where that is lower
+    (cgroup v2 memory.max, v1 memory.limit_in_bytes)."""
+    for f in (cgroup / "memory.max", cgroup / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = f.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return min(DEFAULT_INGEST_BUDGET, int(text) * 3 // 4)
+    return DEFAULT_INGEST_BUDGET
+
+

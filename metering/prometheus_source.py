@@ -1,0 +1,210 @@
+"""Signals from a Prometheus-compatible store: range queries (step 1h) planned to fit the
+store's limits (metering.queryplan), sent ahead from a thread (metering.prefetch) and decoded
+in columns (metering.matrix). `fetch(chunk)` yields each signal of the chunk as one decoded
+(spec, matrix) pair, its points at hour starts, implausible values already dropped: ingest
+never sees a query, an answer or a split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from metering.chunking import ChunkChoice, choose_chunk, points_within
+from metering.matrix import Labels, Matrix
+from metering.period import Period
+from metering.prefetch import Prefetcher
+from metering.promclient import PromClient, PromError
+from metering.queryplan import Answered, Limits, Piece, QueryPlanner, Refusal, Sent, SignalSent
+from metering.selector import DEFAULT_SELECTOR, EXPORTER_SELECTOR, Screened, Selector
+from metering.signals import FAMILIES, HOUR_S, SIGNALS, SignalSpec, plausible
+
+# Answers sent ahead of the one being decoded (metering.prefetch): enough to keep the store
+# busy, few enough that their bodies stay small beside a chunk's facts.
+PREFETCH_ANSWERS = 2
+
+
+class PrometheusSource:
+    """One range query per signal per chunk (step 1h): the query count depends on hours and
+    families only; every series comes back in the same answer."""
+
+    def __init__(self, client: PromClient, limits: Limits | None = None,
+                 selector: Selector = DEFAULT_SELECTOR) -> None:
+        self.client = client
+        self.name = client.url
+        self.selector = selector  # only these series are metered
+        # Splits each signal's chunk query by node shard and time to fit the store's limits.
+        self.planner = QueryPlanner(client, limits, selector=selector.promql())
+        self._window: str | None = None
+        self.screened = Screened()
+        self._stream: Prefetcher[Sent | GroupSent | ChunkSent] | None = None
+        self._queries = 0
+
+    def settle_selector(self, period: Period) -> str | None:
+        """With the default selector, decide whether series without a job label may be
+        metered: only for a period in which the store scraped nothing (no `up` series), i.e.
+        history backfilled with promtool, perhaps before the store began scraping. Where it
+        scraped, a job-less series may be a scrape's (honor_labels) and the default narrows to
+        the exporter's job (EXPORTER_SELECTOR). Returns what it decided, to say."""
+        if self.selector is not DEFAULT_SELECTOR:  # a selector given, even the same text
+            return None
+        jobs: set[str] = set()
+        try:
+            jobs.update(self.client.label_values("job", ["up"], period.start.timestamp(),
+                                                 period.end.timestamp()))
+        except PromError as exc:  # cannot tell: the exporter's job, named, is the safe side
+            jobs.add(f"unknown: {exc}")
+        if not jobs:
+            return None
+        self.selector = EXPORTER_SELECTOR
+        self.planner.selector = EXPORTER_SELECTOR.promql()
+        shown = ", ".join(sorted(jobs)[:3]) + (", ..." if len(jobs) > 3 else "")
+        return (f"this store scraped in the period (jobs {shown}): only series of job "
+                "gpu-ledger-exporter are metered, not series without a job label (--selector "
+                "names another job; docs/metering.md, \"Whose series are metered\")")
+
+    def choose_chunk(self, period: Period, budget: int) -> ChunkChoice | None:
+        """The chunk length for `period` from the planner's series estimate (one label-values
+        lookup), and the memory its node groups keep within; None where the store cannot
+        list nodes."""
+        self.planner.memory_points = float(points_within(budget))
+        series = self.planner.series_estimate(period)
+        return None if series is None else choose_chunk(series, budget)
+
+    @property
+    def dropped(self) -> int:
+        """Points whose value was not plausible (not a finite number, out of range)."""
+        return sum(self.screened.dropped.values())
+
+    @property
+    def queries(self) -> int:
+        """Queries sent for the chunks fetched so far (not those prefetched beyond them)."""
+        return self._queries
+
+    def close(self) -> None:
+        """Nothing to release: each query opens and closes its connection."""
+
+    def _points(self, m: Matrix, spec: SignalSpec, chunk: Period
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(series index, time, value) of the answer's points whose value is plausible. A point
+        whose value is not ("abc", null, NaN, Inf, out of the family's range) is dropped, and
+        counted against its hour when that hour is in the chunk."""
+        sid, ts, vs = m.sid, m.t, m.v
+        ok = plausible(spec, vs) & np.isfinite(ts)
+        if not ok.all():
+            first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
+            for t in ts[~ok & np.isfinite(ts)].tolist():
+                hour = int(t) - 3600  # evaluation at T covers the hour before it
+                if first <= hour < last:
+                    self.screened.drop(hour)
+            sid, ts, vs = sid[ok], ts[ok], vs[ok]
+        return sid, ts, vs
+
+    def _check_foreign(self, chunk: Period) -> None:
+        """List the series of metered families outside the selector (an index lookup per
+        chunk): they are not metered, and the run names who publishes them."""
+        others = self.selector.complement()
+        if not others or self.screened.unchecked:
+            return
+        families = "|".join(sorted(FAMILIES))
+        match = [f'{{__name__=~"{families}",{m.promql()}}}' for m in others]
+        try:
+            found = self.client.series(match, chunk.start.timestamp() - 3600,
+                                       chunk.end.timestamp())
+        except PromError as exc:
+            self.screened.unchecked = f"series outside the selector not listed ({exc})"
+            return
+        for labels in found:
+            family = labels.pop("__name__", "")
+            self.screened.saw_foreign(family, labels)
+
+    def window(self) -> str:
+        """Range selector covering exactly (T-1h, T]. Prometheus 3 range windows are left-open;
+        Prometheus 2 includes both ends, so 1h minus a millisecond there (timestamps are ms)."""
+        if self._window is None:
+            major = self.client.major_version()
+            self._window = "1h" if major is not None and major >= 3 else "3599999ms"
+        return self._window
+
+    def prefetching(self, chunks: Sequence[Period]) -> AbstractContextManager[None]:
+        """While in this context, the queries of `chunks` (in that order, which `fetch` must
+        follow) are sent from a thread while earlier answers are decoded and written: the
+        store and ingest work at the same time."""
+        return self._prefetching(list(chunks))
+
+    @contextmanager
+    def _prefetching(self, chunks: list[Period]) -> Iterator[None]:
+        if self._stream is not None:
+            raise RuntimeError("PrometheusSource: already prefetching")
+        self._stream = Prefetcher(self._send(chunks), depth=PREFETCH_ANSWERS)
+        try:
+            yield
+        finally:
+            self._stream.close()
+            self._stream = None
+
+    def _send(self, chunks: list[Period]) -> Generator[Sent | GroupSent | ChunkSent, None, None]:
+        """Every query of the chunks, chunk by chunk, node group by node group and signal by
+        signal (the producer)."""
+        window = self.window()
+        for chunk in chunks:
+            before = self.client.queries
+            self._check_foreign(chunk)
+            for group in self.planner.groups(chunk):
+                for spec in SIGNALS:
+                    yield from self.planner.send(spec, window, chunk, group)
+                yield GroupSent()
+            yield ChunkSent(chunk, self.client.queries - before)
+
+    def fetch(self, chunk: Period) -> Iterator[list[tuple[SignalSpec, Matrix]]]:
+        """The chunk's signals in node groups (metering.queryplan: each group's points fit
+        the memory budget), one (spec, matrix) pair per signal with series, points at the
+        start of the hour they cover; the next group is decoded when the caller asks for it.
+        Evaluation at T covers hour T-1h: T = start covers the hour before the chunk, which
+        the energy counter difference needs."""
+        if self._stream is None:
+            with self.prefetching([chunk]):
+                yield from self.fetch(chunk)
+            return
+        parts: list[tuple[Piece, Matrix]] = []
+        group: list[tuple[SignalSpec, Matrix]] = []
+        seen: Labels = {}  # a series' labels are decoded once per group, not per signal
+        for sent in self._stream:
+            if isinstance(sent, Answered):
+                parts.append((sent.piece, self.planner.decode(sent, seen)))
+            elif isinstance(sent, Refusal):
+                if self.planner.on_split:
+                    self.planner.on_split(sent.message)
+            elif isinstance(sent, SignalSent):
+                m, spec, parts = sent.assemble(parts), sent.spec, []
+                if len(m):
+                    sid, ts, values = self._points(m, spec, chunk)
+                    group.append((spec, Matrix(m.labels, m.keys, sid, ts - HOUR_S, values)))
+            elif isinstance(sent, GroupSent):
+                out, group, seen = group, [], {}
+                yield out
+            else:
+                if sent.chunk != chunk:
+                    raise RuntimeError(f"fetch({chunk.label()}) out of the prefetched order "
+                                       f"({sent.chunk.label()})")
+                self._queries += sent.queries
+                return
+        raise RuntimeError(f"fetch({chunk.label()}): not among the prefetched chunks")
+
+
+@dataclass(frozen=True)
+class GroupSent:
+    """Every query of a node group of the chunk was answered."""
+
+
+@dataclass(frozen=True)
+class ChunkSent:
+    """Every query of a chunk was answered; `queries` were sent for it."""
+
+    chunk: Period
+    queries: int
+
+
