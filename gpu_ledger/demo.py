@@ -4,7 +4,9 @@
    and gpushare grants, a vGPU host and guest, a GPU that falls off the bus, XIDs) for the
    first week of a month (--full-month: all of it), every --step, through the exporter's own
    code path (simulated NVML -> Sampler with a real PodResources server, cgroup files, pod and
-   ResourceSlice watches).
+   ResourceSlice watches), beside four AMD and Intel nodes (an MI300X in CPX/NPS4, an MxGPU
+   host, an Intel Max with SR-IOV VFs, an iGPU GVT-g host: gpusim/scenarios/vendors), whose
+   series gpusim.vendor_history writes in the exporter's contract.
 2. Backfill that history into a real Prometheus with promtool, then serve it, with the same
    nodes' exporters running live and scraped.
 3. Run the metering job against that Prometheus into DuckDB, priced with the default cost model.
@@ -18,6 +20,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import signal
 import sys
@@ -27,10 +30,13 @@ import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from exporter.cli import parse_seconds
 from exporter.errors import ConfigError
 from exporter.history import OpenMetricsHistory
+from exporter.metrics import FAMILIES
+from exporter.render import Sample
 from gpu_ledger import promserver
 from metering.errors import MeteringError
 from metering.ingest import Source
@@ -39,12 +45,16 @@ from metering.period import Month, Period, PeriodError, utc_aware
 from metering.promclient import PromClient
 from metering.prometheus_source import PrometheusSource
 
+if TYPE_CHECKING:
+    from gpusim.vendor_history import VendorScenario
+
 # The alert and recording rules the demo's Prometheus loads (a source checkout has them).
 RULES_DIR = Path(__file__).resolve().parent.parent / "alerts"
 RULE_FILES = ("gpu-ledger-alerts.yml", "gpu-ledger-recording.yml")
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "gpusim" / "scenarios"
 DEMO_SCENARIOS = ("h100-mig.yaml", "a100-timeslice.yaml", "mixed.yaml", "rightsizing.yaml",
                   "sharing.yaml", "vgpu-host.yaml", "vgpu-guest.yaml")
+VENDOR_DIR = SCENARIO_DIR / "vendors"
 # A unix socket path is at most 107 bytes (sun_path is 108 with its NUL); the simulated
 # kubelets listen at <temporary directory>/{sim,live}/<node>/kubelet.sock.
 SOCKET_PATH_MAX = 107
@@ -73,10 +83,28 @@ class Say:
         print(f"      {text}", flush=True)
 
 
+def _resolve(names: list[str]) -> list[Path]:
+    return [Path(n) if Path(n).exists() else SCENARIO_DIR / n for n in names]
+
+
+def is_vendor_scenario(path: Path) -> bool:
+    """AMD and Intel nodes have a format of their own (gpusim/vendor_history.py); they are the
+    files under gpusim/scenarios/vendors, or a --scenario given as vendors/NAME.yaml."""
+    return path.resolve().parent == VENDOR_DIR.resolve()
+
+
 def scenario_paths(names: list[str] | None) -> list[Path]:
+    """The NVIDIA nodes (simulated NVML through the exporter)."""
     if names:
-        return [Path(n) if Path(n).exists() else SCENARIO_DIR / n for n in names]
+        return [p for p in _resolve(names) if not is_vendor_scenario(p)]
     return [SCENARIO_DIR / n for n in DEMO_SCENARIOS]
+
+
+def vendor_scenario_paths(names: list[str] | None) -> list[Path]:
+    """The AMD and Intel nodes (gpusim.vendor_history)."""
+    if names:
+        return [p for p in _resolve(names) if is_vendor_scenario(p)]
+    return sorted(VENDOR_DIR.glob("*.yaml"))
 
 
 # A week shows every scenario event (they all happen in the first day and repeat daily or
@@ -141,24 +169,51 @@ def longest_socket_path(scenarios: list[Path], work: Path) -> int:
     from gpusim.scenario import load_scenario
 
     nodes = [load_scenario(p).node for p in scenarios]
-    return max(len(os.fsencode(work / part / node / "kubelet.sock"))
-               for part in ("sim", "live") for node in nodes)
+    return max((len(os.fsencode(work / part / node / "kubelet.sock"))
+                for part in ("sim", "live") for node in nodes), default=0)
+
+
+def vendor_samples(scenarios: list[VendorScenario], hour: int) -> dict[str, list[Sample]]:
+    """The vendor nodes' series in `hour` of the period, as the exporter's samples, so the
+    history writes them with the families' own labels (`vendor` among them)."""
+    from gpusim.vendor_history import rows_at
+
+    families = {f.name: f for f in FAMILIES}
+    out: dict[str, list[Sample]] = {}
+    for sc in scenarios:
+        for name, labels, pod_labels, value in rows_at(sc, hour):
+            fam, given = families[name], dict(labels)
+            assert given.keys() <= set(fam.labels), (name, given.keys() - set(fam.labels))
+            out.setdefault(name, []).append(
+                (tuple(given.get(n, "") for n in fam.labels), value, pod_labels))
+    return out
 
 
 def simulate_history(scenarios: list[Path], start: datetime, end: datetime, step: float,
-                     out_file: Path, workdir: Path, say: Say) -> int:
+                     out_file: Path, workdir: Path, say: Say,
+                     vendors: list[Path] | None = None) -> int:
+    """Raises ConfigError for a scenario that does not load."""
     from gpusim.cluster import SimCluster
+    from gpusim.vendor_history import load_vendor_scenario
 
     t0, t1 = start.timestamp(), end.timestamp()
     steps = int((t1 - t0) // step)
+    vendor_nodes = [load_vendor_scenario(p) for p in vendors or []]
     history = OpenMetricsHistory(out_file, HISTORY_FAMILIES)
     began = time.monotonic()
+    hour, per_hour = -1, dict[str, list[Sample]]()
     with SimCluster(scenarios, start=t0, workdir=workdir, window=(0.0, t1 - t0 + step)) as c:
-        say.note("nodes: " + ", ".join(n.name for n in c.nodes))
+        say.note("nodes: " + ", ".join([n.name for n in c.nodes]
+                                       + [f"{v.node} ({v.gpus[0].vendor})" for v in vendor_nodes]))
         for i in range(1, steps + 1):
             t = t0 + i * step
             for _, rendering in c.step(t):
                 history.add(rendering.samples, t)
+            # A sample at the end of an hour belongs to it, as in vendor_history.openmetrics.
+            if vendor_nodes and (h := math.ceil(i * step / 3600) - 1) != hour:
+                hour, per_hour = h, vendor_samples(vendor_nodes, h)
+            if per_hour:
+                history.add(per_hour, t)
             if i % max(1, steps // 10) == 0 or i == steps:
                 done = i / steps
                 eta = (time.monotonic() - began) * (1 - done) / done
@@ -234,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=parse_seconds, default=600.0,
                    help="simulated sample spacing (default 10m)")
     p.add_argument("--scenario", action="append",
-                   help="scenario file(s) (default: the four example nodes)")
+                   help="scenario file(s), vendors/NAME.yaml for an AMD or Intel node "
+                        "(default: the example nodes, NVIDIA, AMD and Intel)")
     p.add_argument("--live-seconds", type=float, default=15.0,
                    help="how long Prometheus scrapes the live exporters (default 15)")
     p.add_argument("--keep-running", action="store_true",
@@ -292,7 +348,8 @@ def _main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     scenarios = scenario_paths(args.scenario)
-    missing = [str(p) for p in scenarios if not p.is_file()]
+    vendors = vendor_scenario_paths(args.scenario)
+    missing = [str(p) for p in [*scenarios, *vendors] if not p.is_file()]
     if missing:
         print(f"gpu-ledger demo: --scenario: no such file: {', '.join(missing)} (the examples: "
               f"{', '.join(sorted(p.name for p in SCENARIO_DIR.glob('*.yaml')))})",
@@ -322,11 +379,11 @@ def _main(args: argparse.Namespace) -> int:
                   f"kubelets' unix sockets ({longest} bytes > {SOCKET_PATH_MAX}); set TMPDIR to "
                   "a shorter directory, e.g. TMPDIR=/tmp", file=sys.stderr)
             return 2
-        say.step(f"Simulating {len(scenarios)} GPU nodes for {start:%Y-%m-%d} .. {end:%Y-%m-%d}"
-                 f" every {args.step:g}s through the exporter's code path")
+        say.step(f"Simulating {len(scenarios) + len(vendors)} GPU nodes for {start:%Y-%m-%d} .. "
+                 f"{end:%Y-%m-%d} every {args.step:g}s through the exporter's code path")
         try:
             n = simulate_history(scenarios, start, end, args.step, history_file, work / "sim",
-                                 say)
+                                 say, vendors)
         except ConfigError as err:
             print(f"gpu-ledger demo: {err}", file=sys.stderr)
             return 2

@@ -188,20 +188,25 @@ def _labels(pairs: list[tuple[str, str]]) -> str:
     return ",".join(f'{k}="{v}"' for k, v in pairs)
 
 
-def series_at(sc: VendorScenario, hour: int) -> list[tuple[str, float]]:
-    """The exporter's series of the node in `hour` of the period, as (name{labels}, value)."""
-    out: list[tuple[str, float]] = []
+# One series: (metric name, its labels in order, the pod's Kubernetes labels, value). The pod
+# labels stay apart, as raw keys, so a writer can name them as kube-state-metrics does.
+Row = tuple[str, tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], float]
+
+
+def rows_at(sc: VendorScenario, hour: int) -> list[Row]:
+    """The exporter's series of the node in `hour` of the period."""
+    out: list[Row] = []
     for i, g in enumerate(sc.gpus):
-        dev = [("node", sc.node), ("gpu", str(i)), ("uuid", g.uuid), ("model", g.model),
-               ("vendor", g.vendor)]
-        out.append((f"gpu_up{{{_labels(dev)}}}", 1.0))
+        dev = (("node", sc.node), ("gpu", str(i)), ("uuid", g.uuid), ("model", g.model),
+               ("vendor", g.vendor))
+        out.append(("gpu_up", dev, (), 1.0))
         mode = "enabled" if g.partitions else "disabled"
-        out.append((f"gpu_info{{{_labels([*dev, ('mig_mode', mode)])}}}", 1.0))
+        out.append(("gpu_info", (*dev, ("mig_mode", mode)), (), 1.0))
         for p in range(g.partitions):
-            part = [*dev, ("mig_uuid", f"{g.uuid}-p{p}"), ("gpu_instance_id", str(p)),
+            part = (*dev, ("mig_uuid", f"{g.uuid}-p{p}"), ("gpu_instance_id", str(p)),
                     ("compute_instance_id", "0"), ("profile", g.profile), ("slices", "1"),
-                    ("parent_slices", str(g.partitions))]
-            out.append((f"gpu_mig_info{{{_labels(part)}}}", 1.0))
+                    ("parent_slices", str(g.partitions)))
+            out.append(("gpu_mig_info", part, (), 1.0))
     for h in sc.holders:
         if hour < h.first or (h.last is not None and hour >= h.last):
             continue
@@ -209,23 +214,29 @@ def series_at(sc: VendorScenario, hour: int) -> list[tuple[str, float]]:
         unit = f"{g.uuid}-p{h.index}" if h.kind == "partition" else ""
         sharing = {"whole": "exclusive", "partition": "mig"}.get(h.kind, "vgpu")
         replicas = g.vfs if h.kind == "vf" else 1
-        key = [("node", sc.node), ("namespace", h.namespace), ("pod", h.pod),
-               ("container", h.container), ("uuid", g.uuid), ("mig_uuid", unit)]
-        # as kube-state-metrics and the exporter name them: label_kubevirt_io
-        pod_labels = [("label_" + re.sub(r"[^A-Za-z0-9_]", "_", k), v) for k, v in h.labels]
-        alloc = [*key, ("resource", h.resource), ("sharing", sharing),
+        key = (("node", sc.node), ("namespace", h.namespace), ("pod", h.pod),
+               ("container", h.container), ("uuid", g.uuid), ("mig_uuid", unit))
+        alloc = (*key, ("resource", h.resource), ("sharing", sharing),
                  ("replicas", str(replicas)), ("owner_kind", h.owner[0]),
-                 ("owner_name", h.owner[1]), *pod_labels]
-        out.append((f"gpu_container_allocation{{{_labels(alloc)}}}", 1.0))
-        out.append((f"gpu_container_memory_used_bytes{{{_labels([*key, *pod_labels])}}}",
-                    float(h.memory)))
+                 ("owner_name", h.owner[1]))
+        out.append(("gpu_container_allocation", alloc, h.labels, 1.0))
+        out.append(("gpu_container_memory_used_bytes", key, h.labels, float(h.memory)))
         if h.kind != "partition":  # per-process activity of a whole GPU, a VF, an mdev
-            out.append((f"gpu_container_sm_utilization_ratio{{{_labels([*key, *pod_labels])}}}",
-                        h.activity))
+            out.append(("gpu_container_sm_utilization_ratio", key, h.labels, h.activity))
         if h.kind == "vf":  # MxGPU and Intel split the framebuffer evenly between the VFs
-            out.append((f"gpu_container_memory_fraction{{{_labels([*key, *pod_labels])}}}",
-                        1.0 / g.vfs))
+            out.append(("gpu_container_memory_fraction", key, h.labels, 1.0 / g.vfs))
     return out
+
+
+def series_at(sc: VendorScenario, hour: int) -> list[tuple[str, float]]:
+    """The exporter's series of the node in `hour` of the period, as (name{labels}, value)."""
+    return [(f"{name}{{{_labels([*labels, *map(_pod_label, pod)])}}}", value)
+            for name, labels, pod, value in rows_at(sc, hour)]
+
+
+def _pod_label(pair: tuple[str, str]) -> tuple[str, str]:
+    """As kube-state-metrics and the exporter name a pod label: label_kubevirt_io."""
+    return "label_" + re.sub(r"[^A-Za-z0-9_]", "_", pair[0]), pair[1]
 
 
 def openmetrics(paths: list[str | Path], start: int, hours: int, step: int) -> str:

@@ -5,21 +5,82 @@ from __future__ import annotations
 
 import csv
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 
+import duckdb
 import pytest
 
-from gpu_ledger.demo import DEFAULT_DAYS, build_parser, default_month, main, scenario_paths
+from gpu_ledger.demo import (
+    DEFAULT_DAYS,
+    build_parser,
+    default_month,
+    main,
+    scenario_paths,
+    vendor_scenario_paths,
+)
 from gpusim.scenario import load_scenario
 
 SMALL = ["--month", "2026-10", "--days", "1", "--step", "30m", "--live-seconds", "1"]
 
 
-def _fleet_cost(out: Path) -> float:
+def _rows(out: Path) -> list[dict[str, str]]:
     with (out / "report" / "chargeback-2026-10.csv").open(newline="") as fh:
-        fleet = next(r for r in csv.DictReader(fh) if r["section"] == "fleet")
+        return list(csv.DictReader(fh))
+
+
+def _fleet_cost(out: Path) -> float:
+    fleet = next(r for r in _rows(out) if r["section"] == "fleet")
     assert fleet["hours_with_data"] == "24"
     return float(fleet["cost"])
+
+
+# The AMD and Intel nodes' holders over the 24 hours SMALL simulates, priced by hand with the
+# packaged cost-model.yaml (MI300X 3.20, Max 1550 1.50, UHD 630 0.05 an hour): a CPX/NPS4
+# partition is 1/8 of its GPU, an MxGPU or Intel VF 1/4 (4 enabled), a GVT-g mdev 1/N by its
+# type's _N suffix.
+_MI300X, _MAX1550, _UHD630 = Decimal("3.20"), Decimal("1.50"), Decimal("0.05")
+VENDOR_PODS = {  # the metered charges (the report's pod section keeps the top 20)
+    "vllm-small-0": 24 * _MI300X / 8,  # amd.com/cpx_nps4
+    "notebook-ana": 24 * _MI300X / 8,
+    "embedder-0": 24 * _MI300X,  # a whole MI300X (amd.com/gpu)
+    "virt-launcher-vm-render": 24 * _MI300X / 4,  # MxGPU VF
+    "virt-launcher-vm-sim": 24 * _MAX1550 / 4,  # Intel Max SR-IOV VF
+    "virt-launcher-desk-alice": 24 * _UHD630 / 4,  # i915-GVTg_V5_4
+    "virt-launcher-desk-bob": 24 * _UHD630 / 8,  # i915-GVTg_V5_8
+}
+# Teams only the vendor nodes have: hpc (an Intel VF), design and support (GVT-g mdevs).
+VENDOR_TEAMS = {"hpc": 24 * _MAX1550 / 4, "design": 24 * _UHD630 / 4,
+                "support": 24 * _UHD630 / 8}
+# (model, sharing, profile) -> (allocated GPU-hours, cost): partitions, VFs and mdevs at their
+# fractions of the device-hour.
+VENDOR_MODELS = {
+    ("AMD Instinct MI300X", "mig", "cpx_nps4"): (Decimal(3 * 24) / 8, 3 * 24 * _MI300X / 8),
+    ("AMD Instinct MI300X", "vgpu", ""): (Decimal(3 * 24) / 4, 3 * 24 * _MI300X / 4),
+    ("AMD Instinct MI300X", "exclusive", ""): (Decimal(24), 24 * _MI300X),
+    ("Intel(R) Data Center GPU Max 1550", "vgpu", ""): (Decimal(2 * 24) / 4,
+                                                        2 * 24 * _MAX1550 / 4),
+    ("Intel(R) UHD Graphics 630", "vgpu", ""): (Decimal(24) / 4 + Decimal(24) / 8,
+                                                24 * _UHD630 * (Decimal(1) / 4 + Decimal(1) / 8)),
+}
+
+
+def _assert_vendor_lines(out: Path) -> None:
+    rows = _rows(out)
+    teams = {r["team"]: Decimal(r["cost"]) for r in rows if r["section"] == "team"}
+    assert {t: teams.get(t) for t in VENDOR_TEAMS} == VENDOR_TEAMS
+    models = {(r["model"], r["sharing"], r["profile"]):
+              (Decimal(r["allocated_gpu_hours"]), Decimal(r["cost"]))
+              for r in rows if r["section"] == "model_sharing"}
+    assert {k: models.get(k) for k in VENDOR_MODELS} == VENDOR_MODELS
+    con = duckdb.connect(str(out / "gpu-ledger.duckdb"), read_only=True)
+    try:
+        pods = dict(con.execute("SELECT pod, sum(cost) FROM charges WHERE pod IN "
+                                f"({', '.join('?' * len(VENDOR_PODS))}) GROUP BY pod",
+                                list(VENDOR_PODS)).fetchall())
+    finally:
+        con.close()
+    assert pods == VENDOR_PODS
 
 
 @pytest.mark.parametrize("source", ["prometheus", "file"])
@@ -33,6 +94,10 @@ def test_demo_runs_the_pipeline(tmp_path: Path, source: str,
                  "chargeback-2026-10.parquet", "chargeback-2026-10.md"):
         assert (tmp_path / "report" / name).stat().st_size > 0
     assert _fleet_cost(tmp_path) > 0
+    _assert_vendor_lines(tmp_path)
+    history = (tmp_path / "history.om").read_text()
+    for vendor in ("nvidia", "amd", "intel"):
+        assert f'vendor="{vendor}"' in history, vendor
 
 
 def test_default_month_steps_back_while_last_month_is_too_fresh() -> None:
@@ -67,3 +132,11 @@ def test_default_week_shows_every_scenario_event() -> None:
         assert all(t < week for t in starts), path.name
         assert all(p.repeat is None or p.repeat < week for p in sc.pods), path.name
     assert events > 20
+
+
+def test_scenario_flag_splits_nvidia_and_vendor_nodes() -> None:
+    assert [p.name for p in vendor_scenario_paths(None)] == [
+        "intel-igpu-gvtg.yaml", "intel-max-sriov.yaml", "mi300x-cpx.yaml", "mxgpu-host.yaml"]
+    names = ["h100-mig.yaml", "vendors/mi300x-cpx.yaml"]
+    assert [p.name for p in scenario_paths(names)] == ["h100-mig.yaml"]
+    assert [p.name for p in vendor_scenario_paths(names)] == ["mi300x-cpx.yaml"]
