@@ -351,8 +351,10 @@ def _main(args: argparse.Namespace) -> int:
     vendors = vendor_scenario_paths(args.scenario)
     missing = [str(p) for p in [*scenarios, *vendors] if not p.is_file()]
     if missing:
+        examples = sorted(str(p.relative_to(SCENARIO_DIR)) for p in
+                          [*SCENARIO_DIR.glob("*.yaml"), *VENDOR_DIR.glob("*.yaml")])
         print(f"gpu-ledger demo: --scenario: no such file: {', '.join(missing)} (the examples: "
-              f"{', '.join(sorted(p.name for p in SCENARIO_DIR.glob('*.yaml')))})",
+              f"{', '.join(examples)})",
               file=sys.stderr)
         return 2
     use_prometheus = not args.no_prometheus
