@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exporter.device.amd_calls import AmdCalls, field, number, text
@@ -40,6 +39,7 @@ from exporter.device.contract import (
     VirtualFunction,
 )
 from exporter.device.nvmlapi import NvmlApi
+from exporter.pcidevices import gpu_functions
 
 if TYPE_CHECKING:
     from exporter.device.registry import LoadSpec
@@ -310,22 +310,7 @@ def probe(spec: LoadSpec, auto: bool) -> DeviceBackend:
 def amd_gpu_functions(sysfs_root: str = "/sys") -> list[str] | None:
     """Sorted PCI addresses of the AMD GPUs' physical functions (MxGPU VFs, which have a
     `physfn` link, are not GPUs of this node); None when sysfs cannot be read."""
-    devices = Path(sysfs_root) / "bus" / "pci" / "devices"
-    try:
-        entries = sorted(devices.iterdir())
-    except OSError:
-        return None
-    found = []
-    for dev in entries:
-        try:
-            vendor = (dev / "vendor").read_text().strip().lower()
-            klass = (dev / "class").read_text().strip().lower()
-        except OSError:
-            continue
-        if vendor == AMD_VENDOR and klass[:6] in AMD_GPU_CLASSES \
-                and not (dev / "physfn").exists():
-            found.append(dev.name)
-    return found
+    return gpu_functions(sysfs_root, AMD_VENDOR, AMD_GPU_CLASSES, physical_only=True)
 
 
 def _amd(gpu: GpuRef) -> AmdGpu:

@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass
 
 from exporter.device.contract import pci_bdf
+from exporter.pcidevices import gpu_functions
 
 INTEL_VENDOR = "0x8086"
 DRIVERS = ("i915", "xe")
@@ -119,19 +120,7 @@ def intel_gpu_functions(sysfs_root: str) -> list[str] | None:
     """PCI addresses of the Intel display-class functions (class 0x03xxxx: VGA, 3D, display
     controller) that are not SR-IOV VFs, bound to a driver or not: the GPUs the node has even
     when i915/xe did not take one. None when sysfs cannot be read."""
-    base = os.path.join(sysfs_root, "bus", "pci", "devices")
-    try:
-        names = sorted(os.listdir(base))
-    except OSError:
-        return None
-    out = []
-    for name in names:
-        dev = os.path.join(base, name)
-        if (read_text(os.path.join(dev, "vendor")) or "").lower() == INTEL_VENDOR \
-                and (read_text(os.path.join(dev, "class")) or "").lower().startswith("0x03") \
-                and not os.path.lexists(os.path.join(dev, "physfn")):
-            out.append(pci_bdf(name))
-    return out
+    return gpu_functions(sysfs_root, INTEL_VENDOR, ("0x03",), physical_only=True)
 
 
 def hwmon_dir(card: IntelCard) -> str | None:
