@@ -47,16 +47,16 @@ def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     cores = len(os.sched_getaffinity(0))
     quota: tuple[str, str] | None = None
     with contextlib.suppress(OSError, ValueError):
-        q, p = (cgroup / "cpu.max").read_text().split()[:2]
-        quota = (q, p)
+        text, length = (cgroup / "cpu.max").read_text().split()[:2]
+        quota = (text, length)
     if quota is None:
         with contextlib.suppress(OSError):
             quota = ((cgroup / "cpu" / "cpu.cfs_quota_us").read_text().strip(),
                      (cgroup / "cpu" / "cpu.cfs_period_us").read_text().strip())
     if quota is not None and quota[0].lstrip("-").isdigit() and quota[1].isdigit():
-        q, p = int(quota[0]), int(quota[1])
-        if q > 0 and p > 0:
-            cores = min(cores, math.ceil(q / p))
+        us, per = int(quota[0]), int(quota[1])
+        if us > 0 and per > 0:
+            cores = min(cores, math.ceil(us / per))
     return max(1, cores)
 
 
