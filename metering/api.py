@@ -11,6 +11,7 @@ status it maps to. Sources are opened by the caller and closed by it (they follo
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -141,6 +142,7 @@ def meter(ledger: str | Path, source: Source, period: Period,
         if progress is not None and verbose and isinstance(source, PrometheusSource):
             source.planner.on_split = progress.message  # a store refused a query: say so
         fetching: Source | ParallelSource = source
+        base = copy.copy(source.planner.stats) if isinstance(source, PrometheusSource) else None
         if s.jobs > 1:
             if isinstance(source, PrometheusSource):
                 source.window()  # asked once here, not by every worker
@@ -150,12 +152,13 @@ def meter(ledger: str | Path, source: Source, period: Period,
                         clusters=s.clusters, finish=False)
         rows = ", ".join(f"{n} {t}" for t, n in result.rows.items())
         say(f"meter: {result.chunks} chunks, {result.queries} queries, {rows}")
-        if isinstance(fetching, ParallelSource):
-            if verbose:
-                pids = sorted(set(fetching.fetched_by))
-                say(f"meter: {len(fetching.fetched_by)} chunk(s) fetched by {len(pids)} worker "
-                    f"process(es) of {s.jobs} (pids {', '.join(map(str, pids))})")
-        elif isinstance(source, PrometheusSource):  # the workers' planners are theirs
+        if isinstance(fetching, ParallelSource) and verbose:
+            pids = sorted(set(fetching.fetched_by))
+            say(f"meter: {len(fetching.fetched_by)} chunk(s) fetched by {len(pids)} worker "
+                f"process(es) of {s.jobs} (pids {', '.join(map(str, pids))})")
+        if isinstance(source, PrometheusSource):
+            if isinstance(fetching, ParallelSource):  # the workers planned the queries
+                source.planner.stats = fetching.merged_stats(base)
             say(f"meter: queries: {source.planner.stats.describe()}")
         say(f"meter: coverage: {result.duplicate_seconds:,.0f} duplicate sample-seconds counted "
             f"once (overlapping series of one GPU, MIG instance or container), "

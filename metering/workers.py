@@ -17,7 +17,9 @@ failure comes back as the exception's one line, never a traceback.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
+import dataclasses
 import gc
 import math
 import multiprocessing
@@ -70,6 +72,7 @@ class Fetched:
     unchecked: str
     queries: int
     pid: int
+    stats: Any  # the worker's query-split statistics so far (PrometheusSource), or None
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,8 @@ def _fetch(chunk: Period) -> Fetched | _Failure:
         s = source.screened
         return Fetched(groups, s.dropped_in(int(chunk.start.timestamp()),
                                             int(chunk.end.timestamp())),
-                       dict(s.foreign), s.unchecked, source.queries - before, os.getpid())
+                       dict(s.foreign), s.unchecked, source.queries - before, os.getpid(),
+                       copy.copy(getattr(getattr(source, "planner", None), "stats", None)))
     except MeteringError as exc:
         return _Failure(type(exc), _one_line(str(exc)), int(exc.code), os.getpid())
     except Exception as exc:  # one line for the parent, not a traceback
@@ -128,6 +132,22 @@ class ParallelSource:
     _pool: ProcessPoolExecutor | None = None
     _todo: deque[Period] = field(default_factory=deque)
     _pending: deque[tuple[Period, Future[Fetched | _Failure]]] = field(default_factory=deque)
+    _stats: dict[int, Any] = field(default_factory=dict)  # worker pid -> its latest stats
+
+    def merged_stats(self, base: Any) -> Any:
+        """The workers' query-split statistics (metering.queryplan.SplitStats) as one: counts
+        added (less `base`, the parent's, which each worker started from), extremes kept."""
+        merged = copy.copy(base)
+        for stats in self._stats.values():
+            for f in dataclasses.fields(stats):
+                mine, theirs = getattr(merged, f.name), getattr(stats, f.name)
+                if f.name.startswith(("max_", "nodes")):
+                    setattr(merged, f.name, max(mine, theirs))
+                elif isinstance(theirs, (bool, str)):
+                    setattr(merged, f.name, mine or theirs)
+                else:
+                    setattr(merged, f.name, mine + theirs - getattr(base, f.name))
+        return merged
 
     @property
     def name(self) -> str:
@@ -157,22 +177,23 @@ class ParallelSource:
             return
         _SOURCE = self.inner
         ctx = multiprocessing.get_context("fork")  # workers inherit the source as it is
-        # SIGINT blocked while forking: a child never runs the parent's handler. Garbage
-        # collected here first, the rest frozen while forking: a worker never collects (and
-        # destroys) a copy of the parent's DuckDB objects, whose threads were not forked.
-        gc.collect()
-        gc.freeze()
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=ctx,
-                                             initializer=_start_worker)
-            for _ in range(self.jobs):  # forks every worker (3.11: all at the first submit)
-                self._submit()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-            gc.unfreeze()
         ok = False
         try:
+            # SIGINT blocked while forking: a child never runs the parent's handler (one
+            # that arrives meanwhile is raised once unblocked, inside this try). Garbage
+            # collected first and the rest frozen while forking: a worker never collects
+            # (destroys) a copy of the parent's DuckDB objects, whose threads were not forked.
+            gc.collect()
+            gc.freeze()
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                self._pool = ProcessPoolExecutor(self.jobs, mp_context=ctx,
+                                                 initializer=_start_worker)
+                for _ in range(self.jobs):  # forks every worker (3.11: at the first submit)
+                    self._submit()
+            finally:
+                gc.unfreeze()
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
             yield
             ok = True
         finally:
@@ -222,6 +243,8 @@ class ParallelSource:
             except TypeError:  # a subclass with another constructor
                 raise MeteringError(got.message, ExitCode(got.code)) from None
         self.fetched_by.append(got.pid)
+        if got.stats is not None:
+            self._stats[got.pid] = got.stats
         self._worker_queries += got.queries
         s = self.inner.screened
         for hour, n in got.dropped.items():
