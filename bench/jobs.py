@@ -48,7 +48,7 @@ def _meter(url: str, db: Path, month: str, jobs: int) -> dict[str, float]:
 
 def _facts(db: Path) -> list[tuple[object, ...]]:
     with connect(db, read_only=True) as con:
-        return [tuple(con.execute(f"SELECT count(*), sum(hash(*)) FROM {t}").fetchone() or ())
+        return [tuple(con.execute(f"SELECT count(*), sum(hash({t})) FROM {t}").fetchone() or ())
                 for t in ("device_hours", "mig_hours", "allocation_hours")]
 
 
