@@ -11,6 +11,7 @@ status it maps to. Sources are opened by the caller and closed by it (they follo
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ from metering.period import Month, Period, hour_ranges
 from metering.pricing import PricingResult, price_period
 from metering.progress import Progress
 from metering.prometheus_source import PrometheusSource
+from metering.workers import ParallelSource
 
 if TYPE_CHECKING:
     from metering.report.builder import Written
@@ -114,6 +116,9 @@ class MeterSettings:
     progress: Progress | None = None
     price_progress: Progress | None = None
     verbose: bool = False
+    # Worker processes fetching and decoding chunks for the one writer (metering.workers);
+    # 1: fetched and decoded in this process. The CLI's default is the cores available.
+    jobs: int = 1
 
 
 def meter(ledger: str | Path, source: Source, period: Period,
@@ -136,12 +141,24 @@ def meter(ledger: str | Path, source: Source, period: Period,
                 say(f"meter: {settled}")
         if progress is not None and verbose and isinstance(source, PrometheusSource):
             source.planner.on_split = progress.message  # a store refused a query: say so
-        result = ingest(con, source, period, s.chunk_hours, s.sample_interval,
+        fetching: Source | ParallelSource = source
+        base = copy.copy(source.planner.stats) if isinstance(source, PrometheusSource) else None
+        if s.jobs > 1:
+            if isinstance(source, PrometheusSource):
+                source.window()  # asked once here, not by every worker
+            fetching = ParallelSource(source, s.jobs)
+        result = ingest(con, fetching, period, s.chunk_hours, s.sample_interval,
                         progress, verbose=verbose, replace=s.replace, resume=s.resume,
                         clusters=s.clusters, finish=False)
         rows = ", ".join(f"{n} {t}" for t, n in result.rows.items())
         say(f"meter: {result.chunks} chunks, {result.queries} queries, {rows}")
+        if isinstance(fetching, ParallelSource) and verbose:
+            pids = sorted(set(fetching.fetched_by))
+            say(f"meter: {len(fetching.fetched_by)} chunk(s) fetched by {len(pids)} worker "
+                f"process(es) of {s.jobs} (pids {', '.join(map(str, pids))})")
         if isinstance(source, PrometheusSource):
+            if isinstance(fetching, ParallelSource):  # the workers planned the queries
+                source.planner.stats = fetching.merged_stats(base)
             say(f"meter: queries: {source.planner.stats.describe()}")
         say(f"meter: coverage: {result.duplicate_seconds:,.0f} duplicate sample-seconds counted "
             f"once (overlapping series of one GPU, MIG instance or container), "

@@ -45,6 +45,7 @@ from metering.promclient import PromClient
 from metering.prometheus_source import PrometheusSource
 from metering.queryplan import DEFAULT_MAX_SAMPLES, DEFAULT_MAX_SERIES, Limits
 from metering.selector import DEFAULT_SELECTOR, Selector, SelectorError
+from metering.workers import available_cores
 
 DEFAULT_DB = "gpu-ledger.duckdb"
 # Days before yesterday that `--daily` re-meters: samples a store receives late (remote-write
@@ -116,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hours per range query and transaction (default: picked from the "
                         "store's node count to keep ingest within its memory budget, at most "
                         "72; 72 for an OpenMetrics file)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="worker processes fetching and decoding chunks for the one ledger "
+                        "writer (default: the cores available to the process, its CPU "
+                        "affinity or cgroup quota; 1: all in this process)")
     p.add_argument("--max-samples", type=int, default=None, metavar="N",
                    help="samples one query may touch; queries are split by node and time to "
                         "stay under it (default 50,000,000, Prometheus' --query.max-samples)")
@@ -186,6 +191,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--late-days: expected 0 to 31 days, got {late_days}")
     period = (daily_window(_now(), late_days) if args.daily
               else resolve(args.month, args.start, args.end))
+    if args.jobs is not None and not 1 <= args.jobs <= 256:
+        raise UsageError(f"--jobs: expected 1 to 256 worker processes, got {args.jobs}")
     if args.chunk is not None and args.chunk < 1:
         raise UsageError(f"--chunk: expected a whole number of hours >= 1, got {args.chunk}")
     if args.sample_interval is not None and not 0 < args.sample_interval <= 3600:
@@ -236,7 +243,8 @@ def _run(args: argparse.Namespace) -> int:
                 sample_interval=args.sample_interval, replace=args.replace,
                 resume=not args.no_resume, wait=args.wait,
                 adjust_closed=args.adjust_closed or args.daily, say=say, progress=progress,
-                price_progress=_price_progress(args), verbose=args.verbose))
+                price_progress=_price_progress(args), verbose=args.verbose,
+                jobs=args.jobs or available_cores()))
         except BaseException:
             if fresh:
                 _drop_if_empty(Path(args.db))

@@ -33,6 +33,7 @@ from metering.promclient import PromError
 from metering.resume import Journal, RunSettings
 from metering.selector import Screened, Selector
 from metering.signals import SignalSpec
+from metering.workers import ParallelSource
 
 
 class IngestError(MeteringError):
@@ -81,8 +82,9 @@ class IngestResult:
     journal: Journal | None = field(default=None, repr=False)
 
 
-def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_CHUNK_HOURS,
-           sample_interval: float | None = None, progress: Progress | None = None,
+def ingest(con: Any, source: Source | ParallelSource, period: Period,
+           chunk_hours: int = DEFAULT_CHUNK_HOURS, sample_interval: float | None = None,
+           progress: Progress | None = None,
            verbose: bool = False, replace: bool = False, resume: bool = True,
            clusters: ClusterScope | None = None, finish: bool = True) -> IngestResult:
     """Meter `period` from `source` chunk by chunk into the cluster(s) `clusters` names (one
@@ -139,8 +141,7 @@ def ingest(con: Any, source: Source, period: Period, chunk_hours: int = DEFAULT_
                 with transaction(con):
                     # Node groups are fetched as they are written: one group's signals at a
                     # time in memory (metering.queryplan, "node groups").
-                    groups = ({spec.name: signal_table(spec, m) for spec, m in group}
-                              for group in source.fetch(chunk))
+                    groups = _tables(source, chunk)
                     counts = write_facts(con, groups, start, end, sample_interval, clusters)
                     dropped = {utc_naive(datetime.fromtimestamp(h, UTC)): n for h, n in
                                source.screened.dropped_in(first,
@@ -217,6 +218,15 @@ def describe_spacing(spacing: dict[str, float], named: int = 5) -> str:
         else:
             parts.append(f"{seconds:g}s ({len(nodes):,} nodes)")
     return "; ".join(parts)
+
+
+def _tables(source: Source | ParallelSource, chunk: Period) -> Iterator[dict[str, Any]]:
+    """The chunk's signals as Arrow tables, node group by node group: decoded here, or by
+    worker processes (meter --jobs, metering.workers)."""
+    if isinstance(source, ParallelSource):
+        return source.tables(chunk)
+    return ({spec.name: signal_table(spec, m) for spec, m in group}
+            for group in source.fetch(chunk))
 
 
 class _Empty(Exception):

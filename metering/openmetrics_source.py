@@ -30,6 +30,9 @@ _UNESCAPE = re.compile(r"\\(.)")
 _ESCAPES = {"n": "\n", "\\": "\\", '"': '"'}
 
 
+_FORKED: list[duckdb.DuckDBPyConnection] = []  # the parent's connections, in a worker
+
+
 class OpenMetricsError(InputError):
     """The file is unreadable or a line is not an OpenMetrics sample."""
 
@@ -79,12 +82,23 @@ class OpenMetricsSource:
         self._hi_ms = int(period.end.timestamp() * 1000)
         self.families = self._read()
         self._series_keys: dict[str, list[str]] = {}
-        self._con = duckdb.connect(":memory:")
+        self._con = self._connect()
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        con = duckdb.connect(":memory:")
         for name, fam in self.families.items():
-            self._con.register(f"raw_{name}", pa.table({
+            con.register(f"raw_{name}", pa.table({
                 "sid": np.frombuffer(fam.sid, dtype=np.int64),
                 "t_ms": np.frombuffer(fam.t_ms, dtype=np.int64),
                 "value": np.frombuffer(fam.value, dtype=np.float64)}))
+        return con
+
+    def after_fork(self) -> None:
+        """In a forked worker (metering.workers): a connection of its own, not the parent's.
+        The parent's copy is kept, never closed or collected here: its destructor would
+        touch DuckDB state of threads that were not forked (a segfault)."""
+        _FORKED.append(self._con)
+        self._con = self._connect()
 
     def samples(self) -> int:
         return sum(len(f.t_ms) for f in self.families.values())

@@ -164,7 +164,8 @@ def test_prometheus_down_mid_period_keeps_earlier_chunks(fleet_prom_url: str, tm
     db = tmp_path / "m.duckdb"
     with http_server(flaky) as url:
         rc = main(["--prometheus", url, *DAY_ARGS, "--db", str(db), "--chunk", "8",
-                   "--retries", "2", "--retry-delay", "0.01", "--no-price", "--quiet"])
+                   "--retries", "2", "--retry-delay", "0.01", "--no-price", "--quiet",
+                   "--jobs", "1"])  # queries in chunk order: the 2nd chunk's fail
     err = capsys.readouterr().err
     assert rc == 5  # the source could not be read
     assert "chunk 2/3 (2026-10-05T08:00Z .. 2026-10-05T16:00Z)" in err

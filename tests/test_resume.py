@@ -25,7 +25,9 @@ from metering.signals import SIGNALS
 
 fleet_om_file = conftest_prom.fleet_om_file
 fleet_prom_url = conftest_prom.fleet_prom_url
-DAY = ["--from", "2026-10-05", "--to", "2026-10-06", "--chunk", "6", "--retries", "0"]
+# One process: the proxies below count and hold queries in chunk order (workers interleave).
+DAY = ["--from", "2026-10-05", "--to", "2026-10-06", "--chunk", "6", "--retries", "0",
+       "--jobs", "1"]
 FACTS = ("device_hours", "mig_hours", "allocation_hours", "workload_hours")
 
 

@@ -1,0 +1,92 @@
+"""`meter --jobs 1` against `--jobs N` on the same month of a synthetic fleet in
+VictoriaMetrics (bench.scale's fleet and store): wall time, CPU seconds and peak RSS of the
+metering process and of its worker processes, and whether both ledgers hold the same facts.
+
+    python -m bench.jobs --gpus 1000 --jobs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.scale import Fleet, Victoria
+from metering.db import connect
+
+# The stage in a child process: its own and its (waited-for) workers' CPU and peak RSS.
+_CHILD = ("import resource, sys\n"
+          "from gpu_ledger.cli import main\n"
+          "try:\n    rc = main()\n"
+          "finally:\n    s = resource.getrusage(resource.RUSAGE_SELF)\n"
+          "    c = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+          "    sys.stderr.write('BENCH %d %d %.2f %.2f\\n' % (s.ru_maxrss, c.ru_maxrss,\n"
+          "        s.ru_utime + s.ru_stime, c.ru_utime + c.ru_stime))\n"
+          "raise SystemExit(rc)\n")
+
+
+def _meter(url: str, db: Path, month: str, jobs: int) -> dict[str, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _CHILD, "meter", "--prometheus", url,
+                           "--month", month, "--db", str(db), "--no-price", "--quiet",
+                           "--jobs", str(jobs)], capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    line = [x for x in proc.stderr.splitlines() if x.startswith("BENCH ")]
+    if proc.returncode != 0 or not line:
+        raise SystemExit(f"meter --jobs {jobs} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    self_kib, child_kib, self_cpu, child_cpu = line[-1].split()[1:]
+    return {"wall_s": wall, "cpu_s": float(self_cpu) + float(child_cpu),
+            "parent_cpu_s": float(self_cpu), "workers_cpu_s": float(child_cpu),
+            "parent_rss_mib": int(self_kib) / 1024, "worker_rss_mib": int(child_kib) / 1024}
+
+
+def _facts(db: Path) -> list[tuple[object, ...]]:
+    with connect(db, read_only=True) as con:
+        return [tuple(con.execute(f"SELECT count(*), sum(hash({t})) FROM {t}").fetchone() or ())
+                for t in ("device_hours", "mig_hours", "allocation_hours")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.jobs", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpus", type=int, default=1000)
+    p.add_argument("--month", default="2026-10")
+    p.add_argument("--interval", type=int, default=300)
+    p.add_argument("--jobs", type=int, default=2)
+    args = p.parse_args(argv)
+    year, month = map(int, args.month.split("-"))
+    start = datetime(year, month, 1, tzinfo=UTC)
+    end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+    work = Path(tempfile.mkdtemp(prefix="gpu-ledger-jobs-"))
+    vm = Victoria(work / "vm-data")
+    try:
+        fleet = Fleet(args.gpus, start, end, args.interval)
+        vm.import_lines(line for n in range(fleet.nodes) for line in fleet.node_lines(n))
+        vm.flush()
+        print(f"{args.gpus} GPUs, {args.month}, {fleet.samples:,} samples, "
+              f"{fleet.series:,} series; {resource.getpagesize()} B pages", flush=True)
+        facts = {}
+        for jobs in (1, args.jobs):
+            db = work / f"j{jobs}.duckdb"
+            r = _meter(vm.url, db, args.month, jobs)
+            facts[jobs] = _facts(db)
+            print(f"--jobs {jobs}: wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} s "
+                  f"(writer {r['parent_cpu_s']:.1f} + workers {r['workers_cpu_s']:.1f}), "
+                  f"peak RSS writer {r['parent_rss_mib']:.0f} MiB, largest worker "
+                  f"{r['worker_rss_mib']:.0f} MiB", flush=True)
+        print("same facts" if facts[1] == facts[args.jobs] else
+              f"DIFFERENT facts: {facts}")
+    finally:
+        vm.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
