@@ -1,8 +1,9 @@
 """How many GPUs the node has, from a source that does not need the vendor library to answer:
 the PCI functions in sysfs (NVIDIA: vendor 0x10de, class VGA 0x0300 or 3D controller 0x0302;
-NVSwitches are bridges, 0x0680, and are not counted; AMD and Intel: their backends' classes). A GPU that fell off the bus before the exporter started
-never reaches NVML's device list, but its PCI function usually stays; comparing the two keeps a
-dead GPU visible across exporter restarts."""
+NVSwitches are bridges, 0x0680, and are not counted; AMD and Intel: their backends' classes).
+A GPU that fell off the bus before the exporter started never reaches the library's device
+list, but its PCI function usually stays; comparing the two keeps a dead GPU visible across
+exporter restarts."""
 
 from __future__ import annotations
 

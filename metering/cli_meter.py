@@ -117,10 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hours per range query and transaction (default: picked from the "
                         "store's node count to keep ingest within its memory budget, at most "
                         "72; 72 for an OpenMetrics file)")
-    p.add_argument("--jobs", type=int, default=None, metavar="N",
+    p.add_argument("--jobs", default="1", metavar="N|auto",
                    help="worker processes fetching and decoding chunks for the one ledger "
-                        "writer (default: the cores available to the process, its CPU "
-                        "affinity or cgroup quota; 1: all in this process)")
+                        "writer (default 1: all in this process; auto: the cores available "
+                        "to the process, its CPU affinity or cgroup quota)")
     p.add_argument("--max-samples", type=int, default=None, metavar="N",
                    help="samples one query may touch; queries are split by node and time to "
                         "stay under it (default 50,000,000, Prometheus' --query.max-samples)")
@@ -191,8 +191,10 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--late-days: expected 0 to 31 days, got {late_days}")
     period = (daily_window(_now(), late_days) if args.daily
               else resolve(args.month, args.start, args.end))
-    if args.jobs is not None and not 1 <= args.jobs <= 256:
-        raise UsageError(f"--jobs: expected 1 to 256 worker processes, got {args.jobs}")
+    jobs = available_cores() if args.jobs == "auto" else (
+        int(args.jobs) if args.jobs.isascii() and args.jobs.isdigit() else 0)
+    if not 1 <= jobs <= 256:
+        raise UsageError(f"--jobs: expected 1 to 256 worker processes or auto, got {args.jobs}")
     if args.chunk is not None and args.chunk < 1:
         raise UsageError(f"--chunk: expected a whole number of hours >= 1, got {args.chunk}")
     if args.sample_interval is not None and not 0 < args.sample_interval <= 3600:
@@ -244,7 +246,7 @@ def _run(args: argparse.Namespace) -> int:
                 resume=not args.no_resume, wait=args.wait,
                 adjust_closed=args.adjust_closed or args.daily, say=say, progress=progress,
                 price_progress=_price_progress(args), verbose=args.verbose,
-                jobs=args.jobs or available_cores()))
+                jobs=jobs))
         except BaseException:
             if fresh:
                 _drop_if_empty(Path(args.db))

@@ -161,8 +161,10 @@ def test_available_cores_follow_the_cgroup_quota(tmp_path: Path) -> None:
     assert available_cores(tmp_path) == own  # a quota above the affinity does not add
 
 
-def test_jobs_must_be_positive(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("value", ["0", "257", "-1", "²", "two"])
+def test_jobs_must_be_a_count_or_auto(value: str, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--openmetrics", "x.om", *DAY, "--db", str(tmp_path / "m.duckdb"),
-                 "--jobs", "0"]) == 2
+                 "--jobs", value]) == 2
     assert capsys.readouterr().err.strip() == (
-        "gpu-ledger meter: --jobs: expected 1 to 256 worker processes, got 0")
+        f"gpu-ledger meter: --jobs: expected 1 to 256 worker processes or auto, got {value}")
