@@ -3,8 +3,8 @@ ledgers (one per cluster, from separate CronJobs) merged into one.
 
 Exit status (metering.errors.ExitCode): 0 done, 2 usage, 4 a ledger that cannot be read,
 6 a merge refused (a cluster-month in two sources, or one that would lose facts the merged
-ledger holds), 8 out of memory under the DuckDB cap
-(--memory-limit), 1 anything else; nothing half-written.
+ledger holds), 8 out of memory under the DuckDB cap (--memory-limit), 9 a merge that would
+change the bill of a closed month (metering/closes.py), 1 anything else; nothing half-written.
 """
 
 from __future__ import annotations
@@ -120,6 +120,10 @@ def _merge(args: argparse.Namespace) -> int:
         print(f"gpu-ledger ledger merge: {src}: {len(parts)} cluster-month(s) of "
               f"{', '.join(clusters) or 'nothing'}", file=sys.stderr)
     print(f"gpu-ledger ledger merge: {result.rows} row(s) into {args.into}", file=sys.stderr)
+    if result.partly_closed:
+        print(f"gpu-ledger ledger merge: {', '.join(result.partly_closed)}: closed in some "
+              "sources but other clusters' hours of it are open, so the merged ledger leaves it "
+              "open until every cluster's ledger closes it (gpu-ledger close)", file=sys.stderr)
     if result.mixed_hashes:
         print(f"gpu-ledger ledger merge: {', '.join(result.mixed_hashes)}: charges priced with "
               "different cost models; re-price before reporting: gpu-ledger meter --price-only "

@@ -16,6 +16,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 
 import duckdb
@@ -24,6 +25,7 @@ from metering import db, guards, manifest
 from metering.cluster import is_cluster_name
 from metering.errors import ExitCode
 from metering.ledgerview import (
+    CLOSE_TABLES,
     LEDGER_TABLES,
     SIDE_TABLES,
     LedgerError,
@@ -132,7 +134,7 @@ def export_ledger(ledger: str | Path, out: Path, months: Sequence[Month] = (),
                 result.files += 1
                 result.rows += int(rows)
             result.removed += _remove_stale(out / table, written, month_names, set(clusters))
-        for table in SIDE_TABLES:  # small, not partitioned: the whole table each time
+        for table in (*SIDE_TABLES, *CLOSE_TABLES):  # small, not partitioned: whole each time
             if con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]:
                 (out / table).mkdir(parents=True, exist_ok=True)
                 tmp = out / table / f".{PART_FILE}.{secrets.token_hex(6)}.tmp"
@@ -186,6 +188,8 @@ class MergeResult:
     rows: int = 0
     # Months whose charges now carry several cost model hashes: re-price them with one.
     mixed_hashes: list[str] = field(default_factory=list)
+    # Months closed in some sources whose merged hours are not all closed: left open here.
+    partly_closed: list[str] = field(default_factory=list)
 
 
 def merge_ledgers(target: str | Path, sources: Sequence[str | Path],
@@ -224,6 +228,7 @@ def merge_ledgers(target: str | Path, sources: Sequence[str | Path],
         con.execute("ATTACH ? AS target", [str(target)])
         con.execute("BEGIN TRANSACTION")
         try:
+            closed_before = _closes(con, "target.main")
             for src, schema, parts in plan:
                 for part in parts:
                     start, end = part.bounds
@@ -246,6 +251,7 @@ def merge_ledgers(target: str | Path, sources: Sequence[str | Path],
                 for _, schema, _ in plan:
                     con.execute(f"INSERT OR IGNORE INTO target.main.{table} "
                                 f"SELECT * FROM {schema}.{table}")
+            result.partly_closed = _merge_closes(con, plan, closed_before, str(target))
             result.mixed_hashes = [str(r[0]) for r in con.execute(
                 "SELECT strftime(hour, '%Y-%m') FROM target.main.charges GROUP BY 1 "
                 "HAVING count(DISTINCT cost_model_hash) > 1 ORDER BY 1").fetchall()]
@@ -261,7 +267,7 @@ def merge_ledgers(target: str | Path, sources: Sequence[str | Path],
 def _check_copy(con: duckdb.DuckDBPyConnection, schema: str, part: Partition, src: str) -> None:
     """The cluster-month in the target is its source's, row for row and cent for cent."""
     for table in LEDGER_TABLES:
-        figure = "sum(cost)" if table == "charges" else "0"
+        figure = "sum(cost)" if table in ("charges", "adjustments") else "0"
         got, want = (con.execute(f"SELECT count(*), {figure} FROM {where}.{table} "
                                  f"WHERE {part.where()}").fetchall()[0]
                      for where in ("target.main", schema))
@@ -269,3 +275,85 @@ def _check_copy(con: duckdb.DuckDBPyConnection, schema: str, part: Partition, sr
             raise MergeError(f"{src}: cluster {part.cluster}, {part.month}, {table}: copied "
                              f"{got} (rows, cost) where the source has {want}; nothing written",
                              ExitCode.FAILED)
+
+
+# --- closed months ----------------------------------------------------------------------------
+# `month_closes` has one row per month for the whole ledger (metering/closes.py); its cost is
+# the month's charges when it was closed, which pricing never changes afterwards. A merged
+# ledger closes a month only when every cluster-month of it is closed where it came from, so
+# the row means there what it means in each source: these hours' charges are final.
+
+
+@dataclass(frozen=True)
+class _Close:
+    closed_at: datetime
+    cost: Decimal
+    device_hours: int
+
+
+def _closes(con: duckdb.DuckDBPyConnection, schema: str) -> dict[str, _Close]:
+    return {f"{m:%Y-%m}": _Close(t, Decimal(c), int(d)) for m, t, c, d in con.execute(
+        f"SELECT month, closed_at, cost, device_hours FROM {schema}.month_closes").fetchall()}
+
+
+def _month_bill(con: duckdb.DuckDBPyConnection, schema: str, month: str,
+                clusters: Sequence[str] | None = None) -> Decimal:
+    """The month's charges in `schema` (of `clusters` only, when given)."""
+    start, end = Month.parse(month).start, Month.parse(month).end
+    only = "" if clusters is None else "AND list_contains($c, cluster)"
+    params: dict[str, object] = {"s": start, "e": end}
+    if clusters is not None:
+        params["c"] = list(clusters)
+    row = con.execute(f"SELECT coalesce(sum(cost), 0) FROM {schema}.charges WHERE hour >= $s "
+                      f"AND hour < $e {only}", params).fetchone()
+    assert row is not None
+    return Decimal(row[0])
+
+
+def _merge_closes(con: duckdb.DuckDBPyConnection, plan: Sequence[tuple[str, str,
+                  Sequence[Partition]]], before: dict[str, _Close], target: str) -> list[str]:
+    """Merge `month_closes` after the cluster-months were copied; the months closed in some
+    source but left open in the merged ledger (another cluster's hours of it are open).
+    Refused (exit 9) where a month closed in the target would get another bill, or where a
+    source's close disagrees with the charges it holds: a closed bill never changes
+    silently."""
+    for month, close in sorted(before.items()):
+        cost = _month_bill(con, "target.main", month)
+        if cost != close.cost:
+            raise MergeError(
+                f"{month} is closed in {target} with a bill of {close.cost:,.2f}; this merge "
+                f"would make it {cost:,.2f}: a closed month's bill never changes (late data "
+                "reaches it as adjustments, metered with --adjust-closed in the cluster's "
+                "ledger); nothing written", ExitCode.CLOSED)
+    closing: dict[str, list[tuple[str, _Close, list[str]]]] = {}
+    for src, schema, parts in plan:
+        for month, close in _closes(con, schema).items():
+            clusters = sorted({p.cluster for p in parts if p.month == month})
+            cost = _month_bill(con, schema, month, clusters)
+            if cost != close.cost:
+                raise MergeError(
+                    f"{month} is closed in {src} with a bill of {close.cost:,.2f}, but its "
+                    f"charges of the month add up to {cost:,.2f}: that close does not match "
+                    "what it closed; nothing written", ExitCode.CLOSED)
+            closing.setdefault(month, []).append((src, close, clusters))
+    partly = []
+    for month, closers in sorted(closing.items()):
+        if month in before:  # closed here already, and its bill is unchanged (checked above)
+            continue
+        start, end = Month.parse(month).start, Month.parse(month).end
+        held = {str(r[0]) for r in con.execute(
+            "SELECT DISTINCT cluster FROM target.main.coverage WHERE hour >= $s AND hour < $e "
+            "UNION SELECT DISTINCT cluster FROM target.main.charges WHERE hour >= $s AND "
+            "hour < $e", {"s": start, "e": end}).fetchall()}
+        if not held <= {c for _, _, cs in closers for c in cs}:
+            partly.append(month)
+            continue
+        # The closes' own figures: device-hours at the close (facts metered since for
+        # adjustments are not in them); their costs add up to the merged charges (checked).
+        cost = sum((c.cost for _, c, _ in closers), Decimal(0))
+        device_hours = sum(c.device_hours for _, c, _ in closers)
+        at = max(c.closed_at for _, c, _ in closers)
+        con.execute("INSERT INTO target.main.month_closes VALUES ($m, $t, $c, $d)",
+                    {"m": Month.parse(month).start.date(), "t": at, "c": cost,
+                     "d": device_hours})
+    return partly

@@ -16,14 +16,16 @@ import duckdb
 from metering import db, manifest
 from metering.cluster import CLUSTER_NAME_RULE, is_cluster_name
 
+# Adjustments (metering/closes.py) are per hour of a closed month and cluster: they travel
+# with that cluster-month's facts and charges, as a partition of their own.
 LEDGER_TABLES: Final = ("device_hours", "mig_hours", "allocation_hours", "workload_hours",
-                        "grant_hours", "coverage", "charges", "energy_hours")
+                        "grant_hours", "coverage", "charges", "energy_hours", "adjustments")
 # What the charges were priced with (pricing.py keeps it): not per cluster or hour, so read and
 # exported whole, and merged by key.
 SIDE_TABLES: Final = ("cost_models", "cost_model_prices")
-# Closed months and the adjustments posted for them (metering/closes.py): read from a DuckDB
-# ledger (empty where it predates them); not part of a Parquet export yet.
-CLOSE_TABLES: Final = ("month_closes", "adjustments")
+# Closed months (metering/closes.py): one row per month, not per cluster, so read and exported
+# whole; merged by month (metering/export.py).
+CLOSE_TABLES: Final = ("month_closes",)
 # Tables every ledger has; the others may be missing from an export (then read as empty).
 _REQUIRED: Final = ("device_hours", "coverage", "charges")
 # Hive partition keys of the Parquet export, read as text whatever they look like.
@@ -83,7 +85,7 @@ def attach_ledger(con: duckdb.DuckDBPyConnection, p: Path, schema: str,
     else:
         sources = _duckdb_sources(con, p, f"ledger_{schema}")
     for table, source in sources.items():
-        whole = table in SIDE_TABLES or table == "month_closes"
+        whole = table in SIDE_TABLES or table in CLOSE_TABLES
         scoped = f"SELECT * FROM {source}" if whole else _scoped(source, cluster)
         try:
             con.execute(f"CREATE VIEW memory.{schema}.{table} AS {scoped}")
@@ -131,11 +133,11 @@ def _parquet_sources(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, st
                           f"{', '.join(_REQUIRED)} holding cluster=NAME/month=YYYY-MM/*.parquet"
                           "), found none")
     try:  # the files the export wrote, and no others (metering/manifest.py)
-        manifest.verify(root, (*LEDGER_TABLES, *SIDE_TABLES))
+        manifest.verify(root, (*LEDGER_TABLES, *SIDE_TABLES, *CLOSE_TABLES))
     except manifest.ManifestError as e:
         raise LedgerError(str(e)) from None
-    sources = {t: f"memory.blank.{t}" for t in CLOSE_TABLES}
-    for table in SIDE_TABLES:
+    sources = {}
+    for table in (*SIDE_TABLES, *CLOSE_TABLES):
         whole = root / table / "part-0.parquet"
         sources[table] = (f"read_parquet('{str(whole).replace(chr(39), chr(39) * 2)}')"
                           if whole.is_file() else f"memory.blank.{table}")

@@ -232,6 +232,8 @@ def test_export_schema_is_the_documented_one(tmp_path: Path) -> None:
     con.execute("INSERT INTO energy_hours VALUES ('2026-10-05 00:00', 'idle', '', '', '', 'n1', "
                 "'GPU-1', '', 'L4', 'idle', '', 'idle', 1, 3600, false, NULL, NULL, NULL, 'h', "
                 "'east')")
+    con.execute("INSERT INTO adjustments VALUES ('2026-10-05 00:00', 'east', 't', 'ns', 1.5, "
+                "1, '2026-11-01', '2026-11-02 00:30', 'h')")
     con.close()
     out = tmp_path / "export"
     export_ledger(db, out)
