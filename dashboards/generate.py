@@ -556,9 +556,11 @@ def cost() -> Board:
            (f"sum by (team, month) (gpu_ledger_team_forecast_month_end{{{CL}}})", ""),
            (f"max by (team, month, status) "
             f"(gpu_ledger_team_budget_status{{{CL}}} == 1)", "")],
-          width=18, description="From the last metering run: A: spend so far this month, "
-          "B: monthly budget, C: forecast to month end (spend so far extrapolated "
-          "linearly, as in the report), D: status (alert GpuLedgerBudgetHeadingOver).")
+          width=18, description="From the last metering run: A: spend so far this month "
+          "(the team's bill: compute, energy line and adjustments billed in the month), "
+          "B: monthly budget, C: forecast to month end (usage so far extrapolated "
+          "linearly plus adjustments, as in the report), D: status (alert "
+          "GpuLedgerBudgetHeadingOver).")
     b.add(tab("Team energy and CO2e this month (from metering)", merge=True),
           [(f"sum by (team, month) ({TEAM_ENERGY_KWH}{{{CL}}})", ""),
            (f"sum by (team, month) ({TEAM_CARBON_KG}{{{CL}}})", "")],

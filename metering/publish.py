@@ -2,13 +2,15 @@
 
 A CronJob is gone before Prometheus could scrape it, so, as the Prometheus docs advise for
 batch jobs, it pushes its state to a Pushgateway after each successful run: month-to-date
-spend, budget, forecast and budget status per team (the report's one definition,
-`metering.report.model.budget_lines`, read through `make_report`) and the run's last success
-time. The push is a PUT to `/metrics/job/<JOB>/cluster/<cluster>` (Pushgateway README,
-prometheus/pushgateway v1.x, "Use it"): it replaces every metric of that grouping key, so a
-team that left the budgets disappears, and a failed run pushes nothing, leaving the last
-success time to age (the `GpuLedgerMeteringStale` alert). The gateway adds
-`push_time_seconds` itself; pushed samples carry no timestamps (the README forbids them).
+spend (the team's bill so far: compute + energy line + adjustments billed in the month),
+budget, forecast and budget status per team (the report's one definition,
+`metering.report.model.team_bills` and `budget_lines`, read through `make_report`) and the
+run's last success time. The push is a PUT to `/metrics/job/<JOB>/cluster/<cluster>`
+(Pushgateway README, prometheus/pushgateway v1.x, "Use it"): it replaces every metric of
+that grouping key, so a team that left the budgets disappears, and a failed run pushes
+nothing, leaving the last success time to age (the `GpuLedgerMeteringStale` alert). The
+gateway adds `push_time_seconds` itself; pushed samples carry no timestamps (the README
+forbids them).
 """
 
 from __future__ import annotations
@@ -108,11 +110,13 @@ def exposition(state: RunState) -> str:
         def team(b: BudgetLine) -> dict[str, str]:
             return {"team": b.team, "month": month, "currency": state.currency}
 
-        lines += _family(SPEND, "Team's charges so far this month (cost model currency).",
+        lines += _family(SPEND, "Team's bill so far this month: compute charges, energy line "
+                         "and adjustments billed in it (cost model currency).",
                          [_sample(SPEND, team(b), float(b.spend)) for b in state.budgets])
         lines += _family(BUDGET, "Team's monthly budget (cost model budgets.monthly).",
                          [_sample(BUDGET, team(b), float(b.budget)) for b in state.budgets])
-        lines += _family(FORECAST, "Spend so far extrapolated linearly to the month's end.",
+        lines += _family(FORECAST, "Usage so far extrapolated linearly to the month's end, "
+                         "plus the adjustments billed in the month.",
                          [_sample(FORECAST, team(b), float(b.forecast))
                           for b in state.budgets if b.forecast is not None])
         lines += _family(STATUS, "1 for the team's budget status (within, heading_over, "

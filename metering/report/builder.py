@@ -19,6 +19,7 @@ import duckdb
 
 import metering
 from metering import closes, crosscheck, db, ledgerview, sqlfile
+from metering.closes import Adjustment
 from metering.costmodel import CostModel, CostModelError, load_cost_model, parse_cost_model
 from metering.energy import JOULES_PER_KWH
 from metering.errors import InputError, MeteringError, RefusedError, UsageError
@@ -338,6 +339,9 @@ def build_report(
     notes: Sequence[str] = (),
     default_priced: Sequence[str] = (),
     now: datetime | None = None,
+    closed_at: datetime | None = None,
+    adjustments_out: Sequence[Adjustment] = (),
+    adjustments_in: Sequence[Adjustment] = (),
 ) -> Report:
     """Read the month's charges (and the previous month's, for the change) into the report's
     tables, and construct the Report with what the caller computed apart (savings, FOCUS
@@ -397,7 +401,8 @@ def build_report(
         maturity=_maturity(capacity, capacity_before),
         savings=savings,
         budgets=None if budgets is None
-        else budget_lines(teams, budgets, warn_at, elapsed, month.hours, closed=closed),
+        else budget_lines(teams, budgets, warn_at, elapsed, month.hours, closed=closed,
+                          adjustments_in=adjustments_in),
         elapsed_hours=elapsed,
         closed=closed,
         charge_days=list(days or []),
@@ -405,6 +410,9 @@ def build_report(
         cluster=cluster,
         clusters=section("clusters"),
         cluster_prices=dict(cluster_prices or {}),
+        closed_at=closed_at,
+        adjustments_out=list(adjustments_out),
+        adjustments_in=list(adjustments_in),
     )
 
 
@@ -557,7 +565,7 @@ def make_report(
         recs = waste.recommend(con, month.start, month.end, waste.mig_fraction(cm),
                                settings or waste.Settings()) if same else None
         budgets = cm.budgets if same else None
-        report = build_report(
+        return build_report(
             con, month, info, metering.__version__, top,
             price_lookup(cm) if same and uniform else None,
             budgets.monthly if budgets else None,
@@ -565,11 +573,11 @@ def make_report(
             cluster or "", savings=recs, days=days, energy_days=edays,
             cluster_prices=by_cluster,
             notes=warnings, default_priced=default_priced,
-        )
-        return dataclasses.replace(  # the close and its adjustments (metering/closes.py)
-            report, closed_at=closes.closed_months(con).get(month),
+            # the close and its adjustments (metering/closes.py)
+            closed_at=closes.closed_months(con).get(month),
             adjustments_out=closes.adjustments(con, for_month=month),
-            adjustments_in=closes.adjustments(con, posted_month=month))
+            adjustments_in=closes.adjustments(con, posted_month=month),
+        )
     finally:
         con.close()
 

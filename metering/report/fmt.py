@@ -448,15 +448,21 @@ def price_grid(report: Report) -> Grid:
     return Grid(heads, 1, rows, kinds, notes, text_columns=(len(heads) - 1,))
 
 
+SPEND_NOTE = (
+    "Spend: the team's bill so far: its compute charges (shared-out idle included), its "
+    "energy line and the adjustments billed in this month for closed months."
+)
+
 FORECAST_NOTE = (
-    "Forecast: spend so far extrapolated linearly to the month's end (spend x hours in the "
-    "month / hours elapsed, through the last hour with data). Heading over: the forecast "
-    "reaches the budget (or the cost model's budgets.warn_at share of it)."
+    "Forecast: the month's usage so far (compute and energy) extrapolated linearly to the "
+    "month's end (x hours in the month / hours elapsed, through the last hour with data), "
+    "plus the adjustments billed in it. Heading over: the forecast reaches the budget (or the "
+    "cost model's budgets.warn_at share of it)."
 )
 
 
 CLOSED_NOTE = (
-    "The month is closed: spend is the month's actual charges, and nothing is forecast "
+    "The month is closed: spend is the month's actual bill, and nothing is forecast "
     "(hours without data are a coverage gap, not spend still to come)."
 )
 
@@ -479,9 +485,9 @@ def budget_grid(report: Report) -> Grid | None:
         rows.append(row)
         kinds.append("")
     if report.closed:
-        return Grid(heads, 1, rows, kinds, [CLOSED_NOTE])
+        return Grid(heads, 1, rows, kinds, [SPEND_NOTE, CLOSED_NOTE])
     elapsed = f"{report.elapsed_hours} of {report.hours_in_period} hours of the month elapsed."
-    return Grid(heads, 1, rows, kinds, [f"{elapsed} {FORECAST_NOTE}"])
+    return Grid(heads, 1, rows, kinds, [SPEND_NOTE, f"{elapsed} {FORECAST_NOTE}"])
 
 
 LEVEL_NAMES = {1: "level 1 (< 30 %)", 2: "level 2 (30–50 %)", 3: "level 3 (50–80 %)",

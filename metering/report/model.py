@@ -201,16 +201,57 @@ class BudgetStatus(enum.Enum):
 
 
 @dataclass(frozen=True)
+class TeamBill:
+    """What a team's bill for the month says so far: the one definition of a team's
+    month-to-date spend, used by the budgets (report and `meter --pushgateway`)."""
+
+    team: str
+    compute: Decimal = _ZERO  # its charges, shared-out idle included
+    energy: Decimal = _ZERO  # its energy line (kWh x PUE x tariff); 0 without `energy:`
+    # adjustments billed in this month for earlier closed months (may be negative)
+    adjustments: Decimal = _ZERO
+
+    @property
+    def total(self) -> Decimal:
+        return self.compute + self.energy + self.adjustments
+
+
+def team_bills(teams: Sequence[Line], adjustments_in: Sequence[Adjustment] = ()
+               ) -> dict[str, TeamBill]:
+    """Per team: compute charges + energy line + adjustments posted to the month
+    (docs/cost-model.md, `budgets`). Fleet rows (idle, down, adjustment) are nobody's bill."""
+    bills: dict[str, TeamBill] = {}
+    for ln in teams:
+        if ln.overhead:
+            continue
+        energy = ln.energy.cost if ln.energy is not None and ln.energy.cost is not None \
+            else _ZERO
+        was = bills.get(ln.team, TeamBill(ln.team))
+        bills[ln.team] = TeamBill(ln.team, was.compute + ln.cost, was.energy + energy,
+                                  was.adjustments)
+    for adj in adjustments_in:
+        if adj.team in KINDS:
+            continue
+        was = bills.get(adj.team, TeamBill(adj.team))
+        bills[adj.team] = TeamBill(adj.team, was.compute, was.energy,
+                                   was.adjustments + adj.cost)
+    return bills
+
+
+@dataclass(frozen=True)
 class BudgetLine:
-    """A team's month against its budget. Forecast, in an open month only: the month so far,
-    extrapolated linearly to the month's end (spend x hours in month / hours elapsed). A
-    closed month has its actuals: spend, no forecast."""
+    """A team's month against its budget. Spend: its bill so far (`TeamBill.total`).
+    Forecast, in an open month only: the month's usage so far (compute + energy) extrapolated
+    linearly to the month's end (x hours in month / hours elapsed), plus the adjustments
+    billed in it, which are one-off amounts and not extrapolated. A closed month has its
+    actuals: spend, no forecast."""
 
     team: str
     budget: Decimal
     spend: Decimal
     forecast: Decimal | None  # None: the month is closed, or no hour of it has data yet
     status: BudgetStatus
+    bill: TeamBill | None = None  # the parts of `spend`
 
     @property
     def used(self) -> Decimal:
@@ -220,23 +261,26 @@ class BudgetLine:
 def budget_lines(
     teams: Sequence[Line], budgets: Mapping[str, Decimal], warn_at: Decimal,
     elapsed_hours: int, month_hours: int, *, closed: bool = False,
+    adjustments_in: Sequence[Adjustment] = (),
 ) -> list[BudgetLine]:
     """`closed`: the month has ended, so its spend is final and nothing is forecast (hours
     without data in a closed month are a gap, not spend still to come)."""
-    spend = {ln.team: ln.cost for ln in teams if not ln.overhead}
+    bills = team_bills(teams, adjustments_in)
     out = []
     for team, budget in sorted(budgets.items(), key=lambda kv: natural_key(kv[0])):
-        cost = spend.get(team, _ZERO)
+        bill = bills.get(team, TeamBill(team))
+        cost = bill.total
         forecast = None
         if elapsed_hours and not closed:
-            forecast = (cost * month_hours / elapsed_hours).quantize(_Q6)
+            usage = bill.compute + bill.energy
+            forecast = (usage * month_hours / elapsed_hours + bill.adjustments).quantize(_Q6)
         if cost > budget:
             status = BudgetStatus.OVER
         elif forecast is not None and forecast >= budget * warn_at:
             status = BudgetStatus.HEADING_OVER
         else:
             status = BudgetStatus.WITHIN
-        out.append(BudgetLine(team, budget, cost, forecast, status))
+        out.append(BudgetLine(team, budget, cost, forecast, status, bill))
     return out
 
 
