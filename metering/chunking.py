@@ -10,13 +10,15 @@ from pathlib import Path
 MAX_CHUNK_HOURS = 10_000
 DEFAULT_CHUNK_HOURS = 72  # a 31-day month: 11 chunks x 19 queries = 209 queries
 
-# Ingest holds a chunk's points (one per series, signal and hour) as Arrow tables and in
-# DuckDB while it writes the chunk's facts: its peak memory is a base plus a cost per point.
-# Measured with bench/scale.py (docs/performance.md, "Ingest memory"): 0.18 MiB per GPU at
-# 72-hour chunks over a ~0.4 GiB base, i.e. ~135 bytes per point of the planner's estimate
-# (nodes x PRIOR_SERIES_PER_NODE series per signal, every signal, every hour).
-INGEST_BASE_BYTES = 400 << 20
-INGEST_BYTES_PER_POINT = 135
+# Ingest holds a node group's points (one per series, signal and hour) as decoded answers,
+# Arrow tables and in DuckDB while it writes their facts: its peak memory is a base plus a
+# cost per point the answers hold. Measured with bench/memory_model.py (docs/performance.md,
+# "Ingest memory model (issue 27)"): one 72-hour chunk of 26k, 52k and 103k series held at
+# once peaked at 489, 765 and 1,291 MiB: 79 bytes per point over a 216 MiB base (Python,
+# pyarrow, DuckDB). Kept with headroom: the base for a ledger with history (DuckDB's cached
+# blocks), the bytes for the answers sent ahead of the group being written.
+INGEST_BASE_BYTES = 320 << 20
+INGEST_BYTES_PER_POINT = 96
 # What a chunk may cost by default: the whole path's target is 4 GB (issue 17); a container
 # memory limit below it (cgroup) lowers it to 3/4 of that limit.
 DEFAULT_INGEST_BUDGET = 3 << 30

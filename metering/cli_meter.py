@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from metering import api, db, interrupt, publish
-from metering.chunking import DEFAULT_CHUNK_HOURS, memory_budget
+from metering.chunking import DEFAULT_CHUNK_HOURS, memory_budget, points_within
 from metering.cluster import DEFAULT_CLUSTER, ClusterScope, cluster_name_problem
 from metering.costmodel import CostModel, load_cost_model
 from metering.errors import (
@@ -236,6 +236,8 @@ def _run(args: argparse.Namespace) -> int:
             settled = source.settle_selector(period)  # before the chunk estimate reads nodes
             if settled:
                 say(f"meter: {settled}")
+        if isinstance(source, PrometheusSource):  # node groups keep the budget, --chunk or not
+            source.planner.memory_points = float(points_within(memory_budget()))
         chunk = args.chunk or _auto_chunk(source, period, say)
         progress = Progress(-(-period.hours // chunk), quiet=args.quiet)
         fresh = not Path(args.db).exists()

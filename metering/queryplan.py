@@ -48,6 +48,7 @@ PRIOR_SERIES_PER_NODE = 8.0
 PRIOR_SAMPLES_PER_HOUR = 240.0
 SHARD_LABEL = "node"
 DEFAULT_MEMORY_POINTS = float(points_within(DEFAULT_INGEST_BUDGET))
+PROBE_SHARE = 0.25  # of memory_points, for a node group planned before any answer
 
 # What stores say when a query exceeds a limit (the HTTP status is 422 for both, but so is any
 # other execution error, so the message is what tells them apart).
@@ -269,7 +270,8 @@ class QueryPlanner:
             return
         with self._lock:
             total = sum(self._points_per_step(n) for n in nodes) * steps
-        if total <= self.memory_points:
+            limit = self._group_points()
+        if total <= limit:
             yield None
             return
         rest = list(nodes)
@@ -278,9 +280,10 @@ class QueryPlanner:
             taken: list[str] = []
             points = 0.0
             with self._lock:
+                limit = self._group_points()
                 for node in rest:
                     cost = self._points_per_step(node) * steps
-                    if taken and points + cost > self.memory_points:
+                    if taken and points + cost > limit:
                         break
                     taken.append(node)
                     points += cost
@@ -289,6 +292,12 @@ class QueryPlanner:
             self.stats.max_group_nodes = max(self.stats.max_group_nodes, len(taken))
             yield (*head, *taken)
             head = ()
+
+    def _group_points(self) -> float:
+        """Points a group may hold: `memory_points`, or a PROBE_SHARE of it while no answer
+        has told what nodes hold (the priors can be far below: pods churn, shares multiply
+        series), so the first group cannot overrun the budget and sizes the next ones."""
+        return self.memory_points * (1.0 if self._learned.series else PROBE_SHARE)
 
     def _points_per_step(self, node: str) -> float:
         """Points one evaluation hour of the node's series holds over every signal."""

@@ -28,8 +28,8 @@ GIB = 1 << 30
     (10, 3 * GIB, 1),  # a small fleet: one group
     (1_250, 3 * GIB, 1),  # 10,000 GPUs within the default budget
     (1_250, int(1.5 * GIB), 2),  # ... in a 2 GiB container
-    (10_000, 3 * GIB, 6),  # 80,000 GPUs
-    (10_000, 100 << 20, 1_143),  # a budget below the base: an eighth of it per group
+    (10_000, 3 * GIB, 4),  # 80,000 GPUs
+    (10_000, 100 << 20, 813),  # a budget below the base: an eighth of it per group
 ])
 def test_long_chunks_in_node_groups_within_the_budget(nodes: int, budget: int,
                                                       groups: int) -> None:
