@@ -186,3 +186,30 @@ def test_victoria_metrics_series_limit_lists_nodes_family_by_family(
         out = _meter(url, limited)
     assert "node names not listed" not in out, out
     _same_ledger(plain, limited)
+
+
+def test_first_node_group_is_a_probe_until_answers_tell_what_nodes_hold() -> None:
+    """Before any answer the planner knows only priors (8 series per node and signal), which
+    pods churning or shared GPUs can exceed many times: the first group takes a quarter of the
+    budget by them, and the next groups are sized from what its answers held."""
+    from datetime import UTC, datetime, timedelta
+
+    from metering.period import Period
+
+    planner = QueryPlanner(PromClient("http://127.0.0.1:1"))
+    start = datetime(2026, 10, 1, tzinfo=UTC)
+    chunk = Period(start, start + timedelta(hours=72))
+    nodes = tuple(f"n{i:03d}" for i in range(100))
+    planner._chunk, planner._nodes = chunk, nodes  # as listed by the store
+    planner.memory_points = 8.0 * len(SIGNALS) * 73 * len(nodes)  # all fit, by the priors
+    groups = planner.groups(chunk)
+    first = next(groups)
+    assert first is not None and first[0] == "" and len(first) == 1 + 25
+    # Its answers: every node holds 4x the prior in every family.
+    planner._learned.series = {s.family: {n: 32 for n in first if n} for s in SIGNALS}
+    rest = list(groups)
+    assert rest and all(g is not None and len(g) == 25 for g in rest)
+    assert sorted(n for g in (first, *rest) if g for n in g if n) == list(nodes)
+    # Once learned, a chunk that fits is fetched whole.
+    planner.memory_points = 32.0 * len(SIGNALS) * 73 * len(nodes)
+    assert list(planner.groups(chunk)) == [None]
