@@ -70,3 +70,27 @@ def test_the_run_says_what_it_picked_and_chunk_overrides(
                        "--db", str(tmp_path / "b.duckdb")]) == 0
     err = capsys.readouterr().err
     assert "automatic" not in err and "chunk 4/4 " in err, err
+
+
+def test_chunk_option_keeps_the_memory_budget(
+        fleet_prom_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--chunk sets the length only: node groups still keep the container's budget (a tiny
+    one here: every node a group of its own), and the facts are the same."""
+    import metering.cli_meter as cli_meter
+    from metering.db import connect
+
+    day = ["--from", "2026-10-05", "--to", "2026-10-07", "--no-price", "-v", "--chunk", "48"]
+    assert gpu_ledger(["meter", "--prometheus", fleet_prom_url, *day,
+                       "--db", str(tmp_path / "a.duckdb")]) == 0
+    assert "node group(s)" not in capsys.readouterr().err
+    monkeypatch.setattr(cli_meter, "memory_budget", lambda: 1 << 10)
+    assert gpu_ledger(["meter", "--prometheus", fleet_prom_url, *day,
+                       "--db", str(tmp_path / "b.duckdb")]) == 0
+    assert "node group(s)" in capsys.readouterr().err
+    rows = []
+    for name in ("a", "b"):
+        with connect(tmp_path / f"{name}.duckdb", read_only=True) as con:
+            rows.append(con.execute("SELECT * EXCLUDE (cluster) FROM allocation_hours "
+                                    "ORDER BY ALL").fetchall())
+    assert rows[0] == rows[1] and rows[0]
