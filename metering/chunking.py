@@ -14,7 +14,7 @@ DEFAULT_CHUNK_HOURS = 72  # a 31-day month: 11 chunks x 19 queries = 209 queries
 # Arrow tables and in DuckDB while it writes their facts: its peak memory is a base plus a
 # cost per point the answers hold. Measured with bench/memory_model.py (docs/performance.md,
 # "Ingest memory model (issue 27)"): one 72-hour chunk of 26k, 52k and 103k series held at
-# once peaked at 489, 765 and 1,291 MiB: 79 bytes per point over a 216 MiB base (Python,
+# once peaked at 489, 765 and 1,291 MiB: 79 bytes per point over a 221 MiB base (Python,
 # pyarrow, DuckDB). Kept with headroom: the base for a ledger with history (DuckDB's cached
 # blocks), the bytes for the answers sent ahead of the group being written.
 INGEST_BASE_BYTES = 320 << 20

@@ -90,7 +90,7 @@ def test_budgets_forecast_only_in_an_open_month(tmp_path: Path) -> None:
     assert closed.closed and b.forecast is None and b.spend == D(12)
     grid = fmt.budget_grid(closed)
     assert grid is not None and "Forecast to month end" not in grid.heads
-    assert grid.notes == [fmt.CLOSED_NOTE]
+    assert grid.notes == [fmt.SPEND_NOTE, fmt.CLOSED_NOTE]
 
 
 def test_default_priced_models_come_first_and_strict_prices_exits_3(
