@@ -63,7 +63,8 @@ def answer(series: int, points: int, seed: int = 7) -> bytes:
             v = ("12" if kind == 0 else f"{rng.choice((0.25, 0.5, 0.875)) * 12:g}"
                  if kind == 1 else str(rng.randrange(4, 80) * 2**30 * 12))
             vals.append(f'[{t0 + 3600 * k},"{v}"]')
-        parts.append('{"metric":' + json.dumps(metric, separators=(",", ":"))
+        # Label names in order, as Prometheus and VictoriaMetrics write them.
+        parts.append('{"metric":' + json.dumps(metric, separators=(",", ":"), sort_keys=True)
                      + ',"values":[' + ",".join(vals) + "]}")
     return ('{"status":"success","data":{"resultType":"matrix","result":['
             + ",".join(parts) + "]}}").encode()

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from metering import matrix
 from metering.matrix import Matrix
+from metering.signals import series_key
 
 LABEL = st.text(st.characters(codec="utf-8", exclude_characters="\x1f\x00"), max_size=8)
 VALUE = st.one_of(st.integers(-10**12, 10**12).map(str),
@@ -160,3 +161,42 @@ def test_other_layouts_go_to_json_which_reads_them_the_same(body: bytes) -> None
     """Whitespace, another key order, another key, a repeated key: json decides."""
     assert matrix.read(body) is None
     _json_matrix(body)  # still a matrix to the json path
+
+
+@pytest.mark.parametrize("metrics", [
+    [{"a": "1", "b": ""}, {}, {"a": "x=y", "c": "{}"}, {"": ""}, {"k": "}{"}],
+    [{"a": "[1]", "b": "],[", "c": ":,"}, {"a": "é", "b": "\x1f"}],
+    [{"b": "1", "a": "2"}],  # names out of order
+    [{"__name__": "gpu_up", "a": "1"}, {"a": "1"}],  # the metric name is not in the key
+    [{"A": "1", "__name__": "gpu_up", "b": "2"}],  # ... nor where it is not the first name
+    [{"a": 'say "hi"', "b": "back\\slash"}],  # escapes
+])
+def test_series_keys_from_label_text_are_series_key(metrics: list[dict[str, str]]) -> None:
+    """Label maps written as stores write them (names in order, UTF-8 unescaped): their keys
+    are cut from the text at once; any other label map's key is series_key's."""
+    result = [{"metric": m, "values": [[1790812800, "1"]]} for m in metrics]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}},
+                      separators=(",", ":"), ensure_ascii=False).encode()
+    got = matrix.read(body)
+    assert got is not None
+    _same(got, _json_matrix(body))
+
+
+def test_a_label_name_twice_is_read_as_json_reads_it() -> None:
+    body = (b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"a":"1",'
+            b'"a":"2"},"values":[[1790812800,"1"]]},{"metric":{"a":"3","b":"4"},"values":'
+            b'[[1790812800,"2"]]}]}}')
+    got = matrix.read(body)
+    assert got is not None
+    _same(got, _json_matrix(body))
+    assert got.keys == ["a=2", "a=3\x1fb=4"]
+
+
+def test_series_keys_are_cut_from_plain_label_text() -> None:
+    """The plain label maps above are keyed from their text, not by series_key one by one."""
+    metrics = [{"a": "1", "b": ""}, {}, {"a": "x=y", "c": "{}"}, {"": ""}, {"k": "}{"},
+               {"a": ",", "b": "x:"}, {"a": "é"}, {"__name__": "gpu_up", "a": "1"},
+               {"__name__": "gpu_up"}, {"__name__": "x{", "b": "}"}]
+    texts = [json.dumps(m, separators=(",", ":"), ensure_ascii=False).encode() for m in metrics]
+    keys = matrix._keys(texts, b",".join(texts), metrics)
+    assert keys == [series_key(m) for m in metrics]
