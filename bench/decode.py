@@ -18,6 +18,7 @@ library offers, since the metering image carries no HTTP stack.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import inspect
 import json
@@ -153,12 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         old = old_matrix(rev)
         if old is None:
             continue
-        decoders[f"scanner of {rev}"] = lambda old=old: old.read(body)
+        decoders[f"scanner of {rev}"] = functools.partial(old.read, body)
         if "seen" in inspect.signature(old.read).parameters:
             old_seen: dict[Any, Any] = {}
             old.read(body, old_seen)
             decoders[f"scanner of {rev}, a family's second signal"] = \
-                lambda old=old, old_seen=old_seen: old.read(body, old_seen)
+                functools.partial(old.read, body, old_seen)
     rows = []
     res["decode"] = {}
     for name, fn in decoders.items():

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from metering import matrix
 from metering.matrix import Matrix
-from metering.signals import series_key
 
 LABEL = st.text(st.characters(codec="utf-8", exclude_characters="\x1f\x00"), max_size=8)
 VALUE = st.one_of(st.integers(-10**12, 10**12).map(str),
@@ -171,9 +170,9 @@ def test_other_layouts_go_to_json_which_reads_them_the_same(body: bytes) -> None
     [{"A": "1", "__name__": "gpu_up", "b": "2"}],  # ... nor where it is not the first name
     [{"a": 'say "hi"', "b": "back\\slash"}],  # escapes
 ])
-def test_series_keys_from_label_text_are_series_key(metrics: list[dict[str, str]]) -> None:
-    """Label maps written as stores write them (names in order, UTF-8 unescaped): their keys
-    are cut from the text at once; any other label map's key is series_key's."""
+def test_label_maps_as_stores_write_them(metrics: list[dict[str, str]]) -> None:
+    """Label maps with names in order and UTF-8 unescaped, as stores write them, and others:
+    read as json reads them, keyed by series_key."""
     result = [{"metric": m, "values": [[1790812800, "1"]]} for m in metrics]
     body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}},
                       separators=(",", ":"), ensure_ascii=False).encode()
@@ -191,12 +190,3 @@ def test_a_label_name_twice_is_read_as_json_reads_it() -> None:
     _same(got, _json_matrix(body))
     assert got.keys == ["a=2", "a=3\x1fb=4"]
 
-
-def test_series_keys_are_cut_from_plain_label_text() -> None:
-    """The plain label maps above are keyed from their text, not by series_key one by one."""
-    metrics = [{"a": "1", "b": ""}, {}, {"a": "x=y", "c": "{}"}, {"": ""}, {"k": "}{"},
-               {"a": ",", "b": "x:"}, {"a": "é"}, {"__name__": "gpu_up", "a": "1"},
-               {"__name__": "gpu_up"}, {"__name__": "x{", "b": "}"}]
-    texts = [json.dumps(m, separators=(",", ":"), ensure_ascii=False).encode() for m in metrics]
-    keys = matrix._keys(texts, b",".join(texts), metrics)
-    assert keys == [series_key(m) for m in metrics]
