@@ -190,3 +190,15 @@ def test_a_label_name_twice_is_read_as_json_reads_it() -> None:
     _same(got, _json_matrix(body))
     assert got.keys == ["a=2", "a=3\x1fb=4"]
 
+
+
+@pytest.mark.parametrize("points", [
+    [["1790812800", "2"]], [[1790812800, 2]], [[1790812800.5, "2"], [1790816400, "1e3"]],
+])
+def test_quoted_times_and_bare_values_are_read_as_json_reads_them(points: list[Any]) -> None:
+    body = _body([{"metric": {"a": "1"}, "values": points},
+                  {"metric": {"a": "2"}, "values": []}, {"metric": {"a": "3"}, "values": points}])
+    got = matrix.read(body)
+    assert got is not None
+    _same(got, _json_matrix(body))
+    assert got.sid.tolist() == [0] * len(points) + [2] * len(points)
