@@ -202,3 +202,15 @@ def test_quoted_times_and_bare_values_are_read_as_json_reads_them(points: list[A
     assert got is not None
     _same(got, _json_matrix(body))
     assert got.sid.tolist() == [0] * len(points) + [2] * len(points)
+
+
+@pytest.mark.parametrize("metric", [
+    b'{"a":1}', b'{"a":null}', b'{"a":{"b":"c"}}', b'{"a":["b"]}', b'{"b":":","a":2}',
+    b'{"a":"\\":","b":3}',
+])
+def test_a_label_value_that_is_not_text_is_left_to_json(metric: bytes) -> None:
+    body = (b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"a":"1"},'
+            b'"values":[[1790812800,"1"]]},{"metric":' + metric + b',"values":[[1790812800,'
+            b'"2"]]}]}}')
+    assert matrix.read(body) is None
+    _json_matrix(body)
