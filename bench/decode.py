@@ -4,10 +4,12 @@
     python -m bench.decode                     # 2,500 series x 73 points, like a 72-h chunk
     python -m bench.decode --series 20000 --json out.json
 
-Decoders on the same answer bytes: metering.matrix.read (the scanner: typed Arrow columns),
-the scanner of an earlier commit (`--old REV`, default the commit before the typed columns:
-per-point RE2 checks and a string column cut to floats), Python's json + from_result (the
-path every odd answer takes) and json alone. Each must give the same matrix as json's path.
+Decoders on the same answer bytes: metering.matrix.read (the scanner: markers found by numpy
+over the whole answer, points parsed by Arrow's CSV reader into typed columns), the scanners
+of earlier commits (`--old REV`, default e4e6bbb: per-point RE2 checks and a string column
+cut to floats; fbb0257: typed columns, envelope and entries scanned in Python per series),
+Python's json + from_result (the path every odd answer takes) and json alone.
+Each must give the same matrix as json's path.
 Fetch: metering.promclient (http.client, one deadline, its own loop over the body) against
 urllib.request.urlopen().read() from the same loopback server: the alternative the standard
 library offers, since the metering image carries no HTTP stack.
@@ -16,7 +18,9 @@ library offers, since the metering image carries no HTTP stack.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
+import inspect
 import json
 import random
 import subprocess
@@ -37,7 +41,9 @@ from bench.common import machine, say, table, write_json
 from metering import matrix
 from metering.promclient import PromClient
 
-OLD_REV = "e4e6bbb"  # the scanner with per-point RE2 checks (before issue 27)
+# Scanners to compare: per-point RE2 checks (before issue 27); typed Arrow columns with the
+# envelope scanned and label maps keyed per series in Python (before the vectorised scan).
+OLD_REVS = ("e4e6bbb", "fbb0257")
 
 
 def answer(series: int, points: int, seed: int = 7) -> bytes:
@@ -58,7 +64,8 @@ def answer(series: int, points: int, seed: int = 7) -> bytes:
             v = ("12" if kind == 0 else f"{rng.choice((0.25, 0.5, 0.875)) * 12:g}"
                  if kind == 1 else str(rng.randrange(4, 80) * 2**30 * 12))
             vals.append(f'[{t0 + 3600 * k},"{v}"]')
-        parts.append('{"metric":' + json.dumps(metric, separators=(",", ":"))
+        # Label names in order, as Prometheus and VictoriaMetrics write them.
+        parts.append('{"metric":' + json.dumps(metric, separators=(",", ":"), sort_keys=True)
                      + ',"values":[' + ",".join(vals) + "]}")
     return ('{"status":"success","data":{"resultType":"matrix","result":['
             + ",".join(parts) + "]}}").encode()
@@ -66,6 +73,7 @@ def answer(series: int, points: int, seed: int = 7) -> bytes:
 
 def old_matrix(rev: str) -> ModuleType | None:
     """metering/matrix.py as of `rev`, imported under another name (None without git)."""
+    name = f"old_matrix_{rev}"
     try:
         text = subprocess.run(["git", "show", f"{rev}:metering/matrix.py"], check=True,
                               capture_output=True, text=True).stdout
@@ -73,12 +81,12 @@ def old_matrix(rev: str) -> ModuleType | None:
         return None
     text = text.replace("from metering.facts import series_key",
                         "from metering.signals import series_key")
-    path = Path(tempfile.mkdtemp()) / "old_matrix.py"
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location("old_matrix", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["old_matrix"] = module  # dataclasses look their module up
+    sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -121,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--series", type=int, default=2500)
     p.add_argument("--points", type=int, default=73, help="points per series (73: 72 h)")
     p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--old", default=OLD_REV, help="git revision of the scanner to compare")
+    p.add_argument("--old", action="append",
+                   help=f"git revision of a scanner to compare (repeatable; default "
+                        f"{', '.join(OLD_REVS)})")
     p.add_argument("--json", help="write the figures as JSON too")
     args = p.parse_args(argv)
 
@@ -140,10 +150,16 @@ def main(argv: list[str] | None = None) -> int:
             lambda: matrix.from_result(json.loads(body)["data"]["result"]),
         "json.loads alone": lambda: json.loads(body),
     }
-    old = old_matrix(args.old)
-    if old is not None:
-        decoders[f"scanner of {args.old} (per-point RE2, string column)"] = \
-            lambda: old.read(body)
+    for rev in args.old or OLD_REVS:
+        old = old_matrix(rev)
+        if old is None:
+            continue
+        decoders[f"scanner of {rev}"] = functools.partial(old.read, body)
+        if "seen" in inspect.signature(old.read).parameters:
+            old_seen: dict[Any, Any] = {}
+            old.read(body, old_seen)
+            decoders[f"scanner of {rev}, a family's second signal"] = \
+                functools.partial(old.read, body, old_seen)
     rows = []
     res["decode"] = {}
     for name, fn in decoders.items():

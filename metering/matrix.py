@@ -139,22 +139,31 @@ def _series_points(points: list[Any]) -> tuple[np.ndarray, np.ndarray]:
 
 # --- the scanner: well-formed matrices ---------------------------------------------------
 # Stores write a matrix answer in one canonical layout (no whitespace; each entry "metric"
-# then "values"; values as [time,"value"] pairs). The scanner takes exactly that layout: the
-# envelope key by key, every entry's label map by one json call over all of them, and every
-# point by Arrow's CSV parser into typed float64 columns (C++, no Python object and no
-# pattern match per point). Arrow's float parser reads a subset of the spellings Python's
-# float reads, to the same value (tests/test_matrix.py); what it cannot read fails the parse,
-# and only then is the answer checked, by the json path, which names its problem or drops the
-# odd values. So which decoder ran never shows in the facts.
+# then "values"; values as [time,"value"] pairs). The scanner takes exactly that layout, with
+# no Python per series or per point: the envelope key by key; the entries by two markers,
+# `},"values":[` (a label map's end) and `]},{"metric":` (an entry's end), found by numpy over
+# the whole answer (a marker holds a `"` after another character, so it cannot be inside a
+# JSON string, where every `"` is escaped); every entry's label map by one json call over all
+# of them; every point by Arrow's CSV parser into typed float64 columns. The entries' points
+# texts are cut out and joined, and one byte translation makes each point a CSV row:
+# `:[[t,"v"],[t,"v"]]` -> `X,,t,"v"` `,,t,"v"` (`:`->X marks an entry's first point, `[`->`,`,
+# `]`->newline). A value stays quoted, so nothing inside it can make a row or a column; a row
+# of another shape fails the parse. Arrow's float parser reads a subset of the spellings
+# Python's float reads, to the same value (tests/test_matrix.py); what it cannot read fails the
+# parse, and only then is the answer checked, by the json path, which names its problem or
+# drops the odd values. So which decoder ran never shows in the facts.
 
 _DECODER = json.JSONDecoder()
-_METRIC = '{"metric":'
-_VALUES = ',"values":['
-_CSV_READ = pa_csv.ReadOptions(column_names=["t", "v"], use_threads=False)
+_METRIC = b'{"metric":'
+_VALUES = b'},"values":['  # a label map's end; its entry's points follow
+_NEXT = b']},{"metric":'  # the end of an entry's points and the start of the next entry
+_ROWS = bytes.maketrans(b":[]", b"X,\n")
+_CSV_READ = pa_csv.ReadOptions(column_names=["first", "_", "t", "v"], use_threads=False)
 _CSV_PARSE = pa_csv.ParseOptions(quote_char='"', double_quote=False, escape_char=False)
 _CSV_CONVERT = pa_csv.ConvertOptions(
-    column_types={"t": pa.float64(), "v": pa.float64()}, null_values=[],
-    strings_can_be_null=False, quoted_strings_can_be_null=False)
+    column_types={"first": pa.bool_(), "t": pa.float64(), "v": pa.float64()},
+    include_columns=["first", "t", "v"], true_values=["X"], false_values=[""],
+    null_values=[], strings_can_be_null=False, quoted_strings_can_be_null=False)
 
 
 class _Odd(Exception):
@@ -163,7 +172,18 @@ class _Odd(Exception):
 
 # A label map's JSON text -> (labels, series_key): a series comes back in every signal of its
 # family (count, sum, last-sample time), so its labels are decoded once per chunk.
-Labels = dict[str, tuple[dict[str, str], str]]
+Labels = dict[bytes, tuple[dict[str, str], str]]
+
+
+@dataclass
+class _Entries:
+    """Where the result array's entries lie in the answer: label map i is
+    body[metric[i]:metric_end[i]], its points body[points[i]:points_end[i]] (`:[...]`)."""
+
+    metric: np.ndarray
+    metric_end: np.ndarray
+    points: np.ndarray
+    points_end: np.ndarray
 
 
 def read(body: bytes, seen: Labels | None = None) -> Matrix | None:
@@ -171,77 +191,109 @@ def read(body: bytes, seen: Labels | None = None) -> Matrix | None:
     other answer (decode it with json and from_result, which name the problem). `seen`:
     label maps decoded before (the caller's, e.g. for one chunk), added to."""
     try:
-        text = body.decode("utf-8")
-        metrics: list[str] = []  # each entry's label map, as JSON text
-        points: list[str] = []  # each entry's points text, `[t,"v"],[t,"v"]...`
+        if not body.isascii():
+            body.decode("utf-8")  # json would refuse it
+        # One character per byte: positions in the text are positions in the body. The
+        # envelope's keys and the values read (status, resultType) are ASCII.
+        text = body.decode("latin-1")
+        found: list[_Entries] = []
 
         def result(pos: int) -> tuple[object, int]:
-            if text[pos] != "[":
-                raise _Odd
-            pos += 1
-            if text[pos] == "]":
-                return None, pos + 1
-            find, startswith = text.find, text.startswith
-            while True:  # {"metric":{...},"values":[...]}
-                if not startswith(_METRIC, pos):
-                    raise _Odd
-                # The label map ends at the first `},"values":[`: inside a JSON string every
-                # `"` is escaped, so the sequence cannot be part of a label. A map holding an
-                # object would end early and fail json's parse below.
-                close = find("}" + _VALUES, pos + 10)
-                if close < 0:
-                    raise _Odd
-                metrics.append(text[pos + 10:close + 1])
-                pos = close + 1 + len(_VALUES)
-                # The array ends at the first "]}": a point's "]" is followed by "," or "]",
-                # and a "]}" inside a value is refused with the value (_points).
-                end = find("]}", pos)
-                if end < 0:
-                    raise _Odd
-                points.append(text[pos:end])
-                pos = end + 2
-                if text[pos] == "]":
-                    return None, pos + 1
-                if text[pos] != ",":
-                    raise _Odd
-                pos += 1
+            entries, end = _entries(body, pos)
+            found.append(entries)
+            return None, end
 
         def data(pos: int) -> tuple[object, int]:
             return _object(text, pos, {"result": result})
 
         top, end = _object(text, 0, {"data": data})
-        if text[end:].strip() or top.get("status") != "success":
+        if text[end:].strip():
+            raise _Odd
+        if top.get("status") != "success" or len(found) != 1:
             raise _Odd
         inner = top.get("data")
         if not isinstance(inner, dict) or inner.get("resultType") != "matrix" \
                 or "result" not in inner:
             raise _Odd
-        if not metrics:
+        entries = found[0]
+        if not len(entries.metric):
             return Matrix.empty()
-        labels, keys = _labels(metrics, {} if seen is None else seen)
-        counts = np.fromiter((p.count("[") for p in points), np.int64, len(points))
-        t, v = _points([p for p in points if p], int(counts.sum()))
+        labels, keys = _labels(body, entries, {} if seen is None else seen)
+        sid, t, v = _points(body, entries)
     except (_Odd, IndexError, ValueError, UnicodeDecodeError, pa.ArrowInvalid):
         return None
-    return Matrix(labels, keys, np.repeat(np.arange(len(labels), dtype=np.int64), counts),
-                  t, v)
+    return Matrix(labels, keys, sid, t, v)
 
 
-def _labels(metrics: list[str], seen: Labels) -> tuple[list[dict[str, str]], list[str]]:
+def _marks(a: np.ndarray, at: np.ndarray, mark: bytes) -> np.ndarray:
+    """The positions in `at` where `mark` starts in the answer's bytes `a`."""
+    at = at[at + len(mark) <= len(a)]
+    window = a[at[:, None] + np.arange(len(mark))]
+    found: np.ndarray = at[(window == np.frombuffer(mark, np.uint8)).all(axis=1)]
+    return found
+
+
+def _entries(body: bytes, pos: int) -> tuple[_Entries, int]:
+    """The entries of the result array at `pos` and the position after it; _Odd unless they
+    lie as {"metric":{...},"values":[...]} one after another."""
+    if body[pos:pos + 2] == b"[]":
+        none = np.zeros(0, np.int64)
+        return _Entries(none, none, none, none), pos + 2
+    if not body.startswith(b"[" + _METRIC, pos):
+        raise _Odd
+    a = np.frombuffer(body, np.uint8)
+    braces = np.flatnonzero(a == ord("}"))
+    braces = braces[braces > pos]
+    values = _marks(a, braces, _VALUES)
+    nexts = _marks(a, braces - 1, _NEXT)
+    n = len(values)
+    # The last entry's points end at the first `]}` (a `]}` inside a value ends them early;
+    # then what follows is not the envelope's end, or the points fail the parse).
+    last = body.find(b"]}", int(values[-1]) + len(_VALUES)) if n else -1
+    if n == 0 or len(nexts) != n - 1 or last < 0 or body[last + 2:last + 3] != b"]" or \
+            not (values[:-1] < nexts).all() or not (nexts < values[1:]).all() or \
+            nexts[-1:].max(initial=-1) > last:
+        raise _Odd
+    metric = np.concatenate(([pos + 1 + len(_METRIC)], nexts + len(_NEXT)))
+    if not (a[metric] == ord("{")).all():  # a label map that is not an object
+        raise _Odd
+    points_end = np.append(nexts + 1, last + 1)
+    return _Entries(metric, values + 1, values + len(_VALUES) - 2, points_end), last + 3
+
+
+def _labels(body: bytes, e: _Entries, seen: Labels) -> tuple[list[dict[str, str]], list[str]]:
     """Labels and series_key of each entry's label map: those not in `seen` by one json call
     over all of them, then added to it. _Odd unless each is an object of text values (json's
     path turns other values into text)."""
+    metrics = list(map(body.__getitem__, map(slice, e.metric.tolist(),
+                                             e.metric_end.tolist())))
     new = [m for m in dict.fromkeys(metrics) if m not in seen]
     if new:
-        decoded = json.loads("[" + ",".join(new) + "]")
+        joined = b",".join(new)
+        decoded = json.loads(b"[" + joined + b"]")
         if len(decoded) != len(new):
             raise _Odd
-        for text, m in zip(new, decoded, strict=True):
-            if not isinstance(m, dict) or not all(isinstance(v, str) for v in m.values()):
-                raise _Odd
-            seen[text] = (m, series_key(m))
-    got = [seen[m] for m in metrics]
+        if not _all_text(joined, decoded):
+            for m in decoded:
+                if not isinstance(m, dict) or not all(isinstance(v, str) for v in m.values()):
+                    raise _Odd
+        # series_key one map at a time: cutting the keys from the label text at once (byte
+        # replacements over all maps) measured no cheaper (docs/performance.md).
+        seen.update(zip(new, zip(decoded, map(series_key, decoded), strict=True), strict=True))
+    got = list(map(seen.__getitem__, metrics))
     return [m for m, _ in got], [k for _, k in got]
+
+
+def _all_text(joined: bytes, decoded: list[Any]) -> bool:
+    """Whether the label maps (each text begins with `{`: objects) hold only text values,
+    told from their text at once where it has no backslash (no `"` inside a name or value):
+    each name's closing `"` is followed by `:`, so as many `":` as names (no name or value
+    starts with `:`) and each of them followed by `"` means every value is a string. False
+    where it cannot tell: each map is checked instead."""
+    if b"\\" in joined:
+        return False
+    pairs = joined.count(b'":')
+    return joined.count(b'":"') == pairs == sum(map(len, decoded))
 
 
 def _object(text: str, pos: int, fields: dict[str, Callable[[int], tuple[object, int]]]
@@ -270,19 +322,23 @@ def _object(text: str, pos: int, fields: dict[str, Callable[[int], tuple[object,
         pos += 1
 
 
-def _points(texts: list[str], expected: int) -> tuple[np.ndarray, np.ndarray]:
-    """Times and values of `[t,"v"],[t,"v"]...` texts, in order, as two float64 arrays;
-    _Odd unless Arrow reads every point as such a pair (one line `t,"v"` per `[`) with a
-    finite time. Nothing is checked per point: a spelling Arrow cannot read fails the parse.
-    A time spelled as a number JSON would refuse (`01`, `+1`) is read as that number."""
-    if not texts:
-        return np.zeros(0), np.zeros(0)
-    csv = ",".join(texts)[1:-1].replace("],[", "\n").encode()
-    table = pa_csv.read_csv(io.BytesIO(csv), read_options=_CSV_READ,
+def _points(body: bytes, e: _Entries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Series index, time and value of every point, as arrays; _Odd unless Arrow reads every
+    point as a `[t,"v"]` pair with a finite time. Nothing is checked per point: a spelling Arrow
+    cannot read fails the parse. A time spelled as a number JSON would refuse (`01`, `+1`) is
+    read as that number."""
+    length = e.points_end - e.points
+    full = np.flatnonzero(length > 3)  # `:[]`: an entry without points
+    if not len(full):
+        return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+    rows = b"".join(map(body.__getitem__, map(slice, e.points[full].tolist(),
+                                              e.points_end[full].tolist())))
+    table = pa_csv.read_csv(io.BytesIO(rows.translate(_ROWS)), read_options=_CSV_READ,
                             parse_options=_CSV_PARSE, convert_options=_CSV_CONVERT)
-    if table.num_rows != expected:
+    first = table.column("first").to_numpy(zero_copy_only=False)
+    if not len(first) or not first[0] or int(first.sum()) != len(full):
         raise _Odd
     t = table.column("t").to_numpy()
     if not np.isfinite(t).all():
         raise _Odd
-    return t, table.column("v").to_numpy()
+    return full[np.cumsum(first) - 1], t, table.column("v").to_numpy()

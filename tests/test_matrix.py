@@ -160,3 +160,57 @@ def test_other_layouts_go_to_json_which_reads_them_the_same(body: bytes) -> None
     """Whitespace, another key order, another key, a repeated key: json decides."""
     assert matrix.read(body) is None
     _json_matrix(body)  # still a matrix to the json path
+
+
+@pytest.mark.parametrize("metrics", [
+    [{"a": "1", "b": ""}, {}, {"a": "x=y", "c": "{}"}, {"": ""}, {"k": "}{"}],
+    [{"a": "[1]", "b": "],[", "c": ":,"}, {"a": "é", "b": "\x1f"}],
+    [{"b": "1", "a": "2"}],  # names out of order
+    [{"__name__": "gpu_up", "a": "1"}, {"a": "1"}],  # the metric name is not in the key
+    [{"A": "1", "__name__": "gpu_up", "b": "2"}],  # ... nor where it is not the first name
+    [{"a": 'say "hi"', "b": "back\\slash"}],  # escapes
+])
+def test_label_maps_as_stores_write_them(metrics: list[dict[str, str]]) -> None:
+    """Label maps with names in order and UTF-8 unescaped, as stores write them, and others:
+    read as json reads them, keyed by series_key."""
+    result = [{"metric": m, "values": [[1790812800, "1"]]} for m in metrics]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}},
+                      separators=(",", ":"), ensure_ascii=False).encode()
+    got = matrix.read(body)
+    assert got is not None
+    _same(got, _json_matrix(body))
+
+
+def test_a_label_name_twice_is_read_as_json_reads_it() -> None:
+    body = (b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"a":"1",'
+            b'"a":"2"},"values":[[1790812800,"1"]]},{"metric":{"a":"3","b":"4"},"values":'
+            b'[[1790812800,"2"]]}]}}')
+    got = matrix.read(body)
+    assert got is not None
+    _same(got, _json_matrix(body))
+    assert got.keys == ["a=2", "a=3\x1fb=4"]
+
+
+
+@pytest.mark.parametrize("points", [
+    [["1790812800", "2"]], [[1790812800, 2]], [[1790812800.5, "2"], [1790816400, "1e3"]],
+])
+def test_quoted_times_and_bare_values_are_read_as_json_reads_them(points: list[Any]) -> None:
+    body = _body([{"metric": {"a": "1"}, "values": points},
+                  {"metric": {"a": "2"}, "values": []}, {"metric": {"a": "3"}, "values": points}])
+    got = matrix.read(body)
+    assert got is not None
+    _same(got, _json_matrix(body))
+    assert got.sid.tolist() == [0] * len(points) + [2] * len(points)
+
+
+@pytest.mark.parametrize("metric", [
+    b'{"a":1}', b'{"a":null}', b'{"a":{"b":"c"}}', b'{"a":["b"]}', b'{"b":":","a":2}',
+    b'{"a":"\\":","b":3}',
+])
+def test_a_label_value_that_is_not_text_is_left_to_json(metric: bytes) -> None:
+    body = (b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"a":"1"},'
+            b'"values":[[1790812800,"1"]]},{"metric":' + metric + b',"values":[[1790812800,'
+            b'"2"]]}]}}')
+    assert matrix.read(body) is None
+    _json_matrix(body)
