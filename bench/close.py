@@ -22,7 +22,7 @@ import argparse
 import shutil
 import tempfile
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
