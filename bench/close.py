@@ -79,12 +79,14 @@ def write_facts(con: duckdb.DuckDBPyConnection, fleet: Fleet, start: datetime,
     hours = int((end - start).total_seconds() // 3600)
     naive_start = start.replace(tzinfo=None)
     con.execute("SET VARIABLE s = $s", {"s": naive_start})
+    # Rows go in hour by hour, as daily metering commits them: DuckDB's per-row-group min/max
+    # of `hour` then skips the other days when pricing and the report read a day's slice.
     # Sample k lies in hour index m (0 = the month's first) when per*(m+1) <= k < per*(m+2).
     con.execute(f"""
         INSERT INTO device_hours
         SELECT getvariable('s') + to_hours(m), node, gpu, uuid, model, false,
                3600.0, 3600.0, util * 3600.0, 300.0 * 3600.0, 'default', false, 'nvidia'
-        FROM plan_gpus, range({hours}) AS r(m)""")
+        FROM plan_gpus, range({hours}) AS r(m) ORDER BY m""")
     con.execute(f"""
         CREATE TEMP TABLE _ph AS
         SELECT *, least(j, {per} * (m + 2)) - greatest(i, {per} * (m + 1)) AS n
@@ -98,12 +100,12 @@ def write_facts(con: duckdb.DuckDBPyConnection, fleet: Fleet, start: datetime,
                sm * n * {step},
                CASE WHEN team = '' THEN MAP {{}}::MAP(VARCHAR, VARCHAR)
                     ELSE MAP {{'team': team}} END, 'default'
-        FROM _ph""")
+        FROM _ph ORDER BY m""")
     con.execute("""
         INSERT INTO workload_hours
         SELECT getvariable('s') + to_hours(m), namespace, pod, 'main', uuid, '', 'Job', pod,
                memory, 'default'
-        FROM _ph""")
+        FROM _ph ORDER BY m""")
     con.execute(f"""
         INSERT INTO coverage (hour, source, devices, ingested_at, duplicate_seconds,
                               dropped_values, cluster)
