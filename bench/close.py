@@ -19,6 +19,7 @@ close's figures. `--keep` reuses a ledger of an earlier run in --workdir (stages
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import shutil
 import tempfile
 import time
@@ -117,6 +118,12 @@ def write_facts(con: duckdb.DuckDBPyConnection, fleet: Fleet, start: datetime,
             for t in FACT_TABLES}
 
 
+def _facts_child(gpus: int, start: datetime, end: datetime, interval: int,
+                 db: Path) -> dict[str, int]:
+    with api.open_ledger(db) as con:
+        return write_facts(con, Fleet(gpus, start, end, interval), start, end)
+
+
 def compare(db: Path, other: Path) -> dict[str, int]:
     """Rows of each fact table in one ledger and not the other (both ways), coverage's source
     and ingest time left out."""
@@ -164,14 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.keep:
             db.unlink(missing_ok=True)
-            fleet = Fleet(args.gpus, start, end, args.interval)
-            say(f"close: {fleet.nodes} nodes x {GPUS_PER_NODE} GPUs, {args.month}: writing "
-                f"the month's facts into {db}")
+            say(f"close: {max(1, args.gpus // GPUS_PER_NODE)} nodes x {GPUS_PER_NODE} GPUs, "
+                f"{args.month}: writing the month's facts into {db}")
             t0 = time.perf_counter()
-            with api.open_ledger(db) as con:
-                rows = write_facts(con, fleet, start, end)
-            res["facts"] = {"wall_s": time.perf_counter() - t0, "rows": rows,
-                            "pods": len(fleet.pods)}
+            # In a child: Linux carries a process's peak RSS across fork and exec, so stages
+            # started from a parent that held the facts would report its size as theirs.
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                rows = pool.apply(_facts_child, (args.gpus, start, end, args.interval, db))
+            res["facts"] = {"wall_s": time.perf_counter() - t0, "rows": rows}
             say(f"close: facts {rows} in {res['facts']['wall_s']:.0f} s")
             if args.check_against:
                 diff = compare(db, Path(args.check_against))
