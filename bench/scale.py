@@ -36,7 +36,7 @@ import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.common import machine, say, table, write_json
 from gpu_ledger.procutil import stop
@@ -49,6 +49,24 @@ NAMESPACES = tuple(f"team-{i:02d}" for i in range(20))
 CONTAINER_SIGNALS = 6  # alloc count/sum/tlast, memory sum/max, SM sum
 DEVICE_SIGNALS = 7  # up count/sum/tlast, info count, util sum, energy last/min
 GIB = 2**30
+
+
+class PodPlan(NamedTuple):
+    pod: str
+    namespace: str
+    team: str  # label_team, '' for the pods without one
+    slot: tuple[int, ...]  # GPU indices on the node
+    i: int  # first and past-last sample index on the grid
+    j: int
+    memory: int  # bytes
+    sm: float
+
+
+class NodePlan(NamedTuple):
+    node: str
+    model: str
+    gpus: list[tuple[int, float, int]]  # index, utilization, energy counter base
+    pods: list[PodPlan]
 
 
 class Grid:
@@ -90,30 +108,19 @@ class Fleet:
         # namespace, pod, first and last sample time (s), GPUs
         self.pods: list[tuple[str, str, int, int, int]] = []
 
-    def node_lines(self, n: int) -> Iterator[str]:
+    def plan(self, n: int) -> NodePlan:
+        """Node `n`'s GPUs and pods, drawn from its own seed (the import and bench.close's
+        facts read the same plan)."""
         rng = random.Random(7 * 1_000_003 + n)
-        node = f"node-{n:05d}"
-        model = MODELS[n % 2]
-        g = self.grid
-        total = len(g.times)
-        energy_step = 300 * self.interval  # 300 W
+        total = len(self.grid.times)
+        gpus = []
         for gpu in range(GPUS_PER_NODE):
-            uuid = f"GPU-{n:05d}-{gpu}"
-            dev = {"node": node, "gpu": str(gpu), "uuid": uuid, "model": model}
-            ts = g.ts(0, total)
-            yield _line({"__name__": "gpu_up", **dev}, g.const("1", total), ts)
-            yield _line({"__name__": "gpu_info", **dev, "driver_version": "550.54",
-                         "mig_mode": "disabled"}, g.const("1", total), ts)
-            util = f"{rng.choice((0.25, 0.5, 0.75)):g}"
-            yield _line({"__name__": "gpu_utilization_ratio", **dev}, g.const(util, total), ts)
-            base = rng.randrange(10**9)
-            energy = ",".join(map(str, range(base, base + total * energy_step, energy_step)))
-            yield _line({"__name__": "gpu_energy_joules_total", **dev}, energy, ts)
-            self.samples += 4 * total
-            self.series += 4
+            util = rng.choice((0.25, 0.5, 0.75))
+            gpus.append((gpu, util, rng.randrange(10**9)))
+        pods: list[PodPlan] = []
         gpu = 0
         for size in SLOTS[n % len(SLOTS)]:
-            slot = list(range(gpu, gpu + size))
+            slot = tuple(range(gpu, gpu + size))
             gpu += size
             i = rng.randrange(0, 8 * 3600 // self.interval + 1)
             k = 0
@@ -121,27 +128,50 @@ class Fleet:
                 length = rng.randrange(4 * 3600, 80 * 3600) // self.interval
                 j = min(total, i + max(1, length))
                 ns = NAMESPACES[rng.randrange(len(NAMESPACES))]
-                pod = f"job-{n:05d}-{slot[0]}-{k}"
-                team = {"label_team": ns.replace("team-", "t")} if rng.random() < 0.9 else {}
-                mem = str(rng.randrange(4, 80) * GIB)
-                sm = f"{rng.choice((0.0, 0.125, 0.5, 0.875)):g}"
-                ts = g.ts(i, j)
-                for d in slot:
-                    key = {"node": node, "namespace": ns, "pod": pod, "container": "main",
-                           "uuid": f"GPU-{n:05d}-{d}", "mig_uuid": ""}
-                    yield _line({"__name__": "gpu_container_allocation", **key,
-                                 "resource": "nvidia.com/gpu", "sharing": "exclusive",
-                                 "replicas": "1", "owner_kind": "Job", "owner_name": pod,
-                                 **team}, g.const("1", j - i), ts)
-                    yield _line({"__name__": "gpu_container_memory_used_bytes", **key, **team},
-                                g.const(mem, j - i), ts)
-                    yield _line({"__name__": "gpu_container_sm_utilization_ratio", **key,
-                                 **team}, g.const(sm, j - i), ts)
-                    self.samples += 3 * (j - i)
-                    self.series += 3
-                self.pods.append((ns, pod, g.times[i], g.times[j - 1], size))
+                team = ns.replace("team-", "t") if rng.random() < 0.9 else ""
+                mem = rng.randrange(4, 80) * GIB
+                sm = rng.choice((0.0, 0.125, 0.5, 0.875))
+                pods.append(PodPlan(f"job-{n:05d}-{slot[0]}-{k}", ns, team, slot, i, j, mem, sm))
                 k += 1
                 i = j + rng.randrange(0, 8 * 3600 // self.interval + 1)
+        return NodePlan(f"node-{n:05d}", MODELS[n % 2], gpus, pods)
+
+    def node_lines(self, n: int) -> Iterator[str]:
+        plan = self.plan(n)
+        node, model = plan.node, plan.model
+        g = self.grid
+        total = len(g.times)
+        energy_step = 300 * self.interval  # 300 W
+        for gpu, util, base in plan.gpus:
+            uuid = f"GPU-{n:05d}-{gpu}"
+            dev = {"node": node, "gpu": str(gpu), "uuid": uuid, "model": model}
+            ts = g.ts(0, total)
+            yield _line({"__name__": "gpu_up", **dev}, g.const("1", total), ts)
+            yield _line({"__name__": "gpu_info", **dev, "driver_version": "550.54",
+                         "mig_mode": "disabled"}, g.const("1", total), ts)
+            yield _line({"__name__": "gpu_utilization_ratio", **dev}, g.const(f"{util:g}", total),
+                        ts)
+            energy = ",".join(map(str, range(base, base + total * energy_step, energy_step)))
+            yield _line({"__name__": "gpu_energy_joules_total", **dev}, energy, ts)
+            self.samples += 4 * total
+            self.series += 4
+        for p in plan.pods:
+            team = {"label_team": p.team} if p.team else {}
+            ts = g.ts(p.i, p.j)
+            for d in p.slot:
+                key = {"node": node, "namespace": p.namespace, "pod": p.pod, "container": "main",
+                       "uuid": f"GPU-{n:05d}-{d}", "mig_uuid": ""}
+                yield _line({"__name__": "gpu_container_allocation", **key,
+                             "resource": "nvidia.com/gpu", "sharing": "exclusive",
+                             "replicas": "1", "owner_kind": "Job", "owner_name": p.pod,
+                             **team}, g.const("1", p.j - p.i), ts)
+                yield _line({"__name__": "gpu_container_memory_used_bytes", **key, **team},
+                            g.const(str(p.memory), p.j - p.i), ts)
+                yield _line({"__name__": "gpu_container_sm_utilization_ratio", **key,
+                             **team}, g.const(f"{p.sm:g}", p.j - p.i), ts)
+                self.samples += 3 * (p.j - p.i)
+                self.series += 3
+            self.pods.append((p.namespace, p.pod, g.times[p.i], g.times[p.j - 1], len(p.slot)))
 
 
 # --- VictoriaMetrics ---------------------------------------------------------------------

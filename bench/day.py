@@ -1,0 +1,136 @@
+"""One day of N GPUs metered and priced, as the daily CronJob run does it: bench.scale's fleet
+for one UTC day (plus the hour before it) in VictoriaMetrics, then `gpu-ledger meter
+--prometheus URL --from DAY --to DAY+1 --cost-model ...` (ingest and pricing in one process),
+with the process's wall, CPU seconds and peak RSS, the store's CPU and the samples it read.
+`--split` also runs the same day as ingest only (`--no-price`) and `--price-only` in two
+more processes, on fresh ledgers, to say which half costs what.
+
+    python -m bench.day --gpus 10000                      # 1/8 of the 80,000-GPU target
+    python -m bench.day --gpus 80000 --workdir /tmp/d80k --json d80k.json
+    python -m bench.day --gpus 80000 --workdir /tmp/d80k --reuse   # the store already imported
+
+`meter --daily` meters yesterday and re-meters the --late-days (2) days before it: in steady
+state it does this bench's work for each of them (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from bench.common import machine, say, table, write_json
+from bench.scale import GPUS_PER_NODE, Fleet, Victoria, run_stage
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _meter(vm: Victoria, args: list[str]) -> dict[str, Any]:
+    read0 = vm.counter("vm_rows_read_per_query_sum")
+    cpu0 = vm.cpu_s()
+    load0 = _load()
+    r = run_stage(["meter", "--prometheus", vm.url, *args, "--verbose"])
+    r["vm_cpu_s"] = vm.cpu_s() - cpu0
+    r["vm_samples_read"] = vm.counter("vm_rows_read_per_query_sum") - read0
+    r["load_before"], r["load_after"] = load0, _load()
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.day", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpus", type=int, default=10_000)
+    p.add_argument("--day", default="2026-10-15", help="the UTC day (YYYY-MM-DD)")
+    p.add_argument("--interval", type=int, default=300, help="seconds between samples")
+    p.add_argument("--workdir", help="keep the store and ledgers here (default: a temp dir)")
+    p.add_argument("--reuse", action="store_true",
+                   help="the store in --workdir holds the day already: skip the import")
+    p.add_argument("--split", action="store_true",
+                   help="also ingest only and price only, each in its own process")
+    p.add_argument("--runs", type=int, default=1, help="times to meter the day (fresh ledger)")
+    p.add_argument("--json", help="write the figures as JSON too")
+    args = p.parse_args(argv)
+    if args.reuse and not args.workdir:
+        p.error("--reuse needs --workdir")
+
+    start = datetime.fromisoformat(args.day).replace(tzinfo=UTC)
+    end = start + timedelta(days=1)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-ledger-day-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cost_model = str(resources.files("metering") / "data" / "cost-model.yaml")
+    res: dict[str, Any] = {"machine": machine(), "gpus": args.gpus, "day": args.day,
+                           "interval_s": args.interval}
+    meta = work / "import.json"
+    vm = Victoria(work / "vm-data")
+    try:
+        if not args.reuse:
+            fleet = Fleet(args.gpus, start, end, args.interval)
+            say(f"day: {fleet.nodes} nodes x {GPUS_PER_NODE} GPUs, {args.day}; importing "
+                f"into VictoriaMetrics at {vm.url} (load {_load()})")
+            t0 = time.perf_counter()
+            vm.import_lines(line for n in range(fleet.nodes) for line in fleet.node_lines(n))
+            vm.flush()
+            imp = {"wall_s": time.perf_counter() - t0, "samples": fleet.samples,
+                   "series": fleet.series, "pods": len(fleet.pods)}
+            meta.write_text(json.dumps(imp))
+            say(f"day: imported {fleet.samples:,} samples, {fleet.series:,} series, "
+                f"{len(fleet.pods):,} pods in {imp['wall_s']:.0f} s")
+        res["import"] = json.loads(meta.read_text())
+        period = ["--from", f"{start:%Y-%m-%dT%H:%MZ}", "--to", f"{end:%Y-%m-%dT%H:%MZ}"]
+        runs = []
+        for k in range(args.runs):
+            db = work / f"day-{k}.duckdb"
+            db.unlink(missing_ok=True)
+            r = _meter(vm, [*period, "--db", str(db), "--cost-model", cost_model])
+            say(f"day: metered and priced in {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} CPU-s, "
+                f"{r['maxrss_mib']:,.0f} MiB; store {r['vm_cpu_s']:.1f} CPU-s (load "
+                f"{r['load_before']} -> {r['load_after']})")
+            runs.append(r)
+        res["runs"] = runs
+        if args.split:
+            db = work / "split.duckdb"
+            db.unlink(missing_ok=True)
+            res["ingest"] = _meter(vm, [*period, "--db", str(db), "--no-price"])
+            res["price"] = run_stage(["meter", "--price-only", *period, "--db", str(db),
+                                      "--cost-model", cost_model])
+        say(report(res))
+    finally:
+        vm.close()
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    write_json(args.json, {k: v for k, v in res.items()})
+    return 0
+
+
+def _stage(r: dict[str, Any]) -> str:
+    return f"{r['wall_s']:.1f} s / {r['cpu_s']:.1f} s / {r['maxrss_mib']:,.0f} MiB"
+
+
+def report(res: dict[str, Any]) -> str:
+    imp = res["import"]
+    rows = [["fleet", f"{res['gpus']:,} GPUs, {imp['pods']:,} pods, {imp['series']:,} series, "
+                      f"{imp['samples']:,} samples (every {res['interval_s']} s), day "
+                      f"{res['day']}"]]
+    for k, r in enumerate(res["runs"]):
+        rows.append([f"run {k + 1}: meter + price one day: wall / CPU / peak RSS",
+                     f"{_stage(r)}; store {r['vm_cpu_s']:.1f} CPU-s, "
+                     f"{r['vm_samples_read']:,.0f} samples read; load {r['load_before']} -> "
+                     f"{r['load_after']}"])
+    if "ingest" in res:
+        rows.append(["ingest only (`--no-price`): wall / CPU / peak RSS",
+                     f"{_stage(res['ingest'])}; store {res['ingest']['vm_cpu_s']:.1f} CPU-s"])
+        rows.append(["pricing only (`--price-only`)", _stage(res["price"])])
+    return table(["quantity", "measured"], rows)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
