@@ -1,7 +1,8 @@
 """Generate the Prometheus rule files from the tables below.
 
 `python -m alerts.generate` rewrites alerts/gpu-ledger-alerts.yml and
-alerts/gpu-ledger-recording.yml (and the optional views); `--check` exits 1 when the committed files are stale.
+alerts/gpu-ledger-recording.yml (and the optional views); `--check` exits 1 when the
+committed files are stale.
 Every threshold, `for` duration, the exporter's job matcher and the example hourly rates are
 set here and nowhere else. Metric names come from the exporter's contract (exporter/metrics.py)
 as strings: alerts/ never imports the exporter.
