@@ -205,3 +205,32 @@ def test_prometheus_rules_backfilled_by_promtool_bill_as_the_raw_series(
     assert f"{n} of {n} signal-chunks from the recorded hourly series" in rec_out, rec_out
     assert "coverage: 0 duplicate" not in raw_out
     assert _same_ledger(tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb") > 400
+
+
+def test_recorded_series_that_cannot_stand_for_the_raw_ones_are_not_read(
+        samples: list[tuple[str, int]], tmp_path: Path) -> None:
+    """An evaluator that had only node-a's series (node-b's arrived from a store without the
+    rules): the day is read raw, saying so. Then a second evaluator's up_count marker that
+    names the wrong hours (points stamped an hour late): up_count alone is read raw."""
+    node_a = [s for s in samples if 'node="node-b"' not in s[0]]
+    node_b = [s for s in samples if 'node="node-b"' in s[0]]
+    raw, auto, mixed = (tmp_path / f"{n}.duckdb" for n in ("raw", "auto", "mixed"))
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, _prometheus_text(node_a))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        vm_import(url, _prometheus_text(node_b))
+        _meter(url, raw, "--recorded", "never")
+        out = _meter(url, auto)
+        assert "raw series: 1 node(s) with raw series but none recorded (node-b)" in out, out
+        assert "signal-chunks from the recorded" not in out
+        assert _same_ledger(raw, auto) > 400
+        # node-b recorded too now; another evaluator's up_count marker is an hour off
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay2.log")
+        late = [f'gpu_ledger:up_count:hour{{metering_signal="up_count",replica="2"}} '
+                f"{t - 7200} {t * 1000}" for t in range(1791154800, 1791248400 + 1, 3600)]
+        vm_import(url, "\n".join(late) + "\n")
+        out = _meter(url, mixed)
+    n = len(SIGNALS)
+    assert (f"recorded hourly series for {n - 1} signal(s), raw for the others: hours not "
+            "recorded for 1 signal(s) (up_count)") in out, out
+    assert _same_ledger(raw, mixed) > 400
