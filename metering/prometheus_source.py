@@ -216,7 +216,7 @@ class PrometheusSource:
     def _say_choice(self, chosen: Chosen) -> None:
         """Tell `on_recorded` how each chunk is read, unless the store has no recorded series
         at all or they are not wanted (then the run says what it said before the rules)."""
-        choice, label = chosen.choice, chosen.chunk.label()
+        choice, label = chosen.choice, f"meter: {chosen.chunk.label()}"
         if self.on_recorded is None or choice.none_deployed:
             return
         if len(choice.recorded) == len(SIGNALS):
