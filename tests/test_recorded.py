@@ -234,3 +234,19 @@ def test_recorded_series_that_cannot_stand_for_the_raw_ones_are_not_read(
     assert (f"recorded hourly series for {n - 1} signal(s), raw for the others: hours not "
             "recorded for 1 signal(s) (up_count)") in out, out
     assert _same_ledger(raw, mixed) > 400
+
+
+def test_recorded_nodes_listed_family_by_family_under_a_series_limit(
+        samples: list[tuple[str, int]], tmp_path: Path) -> None:
+    """VictoriaMetrics refuses to list the recorded series' nodes all at once under
+    -search.maxUniqueTimeseries=25 (the families hold more together, each fewer): they are
+    listed one family at a time, and the day is still read recorded."""
+    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    with running_victoria(tmp_path / "vm", "-search.maxUniqueTimeseries=25") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        _meter(url, raw, "--recorded", "never")
+        out = _meter(url, rec)
+    n = len(SIGNALS)
+    assert f"{n} of {n} signal-chunks from the recorded hourly series" in out, out
+    assert _same_ledger(raw, rec) > 400
