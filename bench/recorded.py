@@ -35,6 +35,10 @@ from bench.common import machine, say, table, write_json
 from bench.scale import Fleet, Victoria, run_stage
 from metering.signals import SIGNALS
 
+# vmalert's remote-write queue: replay pushes a month of every series of a rule at once, and
+# the default queue (100,000 entries, one writer) drops what does not fit ("queue is full").
+REPLAY_WRITE = ("-remoteWrite.maxQueueSize=100000000", "-remoteWrite.concurrency=2")
+
 
 def _loadavg() -> list[str]:
     with open("/proc/loadavg") as f:
@@ -66,9 +70,10 @@ def replay(vm: Victoria, start: datetime, end: datetime, work: Path) -> dict[str
             [vmalert, f"-rule={METERING_VM_FILE}", f"-datasource.url={vm.url}",
              f"-remoteWrite.url={vm.url}", f"-replay.timeFrom={start.strftime(fmt)}",
              f"-replay.timeTo={end.strftime(fmt)}", "-replay.rulesDelay=0s",
-             "-replay.disableProgressBar", "-httpListenAddr=127.0.0.1:0"],
+             "-replay.disableProgressBar", "-httpListenAddr=127.0.0.1:0",
+             *REPLAY_WRITE],
             stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-    if rc != 0:
+    if rc != 0 or "queue is full" in (work / "replay.log").read_text():
         raise SystemExit(f"vmalert -replay failed ({rc}): see {work / 'replay.log'}")
     wall = time.perf_counter() - t0
     vm.flush()

@@ -25,6 +25,7 @@ from conftest_prom import fact_rows
 from promtools import backfill, running_prometheus, running_victoria, vm_import
 
 from alerts.generate import METERING_GROUP, METERING_VM_FILE, metering_group
+from bench.recorded import REPLAY_WRITE
 from metering.cli_meter import main
 from metering.db import connect
 from metering.signals import SIGNALS
@@ -105,9 +106,10 @@ def _replay(url: str, rules: Path, start: str, end: str, log: Path) -> None:
         rc = subprocess.run([vmalert, f"-rule={rules}", f"-datasource.url={url}",
                              f"-remoteWrite.url={url}", f"-replay.timeFrom={start}",
                              f"-replay.timeTo={end}", "-replay.rulesDelay=0s",
-                             "-replay.disableProgressBar", "-httpListenAddr=127.0.0.1:0"],
+                             "-replay.disableProgressBar", "-httpListenAddr=127.0.0.1:0",
+                             *REPLAY_WRITE],
                             stdout=fh, stderr=subprocess.STDOUT, timeout=300).returncode
-    assert rc == 0, log.read_text()
+    assert rc == 0 and "queue is full" not in log.read_text(), log.read_text()
     vm_import(url, "")  # flushes what the replay wrote
 
 
