@@ -37,7 +37,11 @@ from metering.signals import SIGNALS
 
 # vmalert's remote-write queue: replay pushes a month of every series of a rule at once, and
 # the default queue (100,000 entries, one writer) drops what does not fit ("queue is full").
-REPLAY_WRITE = ("-remoteWrite.maxQueueSize=100000000", "-remoteWrite.concurrency=2")
+# Batches of 100 series: a month of 1,000 series is over VictoriaMetrics' 32 MiB request limit.
+REPLAY_WRITE = ("-remoteWrite.maxQueueSize=100000000", "-remoteWrite.concurrency=2",
+                "-remoteWrite.maxBatchSize=100")
+# What vmalert logs when it loses recorded samples.
+REPLAY_LOST = ("queue is full", "dropping")
 
 
 def _loadavg() -> list[str]:
@@ -73,7 +77,7 @@ def replay(vm: Victoria, start: datetime, end: datetime, work: Path) -> dict[str
              "-replay.disableProgressBar", "-httpListenAddr=127.0.0.1:0",
              *REPLAY_WRITE],
             stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-    if rc != 0 or "queue is full" in (work / "replay.log").read_text():
+    if rc != 0 or any(w in (work / "replay.log").read_text() for w in REPLAY_LOST):
         raise SystemExit(f"vmalert -replay failed ({rc}): see {work / 'replay.log'}")
     wall = time.perf_counter() - t0
     vm.flush()
@@ -123,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--live-hours", type=int, default=24)
     p.add_argument("--workdir")
+    p.add_argument("--reuse-store", action="store_true",
+                   help="the store in --workdir holds the fleet already: no import")
     p.add_argument("--json")
     args = p.parse_args(argv)
     year, mon = map(int, args.month.split("-"))
@@ -133,11 +139,19 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"machine": machine(), "gpus": args.gpus, "month": args.month,
                            "interval_s": args.interval, "load_before": _loadavg()}
+    if args.reuse_store and not args.workdir:
+        p.error("--reuse-store needs --workdir")
     vm = Victoria(work / "vm-data")
     try:
         fleet = Fleet(args.gpus, start, end, args.interval)
-        vm.import_lines(line for n in range(fleet.nodes) for line in fleet.node_lines(n))
-        vm.flush()
+        if not args.reuse_store:
+            vm.import_lines(line for n in range(fleet.nodes) for line in fleet.node_lines(n))
+            vm.flush()
+        else:  # recorded series of an earlier run go: the replay below writes them again
+            q = urllib.parse.urlencode({"match[]": '{__name__=~"gpu_ledger:.+"}'})
+            with urllib.request.urlopen(f"{vm.url}/api/v1/admin/tsdb/delete_series?{q}",
+                                        timeout=600) as r:
+                r.read()
         gpus = fleet.nodes * 8
         res["import"] = {"samples": fleet.samples, "series": fleet.series}
         say(f"recorded: {gpus} GPUs, {fleet.samples:,} samples, {fleet.series:,} series")
