@@ -37,9 +37,10 @@ from metering.signals import SIGNALS
 
 # vmalert's remote-write queue: replay pushes a month of every series of a rule at once, and
 # the default queue (100,000 entries, one writer) drops what does not fit ("queue is full").
-# Batches of 100 series: a month of 1,000 series is over VictoriaMetrics' 32 MiB request limit.
+# A day per range query: the series of a month-long answer, flushed together when vmalert
+# ends, are over VictoriaMetrics' 32 MiB request limit.
 REPLAY_WRITE = ("-remoteWrite.maxQueueSize=100000000", "-remoteWrite.concurrency=2",
-                "-remoteWrite.maxBatchSize=100")
+                "-remoteWrite.maxBatchSize=100", "-replay.maxDatapointsPerQuery=24")
 # What vmalert logs when it loses recorded samples.
 REPLAY_LOST = ("queue is full", "dropping")
 
