@@ -39,8 +39,11 @@ from metering.signals import SIGNALS
 # the default queue (100,000 entries, one writer) drops what does not fit ("queue is full").
 # A day per range query: the series of a month-long answer, flushed together when vmalert
 # ends, are over VictoriaMetrics' 32 MiB request limit.
+# A step of the group's hour: vmalert's replay otherwise steps -datasource.queryStep (5m)
+# and writes twelve points an hour, not the one a live evaluator writes.
 REPLAY_WRITE = ("-remoteWrite.maxQueueSize=100000000", "-remoteWrite.concurrency=2",
-                "-remoteWrite.maxBatchSize=100", "-replay.maxDatapointsPerQuery=24")
+                "-remoteWrite.maxBatchSize=100", "-replay.maxDatapointsPerQuery=24",
+                "-datasource.queryStep=1h")
 # What vmalert logs when it loses recorded samples.
 REPLAY_LOST = ("queue is full", "dropping")
 
