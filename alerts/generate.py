@@ -1,7 +1,8 @@
 """Generate the Prometheus rule files from the tables below.
 
 `python -m alerts.generate` rewrites alerts/gpu-ledger-alerts.yml and
-alerts/gpu-ledger-recording.yml; `--check` exits 1 when the committed files are stale.
+alerts/gpu-ledger-recording.yml (and the optional views); `--check` exits 1 when the
+committed files are stale.
 Every threshold, `for` duration, the exporter's job matcher and the example hourly rates are
 set here and nowhere else. Metric names come from the exporter's contract (exporter/metrics.py)
 as strings: alerts/ never imports the exporter.
@@ -20,6 +21,7 @@ import yaml
 
 from gpu_ledger.generated import sync
 from metering import publish
+from metering.signals import SIGNALS
 
 HERE = Path(__file__).resolve().parent
 ALERTS_FILE = HERE / "gpu-ledger-alerts.yml"
@@ -28,6 +30,9 @@ RECORDING_FILE = HERE / "gpu-ledger-recording.yml"
 # PrometheusRule): the deploy/components/dcgm-compat Kustomize component adds it.
 DCGM_FILE = HERE / "optional" / "gpu-ledger-dcgm.yml"
 OTEL_FILE = HERE / "optional" / "gpu-ledger-otel.yml"
+# The metering series in MetricsQL, for vmalert in front of VictoriaMetrics (last-sample
+# times with tlast_over_time, as metering asks VictoriaMetrics for them).
+METERING_VM_FILE = HERE / "optional" / "gpu-ledger-metering-vm.yml"
 
 # --- the one place to change ------------------------------------------------------------------
 # The exporter's scrape job: the ServiceMonitor's Service name, or job_name in a static config.
@@ -717,6 +722,18 @@ RECORDS: tuple[Record, ...] = (
 )
 
 
+# --- hourly metering series (docs/recording-rules.md "Metering series") ----------------------
+# One rule per metering signal, defined with the signal (metering.signals.SignalSpec): once an
+# hour, at whatever minute the evaluator picks, each records the last whole hour.
+METERING_GROUP = "gpu-ledger.metering-series"
+METERING_INTERVAL = "1h"
+
+
+def metering_group(metricsql: bool = False) -> dict[str, Any]:
+    return {"name": METERING_GROUP, "interval": METERING_INTERVAL,
+            "rules": [Record(s.recorded, s.record_expr(metricsql)).rule() for s in SIGNALS]}
+
+
 # --- DCGM-compatible view (optional) ----------------------------------------------------------
 # dcgm-exporter's names, units and labels, so dashboards and tools written for it (NVIDIA's
 # Grafana dashboard 12239, OpenCost's GPU queries) read GPU Ledger. Device properties are one
@@ -942,7 +959,11 @@ def alerts_yaml(config: Config = DEFAULT_CONFIG) -> str:
 
 def recording_yaml() -> str:
     return _dump({"groups": [{"name": "gpu-ledger.attribution",
-                              "rules": [r.rule() for r in RECORDS]}]})
+                              "rules": [r.rule() for r in RECORDS]}, metering_group()]})
+
+
+def metering_vm_yaml() -> str:
+    return _dump({"groups": [metering_group(metricsql=True)]})
 
 
 def dcgm_yaml() -> str:
@@ -961,6 +982,7 @@ def outputs(config: Config = DEFAULT_CONFIG, directory: Path = HERE) -> dict[Pat
     if directory == HERE:  # the optional views take no configuration: --out DIR leaves them out
         out[DCGM_FILE] = dcgm_yaml()
         out[OTEL_FILE] = otel_yaml()
+        out[METERING_VM_FILE] = metering_vm_yaml()
     return out
 
 

@@ -32,6 +32,7 @@ from metering.period import Month, Period, hour_ranges
 from metering.pricing import PricingResult, price_period
 from metering.progress import Progress
 from metering.prometheus_source import PrometheusSource
+from metering.recorded import RecordedMode
 from metering.workers import ParallelSource
 
 if TYPE_CHECKING:
@@ -119,6 +120,8 @@ class MeterSettings:
     # Worker processes fetching and decoding chunks for the one writer (metering.workers);
     # 1: fetched and decoded in this process. The CLI's default is the cores available.
     jobs: int = 1
+    # Read the hourly recording rules where complete for a chunk (metering.recorded).
+    recorded: RecordedMode = RecordedMode.AUTO
 
 
 def meter(ledger: str | Path, source: Source, period: Period,
@@ -141,6 +144,10 @@ def meter(ledger: str | Path, source: Source, period: Period,
                 say(f"meter: {settled}")
         if progress is not None and verbose and isinstance(source, PrometheusSource):
             source.planner.on_split = progress.message  # a store refused a query: say so
+        if isinstance(source, PrometheusSource):
+            source.recorded.mode = s.recorded
+            if progress is not None:  # recorded or raw, chunk by chunk
+                source.on_recorded = progress.message
         fetching: Source | ParallelSource = source
         base = copy.copy(source.planner.stats) if isinstance(source, PrometheusSource) else None
         if s.jobs > 1:

@@ -44,6 +44,7 @@ from metering.progress import Progress
 from metering.promclient import PromClient
 from metering.prometheus_source import PrometheusSource
 from metering.queryplan import DEFAULT_MAX_SAMPLES, DEFAULT_MAX_SERIES, Limits
+from metering.recorded import RecordedMode
 from metering.selector import DEFAULT_SELECTOR, Selector, SelectorError
 from metering.workers import available_cores
 
@@ -132,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "metered (default: $GPU_LEDGER_SELECTOR, else job=\"gpu-ledger-"
                         "exporter\", the shipped scrape job, for a period the store scraped in; "
                         "also series without a job label for backfilled history alone)")
+    p.add_argument("--recorded", choices=[m.value for m in RecordedMode], default="auto",
+                   help="read the hourly recording rules gpu_ledger:<signal>:hour where the "
+                        "store has them for a whole chunk, else the raw series (auto, the "
+                        "default); raw series only (never); recorded only, a chunk without "
+                        "them an error (only). docs/metering.md, \"Recorded hourly series\"")
     p.add_argument("--sample-interval", type=float, default=None, metavar="SECONDS",
                    help="seconds between exporter samples (default: detected per node)")
     p.add_argument("--no-price", action="store_true", help="ingest only")
@@ -248,7 +254,7 @@ def _run(args: argparse.Namespace) -> int:
                 resume=not args.no_resume, wait=args.wait,
                 adjust_closed=args.adjust_closed or args.daily, say=say, progress=progress,
                 price_progress=_price_progress(args), verbose=args.verbose,
-                jobs=jobs))
+                jobs=jobs, recorded=RecordedMode(args.recorded)))
         except BaseException:
             if fresh:
                 _drop_if_empty(Path(args.db))

@@ -1,13 +1,15 @@
 """Signals from a Prometheus-compatible store: range queries (step 1h) planned to fit the
 store's limits (metering.queryplan), sent ahead from a thread (metering.prefetch) and decoded
-in columns (metering.matrix). `fetch(chunk)` yields each signal of the chunk as one decoded
+in columns (metering.matrix); each signal of a chunk read from its recorded hourly series
+where the store has them for the whole chunk, else raw (metering.recorded). `fetch(chunk)`
+yields each signal of the chunk as one decoded
 (spec, matrix) pair, its points at hour starts, implausible values already dropped: ingest
 never sees a query, an answer or a split.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
@@ -19,6 +21,7 @@ from metering.period import Period
 from metering.prefetch import Prefetcher
 from metering.promclient import PromClient, PromError
 from metering.queryplan import Answered, Limits, Piece, QueryPlanner, Refusal, Sent, SignalSent
+from metering.recorded import Choice, RecordedMode, RecordedProbe
 from metering.selector import DEFAULT_SELECTOR, EXPORTER_SELECTOR, Screened, Selector
 from metering.signals import FAMILIES, HOUR_S, SIGNALS, SignalSpec, plausible
 
@@ -32,7 +35,8 @@ class PrometheusSource:
     families only; every series comes back in the same answer."""
 
     def __init__(self, client: PromClient, limits: Limits | None = None,
-                 selector: Selector = DEFAULT_SELECTOR) -> None:
+                 selector: Selector = DEFAULT_SELECTOR,
+                 recorded: RecordedMode = RecordedMode.AUTO) -> None:
         self.client = client
         self.name = client.url
         self.selector = selector  # only these series are metered
@@ -40,8 +44,10 @@ class PrometheusSource:
         self.planner = QueryPlanner(client, limits, selector=selector.promql())
         self._window: str | None = None
         self.screened = Screened()
-        self._stream: Prefetcher[Sent | GroupSent | ChunkSent] | None = None
+        self._stream: Prefetcher[Sent | GroupSent | ChunkSent | Chosen] | None = None
         self._queries = 0
+        self.recorded = RecordedProbe(client, recorded)
+        self.on_recorded: Callable[[str], None] | None = None  # told each chunk's choice
 
     def settle_selector(self, period: Period) -> str | None:
         """With the default selector, decide whether series without a job label may be
@@ -146,16 +152,26 @@ class PrometheusSource:
             self._stream.close()
             self._stream = None
 
-    def _send(self, chunks: list[Period]) -> Generator[Sent | GroupSent | ChunkSent, None, None]:
+    def _send(self, chunks: list[Period]
+              ) -> Generator[Sent | GroupSent | ChunkSent | Chosen, None, None]:
         """Every query of the chunks, chunk by chunk, node group by node group and signal by
         signal (the producer)."""
         window = self.window()
         for chunk in chunks:
             before = self.client.queries
             self._check_foreign(chunk)
+            nodes = self.planner.nodes(chunk)
+            probing = self.client.queries
+            choice = self.recorded.choose(chunk, nodes)
+            probes = self.client.queries - probing  # not the signals' queries: said apart
+            before += probes
+            self.planner.stats.probes += probes
+            self.planner.stats.recorded_partly += 0 < len(choice.recorded) < len(SIGNALS)
+            yield Chosen(chunk, choice)
             for group in self.planner.groups(chunk):
                 for spec in SIGNALS:
-                    yield from self.planner.send(spec, window, chunk, group)
+                    yield from self.planner.send(spec, window, chunk, group,
+                                                 recorded=spec.name in choice.recorded)
                 yield GroupSent()
             yield ChunkSent(chunk, self.client.queries - before)
 
@@ -186,6 +202,8 @@ class PrometheusSource:
             elif isinstance(sent, GroupSent):
                 out, group, seen = group, [], {}
                 yield out
+            elif isinstance(sent, Chosen):
+                self._say_choice(sent)
             else:
                 if sent.chunk != chunk:
                     raise RuntimeError(f"fetch({chunk.label()}) out of the prefetched order "
@@ -193,6 +211,29 @@ class PrometheusSource:
                 self._queries += sent.queries
                 return
         raise RuntimeError(f"fetch({chunk.label()}): not among the prefetched chunks")
+
+
+    def _say_choice(self, chosen: Chosen) -> None:
+        """Tell `on_recorded` how each chunk is read, unless the store has no recorded series
+        at all or they are not wanted (then the run says what it said before the rules)."""
+        choice, label = chosen.choice, f"meter: {chosen.chunk.label()}"
+        if self.on_recorded is None or choice.none_deployed:
+            return
+        if len(choice.recorded) == len(SIGNALS):
+            self.on_recorded(f"{label}: recorded hourly series")
+        elif choice.recorded:
+            self.on_recorded(f"{label}: recorded hourly series for {len(choice.recorded)} "
+                             f"signal(s), raw for the others: {choice.why}")
+        else:
+            self.on_recorded(f"{label}: raw series: {choice.why}")
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """Which signals of the chunk are read from recorded series (metering.recorded)."""
+
+    chunk: Period
+    choice: Choice
 
 
 @dataclass(frozen=True)

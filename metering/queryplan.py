@@ -114,6 +114,11 @@ class SplitStats:
     groups: int = 0  # node groups of chunks too large to hold at once (0: none needed)
     max_group_nodes: int = 0
     metricsql: bool = False  # last-sample times from MetricsQL tlast_over_time
+    # signal-chunks read from the recorded hourly series (metering.recorded), and chunks of
+    # which only some signals were
+    recorded: int = 0
+    recorded_partly: int = 0
+    probes: int = 0  # range queries over the recorded series' markers (not in `queries`)
 
     def describe(self) -> str:
         if self.max_shards == 1 and self.max_time_pieces == 1 and not self.refused:
@@ -127,6 +132,12 @@ class SplitStats:
         why += (f"; {self.groups} node group(s) of up to {self.max_group_nodes:,} nodes, "
                 "written one after another to bound memory" if self.groups else "")
         why += "; last-sample times with MetricsQL tlast_over_time" if self.metricsql else ""
+        if self.recorded:
+            why += (f"; {self.recorded} of {self.signal_queries} signal-chunks from the "
+                    "recorded hourly series")
+            why += (f" ({self.recorded_partly} chunk(s) partly recorded, their other "
+                    "signals raw)" if self.recorded_partly else "")
+            why += f", checked by {self.probes} marker query(ies)"
         return (f"{self.queries} range queries for {self.signal_queries} signal-chunks over "
                 f"up to {self.nodes} node(s) per chunk: {split}{extra}{why}")
 
@@ -322,8 +333,10 @@ class QueryPlanner:
             return float(seen[node])
         return sum(seen.values()) / len(seen) if seen else PRIOR_SERIES_PER_NODE
 
-    def _per_step(self, spec: SignalSpec, node: str) -> float:
-        """Samples one series costs per evaluation hour."""
+    def _per_step(self, spec: SignalSpec, node: str, recorded: bool = False) -> float:
+        """Samples one series costs per evaluation hour (one where recorded)."""
+        if recorded:
+            return 1.0
         rate = self._learned.rate.get(node)
         if rate is None:
             rates = self._learned.rate.values()
@@ -336,8 +349,8 @@ class QueryPlanner:
     # --- planning -------------------------------------------------------------------------
 
     def plan(self, spec: SignalSpec, first: int, last: int,
-             nodes: Sequence[str] | None, group: tuple[str, ...] | None = None
-             ) -> list[Piece]:
+             nodes: Sequence[str] | None, group: tuple[str, ...] | None = None,
+             recorded: bool = False) -> list[Piece]:
         """Pieces covering every series (of the node group, where given: its `nodes`) and
         every evaluation hour first..last once."""
         steps = (last - first) // HOUR_S + 1
@@ -345,7 +358,7 @@ class QueryPlanner:
             return [Piece(group, first, last)]
         budget = self._budget(spec)
         series = {n: self._series(spec.family, n) for n in nodes}
-        weight = {n: series[n] * self._per_step(spec, n) for n in nodes}
+        weight = {n: series[n] * self._per_step(spec, n, recorded) for n in nodes}
         total_series = sum(series.values())
         if (sum(weight.values()) * steps <= budget
                 and total_series <= self.limits.max_series):
@@ -399,23 +412,26 @@ class QueryPlanner:
     # estimates both steps share are guarded by a lock.
 
     def send(self, spec: SignalSpec, window: str, chunk: Period,
-             group: tuple[str, ...] | None = None) -> Iterator[Sent]:
+             group: tuple[str, ...] | None = None, recorded: bool = False) -> Iterator[Sent]:
         """The signal's pieces over the chunk's evaluation hours (chunk start to end) for the
         node group (None: every series), each answer as the store sent it; a piece the store
         refuses as over a limit is split in two and sent again (`Refusal` says so). Ends with
-        a `SignalSent`."""
+        a `SignalSent`. `recorded`: from the signal's recorded hourly series (the same points,
+        metering.recorded)."""
         first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
         metricsql = self.metricsql()
         nodes = self.nodes(chunk) if group is None else tuple(n for n in group if n)
         with self._lock:
-            pieces = self.plan(spec, first, last, nodes, group)
+            pieces = self.plan(spec, first, last, nodes, group, recorded)
         self.stats.signal_queries += 1
+        self.stats.recorded += recorded
         answered: list[Piece] = []
         todo = list(reversed(pieces))
         while todo:
             piece = todo.pop()
-            promql = spec.promql(window, match=self._with_selector("", piece.matcher()),
-                                 metricsql=metricsql)
+            match = self._with_selector("", piece.matcher())
+            promql = (spec.recorded_promql(match) if recorded
+                      else spec.promql(window, match=match, metricsql=metricsql))
             try:
                 answer = self.client.query_range_answer(promql, piece.first, piece.last,
                                                         HOUR_S)

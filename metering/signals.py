@@ -29,6 +29,28 @@ CONTAINER_KEY = ("namespace", "pod", "container", "uuid", "mig_uuid")
 ALLOC_COLS = (*CONTAINER_COLS, "resource", "sharing", "replicas", "owner_kind", "owner_name")
 POD_LABEL_PREFIX = "label_"
 
+# Recorded hourly series (docs/recording-rules.md, "Metering series"): one recording rule per
+# signal, `gpu_ledger:<signal>:hour`. Whenever in the clock hour [E, E+1h) the evaluator runs,
+# the rule evaluates the signal at E alone (a subquery's steps are multiples of its step since
+# the epoch), so its point holds what the raw query at E gives: the hour before E. With it the
+# rule records a marker series (label MARK_LABEL = the signal) whose value is the start of
+# the hour it evaluated; metering reads a signal's recorded series for a chunk only where
+# every hour has its marker with the right value, else it asks for the raw family
+# (metering.recorded).
+RECORDED_PREFIX = "gpu_ledger:"
+RECORDED_SUFFIX = ":hour"
+MARK_LABEL = "metering_signal"
+# The signal's window: (t-1h, t] on Prometheus 2 (both ends included), what the raw path asks
+# Prometheus 2 and VictoriaMetrics for (metering.prometheus_source.window); on Prometheus 3 and
+# VictoriaMetrics (left-open) it misses a sample exactly 1 ms after the hour, as the raw path
+# does on VictoriaMetrics. The subquery's range holds exactly one multiple of 1h for every t on
+# Prometheus 2, and for every t but one millisecond before the hour on left-open stores (no
+# point then, and no marker: the chunk is read raw).
+RECORD_WINDOW = "3599999ms"
+# The read at E: the last point recorded in [E, E+1h) (left-open; Prometheus 2 adds E-1ms,
+# whose marker would name the hour before and so refuse the chunk).
+RECORDED_READ = "[1h] offset -3599999ms"
+
 
 @dataclass(frozen=True)
 class SignalSpec:
@@ -60,6 +82,26 @@ class SignalSpec:
             # exact while a grid point falls between it and its staleness marker.
             return f"max_over_time(timestamp({self.selector(match)})[{window}:{step_s:g}s])"
         return f"{self.func}_over_time({self.selector(match)}[{window}])"
+
+    @property
+    def recorded(self) -> str:
+        """Name of the signal's recorded hourly series."""
+        return f"{RECORDED_PREFIX}{self.name}{RECORDED_SUFFIX}"
+
+    def record_expr(self, metricsql: bool = False) -> str:
+        """The recording rule (evaluated once an hour, at any minute): the signal of the last
+        whole clock hour for every series, all labels kept, or the hour's marker."""
+        at_hour = f"[{RECORD_WINDOW}:1h]"
+        inner = self.promql(RECORD_WINDOW, metricsql=metricsql)
+        return (f"last_over_time(({inner}){at_hour})\n"
+                f"or label_replace(last_over_time((vector(time()) - 3600){at_hour}), "
+                f'"{MARK_LABEL}", "{self.name}", "", "")')
+
+    def recorded_promql(self, match: str = "") -> str:
+        """Range query (step 1h) of the recorded series: at E, what `promql` gives at E."""
+        matchers = [f'{MARK_LABEL}=""', *(f'{label}!=""' for label in self.nonempty)]
+        matchers += [match] if match else []
+        return f"last_over_time({self.recorded}{{{','.join(matchers)}}}{RECORDED_READ})"
 
     def keeps(self, labels: Mapping[str, str]) -> bool:
         return all(labels.get(label) for label in self.nonempty)

@@ -1,0 +1,254 @@
+"""The hourly metering series (alerts: group gpu-ledger.metering-series; metering.recorded)
+bill exactly as the raw series they were recorded from.
+
+The rules are backfilled over the hand-computed fleet of tests/conftest_prom.py with the real
+tools: `vmalert -replay` against VictoriaMetrics (the MetricsQL variant) and `promtool tsdb
+create-blocks-from rules` for Prometheus (the shipped file), both evaluating at 17 minutes past
+the hour, as an evaluator with its own offset does. Then the same day is metered from the raw
+series only (`--recorded never`) and from the recorded ones only (`--recorded only`), and
+every fact row and charge must be equal, floats to the last bit. Two copies of node-b's series
+(a second scrape 7 s later, as an HA pair gives) make the de-duplication read the last-sample
+times too.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+from contextlib import redirect_stderr
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest_prom import fact_rows
+from promtools import backfill, running_prometheus, running_victoria, vm_import
+
+from alerts.generate import METERING_GROUP, METERING_VM_FILE, metering_group
+from bench.recorded import REPLAY_LOST, REPLAY_WRITE
+from metering.cli_meter import main
+from metering.db import connect
+from metering.signals import SIGNALS
+
+pytestmark = pytest.mark.slow
+
+DAY_ARGS = ["--from", "2026-10-05", "--to", "2026-10-06"]
+FACTS = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours")
+# Evaluations at hh:17 from the hour before the day to the hour after it.
+REPLAY_FROM, REPLAY_TO = "2026-10-04T23:17:00Z", "2026-10-06T00:59:00Z"
+HA_HOURS = range(3, 9)  # node-b scraped twice from 03:00 to 09:00
+
+
+def _with_copies(om: str) -> list[tuple[str, int]]:
+    """(series, unix seconds) of the fleet, plus node-b's series again as another instance
+    7 s later during HA_HOURS."""
+    out: list[tuple[str, int]] = []
+    day0 = None
+    for line in om.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, ts = line.rpartition(" ")
+        t = int(ts)
+        day0 = day0 or t - t % 86400
+        out.append((head, t))
+        if 'node="node-b"' in head and (t - day0) // 3600 % 24 in HA_HOURS:
+            name, _, labels = head.partition("{")
+            out.append((f'{name}{{instance="copy",{labels}', t + 7))
+    return out
+
+
+def _prometheus_text(samples: list[tuple[str, int]]) -> str:
+    return "\n".join(f"{head} {t * 1000}" for head, t in samples) + "\n"
+
+
+def _openmetrics(samples: list[tuple[str, int]]) -> str:
+    return "\n".join(f"{head} {t}" for head, t in sorted(samples, key=_by_series)) + "\n# EOF\n"
+
+
+def _by_series(sample: tuple[str, int]) -> tuple[str, str, int]:
+    head, t = sample
+    return head.partition("{")[0], head, t
+
+
+def _meter(url: str, db: Path, *extra: str) -> str:
+    err = io.StringIO()
+    with redirect_stderr(err):
+        rc = main(["--prometheus", url, *DAY_ARGS, "--db", str(db), "--retries", "0", "-v",
+                   *extra])
+    assert rc == 0, err.getvalue()
+    return err.getvalue()
+
+
+def _same_ledger(a: Path, b: Path) -> int:
+    """Every fact row and charge equal; returns the number of fact rows compared."""
+    ca, cb = connect(a, read_only=True), connect(b, read_only=True)
+    compared = 0
+    try:
+        for table in FACTS:
+            rows = fact_rows(ca, table)
+            assert rows == fact_rows(cb, table), table
+            compared += len(rows)
+        cols = [r[0] for r in ca.execute("DESCRIBE charges").fetchall()]
+        keep = ", ".join(c for c in cols if c not in ("priced_at", "ingested_at"))
+        sql = f"SELECT {keep} FROM charges ORDER BY ALL"
+        charges = ca.execute(sql).fetchall()
+        assert charges and charges == cb.execute(sql).fetchall()
+    finally:
+        ca.close()
+        cb.close()
+    return compared
+
+
+def _replay(url: str, rules: Path, start: str, end: str, log: Path) -> None:
+    vmalert = shutil.which("vmalert")
+    assert vmalert, "vmalert is not installed: apt-get install -y vmalert"
+    with log.open("wb") as fh:
+        rc = subprocess.run([vmalert, f"-rule={rules}", f"-datasource.url={url}",
+                             f"-remoteWrite.url={url}", f"-replay.timeFrom={start}",
+                             f"-replay.timeTo={end}", "-replay.rulesDelay=0s",
+                             "-replay.disableProgressBar", "-httpListenAddr=127.0.0.1:0",
+                             *REPLAY_WRITE],
+                            stdout=fh, stderr=subprocess.STDOUT, timeout=300).returncode
+    assert rc == 0 and not any(w in log.read_text() for w in REPLAY_LOST), log.read_text()
+    vm_import(url, "")  # flushes what the replay wrote
+
+
+@pytest.fixture(scope="module")
+def samples(fleet_om_file: Path) -> list[tuple[str, int]]:
+    return _with_copies(fleet_om_file.read_text())
+
+
+def test_victoria_metrics_recorded_series_bill_as_the_raw_ones(
+        samples: list[tuple[str, int]], tmp_path: Path) -> None:
+    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        raw_out = _meter(url, raw, "--recorded", "never")
+        rec_out = _meter(url, rec, "--recorded", "only")
+    n = len(SIGNALS)
+    assert f"{n} of {n} signal-chunks from the recorded hourly series" in rec_out, rec_out
+    assert "recorded hourly series" not in raw_out
+    assert _same_ledger(raw, rec) > 400
+    # The copies were seen, and counted once, on both paths.
+    assert "coverage: 0 duplicate" not in raw_out and "coverage: 0 duplicate" not in rec_out
+
+
+def test_rules_for_part_of_the_day_fall_back_to_raw_series(
+        samples: list[tuple[str, int]], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Rules deployed at 08:00 (evaluations from 08:17), with alloc_count's rule only from
+    the start: in 8-hour chunks, the first reads alloc_count recorded and the rest raw, the
+    others read every signal recorded; the bill is the raw one's. `--recorded only` refuses
+    the first chunk in one line."""
+    raw, auto = tmp_path / "raw.duckdb", tmp_path / "auto.duckdb"
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, "2026-10-05T08:17:00Z", REPLAY_TO,
+                tmp_path / "late.log")
+        only_alloc = tmp_path / "only-alloc.yml"
+        doc = yaml.safe_load(METERING_VM_FILE.read_text())
+        doc["groups"][0]["rules"] = [r for r in doc["groups"][0]["rules"]
+                                     if r["record"] == "gpu_ledger:alloc_count:hour"]
+        only_alloc.write_text(yaml.safe_dump(doc))
+        _replay(url, only_alloc, REPLAY_FROM, "2026-10-05T08:16:00Z", tmp_path / "early.log")
+        _meter(url, raw, "--recorded", "never", "--chunk", "8")
+        out = _meter(url, auto, "--chunk", "8")
+        rc = main(["--prometheus", url, *DAY_ARGS, "--db", str(tmp_path / "only.duckdb"),
+                   "--recorded", "only", "--chunk", "8", "--retries", "0", "-q"])
+    n = len(SIGNALS)
+    assert ("2026-10-05T00:00Z .. 2026-10-05T08:00Z: recorded hourly series for 1 signal(s), "
+            f"raw for the others: hours not recorded for {n - 1} signal(s)") in out, out
+    assert "2026-10-05T08:00Z .. 2026-10-05T16:00Z: recorded hourly series\n" in out
+    assert f"{2 * n + 1} of {3 * n} signal-chunks from the recorded hourly series" in out
+    assert "1 chunk(s) partly recorded" in out
+    assert _same_ledger(raw, auto) > 400
+    err = capsys.readouterr().err
+    assert rc == 5 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "--recorded only: 2026-10-05T00:00Z .. 2026-10-05T08:00Z" in err
+
+
+def test_a_store_without_the_rules_bills_and_says_as_before(
+        samples: list[tuple[str, int]], tmp_path: Path) -> None:
+    raw, auto = tmp_path / "raw.duckdb", tmp_path / "auto.duckdb"
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, _prometheus_text(samples))
+        never = _meter(url, raw, "--recorded", "never")
+        out = _meter(url, auto)
+    assert "recorded" not in out and "marker" not in out
+    assert _same_ledger(raw, auto) > 400
+    # the same lines but for timings and figures of speed
+    assert [line.split(" (")[0] for line in never.splitlines()] == \
+        [line.split(" (")[0] for line in out.splitlines()]
+
+
+def test_prometheus_rules_backfilled_by_promtool_bill_as_the_raw_series(
+        samples: list[tuple[str, int]], tmp_path: Path) -> None:
+    """The shipped rules (Prometheus dialect) backfilled with `promtool tsdb
+    create-blocks-from rules`, evaluated hourly at hh:17 by the group's interval."""
+    data = tmp_path / "data"
+    backfill(_openmetrics(samples), data)
+    rules = tmp_path / "metering.yml"
+    rules.write_text(yaml.safe_dump({"groups": [metering_group()]}))
+    assert yaml.safe_load(rules.read_text())["groups"][0]["name"] == METERING_GROUP
+    blocks = tmp_path / "recorded-blocks"
+    blocks.mkdir()
+    with running_prometheus(data) as url:
+        subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--url={url}",
+                        f"--start={REPLAY_FROM}", f"--end={REPLAY_TO}",
+                        f"--output-dir={blocks}", "-q", str(rules)],
+                       check=True, capture_output=True, timeout=300)
+        raw_out = _meter(url, tmp_path / "raw.duckdb", "--recorded", "never")
+    for block in blocks.iterdir():
+        shutil.move(str(block), data / block.name)
+    with running_prometheus(data) as url:
+        rec_out = _meter(url, tmp_path / "recorded.duckdb", "--recorded", "only")
+    n = len(SIGNALS)
+    assert f"{n} of {n} signal-chunks from the recorded hourly series" in rec_out, rec_out
+    assert "coverage: 0 duplicate" not in raw_out
+    assert _same_ledger(tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb") > 400
+
+
+def test_recorded_series_that_cannot_stand_for_the_raw_ones_are_not_read(
+        samples: list[tuple[str, int]], tmp_path: Path) -> None:
+    """An evaluator that had only node-a's series (node-b's arrived from a store without the
+    rules): the day is read raw, saying so. Then a second evaluator's up_count marker that
+    names the wrong hours (points stamped an hour late): up_count alone is read raw."""
+    node_a = [s for s in samples if 'node="node-b"' not in s[0]]
+    node_b = [s for s in samples if 'node="node-b"' in s[0]]
+    raw, auto, mixed = (tmp_path / f"{n}.duckdb" for n in ("raw", "auto", "mixed"))
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, _prometheus_text(node_a))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        vm_import(url, _prometheus_text(node_b))
+        _meter(url, raw, "--recorded", "never")
+        out = _meter(url, auto)
+        assert "raw series: 1 node(s) with raw series but none recorded (node-b)" in out, out
+        assert "signal-chunks from the recorded" not in out
+        assert _same_ledger(raw, auto) > 400
+        # node-b recorded too now; another evaluator's up_count marker is an hour off
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay2.log")
+        late = [f'gpu_ledger:up_count:hour{{metering_signal="up_count",replica="2"}} '
+                f"{t - 7200} {t * 1000}" for t in range(1791154800, 1791248400 + 1, 3600)]
+        vm_import(url, "\n".join(late) + "\n")
+        out = _meter(url, mixed)
+    n = len(SIGNALS)
+    assert (f"recorded hourly series for {n - 1} signal(s), raw for the others: hours not "
+            "recorded for 1 signal(s) (up_count)") in out, out
+    assert _same_ledger(raw, mixed) > 400
+
+
+def test_recorded_nodes_listed_family_by_family_under_a_series_limit(
+        samples: list[tuple[str, int]], tmp_path: Path) -> None:
+    """VictoriaMetrics refuses to list the recorded series' nodes all at once under
+    -search.maxUniqueTimeseries=25 (the families hold more together, each fewer): they are
+    listed one family at a time, and the day is still read recorded."""
+    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    with running_victoria(tmp_path / "vm", "-search.maxUniqueTimeseries=25") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        _meter(url, raw, "--recorded", "never")
+        out = _meter(url, rec)
+    n = len(SIGNALS)
+    assert f"{n} of {n} signal-chunks from the recorded hourly series" in out, out
+    assert _same_ledger(raw, rec) > 400
