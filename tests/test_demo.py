@@ -45,7 +45,7 @@ VENDOR_PODS = {  # the metered charges (the report's pod section keeps the top 2
     "notebook-ana": 24 * _MI300X / 8,
     "embedder-0": 24 * _MI300X,  # a whole MI300X (amd.com/gpu)
     "virt-launcher-vm-render": 24 * _MI300X / 4,  # MxGPU VF
-    "virt-launcher-vm-sim": 24 * _MAX1550 / 4,  # Intel Max SR-IOV VF
+    "solver-0": 24 * _MAX1550 / 4,  # Intel Max SR-IOV VF (gpu.intel.com/xe card)
     "virt-launcher-desk-alice": 24 * _UHD630 / 4,  # i915-GVTg_V5_4
     "virt-launcher-desk-bob": 24 * _UHD630 / 8,  # i915-GVTg_V5_8
 }

@@ -1,0 +1,348 @@
+"""An AMD or Intel node of a vendor scenario (gpusim/scenarios/vendors, format in
+gpusim/vendor_scenario.py) as the exporter meets it on a real node, for gpusim.cluster:
+
+- AMD: a simulated amdsmi (gpusim.amdsmi_sim) whose GPUs, partitions, MxGPU VFs and process
+  list follow the scenario, plus the sysfs the attribution reads: the GPUs' PCI functions, the
+  partitions' `amdgpu_xcp_<n>` platform devices with their render nodes, the VFs' IOMMU groups;
+- Intel: a sysfs tree in the kernel's layout (gpusim.intel_sysfs: an xe PF with SR-IOV VFs bound
+  to xe, an i915 iGPU with GVT-g mdevs) whose energy counter advances with the clock, and a
+  simulated Level Zero (gpusim.levelzero) naming the devices;
+- what the device plugins hand the pods, as the kubelet's PodResources lists it: AMD's
+  `amd.com/<profile>` partitions (partition 0 by PCI address, the others by `amdgpu_xcp_<n>`),
+  `amd.com/gpu` whole GPUs by PCI address, `amd.com/gpu_vf` VFs by IOMMU group; the Intel GPU
+  plugin's `gpu.intel.com/<driver>` cards (`card<N>-0`, a VF's own card); KubeVirt's mdev
+  UUIDs under the scenario's resource name;
+- the pods' processes: `/proc/<pid>/cgroup` of the containers on AMD GPUs and partitions, which
+  amdsmi lists with their VRAM and GFX time. A VM's work (a VF, an mdev) has no process on the
+  host: the host sees a VF's framebuffer use (MxGPU guest data) and nothing of an mdev's.
+
+Everything is a function of the scenario time t (seconds since the cluster's start; a holder's
+`hours` are hours of that clock), so `refresh(t)` before a sample cycle gives one consistent
+node to the kubelet, /proc and the vendor library.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exporter.device.amd import AmdBackend
+from exporter.device.contract import DeviceBackend
+from exporter.device.intel import IntelBackend
+from exporter.errors import ConfigError
+from gpusim.amdsmi_sim import SimAmdGpu, SimAmdProcess, SimAmdSmi, SimAmdVf
+from gpusim.intel_sysfs import IntelGpu, write_gpu
+from gpusim.kubelet import ContainerAllocation, PodAllocation
+from gpusim.levelzero import SimZes, SimZesDevice, SimZesMemory
+from gpusim.model import stable_hex, stable_uuid
+from gpusim.node import container_id
+from gpusim.vendor_scenario import Gpu, Holder, VendorScenario
+
+PID_BASE = 300_000  # a vendor node's container processes: PID_BASE + holder index
+XCP_BASE = 30  # the first amdgpu_xcp_<n> platform device number
+IOMMU_BASE = 200  # the first VF's IOMMU group
+# Intel device IDs (include/drm/intel/pciids.h, Linux 6.15): PVC Max 1550, CFL GT2 (UHD 630).
+INTEL_DEVICE_IDS = {"Intel(R) Data Center GPU Max 1550": "0x0bd5",
+                    "Intel(R) UHD Graphics 630": "0x3e92"}
+# Board power the simulated Intel devices draw (energy counter, W), busy and idle.
+INTEL_WATTS = {"xe": (450.0, 90.0), "i915": (15.0, 2.0)}
+
+
+def _alive(h: Holder, t: float) -> bool:
+    hour = int(t // 3600)
+    return t >= 0 and hour >= h.first and (h.last is None or hour < h.last)
+
+
+def pod_uid(h: Holder) -> str:
+    return stable_uuid("pod", h.namespace, h.pod)
+
+
+def cgroup_line(h: Holder) -> str:
+    """cgroup v2 under the cgroupfs driver, burstable QoS, containerd."""
+    return f"0::/kubepods/burstable/pod{pod_uid(h)}/{container_id(pod_uid(h), h.container)}"
+
+
+@dataclass(frozen=True)
+class _Partitioning:
+    compute: str  # "CPX"
+    memory: str  # "NPS4"
+
+
+def _partitioning(g: Gpu) -> _Partitioning:
+    if not g.profile:
+        return _Partitioning("SPX", "NPS1")
+    compute, nps = g.profile.split("_")
+    return _Partitioning(compute.upper(), nps.upper())
+
+
+class VendorNode:
+    """One AMD or Intel node: its backend, sysfs, /proc and device plugin IDs over time."""
+
+    def __init__(self, scenario: VendorScenario, sysfs_root: Path, proc_root: Path,
+                 clock: Callable[[], float], start: float) -> None:
+        self.scenario = scenario
+        self.sysfs_root = Path(sysfs_root)
+        self.proc_root = Path(proc_root)
+        self.proc_root.mkdir(parents=True, exist_ok=True)
+        self.start = start
+        self._clock = clock
+        vendors = {g.vendor for g in scenario.gpus}
+        if len(vendors) != 1 or vendors <= {"nvidia"}:
+            raise ConfigError(scenario.node, "gpus", "AMD or Intel GPUs of one vendor",
+                              ",".join(sorted(vendors)))
+        self.vendor = vendors.pop()
+        self._ids: dict[int, str] = {}  # holder index -> device ID
+        self._allocatable: list[tuple[str, str]] = []
+        self.backend: DeviceBackend
+        if self.vendor == "amd":
+            self.backend = self._amd()
+        else:
+            self.backend = self._intel()
+
+    # --- AMD -------------------------------------------------------------------------------
+    def _amd(self) -> AmdBackend:
+        sc = self.scenario
+        gpus: list[SimAmdGpu] = []
+        xcp = XCP_BASE
+        devices = self.sysfs_root / "bus" / "pci" / "devices"
+        for i, g in enumerate(sc.gpus):
+            part = _partitioning(g)
+            bdf = f"0000:{0x0c + 0x20 * i:02x}:00.0"
+            mb = g.memory >> 20
+            vfs = [SimAmdVf(fb_mb=mb // g.vfs) for _ in range(g.vfs)]
+            sim = SimAmdGpu(bdf=bdf, uuid=f"{stable_hex(8, sc.node, str(i))}-0000-1000-8000-"
+                            f"{stable_hex(12, sc.node, str(i), 'gpu')}", model=g.model,
+                            vram_mb=mb, compute=part.compute, memory=part.memory,
+                            render_base=128 + 8 * i, vfs=vfs)
+            gpus.append(sim)
+            _pci_function(devices / bdf, "0x1002", "0x120000")  # processing accelerator
+            ids: dict[str, list[str]] = {}
+            if g.vfs:
+                for v in range(g.vfs):
+                    group = str(IOMMU_BASE + 8 * i + v)
+                    vf = devices / f"0000:{bdf.split(':')[1]}:02.{v}"
+                    _pci_function(vf, "0x1002", "0x120000")
+                    _symlink(vf / "physfn", f"../{bdf}")
+                    (self.sysfs_root / "kernel" / "iommu_groups" / group).mkdir(
+                        parents=True, exist_ok=True)
+                    _symlink(vf / "iommu_group", f"../../../../kernel/iommu_groups/{group}")
+                    ids.setdefault("amd.com/gpu_vf", []).append(group)
+                    self._unit_id(i, "vf", v, group)
+            elif g.partitions:
+                for p in range(g.partitions):
+                    if p == 0:  # partition 0 is the PCI device itself
+                        dev = bdf
+                    else:
+                        dev = f"amdgpu_xcp_{xcp}"
+                        render = self.sysfs_root / "devices" / "platform" / dev / "drm" / \
+                            f"renderD{sim.render_base + p}"
+                        render.mkdir(parents=True, exist_ok=True)
+                        xcp += 1
+                    ids.setdefault(f"amd.com/{g.profile}", []).append(dev)
+                    self._unit_id(i, "partition", p, dev)
+            else:
+                ids.setdefault("amd.com/gpu", []).append(bdf)
+                self._unit_id(i, "whole", 0, bdf)
+            self._allocatable += [(r, d) for r, devs in ids.items() for d in devs]
+        host = any(g.vfs for g in sc.gpus)
+        self._amdsmi = SimAmdSmi(gpus, host=host, clock=self._clock, start=self.start)
+        return AmdBackend(self._amdsmi.as_api(),
+                          clock_ns=lambda: int(self._clock() * 1e9))
+
+    def _amd_refresh(self, t: float) -> None:
+        procs: list[SimAmdProcess] = []
+        vf_use: dict[tuple[int, int], int] = {}
+        for n, h in enumerate(self.scenario.holders):
+            if not _alive(h, t):
+                continue
+            if h.kind == "vf":
+                vf_use[(h.gpu, h.index)] = h.memory >> 20
+                continue
+            procs.append(SimAmdProcess(
+                pid=PID_BASE + n, gpu=h.gpu, partition=h.index if h.kind == "partition" else 0,
+                vram_bytes=h.memory, gfx_busy=h.activity, name=h.container))
+        self._amdsmi.processes = procs  # one assignment: a sampler thread sees old or new
+        for i, g in enumerate(self._amdsmi.gpus):
+            for v, vf in enumerate(g.vfs):
+                used = vf_use.get((i, v))
+                vf.vm, vf.guest_fb_usage_mb = ("" if used is None else f"vm-{i}-{v}"), used or 0
+
+    # --- Intel -----------------------------------------------------------------------------
+    def _intel(self) -> IntelBackend:
+        sc = self.scenario
+        card = 0
+        self._energy: list[tuple[str, str, int]] = []  # (energy1_input, driver, GPU index)
+        zes: list[SimZesDevice] = []
+        self._zes_memory: dict[int, SimZesMemory] = {}
+        for i, g in enumerate(sc.gpus):
+            device_id = INTEL_DEVICE_IDS.get(g.model, "0x56c0")
+            if g.mdevs:  # an integrated GPU: 00:02.0, i915
+                bdf, driver = "0000:00:02.0", "i915"
+            else:
+                bdf, driver = f"0000:{0x4d + 0x40 * i:02x}:00.0", "xe"
+            mdevs = {str(stable_uuid("mdev", sc.node, str(i), str(m))): _gvt_n(sc, t)
+                     for m, t in enumerate(g.mdevs)}
+            vfs = tuple((f"0000:{bdf.split(':')[1]}:00.{v + 1}", card + 1 + v)
+                        for v in range(g.vfs))
+            gpu = IntelGpu(bdf, card, device_id, driver, power_max_uw=600_000_000
+                           if driver == "xe" else 0, act_freq_mhz=1600, cur_freq_mhz=1600,
+                           temp_mc=52_000 if driver == "xe" else None,
+                           vram_per_tile=(g.memory,) if driver == "xe" else (),
+                           total_vfs=63 if g.vfs else None, vfs=vfs, gvt=bool(g.mdevs),
+                           mdevs=mdevs)
+            write_gpu(str(self.sysfs_root), gpu)
+            energy = _hwmon_energy(self.sysfs_root, bdf, driver)
+            if energy is not None:
+                self._energy.append((energy, driver, i))
+            if g.vfs:  # the plugin registers each VF's card, not the PF's
+                for v, (_, vf_card) in enumerate(vfs):
+                    self._allocatable.append((f"gpu.intel.com/{driver}", f"card{vf_card}-0"))
+                    self._unit_id(i, "vf", v, f"card{vf_card}-0")
+            elif g.mdevs:
+                for m, uuid in enumerate(mdevs):
+                    self._allocatable.append((f"intel.com/{g.mdevs[m]}", uuid))
+                    self._unit_id(i, "mdev", m, uuid)
+            else:
+                self._allocatable.append((f"gpu.intel.com/{driver}", f"card{card}-0"))
+                self._unit_id(i, "whole", 0, f"card{card}-0")
+            card += 1 + len(vfs)
+            a, b, d, f = (int(x, 16) for x in bdf.replace(".", ":").split(":"))
+            memory = [SimZesMemory(g.memory, g.memory)] if driver == "xe" else []
+            if memory:
+                self._zes_memory[i] = memory[0]
+            zes.append(SimZesDevice((a, b, d, f), g.model, memory))
+        sim = SimZes(zes)
+        return IntelBackend(str(self.sysfs_root), str(self.proc_root), clock=self._clock,
+                            sysman=lambda: (sim, ""))
+
+    def _intel_refresh(self, t: float) -> None:
+        busy: dict[int, float] = {}
+        used: dict[int, int] = {}
+        for h in self.scenario.holders:
+            if _alive(h, t):
+                busy[h.gpu] = busy.get(h.gpu, 0.0) + h.activity * _unit_share(
+                    self.scenario.gpus[h.gpu], h)
+                used[h.gpu] = used.get(h.gpu, 0) + h.memory
+        for i, mem in self._zes_memory.items():
+            mem.free = max(0, mem.size - used.get(i, 0))
+        for path, driver, i in self._energy:
+            peak, idle = INTEL_WATTS[driver]
+            # energy since the sim began at the mean draw of [0, t] (constant activity: exact)
+            watts = idle + (peak - idle) * min(1.0, busy.get(i, 0.0))
+            _write_atomic(Path(path), f"{int(max(t, 0.0) * watts * 1e6)}\n")
+
+    # --- the node over time ----------------------------------------------------------------
+    def _unit_id(self, gpu: int, kind: str, index: int, device_id: str) -> None:
+        for n, h in enumerate(self.scenario.holders):
+            if (h.gpu, h.kind, h.index) == (gpu, kind, index):
+                self._ids[n] = device_id
+
+    def device_ids(self) -> list[tuple[str, str]]:
+        """The device plugins' allocatable list (PodResources GetAllocatableResources)."""
+        return list(self._allocatable)
+
+    def allocations(self, t: float) -> list[PodAllocation]:
+        pods: dict[tuple[str, str], list[ContainerAllocation]] = {}
+        for n, h in enumerate(self.scenario.holders):
+            if _alive(h, t):
+                pods.setdefault((h.namespace, h.pod), []).append(
+                    ContainerAllocation(h.container, [(h.resource, [self._ids[n]])]))
+        return [PodAllocation(ns, name, cs) for (ns, name), cs in pods.items()]
+
+    def pod_objects(self, t0: float, t1: float) -> list[dict[str, Any]]:
+        """Pod objects of the holders alive some time in [t0, t1) (scenario seconds)."""
+        from gpusim.cluster import owner_metadata
+
+        by_pod: dict[tuple[str, str], list[Holder]] = {}
+        for h in self.scenario.holders:
+            begin, end = h.first * 3600.0, None if h.last is None else h.last * 3600.0
+            if begin < t1 and (end is None or end > t0):
+                by_pod.setdefault((h.namespace, h.pod), []).append(h)
+        out = []
+        for (ns, name), hs in by_pod.items():
+            uid = pod_uid(hs[0])
+            out.append({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": ns, "uid": uid,
+                             **owner_metadata(ns, dict(hs[0].labels), hs[0].owner)},
+                "spec": {"nodeName": self.scenario.node,
+                         "containers": [{"name": h.container, "image": "sim"} for h in hs]},
+                "status": {"phase": "Running", "containerStatuses": [
+                    {"name": h.container, "ready": True,
+                     "containerID": f"containerd://{container_id(uid, h.container)}"}
+                    for h in hs]},
+            })
+        return out
+
+    def refresh(self, t: float) -> None:
+        """Bring the vendor library, sysfs and /proc to scenario time t."""
+        if self.vendor == "amd":
+            self._amd_refresh(t)
+        else:
+            self._intel_refresh(t)
+        self._write_proc(t)
+
+    def _write_proc(self, t: float) -> None:
+        alive: dict[int, Holder] = {}
+        if self.vendor == "amd":  # a VM's work has no process on the host
+            alive = {PID_BASE + n: h for n, h in enumerate(self.scenario.holders)
+                     if _alive(h, t) and h.kind != "vf"}
+        for entry in self.proc_root.iterdir():
+            if entry.name.isdigit() and int(entry.name) not in alive:
+                shutil.rmtree(entry, ignore_errors=True)
+        for pid, h in alive.items():
+            d = self.proc_root / str(pid)
+            if (d / "cgroup").is_file():
+                continue  # a holder's identity never changes
+            d.mkdir(exist_ok=True)
+            _write_atomic(d / "comm", h.container + "\n")
+            _write_atomic(d / "cgroup", cgroup_line(h) + "\n")
+
+
+def _gvt_n(sc: VendorScenario, type_name: str) -> int:
+    try:
+        return int(type_name.rsplit("_", 1)[1])
+    except (IndexError, ValueError):
+        raise ConfigError(sc.node, "gpus.mdevs", "GVT-g types i915-GVTg_V5_<N>",
+                          type_name) from None
+
+
+def _unit_share(g: Gpu, h: Holder) -> float:
+    """The fraction of its GPU a holder's unit is (activity is 0-1 of the unit)."""
+    if h.kind == "partition":
+        return 1 / max(g.partitions, 1)
+    if h.kind == "vf":
+        return 1 / max(g.vfs, 1)
+    if h.kind == "mdev":
+        return 1 / int(g.mdevs[h.index].rsplit("_", 1)[1])
+    return 1.0
+
+
+def _pci_function(d: Path, vendor: str, klass: str) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "vendor").write_text(vendor + "\n")
+    (d / "class").write_text(klass + "\n")
+
+
+def _symlink(path: Path, target: str) -> None:
+    if not path.is_symlink():
+        os.symlink(target, path)
+
+
+def _hwmon_energy(root: Path, bdf: str, driver: str) -> str | None:
+    """The device-level hwmon's energy1_input of the function (its `name` is the driver)."""
+    hwmon = root / "bus" / "pci" / "devices" / bdf / "hwmon"
+    for d in sorted(hwmon.iterdir()) if hwmon.is_dir() else []:
+        if (d / "name").read_text().strip() == driver and (d / "energy1_input").exists():
+            return str(d / "energy1_input")
+    return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
