@@ -102,7 +102,7 @@ def vendor_scenario_paths(names: list[str] | None) -> list[Path]:
 
 
 # A week shows every scenario event (they all happen in the first day and repeat daily or
-# hourly) in two to three minutes on 2 cores; the month takes about four times as long
+# hourly) in about three minutes on 2 cores; the month takes about four times as long
 # (docs/performance.md, "Demo").
 DEFAULT_DAYS = 7
 

@@ -70,12 +70,13 @@ def test_a_bad_scenario_is_one_line(tmp_path: Path, gpus: str, key: str) -> None
     assert str(e.value).count("\n") == 0 and key in str(e.value), str(e.value)
 
 
-def _history(tmp_path: Path, hours: int, step: int) -> Path:
-    """The four nodes' exporters sampled every `step` seconds for `hours`, as the demo writes
-    its history (the simulated clock stepped through the real exporter)."""
+def _history(tmp_path: Path, hours: int, step: int, scenarios: list[Path] = SCENARIOS
+             ) -> Path:
+    """The nodes' exporters sampled every `step` seconds for `hours`, as the demo writes its
+    history (the simulated clock stepped through the real exporter)."""
     om = tmp_path / "vendors.om"
     history = OpenMetricsHistory(om, HISTORY_FAMILIES)
-    with SimCluster([], start=T0, workdir=tmp_path / "sim", vendors=SCENARIOS,
+    with SimCluster([], start=T0, workdir=tmp_path / "sim", vendors=scenarios,
                     window=(0.0, hours * 3600.0 + step)) as cluster:
         for i in range(1, hours * 3600 // step + 1):
             for _, rendering in cluster.step(T0 + i * step):
@@ -141,6 +142,56 @@ def test_vendor_nodes_metered_priced_and_reported(tmp_path: Path) -> None:
     for text in ("AMD Instinct MI300X", "Intel(R) UHD Graphics 630",
                  "Intel(R) Data Center GPU Max 1550", "AMD CPX partition (1 of 8)"):
         assert text in md, text
+
+
+SHORT = """
+node: short-1
+gpus:
+  - {model: AMD Instinct MI300X, vendor: amd, memory: 192GiB,
+     partitions: {profile: dpx_nps2, count: 2}}
+pods:
+  - namespace: ml
+    name: early
+    labels: {team: a}
+    hours: [0, 1]
+    containers:
+      - {name: c, resource: amd.com/dpx_nps2, unit: {gpu: 0, partition: 1}, memory: 1GiB}
+  - namespace: ml
+    name: late
+    labels: {team: b}
+    hours: [1, 3]
+    containers:
+      - {name: c, resource: amd.com/dpx_nps2, unit: {gpu: 0, partition: 1}, memory: 1GiB}
+"""
+
+
+def test_short_window_bill_follows_the_holders(tmp_path: Path) -> None:
+    """Three hours, a sample every 10 minutes, on an MI300X in DPX/NPS2 (2 partitions, 3.20/h):
+    `early` holds partition 1 in hour 0, `late` in hours 1-2. Metering counts a sample for the
+    hour it ends (the sample at 01:00 is hour 0's), and the node at 01:00 is already in hour 1
+    of its scenario, so by hand, in 10-minute samples of a partition:
+      early: 00:10 .. 00:50                      =  5
+      late:  01:00, 01:10 .. 02:00, 02:10 .. 02:50 = 1 + 6 + 5 = 12
+      partition 1 idle: 03:00 (no holder)        =  1
+      partition 0 idle: all 18."""
+    path = tmp_path / "short.yaml"
+    path.write_text(SHORT)
+    om = _history(tmp_path, 3, 600, [path])
+    period = resolve(None, "2026-10-01T00:00", "2026-10-01T03:00")
+    src = OpenMetricsSource(str(om), period, DEFAULT_SELECTOR)
+    con = connect(tmp_path / "s.duckdb")
+    try:
+        ingest(con, src, period)
+    finally:
+        src.close()
+    price_period(con, load_cost_model(None), period.start, period.end)
+    bills = dict(con.execute("SELECT team, sum(cost) FROM charges GROUP BY team").fetchall())
+    con.close()
+    sample = MI300X / 2 / 6  # a DPX partition for 10 minutes
+    want = {"a": 5 * sample, "b": 12 * sample, "idle": (1 + 18) * sample}
+    # charges are kept to the micro-unit, the rounding put where the total stays exact
+    assert bills.keys() == want.keys() and sum(bills.values()) == 3 * MI300X
+    assert all(abs(bills[t] - want[t]) <= D("0.000002") for t in want), bills
 
 
 def test_vendor_exporters_serve_attributed_scrapes(tmp_path: Path) -> None:
