@@ -45,6 +45,7 @@ from gpusim.vendor_scenario import Gpu, Holder, VendorScenario
 PID_BASE = 300_000  # a vendor node's container processes: PID_BASE + holder index
 XCP_BASE = 30  # the first amdgpu_xcp_<n> platform device number
 IOMMU_BASE = 200  # the first VF's IOMMU group
+XE_TIMESTAMP_HZ = 19_200_000  # the GPU timestamp xe's drm-total-cycles counts
 # Intel device IDs (include/drm/intel/pciids.h, Linux 6.15): PVC Max 1550, CFL GT2 (UHD 630).
 INTEL_DEVICE_IDS = {"Intel(R) Data Center GPU Max 1550": "0x0bd5",
                     "Intel(R) UHD Graphics 630": "0x3e92"}
@@ -91,12 +92,14 @@ class VendorNode:
         self.start = start
         self._clock = clock
         vendors = {g.vendor for g in scenario.gpus}
-        if len(vendors) != 1 or vendors <= {"nvidia"}:
+        if len(vendors) != 1 or not vendors <= {"amd", "intel"}:
             raise ConfigError(scenario.node, "gpus", "AMD or Intel GPUs of one vendor",
                               ",".join(sorted(vendors)))
         self.vendor = vendors.pop()
         self._ids: dict[int, str] = {}  # holder index -> device ID
         self._allocatable: list[tuple[str, str]] = []
+        # Intel: (gpu, kind, index) -> (PCI address, card, driver) a container's process opens
+        self._drm: dict[tuple[int, str, int], tuple[str, int, str]] = {}
         self.backend: DeviceBackend
         if self.vendor == "amd":
             self.backend = self._amd()
@@ -180,7 +183,7 @@ class VendorNode:
         self._zes_memory: dict[int, SimZesMemory] = {}
         for i, g in enumerate(sc.gpus):
             device_id = INTEL_DEVICE_IDS.get(g.model, "0x56c0")
-            if g.mdevs:  # an integrated GPU: 00:02.0, i915
+            if g.mdevs:  # an integrated GPU (one a node): 00:02.0, i915
                 bdf, driver = "0000:00:02.0", "i915"
             else:
                 bdf, driver = f"0000:{0x4d + 0x40 * i:02x}:00.0", "xe"
@@ -199,16 +202,21 @@ class VendorNode:
             if energy is not None:
                 self._energy.append((energy, driver, i))
             if g.vfs:  # the plugin registers each VF's card, not the PF's
-                for v, (_, vf_card) in enumerate(vfs):
+                for v, (vf_bdf, vf_card) in enumerate(vfs):
                     self._allocatable.append((f"gpu.intel.com/{driver}", f"card{vf_card}-0"))
                     self._unit_id(i, "vf", v, f"card{vf_card}-0")
+                    self._drm[(i, "vf", v)] = (vf_bdf, vf_card, driver)
             elif g.mdevs:
                 for m, uuid in enumerate(mdevs):
                     self._allocatable.append((f"intel.com/{g.mdevs[m]}", uuid))
                     self._unit_id(i, "mdev", m, uuid)
-            else:
-                self._allocatable.append((f"gpu.intel.com/{driver}", f"card{card}-0"))
-                self._unit_id(i, "whole", 0, f"card{card}-0")
+            else:  # -shared-dev-num N: the card N times, `card<N>-<k>`, one per holder
+                self._allocatable += [(f"gpu.intel.com/{driver}", f"card{card}-{k}")
+                                      for k in range(g.shared)]
+                sharers = [n for n, h in enumerate(sc.holders) if h.gpu == i]
+                for k, n in enumerate(sharers):
+                    self._ids[n] = f"card{card}-{k % g.shared}"
+                self._drm[(i, "whole", 0)] = (bdf, card, driver)
             card += 1 + len(vfs)
             a, b, d, f = (int(x, 16) for x in bdf.replace(".", ":").split(":"))
             memory = [SimZesMemory(g.memory, g.memory)] if driver == "xe" else []
@@ -287,20 +295,52 @@ class VendorNode:
         self._write_proc(t)
 
     def _write_proc(self, t: float) -> None:
+        """/proc/<pid>/cgroup of each container process; on Intel also its DRM fd and fdinfo,
+        the only per-process usage i915 and xe give. A VM's work has no process on the host
+        (an AMD VF, an mdev)."""
         alive: dict[int, Holder] = {}
-        if self.vendor == "amd":  # a VM's work has no process on the host
-            alive = {PID_BASE + n: h for n, h in enumerate(self.scenario.holders)
-                     if _alive(h, t) and h.kind != "vf"}
+        for n, h in enumerate(self.scenario.holders):
+            if not _alive(h, t):
+                continue
+            if (self.vendor == "amd" and h.kind != "vf") or \
+                    (h.gpu, h.kind, h.index) in self._drm:
+                alive[PID_BASE + n] = h
         for entry in self.proc_root.iterdir():
             if entry.name.isdigit() and int(entry.name) not in alive:
                 shutil.rmtree(entry, ignore_errors=True)
         for pid, h in alive.items():
             d = self.proc_root / str(pid)
-            if (d / "cgroup").is_file():
-                continue  # a holder's identity never changes
-            d.mkdir(exist_ok=True)
-            _write_atomic(d / "comm", h.container + "\n")
-            _write_atomic(d / "cgroup", cgroup_line(h) + "\n")
+            if not (d / "cgroup").is_file():  # a holder's identity never changes
+                d.mkdir(exist_ok=True)
+                _write_atomic(d / "comm", h.container + "\n")
+                _write_atomic(d / "cgroup", cgroup_line(h) + "\n")
+            if self.vendor == "intel":
+                self._write_fdinfo(d, pid, h, t)
+
+    def _write_fdinfo(self, d: Path, pid: int, h: Holder, t: float) -> None:
+        """fd 3 on the card's render node and its fdinfo, as xe prints it (xe_drm_client.c:
+        drm-cycles-/drm-total-cycles-<class>, resident VRAM in KiB) or i915 (drm-engine-
+        <class> in ns). Counters run from the process's start at its activity."""
+        bdf, card, driver = self._drm[(h.gpu, h.kind, h.index)]
+        since = max(0.0, t - h.first * 3600.0)
+        fd = d / "fd" / "3"
+        if not fd.is_symlink():
+            (d / "fd").mkdir(exist_ok=True)
+            (d / "fdinfo").mkdir(exist_ok=True)
+            os.symlink(f"/dev/dri/renderD{128 + card}", fd)
+        kib = h.memory >> 10
+        head = f"pos:\t0\nflags:\t02100002\nmnt_id:\t26\ndrm-driver:\t{driver}\n" \
+            f"drm-client-id:\t{pid}\ndrm-pdev:\t{bdf}\n"
+        if driver == "xe":
+            total = int(t * XE_TIMESTAMP_HZ)
+            busy = int(since * XE_TIMESTAMP_HZ * h.activity)
+            body = (f"drm-total-vram0:\t{kib} KiB\ndrm-resident-vram0:\t{kib} KiB\n"
+                    f"drm-cycles-rcs:\t0\ndrm-total-cycles-rcs:\t{total}\n"
+                    f"drm-cycles-ccs:\t{busy}\ndrm-total-cycles-ccs:\t{total}\n")
+        else:
+            body = (f"drm-engine-render:\t{int(since * 1e9 * h.activity)} ns\n"
+                    f"drm-total-system0:\t{h.memory}\ndrm-resident-system0:\t{h.memory}\n")
+        _write_atomic(d / "fdinfo" / "3", head + body)
 
 
 def _gvt_n(sc: VendorScenario, type_name: str) -> int:

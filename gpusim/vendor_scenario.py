@@ -14,7 +14,8 @@ Format (every key commented in the files):
         memory: 192GiB
         partitions: {profile: cpx_nps4, count: 8}   # AMD compute partitions, or
         vfs: 4                              # SR-IOV VFs enabled (MxGPU, Intel), or
-        mdevs: [i915-GVTg_V5_4, ...]        # GVT-g mdevs created, by type
+        mdevs: [i915-GVTg_V5_4, ...]        # GVT-g mdevs created, by type, or
+        shared: 2                           # Intel: the GPU plugin's -shared-dev-num
     pods:
       - namespace: NS
         name: POD
@@ -54,6 +55,7 @@ class Gpu:
     partitions: int = 0
     vfs: int = 0
     mdevs: tuple[str, ...] = ()
+    shared: int = 1  # Intel GPU plugin -shared-dev-num: pods sharing the whole GPU
 
 
 @dataclass(frozen=True)
@@ -112,9 +114,12 @@ def load_vendor_scenario(path: str | Path) -> VendorScenario:
         vfs = g.get("vfs", int_range(1, 64), 0)
         mdevs = tuple(_gvt_type(file, g.key(f"mdevs[{j}]"), t)
                       for j, t in enumerate(g.get("mdevs", as_list, [])))
+        shared = g.get("shared", int_range(1, 64), 1)
+        if shared > 1 and (vendor != "intel" or vfs or mdevs):
+            raise ConfigError(file, g.key("shared"), "an Intel GPU without VFs or mdevs",
+                              shared)
         g.done()
-        gpus.append(Gpu(model, vendor, memory, profile, count, vfs,
-                        mdevs))
+        gpus.append(Gpu(model, vendor, memory, profile, count, vfs, mdevs, shared))
     holders: list[Holder] = []
     for i, raw in enumerate(top.get("pods", as_list, [])):
         p = Node(file, f"pods[{i}]", raw)
@@ -149,6 +154,11 @@ def load_vendor_scenario(path: str | Path) -> VendorScenario:
             c.done()
         p.done()
     top.done()
+    for gi, gpu in enumerate(gpus):
+        whole = sum(1 for h in holders if h.gpu == gi and h.kind == "whole")
+        if whole > gpu.shared:
+            raise ConfigError(file, f"gpus[{gi}]", f"at most shared: {gpu.shared} pods on the "
+                              "whole GPU", f"{whole} pods")
     if len({g.vendor for g in gpus}) > 1:
         raise ConfigError(file, "gpus", "GPUs of one vendor (one backend per node here)",
                           ",".join(sorted({g.vendor for g in gpus})))

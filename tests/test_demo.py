@@ -49,9 +49,11 @@ VENDOR_PODS = {  # the metered charges (the report's pod section keeps the top 2
     "virt-launcher-desk-alice": 24 * _UHD630 / 4,  # i915-GVTg_V5_4
     "virt-launcher-desk-bob": 24 * _UHD630 / 8,  # i915-GVTg_V5_8
 }
-# Teams only the vendor nodes have: hpc (an Intel VF), design and support (GVT-g mdevs).
+# Teams only the vendor nodes have: hpc (an Intel VF), design and support (GVT-g mdevs), geo
+# and translate (an Intel Max shared by the GPU plugin's -shared-dev-num 2: half each).
 VENDOR_TEAMS = {"hpc": 24 * _MAX1550 / 4, "design": 24 * _UHD630 / 4,
-                "support": 24 * _UHD630 / 8}
+                "support": 24 * _UHD630 / 8, "geo": 24 * _MAX1550 / 2,
+                "translate": 24 * _MAX1550 / 2}
 # (model, sharing, profile) -> (allocated GPU-hours, cost): partitions, VFs and mdevs at their
 # fractions of the device-hour.
 VENDOR_MODELS = {
@@ -60,6 +62,7 @@ VENDOR_MODELS = {
     ("AMD Instinct MI300X", "exclusive", ""): (Decimal(24), 24 * _MI300X),
     ("Intel(R) Data Center GPU Max 1550", "vgpu", ""): (Decimal(2 * 24) / 4,
                                                         2 * 24 * _MAX1550 / 4),
+    ("Intel(R) Data Center GPU Max 1550", "time-slicing", ""): (Decimal(24), 24 * _MAX1550),
     ("Intel(R) UHD Graphics 630", "vgpu", ""): (Decimal(24) / 4 + Decimal(24) / 8,
                                                 24 * _UHD630 * (Decimal(1) / 4 + Decimal(1) / 8)),
 }

@@ -3,7 +3,8 @@ simulated cluster: an MI300X in CPX/NPS4 with pods on partitions, an MxGPU host 
 to VMs, an Intel Max with SR-IOV VFs handed out by the Intel GPU plugin, an iGPU GVT-g host with
 virt-launcher pods on mdevs. Each node is the real exporter (Sampler over AmdBackend on the
 simulated amdsmi, or IntelBackend on a sysfs tree in the kernel's layout), attributing through
-a real PodResources gRPC server with `amd.com/*`, `gpu.intel.com/*` and mdev IDs. Its scrapes
+a real PodResources gRPC server with `amd.com/*`, `gpu.intel.com/*` and mdev IDs, and the
+pods' processes through amdsmi's process list or DRM fdinfo and their cgroups. Its scrapes
 go through the real ingest path, are priced with the packaged cost model and reported: every
 holder pays its fraction, computed by hand below."""
 
@@ -59,6 +60,10 @@ def test_the_four_scenarios_load() -> None:
     ("  - {model: X, vendor: intel, memory: 1GiB, mdevs: [i915-GVTg_V5_3]}\n",
      "gpus[0].mdevs[0]"),
     ("  - {model: X, vendor: nvidia, memory: 1GiB}\n", "gpus[0].vendor"),
+    ("  - {model: X, vendor: amd, memory: 1GiB, shared: 2}\n", "gpus[0].shared"),
+    ("  - {model: X, vendor: intel, memory: 1GiB}\npods:\n" + "".join(
+        f"  - {{namespace: a, name: p{n}, containers: [{{name: c, resource: gpu.intel.com/xe,"
+        f" unit: {{gpu: 0}}}}]}}\n" for n in range(2)), "at most shared: 1 pods"),
     ("  - {model: X, vendor: amd, memory: 1GiB}\n  - {model: Y, vendor: intel, memory: 1GiB}\n",
      "gpus"),
 ])
@@ -114,6 +119,8 @@ def test_vendor_nodes_metered_priced_and_reported(tmp_path: Path) -> None:
         "virt-launcher-vm-train": H * MI300X / 4,
         # Intel Max SR-IOV (gpu.intel.com/xe, the VF's card): a VF of 4.
         "solver-0": H * MAX1550 / 4, "render-0": H * MAX1550 / 4,
+        # The second Max, its card registered twice (-shared-dev-num 2): half each.
+        "tiles-0": H * MAX1550 / 2, "translate-0": H * MAX1550 / 2,
         # GVT-g (mdev UUIDs): V5_4 = 1/4, V5_8 = 1/8.
         "virt-launcher-desk-alice": H * UHD / 4, "virt-launcher-desk-bob": H * UHD / 8,
     }
@@ -128,6 +135,12 @@ def test_vendor_nodes_metered_priced_and_reported(tmp_path: Path) -> None:
         "SELECT pod, round(max(memory_byte_seconds) / 3600 / 2^30, 3) FROM allocation_hours "
         "WHERE pod IN ('embedder-0', 'vllm-small-0') GROUP BY pod").fetchall())
     assert used == {"embedder-0": 18.0, "vllm-small-0": 16.0}
+    # ... and xe's fdinfo: the shared Max's split between its two pods (memory, ccs cycles)
+    split = dict(con.execute(
+        "SELECT pod, (round(sum(memory_byte_seconds) / sum(allocated_seconds) / 2^30, 3), "
+        "round(sum(sm_seconds) / sum(allocated_seconds), 3)) FROM allocation_hours "
+        "WHERE pod IN ('tiles-0', 'translate-0') GROUP BY pod").fetchall())
+    assert split == {"tiles-0": (24.0, 0.3), "translate-0": (40.0, 0.5)}
     month = Month.parse("2026-10")
     recs = recommend(con, month.start, month.end, mig_fraction(cm), Settings())
     con.close()
@@ -226,7 +239,9 @@ def test_vendor_exporters_serve_attributed_scrapes(tmp_path: Path) -> None:
                 "gpu-mxgpu-01": {(f"virt-launcher-vm-{v}", "vgpu", "amd.com/gpu_vf")
                                  for v in ("render", "ci", "train")},
                 "gpu-intel-max-01": {("solver-0", "vgpu", "gpu.intel.com/xe"),
-                                     ("render-0", "vgpu", "gpu.intel.com/xe")},
+                                     ("render-0", "vgpu", "gpu.intel.com/xe"),
+                                     ("tiles-0", "time-slicing", "gpu.intel.com/xe"),
+                                     ("translate-0", "time-slicing", "gpu.intel.com/xe")},
                 "igpu-desk-01": {("virt-launcher-desk-alice", "vgpu",
                                   "intel.com/i915-GVTg_V5_4"),
                                  ("virt-launcher-desk-bob", "vgpu", "intel.com/i915-GVTg_V5_8")},
@@ -240,6 +255,14 @@ def test_vendor_exporters_serve_attributed_scrapes(tmp_path: Path) -> None:
             fractions = sorted(float(line.rsplit(" ", 1)[1]) for line in igpu.splitlines()
                                if line.startswith("gpu_container_memory_fraction{"))
             assert fractions == [0.125, 0.25]
+            # the shared Max's use, per pod, from its processes' xe fdinfo (two reads apart)
+            def util(text: str) -> dict[str, float]:
+                return {line.split('pod="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+                        for line in text.splitlines()
+                        if line.startswith("gpu_container_sm_utilization_ratio{")}
+            wait_until(lambda: util(scrape("gpu-intel-max-01")) == {"tiles-0": 0.3,
+                                                                     "translate-0": 0.5},
+                       "the shared Max's fdinfo split", limit=30)
         finally:
             for s in servers.values():
                 s.shutdown()
