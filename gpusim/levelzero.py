@@ -1,7 +1,9 @@
 """A simulated `pyzes` module: the Level Zero Sysman calls the Intel backend makes
 (exporter/device/intel_levelzero.py), with pyzes 0.1.3's names, struct fields, constants and
 calling convention (ctypes `byref` out-parameters, count-then-fill enumeration, a
-`ze_result_t` return), over a list of devices."""
+`ze_result_t` return), over a list of devices. A multi-tile device (Data Center GPU Max)
+reports `numSubdevices` and memory modules on its subdevices (`onSubdevice`, `subdeviceId`);
+PCIe byte counters come from `zesDevicePciGetStats` (pyzes.py's `zes_pci_stats_t`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ZE_RESULT_SUCCESS = 0
+ZE_RESULT_ERROR_UNSUPPORTED_FEATURE = 0x78000003
 ZE_RESULT_ERROR_INVALID_ARGUMENT = 0x78000004
 ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES = 0x1
 ZES_STRUCTURE_TYPE_PCI_PROPERTIES = 0x2
@@ -48,9 +51,23 @@ class zes_pci_address_t(ctypes.Structure):
                 ("device", ctypes.c_uint32), ("function", ctypes.c_uint32)]
 
 
+class zes_pci_speed_t(ctypes.Structure):
+    _fields_ = [("gen", ctypes.c_int32), ("width", ctypes.c_int32),
+                ("maxBandwidth", ctypes.c_int64)]
+
+
 class zes_pci_properties_t(ctypes.Structure):
     _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
-                ("address", zes_pci_address_t)]
+                ("address", zes_pci_address_t), ("maxSpeed", zes_pci_speed_t),
+                ("haveBandwidthCounters", ctypes.c_uint8),
+                ("havePacketCounters", ctypes.c_uint8), ("haveReplayCounters", ctypes.c_uint8)]
+
+
+class zes_pci_stats_t(ctypes.Structure):
+    # no stype: the spec's zes_pci_stats_t is not an extensible structure
+    _fields_ = [("timestamp", ctypes.c_uint64), ("replayCounter", ctypes.c_uint64),
+                ("packetCounter", ctypes.c_uint64), ("rxCounter", ctypes.c_uint64),
+                ("txCounter", ctypes.c_uint64), ("speed", zes_pci_speed_t)]
 
 
 class zes_mem_properties_t(ctypes.Structure):
@@ -71,6 +88,7 @@ class SimZesMemory:
     size: int
     free: int
     location: int = ZES_MEM_LOC_DEVICE
+    subdevice: int | None = None  # the tile it is on (onSubdevice, subdeviceId)
 
 
 @dataclass
@@ -78,6 +96,11 @@ class SimZesDevice:
     bdf: tuple[int, int, int, int]  # domain, bus, device, function
     name: str
     memory: list[SimZesMemory] = field(default_factory=list)
+    subdevices: int = 0  # numSubdevices: tiles of a multi-tile GPU, else 0
+    # PCIe bytes since the driver loaded and the reading's time (µs); None: no counters
+    pci_rx: int | None = None
+    pci_tx: int = 0
+    timestamp_us: int = 0
 
 
 def _out(ref: Any) -> Any:
@@ -104,6 +127,7 @@ class SimZes:
     zes_mem_handle_t = zes_mem_handle_t
     zes_device_properties_t = zes_device_properties_t
     zes_pci_properties_t = zes_pci_properties_t
+    zes_pci_stats_t = zes_pci_stats_t
     zes_mem_properties_t = zes_mem_properties_t
     zes_mem_state_t = zes_mem_state_t
 
@@ -149,6 +173,18 @@ class SimZes:
             return ZE_RESULT_ERROR_INVALID_ARGUMENT
         a = _out(props).address
         a.domain, a.bus, a.device, a.function = dev.bdf
+        _out(props).haveBandwidthCounters = int(dev.pci_rx is not None)
+        return ZE_RESULT_SUCCESS
+
+    def zesDevicePciGetStats(self, handle: Any, stats: Any) -> int:
+        self._count("zesDevicePciGetStats")
+        dev = self._device(handle)
+        if dev is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        if dev.pci_rx is None:
+            return ZE_RESULT_ERROR_UNSUPPORTED_FEATURE
+        out = _out(stats)
+        out.rxCounter, out.txCounter, out.timestamp = dev.pci_rx, dev.pci_tx, dev.timestamp_us
         return ZE_RESULT_SUCCESS
 
     def zesDeviceGetProperties(self, handle: Any, props: Any) -> int:
@@ -157,6 +193,7 @@ class SimZes:
         if dev is None:
             return ZE_RESULT_ERROR_INVALID_ARGUMENT
         _out(props).core.name = dev.name.encode()
+        _out(props).numSubdevices = dev.subdevices
         return ZE_RESULT_SUCCESS
 
     def zesDeviceEnumMemoryModules(self, handle: Any, p_count: Any,
@@ -180,6 +217,8 @@ class SimZes:
             return ZE_RESULT_ERROR_INVALID_ARGUMENT
         _out(props).location = mem.location
         _out(props).physicalSize = mem.size
+        _out(props).onSubdevice = int(mem.subdevice is not None)
+        _out(props).subdeviceId = mem.subdevice or 0
         return ZE_RESULT_SUCCESS
 
     def zesMemoryGetState(self, handle: Any, state: Any) -> int:

@@ -19,7 +19,8 @@ Format (every key commented in the files):
       - model: AMD Instinct MI300X          # gpu_info's model
         vendor: amd                         # nvidia | amd | intel
         memory: 192GiB
-        partitions: {profile: cpx_nps4, count: 8}   # AMD compute partitions, or
+        partitions: {profile: cpx_nps4, count: 8}   # AMD compute partitions, Intel tiles
+                                            # ({profile: tile, count: 2}), or
         vfs: 4                              # SR-IOV VFs enabled (MxGPU, Intel), or
         mdevs: [i915-GVTg_V5_4, ...]        # GVT-g mdevs created, by type
     pods:
@@ -48,8 +49,9 @@ from gpu_ledger import safeyaml
 from gpusim.validate import Node, as_list, as_number, as_size, int_range, k8s_name, one_of, ranged
 
 VENDORS = ("nvidia", "amd", "intel")
-_PROFILES = tuple(f"{c}_nps{n}" for c in ("spx", "dpx", "tpx", "qpx", "cpx")
-                  for n in (1, 2, 4, 8))
+# AMD compute x memory partitions, and an Intel tile (a Data Center GPU Max subdevice)
+_PROFILES = (*(f"{c}_nps{n}" for c in ("spx", "dpx", "tpx", "qpx", "cpx")
+               for n in (1, 2, 4, 8)), "tile")
 
 
 @dataclass(frozen=True)

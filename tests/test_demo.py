@@ -136,7 +136,8 @@ def test_default_week_shows_every_scenario_event() -> None:
 
 def test_scenario_flag_splits_nvidia_and_vendor_nodes() -> None:
     assert [p.name for p in vendor_scenario_paths(None)] == [
-        "intel-igpu-gvtg.yaml", "intel-max-sriov.yaml", "mi300x-cpx.yaml", "mxgpu-host.yaml"]
+        "intel-igpu-gvtg.yaml", "intel-max-sriov.yaml", "intel-max-tiles.yaml",
+        "mi300x-cpx.yaml", "mxgpu-host.yaml"]
     names = ["h100-mig.yaml", "vendors/mi300x-cpx.yaml"]
     assert [p.name for p in scenario_paths(names)] == ["h100-mig.yaml"]
     assert [p.name for p in vendor_scenario_paths(names)] == ["mi300x-cpx.yaml"]

@@ -34,7 +34,7 @@ T0 = int(datetime(2026, 10, 1, tzinfo=UTC).timestamp())
 def test_the_four_scenarios_load() -> None:
     names = {p.name for p in SCENARIOS}
     assert names == {"mi300x-cpx.yaml", "mxgpu-host.yaml", "intel-max-sriov.yaml",
-                     "intel-igpu-gvtg.yaml"}
+                     "intel-igpu-gvtg.yaml", "intel-max-tiles.yaml"}
     sc = load_vendor_scenario(VENDORS / "mi300x-cpx.yaml")
     assert (sc.gpus[0].profile, sc.gpus[0].partitions, sc.gpus[0].vendor) == (
         "cpx_nps4", 8, "amd")
@@ -79,13 +79,17 @@ def test_vendor_nodes_metered_priced_and_reported(tmp_path: Path) -> None:
         "virt-launcher-vm-sim": HOURS * max1550 / 4, "virt-launcher-vm-viz": HOURS * max1550 / 4,
         # GVT-g: V5_4 = 1/4, V5_8 = 1/8 (bob runs hours 0-96).
         "virt-launcher-desk-alice": HOURS * uhd / 4, "virt-launcher-desk-bob": HOURS * uhd / 8,
+        # Intel Max tiles: 1 of 2 each (finetune-1 runs hours 0-48).
+        "lammps-0": HOURS * max1550 / 2, "finetune-1": 48 * max1550 / 2,
     }
     # The CPX GPU's five unheld partitions and the unheld VFs and mdevs are idle.
     idle = dict(con.execute("SELECT model, sum(cost) FROM charges WHERE team = 'idle' "
                             "GROUP BY model").fetchall())
     # MI300X: 5 of 8 partitions; MxGPU GPU 0: VFs 2 and 3; GPU 1: VFs 1-3.
     assert idle == {"AMD Instinct MI300X": HOURS * mi300x * (D(5) / 8 + D(2) / 4 + D(3) / 4),
-                    "Intel(R) Data Center GPU Max 1550": HOURS * max1550 / 2,
+                    # SR-IOV: 2 of 4 VFs; tiles: tile 1 after hour 48
+                    "Intel(R) Data Center GPU Max 1550":
+                        HOURS * max1550 / 2 + (HOURS - 48) * max1550 / 2,
                     "Intel(R) UHD Graphics 630": HOURS * uhd * (1 - D(1) / 4 - D(1) / 8)}
     month = Month.parse("2026-10")
     recs = recommend(con, month.start, month.end, mig_fraction(cm), Settings())
