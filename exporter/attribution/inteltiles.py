@@ -5,8 +5,8 @@ container a card (`gpu.intel.com/i915` / `xe`, ID `card0-1`); which tiles of it 
 may use is GPU Aware Scheduling's decision, written on the pod as `gas-container-tiles`
 (intel/platform-aware-scheduling gpu-aware-scheduling; read by the plugin in
 intel/intel-device-plugins-for-kubernetes cmd/gpu_plugin/rm/gpu_plugin_resource_manager.go
-`containerTileAffinityMask`, which turns it into the container's ZE_AFFINITY_MASK). The
-pod requests them as the extended resource `gpu.intel.com/tiles`, which no device plugin
+`containerTileAffinityMask` at 8f6a235, which turns it into the container's ZE_AFFINITY_MASK).
+The pod requests them as the extended resource `gpu.intel.com/tiles`, which no device plugin
 serves, so PodResources never lists tiles: the annotation is the only record.
 
 Format, as the plugin parses it: containers separated by `|`, the n-th non-empty entry for
