@@ -298,3 +298,31 @@ def test_a_tile_is_priced_as_half_the_max1550(tmp_path: Path) -> None:
     assert by_pod == {"lammps-0": Decimal("120.00"), "finetune-1": Decimal("60.00")}
     assert idle == (Decimal("60.00"),)
     assert result.total == result.fleet_cost == Decimal("240.00")
+
+
+def test_pcie_throughput_from_level_zero_counters(tmp_path: Path) -> None:
+    """zesDevicePciGetStats: rx/tx bytes and a µs timestamp, differenced by the throughput
+    collector; no series on the first cycle or where the device has no bandwidth counters."""
+    max1550_host(str(tmp_path))
+    zes = _zes()
+    dev = zes.devices[0]
+    dev.pci_rx, dev.pci_tx, dev.timestamp_us = 10 * GiB, 4 * GiB, 1_000_000
+    specs = [s for s in REGISTRY if s.name == "throughput"]
+    backend = IntelBackend(str(tmp_path), str(tmp_path / "proc"), sysman=lambda: (zes, ""))
+    sampler = Sampler(backend, ExporterOptions(node=NODE, sysfs_root=str(tmp_path)), specs,
+                      threaded=False)
+    pcie = "gpu_pcie_throughput_bytes_per_second"
+    try:
+        assert values(sampler.cycle().body(False, False), pcie) == []
+        # 2 s on the device's clock: 6 GiB received, 1 GiB sent
+        dev.pci_rx, dev.pci_tx, dev.timestamp_us = 16 * GiB, 5 * GiB, 3_000_000
+        body = sampler.cycle().body(False, False)
+        dev.pci_rx = None  # counters gone: nothing, not a failure
+        gone = sampler.cycle().body(False, False)
+    finally:
+        sampler.close()
+    assert values(body, pcie, uuid=MAX1550_BDF, direction="rx", vendor="intel") == [3 * GiB]
+    assert values(body, pcie, uuid=MAX1550_BDF, direction="tx") == [GiB / 2]
+    assert values(body, "gpu_link_throughput_bytes_per_second") == []  # no Xe Link in pyzes
+    assert values(gone, pcie) == []
+    assert values(gone, "gpu_exporter_collector_success", collector="throughput") == [1]

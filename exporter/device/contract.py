@@ -202,6 +202,32 @@ class Reliability:
     ras_errors: tuple[RasErrorCount, ...] = ()  # per block (AMD); empty where there are none
 
 
+LinkType = Literal["nvlink", "xgmi", "xelink"]
+
+
+@dataclass(frozen=True)
+class LinkTraffic:
+    """Bytes one scale-up link (AMD XGMI, Intel Xe Link) carried since the driver loaded; tx
+    sent by the device, rx received; None where the link does not count that direction."""
+
+    link_type: LinkType
+    link: int
+    tx_bytes: int | None
+    rx_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """Byte counters of a device's PCIe and scale-up links, since the driver loaded (the
+    collector differences them into rates); None and () where the device has none."""
+
+    pcie_tx_bytes: int | None = None
+    pcie_rx_bytes: int | None = None
+    links: tuple[LinkTraffic, ...] = ()
+    # when the device took the reading (its own clock, seconds); None: the exporter's clock
+    timestamp_seconds: float | None = None
+
+
 @dataclass(frozen=True)
 class VirtualFunction:
     """A slice of a device lent to a VM, seen from the host: an NVIDIA vGPU instance now."""
@@ -284,6 +310,11 @@ class DeviceReader(Protocol):
     def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability: ...
 
     def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None: ...
+
+    def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
+        """PCIe and link byte counters (empty on NVIDIA, whose throughput collector reads
+        NVML's rates and counters itself)."""
+        ...
 
     def process_reader(self) -> ProcessReader: ...
 

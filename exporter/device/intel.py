@@ -24,6 +24,7 @@ from exporter.device.contract import (
     GpuRef,
     GpuStatic,
     GuestLicence,
+    Interconnect,
     Inventory,
     MemoryUsage,
     MigRef,
@@ -280,6 +281,18 @@ class IntelBackend:
         if l0 is None or not isinstance(tile, Tile):
             return None
         return l0.tile_memory(partition.parent.uuid).get(tile.id)
+
+    def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
+        """PCIe bytes from Level Zero's `zesDevicePciGetStats` where the device has bandwidth
+        counters (sysfs has none). Xe Link traffic would be Sysman's fabric ports
+        (`zesFabricPortGetThroughput`), which pyzes does not wrap: no links."""
+        self._card(gpu)
+        l0 = self.level_zero
+        pci = l0.pci_counters(gpu.uuid) if l0 is not None else None
+        if pci is None:
+            return Interconnect()
+        rx, tx, stamp_us = pci
+        return Interconnect(pcie_tx_bytes=tx, pcie_rx_bytes=rx, timestamp_seconds=stamp_us / 1e6)
 
     def process_reader(self) -> ProcessReader:
         # a device's uuid is its PCI address: fdinfo's drm-pdev
