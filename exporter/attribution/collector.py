@@ -206,8 +206,11 @@ class AttributionCollector:
                             watch.by_container if watch is not None else {}, merged.holders)
         self._emit_allocations(ctx.node, sink, merged, pods)
         self._emit_grants(ctx, sink, merged, pods)
+        # xe/i915 fdinfo engine shares are of the device's engines (capacity counts every
+        # tile's); amdgpu's are of the one ring a context runs on, its partition's already
         usage, per_process = self._usage(ctx.processes, pods, {
-            m.uuid: m.parent_slices / m.slices for m in ctx.migs if m.slices > 0})
+            m.uuid: m.parent_slices / m.slices for m in ctx.migs
+            if m.kind == "intel_subdevice" and m.slices > 0})
         self._emit_usage(ctx.node, sink, usage, merged.uses)
         for resource in sorted(self.unknown_ids.by_resource):
             sink.add("gpu_exporter_unresolved_device_ids_total", (resource,),
@@ -256,7 +259,8 @@ class AttributionCollector:
         the backend could not place in a partition (DRM fdinfo names the device only: Intel
         tiles, AMD partitions without amdsmi's process list) counts on the partition its
         container holds when it holds exactly one of that device, its SM share rescaled from
-        the device to the partition (`scale`: partition uuid -> parent slices / slices)."""
+        the device to the partition where the share is of the device's engines (`scale`:
+        partition uuid -> parent slices / slices; absent: 1)."""
         usage: dict[UsageKey, Usage] = {}
         parts: dict[tuple[Holder, str], list[str]] = {}
         for (uuid, mig_uuid), hs in pods.holders.items():
