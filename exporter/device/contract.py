@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from exporter.device.nvmlapi import NvmlApi
 
 Vendor = Literal["nvidia", "amd", "intel"]
-# How a device is split into units a pod can hold. MIG now; AMD compute x memory partitions
-# (SPX..CPX x NPS1..8) and Intel subdevices (tiles) later.
+# How a device is split into units a pod can hold: MIG, AMD compute x memory partitions
+# (SPX..CPX x NPS1..8), Intel subdevices (the tiles of a Data Center GPU Max).
 PartitionKind = Literal["mig", "amd_partition", "intel_subdevice"]
 # A device lent whole or in part to a VM: NVIDIA vGPU now; AMD MxGPU (SR-IOV VF), Intel
 # SR-IOV VF and GVT-g mdev later.
