@@ -260,6 +260,8 @@ def node_detail() -> Board:
     b.add(ts("Clocks", "hertz"),
           [(f"gpu_sm_clock_hertz{{{DEV}}}", g + " SM"),
            (f"gpu_memory_clock_hertz{{{DEV}}}", g + " memory")])
+    b.add(ts("Partition busy (Intel tiles)", "percentunit"),
+          [(f"gpu_partition_utilization_ratio{{{DEV}}}", g + " {{profile}} {{mig_uuid}}")])
     b.add(ts("PCIe and GPU link throughput", "binBps"),
           [(f"gpu_pcie_throughput_bytes_per_second{{{DEV}}}",
             g + " {{profile}} PCIe {{direction}}"),

@@ -146,6 +146,11 @@ FAMILIES: tuple[Family, ...] = (
        (*MIG, "slices", "parent_slices"), "mig"),
     _g("gpu_mig_memory_total_bytes", "Memory of a MIG instance.", MIG, "mig"),
     _g("gpu_mig_memory_used_bytes", "Memory in use in a MIG instance.", MIG, "mig"),
+    _g("gpu_partition_utilization_ratio",
+       "Fraction of the sample interval a partition's busiest engine group (compute, render) "
+       "was active (Intel tiles: Level Zero engine activity on the subdevice); absent where "
+       "the backend has no per-partition figure (a MIG instance's is gpu_sm_active_ratio).",
+       MIG, "mig"),
     # --- vGPU ---------------------------------------------------------------------------------
     _g("gpu_vgpu_license_state",
        "In a vGPU guest: 1 while the GPU holds a licence for the feature, 0 while it does not "
@@ -252,7 +257,7 @@ _VENDORS = {"gpu_pcie_throughput_bytes_per_second": "nvidia, intel",
             "gpu_xid_errors_total": "nvidia", "gpu_xid_last_timestamp_seconds": "nvidia",
             "gpu_vgpu_license_state": "nvidia",
             "gpu_error_events_total": "amd", "gpu_error_event_last_timestamp_seconds": "amd",
-            "gpu_ras_errors_total": "amd"}
+            "gpu_ras_errors_total": "amd", "gpu_partition_utilization_ratio": "intel"}
 
 
 def vendors(family: Family) -> str:

@@ -16,6 +16,9 @@ ZE_RESULT_ERROR_UNSUPPORTED_FEATURE = 0x78000003
 ZE_RESULT_ERROR_INVALID_ARGUMENT = 0x78000004
 ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES = 0x1
 ZES_STRUCTURE_TYPE_PCI_PROPERTIES = 0x2
+ZES_STRUCTURE_TYPE_ENGINE_PROPERTIES = 0x5
+ZES_ENGINE_GROUP_COMPUTE_ALL = 1
+ZES_ENGINE_GROUP_MEDIA_ALL = 2
 ZES_STRUCTURE_TYPE_MEM_PROPERTIES = 0xB
 ZES_STRUCTURE_TYPE_MEM_STATE = 0x1E
 ZES_MEM_LOC_SYSTEM = 0
@@ -70,6 +73,20 @@ class zes_pci_stats_t(ctypes.Structure):
                 ("txCounter", ctypes.c_uint64), ("speed", zes_pci_speed_t)]
 
 
+class zes_engine_handle_t(ctypes.c_void_p):
+    pass
+
+
+class zes_engine_properties_t(ctypes.Structure):
+    _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
+                ("type", ctypes.c_uint32), ("onSubdevice", ctypes.c_uint8),
+                ("subdeviceId", ctypes.c_uint32)]
+
+
+class zes_engine_stats_t(ctypes.Structure):
+    _fields_ = [("activeTime", ctypes.c_uint64), ("timestamp", ctypes.c_uint64)]
+
+
 class zes_mem_properties_t(ctypes.Structure):
     _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
                 ("type", ctypes.c_int32), ("onSubdevice", ctypes.c_uint8),
@@ -92,11 +109,22 @@ class SimZesMemory:
 
 
 @dataclass
+class SimZesEngine:
+    """An engine group and its activity counter (µs busy, at `timestamp` µs)."""
+
+    type: int
+    subdevice: int | None = None
+    active_us: int = 0
+    timestamp_us: int = 0
+
+
+@dataclass
 class SimZesDevice:
     bdf: tuple[int, int, int, int]  # domain, bus, device, function
     name: str
     memory: list[SimZesMemory] = field(default_factory=list)
     subdevices: int = 0  # numSubdevices: tiles of a multi-tile GPU, else 0
+    engines: list[SimZesEngine] = field(default_factory=list)
     # PCIe bytes since the driver loaded and the reading's time (µs); None: no counters
     pci_rx: int | None = None
     pci_tx: int = 0
@@ -125,6 +153,10 @@ class SimZes:
     zes_driver_handle_t = zes_driver_handle_t
     zes_device_handle_t = zes_device_handle_t
     zes_mem_handle_t = zes_mem_handle_t
+    zes_engine_handle_t = zes_engine_handle_t
+    zes_engine_properties_t = zes_engine_properties_t
+    zes_engine_stats_t = zes_engine_stats_t
+    ZES_STRUCTURE_TYPE_ENGINE_PROPERTIES = ZES_STRUCTURE_TYPE_ENGINE_PROPERTIES
     zes_device_properties_t = zes_device_properties_t
     zes_pci_properties_t = zes_pci_properties_t
     zes_pci_stats_t = zes_pci_stats_t
@@ -204,6 +236,37 @@ class SimZes:
         if dev is None:
             return ZE_RESULT_ERROR_INVALID_ARGUMENT
         return self._fill([i << 8 | m for m in range(len(dev.memory))], p_count, handles)
+
+    def zesDeviceEnumEngineGroups(self, handle: Any, p_count: Any, handles: Any) -> int:
+        self._count("zesDeviceEnumEngineGroups")
+        dev = self._device(handle)
+        if dev is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        i = _id(handle)
+        return self._fill([i << 8 | e for e in range(len(dev.engines))], p_count, handles)
+
+    def _engine(self, handle: Any) -> SimZesEngine | None:
+        h = _id(handle)
+        dev = self._device(h >> 8)
+        return dev.engines[h & 0xFF] if dev is not None and (h & 0xFF) < len(dev.engines) \
+            else None
+
+    def zesEngineGetProperties(self, handle: Any, props: Any) -> int:
+        engine = self._engine(handle)
+        if engine is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        out = _out(props)
+        out.type = engine.type
+        out.onSubdevice = int(engine.subdevice is not None)
+        out.subdeviceId = engine.subdevice or 0
+        return ZE_RESULT_SUCCESS
+
+    def zesEngineGetActivity(self, handle: Any, stats: Any) -> int:
+        engine = self._engine(handle)
+        if engine is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        _out(stats).activeTime, _out(stats).timestamp = engine.active_us, engine.timestamp_us
+        return ZE_RESULT_SUCCESS
 
     def _module(self, handle: Any) -> SimZesMemory | None:
         h = _id(handle)

@@ -48,10 +48,14 @@ VENDOR_PODS = {  # the metered charges (the report's pod section keeps the top 2
     "virt-launcher-vm-sim": 24 * _MAX1550 / 4,  # Intel Max SR-IOV VF
     "virt-launcher-desk-alice": 24 * _UHD630 / 4,  # i915-GVTg_V5_4
     "virt-launcher-desk-bob": 24 * _UHD630 / 8,  # i915-GVTg_V5_8
+    "lammps-0": 24 * _MAX1550 / 2,  # an Intel Max tile (gas-container-tiles)
+    "finetune-1": 24 * _MAX1550 / 2,
 }
-# Teams only the vendor nodes have: hpc (an Intel VF), design and support (GVT-g mdevs).
+# Teams only the vendor nodes have: hpc (an Intel VF), design and support (GVT-g mdevs),
+# physics and climate (an Intel Max tile each).
 VENDOR_TEAMS = {"hpc": 24 * _MAX1550 / 4, "design": 24 * _UHD630 / 4,
-                "support": 24 * _UHD630 / 8}
+                "support": 24 * _UHD630 / 8, "physics": 24 * _MAX1550 / 2,
+                "climate": 24 * _MAX1550 / 2}
 # (model, sharing, profile) -> (allocated GPU-hours, cost): partitions, VFs and mdevs at their
 # fractions of the device-hour.
 VENDOR_MODELS = {
@@ -60,6 +64,7 @@ VENDOR_MODELS = {
     ("AMD Instinct MI300X", "exclusive", ""): (Decimal(24), 24 * _MI300X),
     ("Intel(R) Data Center GPU Max 1550", "vgpu", ""): (Decimal(2 * 24) / 4,
                                                         2 * 24 * _MAX1550 / 4),
+    ("Intel(R) Data Center GPU Max 1550", "mig", "tile"): (Decimal(24), 24 * _MAX1550),
     ("Intel(R) UHD Graphics 630", "vgpu", ""): (Decimal(24) / 4 + Decimal(24) / 8,
                                                 24 * _UHD630 * (Decimal(1) / 4 + Decimal(1) / 8)),
 }

@@ -233,6 +233,9 @@ class _OtherVendor:
     def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
         return []
 
+    def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
+        return None
+
     def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
         return Interconnect()
 

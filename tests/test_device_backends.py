@@ -108,6 +108,9 @@ class _Amd:
         assert gpu.vendor == "amd"
         return []
 
+    def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
+        return None
+
     def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
         return Interconnect()
 

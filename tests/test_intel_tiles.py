@@ -36,7 +36,14 @@ from gpu_ledger.sharing import SharingMode
 from gpusim.apiserver import FakeApiServer
 from gpusim.intel_sysfs import MAX1550_BDF, IntelGpu, flex_host, max1550_host, write_gpu
 from gpusim.kubelet import ContainerAllocation, FakeKubelet, PodAllocation
-from gpusim.levelzero import SimZes, SimZesDevice, SimZesMemory
+from gpusim.levelzero import (
+    ZES_ENGINE_GROUP_COMPUTE_ALL,
+    ZES_ENGINE_GROUP_MEDIA_ALL,
+    SimZes,
+    SimZesDevice,
+    SimZesEngine,
+    SimZesMemory,
+)
 from gpusim.vendor_history import openmetrics
 from metering.costmodel import load_cost_model
 from metering.db import connect
@@ -66,11 +73,15 @@ def _backend(root: Path, zes: SimZes | None = None) -> IntelBackend:
 
 
 def _zes(used: tuple[int, int] = (40 * GiB, 10 * GiB), subdevices: int = 2) -> SimZes:
-    """Sysman's view of the Max 1550 at 0000:29:00.0: a 64 GiB HBM module per subdevice."""
+    """Sysman's view of the Max 1550 at 0000:29:00.0: a 64 GiB HBM module, a compute-all and
+    a media-all engine group per subdevice, and a device-level compute-all group."""
+    engines = [SimZesEngine(group, sub) for sub in (0, 1)
+               for group in (ZES_ENGINE_GROUP_COMPUTE_ALL, ZES_ENGINE_GROUP_MEDIA_ALL)]
     return SimZes([SimZesDevice(
         (0, 0x29, 0, 0), "Intel(R) Data Center GPU Max 1550",
         [SimZesMemory(64 * GiB, 64 * GiB - used[i], subdevice=i) for i in range(2)],
-        subdevices=subdevices)])
+        subdevices=subdevices,
+        engines=[*engines, SimZesEngine(ZES_ENGINE_GROUP_COMPUTE_ALL, None)])])
 
 
 @pytest.mark.parametrize("driver", ["xe", "i915"])
@@ -112,6 +123,27 @@ def test_level_zero_gives_tiles_and_their_memory(tmp_path: Path) -> None:
     assert t.memory == MemoryUsage(128.0 * GiB, 50.0 * GiB, 78.0 * GiB)
 
 
+def test_tile_busy_from_level_zero_engine_groups(tmp_path: Path) -> None:
+    """zesEngineGetActivity of each subdevice's compute-all group, differenced: tile 0 busy
+    1.5 s of 2 s, tile 1 idle; the media group's activity is not compute; the first read and a
+    reading without time passing give nothing."""
+    max1550_host(str(tmp_path))
+    zes = _zes()
+    b = _backend(tmp_path, zes)
+    migs = b.inventory(None).migs
+    assert [b.partition_utilization(m, Tally()) for m in migs] == [None, None]
+    for e in zes.devices[0].engines:
+        e.timestamp_us = 2_000_000
+        if e.type == ZES_ENGINE_GROUP_COMPUTE_ALL and e.subdevice == 0:
+            e.active_us = 1_500_000
+        if e.type == ZES_ENGINE_GROUP_MEDIA_ALL:
+            e.active_us = 2_000_000  # a busy video engine is not a busy tile
+    assert [b.partition_utilization(m, Tally()) for m in migs] == [0.75, 0.0]
+    assert [b.partition_utilization(m, Tally()) for m in migs] == [None, None]  # no time
+    # without Level Zero there is no per-tile figure
+    assert _backend(tmp_path).partition_utilization(migs[0], Tally()) is None
+
+
 def test_without_level_zero_a_tile_has_no_memory_reading(tmp_path: Path) -> None:
     max1550_host(str(tmp_path))
     b = _backend(tmp_path)
@@ -121,13 +153,22 @@ def test_without_level_zero_a_tile_has_no_memory_reading(tmp_path: Path) -> None
 def test_the_sampler_serves_tiles_as_partitions(tmp_path: Path) -> None:
     max1550_host(str(tmp_path))
     specs = [s for s in REGISTRY if s.name != "attribution"]
-    backend = IntelBackend(str(tmp_path), str(tmp_path / "proc"), sysman=lambda: (_zes(), ""))
+    zes = _zes()
+    backend = IntelBackend(str(tmp_path), str(tmp_path / "proc"), sysman=lambda: (zes, ""))
     sampler = Sampler(backend, ExporterOptions(node=NODE, sysfs_root=str(tmp_path)), specs,
                       threaded=False)
     try:
         body = sampler.cycle().body(False, False)
+        for e in zes.devices[0].engines:  # 10 s on: tile 1's compute engines busy 4 s
+            e.timestamp_us = 10_000_000
+            e.active_us = 4_000_000 if (e.type, e.subdevice) == (
+                ZES_ENGINE_GROUP_COMPUTE_ALL, 1) else 0
+        second = sampler.cycle().body(False, False)
     finally:
         sampler.close()
+    assert values(second, "gpu_partition_utilization_ratio", mig_uuid=TILE1, profile="tile",
+                  vendor="intel") == [0.4]
+    assert values(second, "gpu_partition_utilization_ratio", mig_uuid=TILE0) == [0.0]
     assert values(body, "gpu_info", uuid=MAX1550_BDF, mig_mode="enabled", vendor="intel") == [1]
     for tile, gi in ((TILE0, "0"), (TILE1, "1")):
         assert values(body, "gpu_mig_info", mig_uuid=tile, gpu_instance_id=gi,
@@ -135,6 +176,7 @@ def test_the_sampler_serves_tiles_as_partitions(tmp_path: Path) -> None:
                       parent_slices="2") == [1]
         assert values(body, "gpu_mig_memory_total_bytes", mig_uuid=tile) == [64 * GiB]
     assert values(body, "gpu_mig_memory_used_bytes", mig_uuid=TILE0) == [40 * GiB]
+    assert values(body, "gpu_partition_utilization_ratio") == []  # from the second cycle
     assert values(body, "gpu_exporter_collector_success", collector="mig") == [1]
 
 

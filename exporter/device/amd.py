@@ -162,6 +162,11 @@ class AmdBackend:
             return None
         return ticks * resolution * MICRO
 
+    def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
+        # amdsmi reports activity on partition 0 only; a partition's use is its processes'
+        # (the container families)
+        return None
+
     def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
         """XGMI data per link from `amdsmi_get_gpu_metrics_info`: `xgmi_read_data_acc` (data
         this GPU read over the link: rx) and `xgmi_write_data_acc` (tx), KB since the driver

@@ -311,6 +311,12 @@ class DeviceReader(Protocol):
 
     def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None: ...
 
+    def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
+        """The share of time a partition's compute or render engines were busy since the
+        previous call (0-1); None on the first call and where the backend has no
+        per-partition figure (NVML: GPM's gpu_sm_active_ratio is MIG's)."""
+        ...
+
     def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
         """PCIe and link byte counters (empty on NVIDIA, whose throughput collector reads
         NVML's rates and counters itself)."""

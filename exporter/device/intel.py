@@ -104,6 +104,8 @@ class IntelBackend:
         self._hosts: set[str] = set()  # uuids lending VFs or mdevs to VMs
         self._tiles: dict[str, list[Tile]] = {}  # uuid -> its tiles (two or more)
         self._last_energy: dict[str, tuple[float, float]] = {}  # uuid -> (time, joules)
+        # (uuid, tile, engine group) -> Level Zero (activeTime, timestamp) at the last read
+        self._last_busy: dict[tuple[str, int, int], tuple[int, int]] = {}
         self.level_zero: LevelZero | None = None
         # one fdinfo scan per cycle serves the process list and the device's engine busy
         self._drm = DrmFdinfo(proc_root, clock)
@@ -123,6 +125,7 @@ class IntelBackend:
 
     def close(self) -> None:
         self._last_energy.clear()
+        self._last_busy.clear()
         self.level_zero = None
 
     def inventory(self, previous: Inventory | None) -> Inventory:
@@ -281,6 +284,25 @@ class IntelBackend:
         if l0 is None or not isinstance(tile, Tile):
             return None
         return l0.tile_memory(partition.parent.uuid).get(tile.id)
+
+    def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
+        """A tile's busiest engine group (compute-all, render-all) on its subdevice, from Level
+        Zero's activity counters since the previous call; None without Level Zero (fdinfo
+        names the device, not the tile) and on the first call."""
+        l0, tile = self.level_zero, partition.handle
+        if l0 is None or not isinstance(tile, Tile):
+            return None
+        uuid = partition.parent.uuid
+        busy: list[float] = []
+        for (sub, group), (active, stamp) in l0.engine_activity(uuid).items():
+            if sub != tile.id:
+                continue
+            key = (uuid, tile.id, group)
+            last = self._last_busy.get(key)
+            self._last_busy[key] = (active, stamp)
+            if last is not None and stamp > last[1] and active >= last[0]:
+                busy.append(min(1.0, (active - last[0]) / (stamp - last[1])))
+        return max(busy) if busy else None
 
     def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
         """PCIe bytes from Level Zero's `zesDevicePciGetStats` where the device has bandwidth

@@ -21,6 +21,10 @@ from exporter.device.contract import MemoryUsage, pci_bdf
 log = logging.getLogger(__name__)
 
 SUCCESS = 0  # ZE_RESULT_SUCCESS
+# zes_engine_group_t: the compute and the render engines, together (zes_api.h)
+ENGINE_GROUP_COMPUTE_ALL = 1
+ENGINE_GROUP_RENDER_ALL = 12
+BUSY_GROUPS = (ENGINE_GROUP_COMPUTE_ALL, ENGINE_GROUP_RENDER_ALL)
 
 
 def load_pyzes() -> tuple[Any, str]:
@@ -124,6 +128,27 @@ class LevelZero:
                 total = old.total_bytes + size
                 in_use = old.used_bytes + used
                 out[sub] = MemoryUsage(total, in_use, total - in_use)
+        return out
+
+    def engine_activity(self, bdf: str) -> dict[tuple[int | None, int], tuple[int, int]]:
+        """(subdevice id or None, engine group) -> (`activeTime`, `timestamp`), µs, of the
+        device's compute-all and render-all engine groups (`zesDeviceEnumEngineGroups`,
+        `zes_engine_properties_t.onSubdevice` / `subdeviceId`, `zesEngineGetActivity`)."""
+        zes, device = self._zes, self._devices.get(bdf)
+        if device is None:
+            return {}
+        out: dict[tuple[int | None, int], tuple[int, int]] = {}
+        for h in self._enum(zes.zesDeviceEnumEngineGroups, zes.zes_engine_handle_t, device):
+            props = zes.zes_engine_properties_t()
+            props.stype = zes.ZES_STRUCTURE_TYPE_ENGINE_PROPERTIES
+            if zes.zesEngineGetProperties(h, ctypes.byref(props)) != SUCCESS \
+                    or int(props.type) not in BUSY_GROUPS:
+                continue
+            stats = zes.zes_engine_stats_t()
+            if zes.zesEngineGetActivity(h, ctypes.byref(stats)) != SUCCESS:
+                continue
+            sub = int(props.subdeviceId) if props.onSubdevice else None
+            out[(sub, int(props.type))] = (int(stats.activeTime), int(stats.timestamp))
         return out
 
     def pci_counters(self, bdf: str) -> tuple[int, int, int] | None:

@@ -128,6 +128,9 @@ class NvmlBackend:
                                              partition.handle)
         return None if mem is None else MemoryUsage(mem.total, mem.used)
 
+    def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
+        return None  # a MIG instance's activity is GPM's (the gpm collector)
+
     def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
         # NVML's PCIe and NVLink traffic is the throughput collector's (GPM rates, the
         # driver's PCIe reading, NVLink field counters): it reads NVML itself
