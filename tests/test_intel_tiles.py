@@ -368,3 +368,19 @@ def test_pcie_throughput_from_level_zero_counters(tmp_path: Path) -> None:
     assert values(body, "gpu_link_throughput_bytes_per_second") == []  # no Xe Link in pyzes
     assert values(gone, pcie) == []
     assert values(gone, "gpu_exporter_collector_success", collector="throughput") == [1]
+
+
+def test_a_tile_the_gpu_lacks_leaves_the_card_whole(tmp_path: Path) -> None:
+    """An annotation naming a GT the card does not have (or another card) cannot invent a
+    unit: the container holds its card as without the annotation."""
+    max1550_host(str(tmp_path))
+    inv = _backend(tmp_path).inventory(None)
+    index = DeviceIndex(list(inv.gpus), list(inv.migs), dict(inv.static))
+    tiles = {(m.parent.uuid, m.compute_instance_id): m.uuid for m in inv.migs}
+    info = pod_info(_pod("a", "p", "70000000-0000-4000-8000-000000000000", "e",
+                         "card0:gt7,card3:gt0"), frozenset())
+    assert info is not None
+    rows = intel_plugin_units([Allocation("a", "p", "app", I915, ("card0-0",))],
+                              {"card0": MAX1550_BDF}, index, {"card0": 2}, {}, UnknownIds(),
+                              tiles, {("a", "p"): info})
+    assert [(r.device, r.mode) for r in rows] == [((MAX1550_BDF, ""), SharingMode.TIME_SLICING)]
