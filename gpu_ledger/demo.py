@@ -4,8 +4,9 @@
    and gpushare grants, a vGPU host and guest, a GPU that falls off the bus, XIDs) for the
    first week of a month (--full-month: all of it), every --step, through the exporter's own
    code path (simulated NVML -> Sampler with a real PodResources server, cgroup files, pod and
-   ResourceSlice watches), beside four AMD and Intel nodes (an MI300X in CPX/NPS4, an MxGPU
-   host, an Intel Max with SR-IOV VFs, an iGPU GVT-g host: gpusim/scenarios/vendors) through
+   ResourceSlice watches), beside five AMD and Intel nodes (an MI300X in CPX/NPS4, an MxGPU
+   host, an Intel Max with SR-IOV VFs, a Max 1550 whose tiles GPU Aware Scheduling gives to
+   pods, an iGPU GVT-g host: gpusim/scenarios/vendors) through
    the same path over the exporter's AMD backend (simulated amdsmi) and Intel backend
    (simulated sysfs and Level Zero).
 2. Backfill that history into a real Prometheus with promtool, then serve it, with the same

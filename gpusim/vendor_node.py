@@ -5,13 +5,15 @@ gpusim/vendor_scenario.py) as the exporter meets it on a real node, for gpusim.c
   list follow the scenario, plus the sysfs the attribution reads: the GPUs' PCI functions, the
   partitions' `amdgpu_xcp_<n>` platform devices with their render nodes, the VFs' IOMMU groups;
 - Intel: a sysfs tree in the kernel's layout (gpusim.intel_sysfs: an xe PF with SR-IOV VFs bound
-  to xe, an i915 iGPU with GVT-g mdevs) whose energy counter advances with the clock, and a
-  simulated Level Zero (gpusim.levelzero) naming the devices;
+  to xe, a Max 1550's two tiles as xe's tile<i>/gt<i>, an i915 iGPU with GVT-g mdevs) whose
+  energy counter advances with the clock, and a simulated Level Zero (gpusim.levelzero) naming
+  the devices, with a Max's subdevices, their memory modules and engine groups' busy time;
 - what the device plugins hand the pods, as the kubelet's PodResources lists it: AMD's
   `amd.com/<profile>` partitions (partition 0 by PCI address, the others by `amdgpu_xcp_<n>`),
   `amd.com/gpu` whole GPUs by PCI address, `amd.com/gpu_vf` VFs by IOMMU group; the Intel GPU
-  plugin's `gpu.intel.com/<driver>` cards (`card<N>-0`, a VF's own card); KubeVirt's mdev
-  UUIDs under the scenario's resource name;
+  plugin's `gpu.intel.com/<driver>` cards (`card<N>-0`, a VF's own card; `card<N>-<k>` shared,
+  and on a tiled card GPU Aware Scheduling's `gas-container-tiles` pod annotation naming the
+  tile, `card<N>:gt<i>`); KubeVirt's mdev UUIDs under the scenario's resource name;
 - the pods' processes: `/proc/<pid>/cgroup` of the containers on AMD GPUs and partitions, which
   amdsmi lists with their VRAM and GFX time. A VM's work (a VF, an mdev) has no process on the
   host: the host sees a VF's framebuffer use (MxGPU guest data) and nothing of an mdev's.
@@ -37,10 +39,16 @@ from exporter.errors import ConfigError
 from gpusim.amdsmi_sim import SimAmdGpu, SimAmdProcess, SimAmdSmi, SimAmdVf
 from gpusim.intel_sysfs import IntelGpu, write_gpu
 from gpusim.kubelet import ContainerAllocation, PodAllocation
-from gpusim.levelzero import SimZes, SimZesDevice, SimZesMemory
+from gpusim.levelzero import (
+    ZES_ENGINE_GROUP_COMPUTE_ALL,
+    SimZes,
+    SimZesDevice,
+    SimZesEngine,
+    SimZesMemory,
+)
 from gpusim.model import stable_hex, stable_uuid
 from gpusim.node import container_id
-from gpusim.vendor_scenario import Gpu, Holder, VendorScenario
+from gpusim.vendor_scenario import TILE, Gpu, Holder, VendorScenario
 
 PID_BASE = 300_000  # a vendor node's container processes: PID_BASE + holder index
 XCP_BASE = 30  # the first amdgpu_xcp_<n> platform device number
@@ -100,6 +108,8 @@ class VendorNode:
         self._allocatable: list[tuple[str, str]] = []
         # Intel: (gpu, kind, index) -> (PCI address, card, driver) a container's process opens
         self._drm: dict[tuple[int, str, int], tuple[str, int, str]] = {}
+        # Intel: holder index -> GAS's gas-container-tiles entry (`card0:gt1`)
+        self._tiles: dict[int, str] = {}
         self.backend: DeviceBackend
         if self.vendor == "amd":
             self.backend = self._amd()
@@ -180,13 +190,16 @@ class VendorNode:
         card = 0
         self._energy: list[tuple[str, str, int]] = []  # (energy1_input, driver, GPU index)
         zes: list[SimZesDevice] = []
-        self._zes_memory: dict[int, SimZesMemory] = {}
+        self._zes_memory: dict[int, list[SimZesMemory]] = {}  # per tile on a tiled GPU
+        self._zes_engines: dict[int, list[SimZesEngine]] = {}
         for i, g in enumerate(sc.gpus):
             device_id = INTEL_DEVICE_IDS.get(g.model, "0x56c0")
+            tiles = g.partitions if g.profile == TILE else 1
             if g.mdevs:  # an integrated GPU (one a node): 00:02.0, i915
                 bdf, driver = "0000:00:02.0", "i915"
-            else:
-                bdf, driver = f"0000:{0x4d + 0x40 * i:02x}:00.0", "xe"
+            else:  # a tiled Max on other buses than the SR-IOV node's: the Intel backend's
+                # uuid is the PCI address, and metering keys a GPU by uuid fleet-wide
+                bdf, driver = f"0000:{(0x29 if tiles > 1 else 0x4d) + 0x40 * i:02x}:00.0", "xe"
             mdevs = {str(stable_uuid("mdev", sc.node, str(i), str(m))): _gvt_n(sc, t)
                      for m, t in enumerate(g.mdevs)}
             vfs = tuple((f"0000:{bdf.split(':')[1]}:00.{v + 1}", card + 1 + v)
@@ -194,7 +207,7 @@ class VendorNode:
             gpu = IntelGpu(bdf, card, device_id, driver, power_max_uw=600_000_000
                            if driver == "xe" else 0, act_freq_mhz=1600, cur_freq_mhz=1600,
                            temp_mc=52_000 if driver == "xe" else None,
-                           vram_per_tile=(g.memory,) if driver == "xe" else (),
+                           vram_per_tile=(g.memory // tiles,) * tiles if driver == "xe" else (),
                            total_vfs=63 if g.vfs else None, vfs=vfs, gvt=bool(g.mdevs),
                            mdevs=mdevs)
             write_gpu(str(self.sysfs_root), gpu)
@@ -211,32 +224,58 @@ class VendorNode:
                     self._allocatable.append((f"intel.com/{g.mdevs[m]}", uuid))
                     self._unit_id(i, "mdev", m, uuid)
             else:  # -shared-dev-num N: the card N times, `card<N>-<k>`, one per holder
+                # (with GPU Aware Scheduling, N covers a container per tile)
+                shares = max(g.shared, tiles)
                 self._allocatable += [(f"gpu.intel.com/{driver}", f"card{card}-{k}")
-                                      for k in range(g.shared)]
+                                      for k in range(shares)]
                 sharers = [n for n, h in enumerate(sc.holders) if h.gpu == i]
                 for k, n in enumerate(sharers):
-                    self._ids[n] = f"card{card}-{k % g.shared}"
+                    self._ids[n] = f"card{card}-{k % shares}"
+                    if sc.holders[n].kind == "partition":  # GAS gave it one tile: gt<id>
+                        self._tiles[n] = f"card{card}:gt{sc.holders[n].index}"
                 self._drm[(i, "whole", 0)] = (bdf, card, driver)
+                for p in range(g.partitions if tiles > 1 else 0):
+                    self._drm[(i, "partition", p)] = (bdf, card, driver)
             card += 1 + len(vfs)
             a, b, d, f = (int(x, 16) for x in bdf.replace(".", ":").split(":"))
-            memory = [SimZesMemory(g.memory, g.memory)] if driver == "xe" else []
+            # a tiled GPU's local memory is on its subdevices (onSubdevice, subdeviceId)
+            size = g.memory // tiles
+            memory = [SimZesMemory(size, size, subdevice=t if tiles > 1 else None)
+                      for t in range(tiles)] if driver == "xe" else []
             if memory:
-                self._zes_memory[i] = memory[0]
-            zes.append(SimZesDevice((a, b, d, f), g.model, memory))
+                self._zes_memory[i] = memory
+            engines = [SimZesEngine(ZES_ENGINE_GROUP_COMPUTE_ALL, t)
+                       for t in range(tiles)] if tiles > 1 else []
+            self._zes_engines[i] = engines
+            zes.append(SimZesDevice((a, b, d, f), g.model, memory,
+                                    subdevices=tiles if tiles > 1 else 0, engines=engines))
         sim = SimZes(zes)
         return IntelBackend(str(self.sysfs_root), str(self.proc_root), clock=self._clock,
                             sysman=lambda: (sim, ""))
 
     def _intel_refresh(self, t: float) -> None:
         busy: dict[int, float] = {}
-        used: dict[int, int] = {}
+        used: dict[tuple[int, int], int] = {}  # (GPU, tile) -> bytes; tile 0 untiled
+        tile_busy_us: dict[tuple[int, int], float] = {}  # compute busy since the start
         for h in self.scenario.holders:
             if _alive(h, t):
                 busy[h.gpu] = busy.get(h.gpu, 0.0) + h.activity * _unit_share(
                     self.scenario.gpus[h.gpu], h)
-                used[h.gpu] = used.get(h.gpu, 0) + h.memory
-        for i, mem in self._zes_memory.items():
-            mem.free = max(0, mem.size - used.get(i, 0))
+            tile = h.index if h.kind == "partition" else 0
+            if _alive(h, t):
+                used[(h.gpu, tile)] = used.get((h.gpu, tile), 0) + h.memory
+            ran = max(0.0, min(t, float("inf") if h.last is None else h.last * 3600.0)
+                      - h.first * 3600.0)
+            tile_busy_us[(h.gpu, tile)] = tile_busy_us.get((h.gpu, tile), 0.0) + \
+                ran * 1e6 * h.activity
+        for i, mems in self._zes_memory.items():
+            for tile, mem in enumerate(mems):
+                mem.free = max(0, mem.size - used.get((i, tile), 0))
+        for i, engines in self._zes_engines.items():
+            for e in engines:  # Level Zero's activeTime/timestamp, µs
+                e.active_us = int(min(tile_busy_us.get((i, e.subdevice or 0), 0.0),
+                                      max(t, 0.0) * 1e6))
+                e.timestamp_us = int(max(t, 0.0) * 1e6)
         for path, driver, i in self._energy:
             peak, idle = INTEL_WATTS[driver]
             # energy since the sim began at the mean draw of [0, t] (constant activity: exact)
@@ -276,7 +315,8 @@ class VendorNode:
             out.append({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": ns, "uid": uid,
-                             **owner_metadata(ns, dict(hs[0].labels), hs[0].owner)},
+                             **owner_metadata(ns, dict(hs[0].labels), hs[0].owner),
+                             **self._gas_annotations(hs)},
                 "spec": {"nodeName": self.scenario.node,
                          "containers": [{"name": h.container, "image": "sim"} for h in hs]},
                 "status": {"phase": "Running", "containerStatuses": [
@@ -285,6 +325,17 @@ class VendorNode:
                     for h in hs]},
             })
         return out
+
+    def _gas_annotations(self, hs: list[Holder]) -> dict[str, Any]:
+        """GPU Aware Scheduling's `gas-container-tiles`, as it writes it: an entry per
+        container holding the Intel GPU plugin's resource, in spec order, `|`-separated; none
+        when no container was given tiles."""
+        index = {h: n for n, h in enumerate(self.scenario.holders)}
+        entries = [self._tiles.get(index[h], "") for h in hs
+                   if h.resource.startswith("gpu.intel.com/")]
+        if not any(entries):
+            return {}
+        return {"annotations": {"gas-container-tiles": "|".join(entries)}}
 
     def refresh(self, t: float) -> None:
         """Bring the vendor library, sysfs and /proc to scenario time t."""
@@ -332,8 +383,11 @@ class VendorNode:
         head = f"pos:\t0\nflags:\t02100002\nmnt_id:\t26\ndrm-driver:\t{driver}\n" \
             f"drm-client-id:\t{pid}\ndrm-pdev:\t{bdf}\n"
         if driver == "xe":
+            # the cycles of every tile's engines: a tile's work is its share of them
+            tile = 1 / max(self.scenario.gpus[h.gpu].partitions, 1) \
+                if h.kind == "partition" else 1.0
             total = int(t * XE_TIMESTAMP_HZ)
-            busy = int(since * XE_TIMESTAMP_HZ * h.activity)
+            busy = int(since * XE_TIMESTAMP_HZ * h.activity * tile)
             body = (f"drm-total-vram0:\t{kib} KiB\ndrm-resident-vram0:\t{kib} KiB\n"
                     f"drm-cycles-rcs:\t0\ndrm-total-cycles-rcs:\t{total}\n"
                     f"drm-cycles-ccs:\t{busy}\ndrm-total-cycles-ccs:\t{total}\n")
@@ -353,7 +407,7 @@ def _gvt_n(sc: VendorScenario, type_name: str) -> int:
 
 def _unit_share(g: Gpu, h: Holder) -> float:
     """The fraction of its GPU a holder's unit is (activity is 0-1 of the unit)."""
-    if h.kind == "partition":
+    if h.kind == "partition":  # an AMD partition, an Intel tile
         return 1 / max(g.partitions, 1)
     if h.kind == "vf":
         return 1 / max(g.vfs, 1)

@@ -12,7 +12,8 @@ Format (every key commented in the files):
       - model: AMD Instinct MI300X          # gpu_info's model
         vendor: amd                         # amd | intel
         memory: 192GiB
-        partitions: {profile: cpx_nps4, count: 8}   # AMD compute partitions, or
+        partitions: {profile: cpx_nps4, count: 8}   # AMD compute partitions, Intel tiles
+                                            # ({profile: tile, count: 2}), or
         vfs: 4                              # SR-IOV VFs enabled (MxGPU, Intel), or
         mdevs: [i915-GVTg_V5_4, ...]        # GVT-g mdevs created, by type, or
         shared: 2                           # Intel: the GPU plugin's -shared-dev-num
@@ -26,6 +27,7 @@ Format (every key commented in the files):
           - name: C
             resource: amd.com/cpx_nps4      # the device plugin's resource name
             unit: {gpu: 0, partition: 3}    # or {gpu: 0}, {gpu: 0, vf: 1}, {gpu: 0, mdev: 0}
+                                            # (an Intel tile: GAS's gas-container-tiles)
             memory: 18GiB                   # memory in use (the unit's, for a VM)
             activity: 0.07                  # 0-1 of the unit it holds
 """
@@ -42,8 +44,10 @@ from gpusim.validate import Node, as_list, as_number, as_size, int_range, k8s_na
 
 VENDORS = ("amd", "intel")  # NVIDIA nodes are SimNVML scenarios (gpusim/scenario.py)
 _GVT_TYPE = re.compile(r"i915-GVTg_V[0-9]{1,2}_(1|2|4|8)")
-_PROFILES = tuple(f"{c}_nps{n}" for c in ("spx", "dpx", "tpx", "qpx", "cpx")
-                  for n in (1, 2, 4, 8))
+# AMD compute x memory partitions, and an Intel tile (a Data Center GPU Max subdevice)
+TILE = "tile"
+_PROFILES = (*(f"{c}_nps{n}" for c in ("spx", "dpx", "tpx", "qpx", "cpx")
+               for n in (1, 2, 4, 8)), TILE)
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class Gpu:
     model: str
     vendor: str
     memory: int
-    profile: str = ""  # AMD compute partition profile; "" whole
+    profile: str = ""  # AMD compute partition profile, or TILE (Intel); "" whole
     partitions: int = 0
     vfs: int = 0
     mdevs: tuple[str, ...] = ()
@@ -106,17 +110,24 @@ def load_vendor_scenario(path: str | Path) -> VendorScenario:
             p = Node(file, g.key("partitions"), g.raw("partitions"))
             profile = p.need("profile", one_of(_PROFILES), "a partition profile like cpx_nps4")
             count = p.need("count", int_range(1, 64), "the partitions of the mode")
-            modes = {"spx": 1, "dpx": 2, "tpx": 3, "qpx": 4, "cpx": 8}  # MI300X XCDs: 8
-            if count != modes[profile.split("_")[0]]:
-                raise ConfigError(file, p.key("count"), f"{modes[profile.split('_')[0]]} "
-                                  f"partitions for {profile}", count)
+            if (profile == TILE) != (vendor == "intel"):
+                raise ConfigError(file, p.key("profile"), "tile on Intel, a compute partition "
+                                  "profile on AMD", profile)
+            if profile == TILE:  # a Max 1550 has two, a Max 1100 one (no subdevices)
+                want = count if 2 <= count <= 4 else 2
+            else:
+                want = {"spx": 1, "dpx": 2, "tpx": 3, "qpx": 4, "cpx": 8}[  # MI300X XCDs: 8
+                    profile.split("_")[0]]
+            if count != want:
+                raise ConfigError(file, p.key("count"), f"{want} partitions for {profile}",
+                                  count)
             p.done()
         vfs = g.get("vfs", int_range(1, 64), 0)
         mdevs = tuple(_gvt_type(file, g.key(f"mdevs[{j}]"), t)
                       for j, t in enumerate(g.get("mdevs", as_list, [])))
         shared = g.get("shared", int_range(1, 64), 1)
-        if shared > 1 and (vendor != "intel" or vfs or mdevs):
-            raise ConfigError(file, g.key("shared"), "an Intel GPU without VFs or mdevs",
+        if shared > 1 and (vendor != "intel" or vfs or mdevs or count):
+            raise ConfigError(file, g.key("shared"), "an Intel GPU without VFs, mdevs or tiles",
                               shared)
         g.done()
         gpus.append(Gpu(model, vendor, memory, profile, count, vfs, mdevs, shared))

@@ -1,8 +1,10 @@
 """The AMD and Intel scenarios of issue 25 item 8 (gpusim/scenarios/vendors) run live in the
 simulated cluster: an MI300X in CPX/NPS4 with pods on partitions, an MxGPU host with VFs lent
-to VMs, an Intel Max with SR-IOV VFs handed out by the Intel GPU plugin, an iGPU GVT-g host with
-virt-launcher pods on mdevs. Each node is the real exporter (Sampler over AmdBackend on the
-simulated amdsmi, or IntelBackend on a sysfs tree in the kernel's layout), attributing through
+to VMs, an Intel Max with SR-IOV VFs handed out by the Intel GPU plugin, an Intel Max 1550
+whose two tiles GPU Aware Scheduling gave to two pods (`gas-container-tiles` on the pods in the
+fake API server), an iGPU GVT-g host with virt-launcher pods on mdevs. Each node is the real
+exporter (Sampler over AmdBackend on the simulated amdsmi, or IntelBackend on a sysfs tree in
+the kernel's layout), attributing through
 a real PodResources gRPC server with `amd.com/*`, `gpu.intel.com/*` and mdev IDs, and the
 pods' processes through amdsmi's process list or DRM fdinfo and their cgroups. Its scrapes
 go through the real ingest path, are priced with the packaged cost model and reported: every
@@ -43,13 +45,16 @@ D = Decimal
 MI300X, MAX1550, UHD = D("3.20"), D("1.50"), D("0.05")  # cost-model.yaml
 
 
-def test_the_four_scenarios_load() -> None:
+def test_the_five_scenarios_load() -> None:
     names = {p.name for p in SCENARIOS}
     assert names == {"mi300x-cpx.yaml", "mxgpu-host.yaml", "intel-max-sriov.yaml",
-                     "intel-igpu-gvtg.yaml"}
+                     "intel-igpu-gvtg.yaml", "intel-max-tiles.yaml"}
     sc = load_vendor_scenario(VENDORS / "mi300x-cpx.yaml")
     assert (sc.gpus[0].profile, sc.gpus[0].partitions, sc.gpus[0].vendor) == (
         "cpx_nps4", 8, "amd")
+    tiles = load_vendor_scenario(VENDORS / "intel-max-tiles.yaml")
+    assert (tiles.gpus[0].profile, tiles.gpus[0].partitions, tiles.gpus[0].vendor) == (
+        "tile", 2, "intel")
 
 
 @pytest.mark.parametrize(("gpus", "key"), [
@@ -61,6 +66,12 @@ def test_the_four_scenarios_load() -> None:
      "gpus[0].mdevs[0]"),
     ("  - {model: X, vendor: nvidia, memory: 1GiB}\n", "gpus[0].vendor"),
     ("  - {model: X, vendor: amd, memory: 1GiB, shared: 2}\n", "gpus[0].shared"),
+    ("  - {model: X, vendor: amd, memory: 1GiB, partitions: {profile: tile, count: 2}}\n",
+     "gpus[0].partitions.profile"),
+    ("  - {model: X, vendor: intel, memory: 1GiB, partitions: {profile: cpx_nps4, count: 8}}\n",
+     "gpus[0].partitions.profile"),
+    ("  - {model: X, vendor: intel, memory: 1GiB, partitions: {profile: tile, count: 1}}\n",
+     "gpus[0].partitions.count"),
     ("  - {model: X, vendor: intel, memory: 1GiB}\npods:\n" + "".join(
         f"  - {{namespace: a, name: p{n}, containers: [{{name: c, resource: gpu.intel.com/xe,"
         f" unit: {{gpu: 0}}}}]}}\n" for n in range(2)), "at most shared: 1 pods"),
@@ -123,12 +134,18 @@ def test_vendor_nodes_metered_priced_and_reported(tmp_path: Path) -> None:
         "tiles-0": H * MAX1550 / 2, "translate-0": H * MAX1550 / 2,
         # GVT-g (mdev UUIDs): V5_4 = 1/4, V5_8 = 1/8.
         "virt-launcher-desk-alice": H * UHD / 4, "virt-launcher-desk-bob": H * UHD / 8,
+        # Max 1550 tiles (the card's ID card0-<k>, the tile from gas-container-tiles): 1 of 2.
+        # finetune-1 runs scenario hours 0-48: the samples at 01:00 .. 47:00 (a sample is
+        # the hour it ends; at 48:00 the node is in hour 48 and the pod gone) = 47 hours.
+        "lammps-0": H * MAX1550 / 2, "finetune-1": 47 * MAX1550 / 2,
     }
     idle = dict(con.execute("SELECT model, sum(cost) FROM charges WHERE team = 'idle' "
                             "GROUP BY model").fetchall())
-    # MI300X: 5 of 8 partitions; MxGPU GPU 0: VFs 2 and 3; GPU 1: VFs 1-3.
+    # MI300X: 5 of 8 partitions; MxGPU GPU 0: VFs 2 and 3; GPU 1: VFs 1-3. Max 1550: VFs 1
+    # and 3 of 4 on the SR-IOV node; tile 1 of the tiles node once finetune-1 is gone.
     assert idle == {"AMD Instinct MI300X": H * MI300X * (D(5) / 8 + D(2) / 4 + D(3) / 4),
-                    "Intel(R) Data Center GPU Max 1550": H * MAX1550 / 2,
+                    "Intel(R) Data Center GPU Max 1550":
+                        H * MAX1550 / 2 + (H - 47) * MAX1550 / 2,
                     "Intel(R) UHD Graphics 630": H * UHD * (1 - D(1) / 4 - D(1) / 8)}
     # Usage measured by the exporter, not written: amdsmi's per-process GFX time and VRAM.
     used = dict(con.execute(
@@ -141,6 +158,12 @@ def test_vendor_nodes_metered_priced_and_reported(tmp_path: Path) -> None:
         "round(sum(sm_seconds) / sum(allocated_seconds), 3)) FROM allocation_hours "
         "WHERE pod IN ('tiles-0', 'translate-0') GROUP BY pod").fetchall())
     assert split == {"tiles-0": (24.0, 0.3), "translate-0": (40.0, 0.5)}
+    # ... and a tile's: its pod's xe fdinfo (device cycles, rescaled to the tile) and memory
+    tile = dict(con.execute(
+        "SELECT pod, (round(sum(memory_byte_seconds) / sum(allocated_seconds) / 2^30, 3), "
+        "round(sum(sm_seconds) / sum(allocated_seconds), 3)) FROM allocation_hours "
+        "WHERE pod IN ('lammps-0', 'finetune-1') GROUP BY pod").fetchall())
+    assert tile == {"lammps-0": (40.0, 0.6), "finetune-1": (58.0, 0.9)}
     month = Month.parse("2026-10")
     recs = recommend(con, month.start, month.end, mig_fraction(cm), Settings())
     con.close()
@@ -245,6 +268,9 @@ def test_vendor_exporters_serve_attributed_scrapes(tmp_path: Path) -> None:
                 "igpu-desk-01": {("virt-launcher-desk-alice", "vgpu",
                                   "intel.com/i915-GVTg_V5_4"),
                                  ("virt-launcher-desk-bob", "vgpu", "intel.com/i915-GVTg_V5_8")},
+                # a tile each, from gas-container-tiles on the pods the API server lists
+                "gpu-intel-max-02": {("lammps-0", "mig", "gpu.intel.com/xe"),
+                                     ("finetune-1", "mig", "gpu.intel.com/xe")},
             }
             for node, pods in want.items():
                 wait_until(lambda n=node, p=pods: held(scrape(n)) == p,  # type: ignore[misc]
@@ -263,6 +289,18 @@ def test_vendor_exporters_serve_attributed_scrapes(tmp_path: Path) -> None:
             wait_until(lambda: util(scrape("gpu-intel-max-01")) == {"tiles-0": 0.3,
                                                                      "translate-0": 0.5},
                        "the shared Max's fdinfo split", limit=30)
+            # the tiles: listed from xe's sysfs and Level Zero, each pod's fdinfo on its tile
+            tiles = scrape("gpu-intel-max-02")
+            assert tiles.count('profile="tile"') >= 2, tiles
+            wait_until(lambda: util(scrape("gpu-intel-max-02")) == {"lammps-0": 0.6,
+                                                                     "finetune-1": 0.9},
+                       "each tile's pod's fdinfo", limit=30)
+
+            def tile_busy(text: str) -> list[float]:
+                return sorted(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                              if line.startswith("gpu_partition_utilization_ratio{"))
+            wait_until(lambda: tile_busy(scrape("gpu-intel-max-02")) == [0.6, 0.9],
+                       "each tile's busy share from Level Zero", limit=30)
         finally:
             for s in servers.values():
                 s.shutdown()
