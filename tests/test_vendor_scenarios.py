@@ -180,6 +180,28 @@ def test_vendor_nodes_metered_priced_and_reported(tmp_path: Path) -> None:
         assert text in md, text
 
 
+def test_tiles_node_as_gpu_aware_scheduling_and_xe_leave_it(tmp_path: Path) -> None:
+    """The tiles node's inputs to the exporter: GAS's annotation on the pods the API server
+    serves (one entry per container holding the plugin's resource, `card<N>:gt<i>`), the
+    Intel GPU plugin's two shares of card0, and xe's sysfs with the Max 1550's two tiles."""
+    with SimCluster([], start=T0, workdir=tmp_path, window=(0.0, 3600.0),
+                    vendors=[VENDORS / "intel-max-tiles.yaml"]) as cluster:
+        node = cluster.vendor_nodes[0]
+        written = {p["metadata"]["name"]: p["metadata"].get("annotations")
+                   for p in node.vendor.pod_objects(0.0, 3600.0)}
+        assert written == {"lammps-0": {"gas-container-tiles": "card0:gt0"},
+                           "finetune-1": {"gas-container-tiles": "card0:gt1"}}
+        watch = next(w for c in node.sampler.collectors
+                     if (w := getattr(c, "pod_watch", None)) is not None)
+        assert {pod: info.intel_tiles for (_, pod), info in watch.by_name.items()} == {
+            "lammps-0": ((("card0", 0),),), "finetune-1": ((("card0", 1),),)}
+        assert node.vendor.device_ids() == [("gpu.intel.com/xe", "card0-0"),
+                                            ("gpu.intel.com/xe", "card0-1")]
+        pf = tmp_path / "gpu-intel-max-02" / "sys" / "bus" / "pci" / "devices" / "0000:29:00.0"
+        assert sorted(str(p.relative_to(pf)) for p in pf.glob("tile*/gt*")) == [
+            "tile0/gt0", "tile1/gt1"]
+
+
 SHORT = """
 node: short-1
 gpus:
