@@ -327,15 +327,21 @@ class VendorNode:
         return out
 
     def _gas_annotations(self, hs: list[Holder]) -> dict[str, Any]:
-        """GPU Aware Scheduling's `gas-container-tiles`, as it writes it: an entry per
-        container holding the Intel GPU plugin's resource, in spec order, `|`-separated; none
-        when no container was given tiles."""
+        """What GPU Aware Scheduling patches onto a pod it binds to a tiled card
+        (intel/platform-aware-scheduling gpu-aware-scheduling/pkg/gpuscheduler/scheduler.go
+        `annotatePodBind`: `gas-ts` in Unix ns, `gas-container-cards`, and
+        `gas-container-tiles` when tiles were asked for): an entry per container holding the
+        Intel GPU plugin's resource (`gpu.intel.com/i915` or `xe`), in spec order,
+        `|`-separated. None on pods GAS gave no tiles (the scenario's other Intel pods)."""
         index = {h: n for n, h in enumerate(self.scenario.holders)}
-        entries = [self._tiles.get(index[h], "") for h in hs
-                   if h.resource.startswith("gpu.intel.com/")]
-        if not any(entries):
+        using = [index[h] for h in hs if h.resource.startswith("gpu.intel.com/")]
+        tiles = [self._tiles.get(n, "") for n in using]
+        if not any(tiles):
             return {}
-        return {"annotations": {"gas-container-tiles": "|".join(entries)}}
+        cards = [self._ids[n].rsplit("-", 1)[0] for n in using]  # card0-1 -> card0
+        bound = int((self.start + hs[0].first * 3600.0) * 1e9)
+        return {"annotations": {"gas-ts": str(bound), "gas-container-cards": "|".join(cards),
+                                "gas-container-tiles": "|".join(tiles)}}
 
     def refresh(self, t: float) -> None:
         """Bring the vendor library, sysfs and /proc to scenario time t."""

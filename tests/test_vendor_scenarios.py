@@ -189,8 +189,12 @@ def test_tiles_node_as_gpu_aware_scheduling_and_xe_leave_it(tmp_path: Path) -> N
         node = cluster.vendor_nodes[0]
         written = {p["metadata"]["name"]: p["metadata"].get("annotations")
                    for p in node.vendor.pod_objects(0.0, 3600.0)}
-        assert written == {"lammps-0": {"gas-container-tiles": "card0:gt0"},
-                           "finetune-1": {"gas-container-tiles": "card0:gt1"}}
+        bound = str(T0 * 10**9)  # gas-ts: both pods bound at the scenario's start
+        assert written == {
+            "lammps-0": {"gas-ts": bound, "gas-container-cards": "card0",
+                         "gas-container-tiles": "card0:gt0"},
+            "finetune-1": {"gas-ts": bound, "gas-container-cards": "card0",
+                           "gas-container-tiles": "card0:gt1"}}
         watch = next(w for c in node.sampler.collectors
                      if (w := getattr(c, "pod_watch", None)) is not None)
         assert {pod: info.intel_tiles for (_, pod), info in watch.by_name.items()} == {
