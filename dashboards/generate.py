@@ -260,11 +260,16 @@ def node_detail() -> Board:
     b.add(ts("Clocks", "hertz"),
           [(f"gpu_sm_clock_hertz{{{DEV}}}", g + " SM"),
            (f"gpu_memory_clock_hertz{{{DEV}}}", g + " memory")])
-    b.add(ts("PCIe and NVLink throughput", "binBps"),
+    b.add(ts("Partition busy (Intel tiles)", "percentunit"),
+          [(f"gpu_partition_utilization_ratio{{{DEV}}}", g + " {{profile}} {{mig_uuid}}")])
+    b.add(ts("PCIe and GPU link throughput", "binBps"),
           [(f"gpu_pcie_throughput_bytes_per_second{{{DEV}}}",
             g + " {{profile}} PCIe {{direction}}"),
            (f"gpu_nvlink_throughput_bytes_per_second{{{DEV}}}",
-            g + " {{profile}} NVLink {{direction}}")])
+            g + " {{profile}} NVLink {{direction}}"),
+           # XGMI, Xe Link (NVLink is the line above)
+           (f'gpu_link_throughput_bytes_per_second{{{DEV},link_type!="nvlink"}}',
+            g + " {{profile}} {{link_type}} {{direction}}")])
     b.row("Throttling")
     b.add(ts("Clock event reasons active", "none"),
           [(f"gpu_clock_event_active{{{DEV}}} > 0", g + " {{reason}}")])

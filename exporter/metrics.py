@@ -125,20 +125,32 @@ FAMILIES: tuple[Family, ...] = (
     _g("gpu_tensor_active_ratio", "Fraction of cycles a tensor pipe was active (GPM).", MIG,
        "gpm"),
     _g("gpu_dram_active_ratio", "Fraction of peak DRAM bandwidth used (GPM).", MIG, "gpm"),
-    # --- PCIe / NVLink throughput -------------------------------------------------------------
+    # --- PCIe / NVLink / scale-up link throughput ---------------------------------------------
     _g("gpu_pcie_throughput_bytes_per_second",
-       "PCIe traffic by direction (tx: sent by the GPU, rx: received): with GPM (Hopper+) the "
-       "mean over the sample interval, else the driver's 20 ms reading at sample time.",
+       "PCIe traffic by direction (tx: sent by the GPU, rx: received): NVIDIA with GPM "
+       "(Hopper+) the mean over the sample interval, else the driver's 20 ms reading at sample "
+       "time; Intel the mean of Level Zero's byte counters over the sample interval.",
        (*MIG, "direction"), "throughput"),
     _g("gpu_nvlink_throughput_bytes_per_second",
        "NVLink data traffic over all links by direction (tx: sent by the GPU, rx: received), "
-       "mean over the sample interval (GPM on Hopper+, else the links' byte counters).",
+       "mean over the sample interval (GPM on Hopper+, else the links' byte counters). The "
+       "same figure as gpu_link_throughput_bytes_per_second{link_type=\"nvlink\"}.",
        (*MIG, "direction"), "throughput"),
+    _g("gpu_link_throughput_bytes_per_second",
+       "Scale-up link traffic (GPU to GPU) over all links of a type, by direction (tx: sent "
+       "by the GPU, rx: received), mean over the sample interval: link_type nvlink (NVIDIA), "
+       "xgmi (AMD, amdsmi's per-link data counters), xelink (Intel).",
+       (*MIG, "link_type", "direction"), "throughput"),
     # --- MIG ------------------------------------------------------------------------------------
     _g("gpu_mig_info", "A MIG instance and its profile; always 1.",
        (*MIG, "slices", "parent_slices"), "mig"),
     _g("gpu_mig_memory_total_bytes", "Memory of a MIG instance.", MIG, "mig"),
     _g("gpu_mig_memory_used_bytes", "Memory in use in a MIG instance.", MIG, "mig"),
+    _g("gpu_partition_utilization_ratio",
+       "Fraction of the sample interval a partition's busiest engine group (compute, render) "
+       "was active (Intel tiles: Level Zero engine activity on the subdevice); absent where "
+       "the backend has no per-partition figure (a MIG instance's is gpu_sm_active_ratio).",
+       MIG, "mig"),
     # --- vGPU ---------------------------------------------------------------------------------
     _g("gpu_vgpu_license_state",
        "In a vGPU guest: 1 while the GPU holds a licence for the feature, 0 while it does not "
@@ -238,15 +250,19 @@ BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 # Which vendors' backends fill a device family (docs/metrics.md). The contract's families are
 # filled by every backend whose library has the value ("all"); the collectors that read NVML
 # itself are NVIDIA's; AMD's RAS families are AMD's.
-_NVIDIA_COLLECTORS = frozenset({"clocks", "nvlink", "gpm", "throughput"})
-_VENDORS = {"gpu_xid_errors_total": "nvidia", "gpu_xid_last_timestamp_seconds": "nvidia",
+_NVIDIA_COLLECTORS = frozenset({"clocks", "nvlink", "gpm"})
+_VENDORS = {"gpu_pcie_throughput_bytes_per_second": "nvidia, intel",
+            "gpu_nvlink_throughput_bytes_per_second": "nvidia",
+            "gpu_link_throughput_bytes_per_second": "nvidia, amd",
+            "gpu_xid_errors_total": "nvidia", "gpu_xid_last_timestamp_seconds": "nvidia",
             "gpu_vgpu_license_state": "nvidia",
             "gpu_error_events_total": "amd", "gpu_error_event_last_timestamp_seconds": "amd",
-            "gpu_ras_errors_total": "amd"}
+            "gpu_ras_errors_total": "amd", "gpu_partition_utilization_ratio": "intel"}
 
 
 def vendors(family: Family) -> str:
-    """'nvidia', 'amd', 'all' for a device family (one with a `vendor` label); '' otherwise."""
+    """'nvidia', 'amd', 'all' (or a list, 'nvidia, intel') for a device family (one with a
+    `vendor` label); '' otherwise."""
     if "vendor" not in family.labels:
         return ""
     if family.collector in _NVIDIA_COLLECTORS:

@@ -71,10 +71,27 @@ def generate() -> str:
               " sees read-only), so a GPU that is already lost when the exporter starts, and"
               " never appears in NVML's device list, still shows as expected but not answering"
               " (`gpu_answering_devices`); the `GpuNotAnswering` alert compares the two.", "",
-              "## PCIe and NVLink throughput", "",
-              "`gpu_pcie_throughput_bytes_per_second` and `gpu_nvlink_throughput_bytes_per_second`"
-              " are in bytes per second, `direction` `tx` (sent by the GPU) or `rx` (received)."
-              " The source is chosen per GPU:", "",
+              "## PCIe and scale-up link throughput", "",
+              "`gpu_pcie_throughput_bytes_per_second`, `gpu_link_throughput_bytes_per_second`"
+              " (`link_type` `nvlink`, `xgmi`, `xelink`) and"
+              " `gpu_nvlink_throughput_bytes_per_second` (kept: the same figure as"
+              " `gpu_link_throughput_bytes_per_second{link_type=\"nvlink\"}`) are in bytes per"
+              " second, `direction` `tx` (sent by the GPU) or `rx` (received), summed over the"
+              " links of a type. Which vendor fills what:", "",
+              "| vendor | PCIe | links |", "|---|---|---|",
+              "| NVIDIA | NVML, below | `nvlink`: NVML, below |",
+              "| AMD | not filled: amdsmi's `pcie_bandwidth_acc` / `pcie_bandwidth_inst` are GB/s"
+              " of both directions together, no per-direction counter | `xgmi`:"
+              " `amdsmi_get_gpu_metrics_info` `xgmi_read_data_acc` (rx) and"
+              " `xgmi_write_data_acc` (tx) per link, KB since the driver loaded, differenced"
+              " between samples over the metrics' `system_clock_counter` |",
+              "| Intel | Level Zero `zesDevicePciGetStats` `rxCounter` / `txCounter` (bytes) over"
+              " its `timestamp` (µs), where `haveBandwidthCounters`; none without Level Zero"
+              " (sysfs has no counter) | `xelink`: not filled (Sysman's fabric ports are not"
+              " wrapped by pyzes) |", "",
+              "Counters need two samples, so those series appear from the second cycle; a"
+              " counter that went back (driver reload) starts afresh. NVIDIA's source is chosen"
+              " per GPU:", "",
               "| GPU | PCIe | NVLink (all links summed) |", "|---|---|---|",
               "| with GPM (Hopper and later) | GPM `PCIE_TX/RX_PER_SEC` (MiB/s): mean between"
               " this sample and the previous one | GPM `NVLINK_TOTAL_TX/RX_PER_SEC` (MiB/s),"

@@ -4,9 +4,11 @@
    and gpushare grants, a vGPU host and guest, a GPU that falls off the bus, XIDs) for the
    first week of a month (--full-month: all of it), every --step, through the exporter's own
    code path (simulated NVML -> Sampler with a real PodResources server, cgroup files, pod and
-   ResourceSlice watches), beside four AMD and Intel nodes (an MI300X in CPX/NPS4, an MxGPU
-   host, an Intel Max with SR-IOV VFs, an iGPU GVT-g host: gpusim/scenarios/vendors), whose
-   series gpusim.vendor_history writes in the exporter's contract.
+   ResourceSlice watches), beside five AMD and Intel nodes (an MI300X in CPX/NPS4, an MxGPU
+   host, an Intel Max with SR-IOV VFs, a Max 1550 whose tiles GPU Aware Scheduling gives to
+   pods, an iGPU GVT-g host: gpusim/scenarios/vendors) through
+   the same path over the exporter's AMD backend (simulated amdsmi) and Intel backend
+   (simulated sysfs and Level Zero).
 2. Backfill that history into a real Prometheus with promtool, then serve it, with the same
    nodes' exporters running live and scraped.
 3. Run the metering job against that Prometheus into DuckDB, priced with the default cost model.
@@ -20,7 +22,6 @@ import argparse
 import contextlib
 import importlib.util
 import json
-import math
 import os
 import signal
 import sys
@@ -30,13 +31,10 @@ import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from exporter.cli import parse_seconds
 from exporter.errors import ConfigError
 from exporter.history import OpenMetricsHistory
-from exporter.metrics import FAMILIES
-from exporter.render import Sample
 from gpu_ledger import promserver
 from metering.errors import MeteringError
 from metering.ingest import Source
@@ -44,9 +42,6 @@ from metering.openmetrics_source import OpenMetricsSource
 from metering.period import Month, Period, PeriodError, utc_aware
 from metering.promclient import PromClient
 from metering.prometheus_source import PrometheusSource
-
-if TYPE_CHECKING:
-    from gpusim.vendor_history import VendorScenario
 
 # The alert and recording rules the demo's Prometheus loads (a source checkout has them).
 RULES_DIR = Path(__file__).resolve().parent.parent / "alerts"
@@ -88,7 +83,7 @@ def _resolve(names: list[str]) -> list[Path]:
 
 
 def is_vendor_scenario(path: Path) -> bool:
-    """AMD and Intel nodes have a format of their own (gpusim/vendor_history.py); they are the
+    """AMD and Intel nodes have a format of their own (gpusim/vendor_scenario.py); they are the
     files under gpusim/scenarios/vendors, or a --scenario given as vendors/NAME.yaml."""
     return path.resolve().parent == VENDOR_DIR.resolve()
 
@@ -101,14 +96,14 @@ def scenario_paths(names: list[str] | None) -> list[Path]:
 
 
 def vendor_scenario_paths(names: list[str] | None) -> list[Path]:
-    """The AMD and Intel nodes (gpusim.vendor_history)."""
+    """The AMD and Intel nodes (gpusim.vendor_node)."""
     if names:
         return [p for p in _resolve(names) if is_vendor_scenario(p)]
     return sorted(VENDOR_DIR.glob("*.yaml"))
 
 
 # A week shows every scenario event (they all happen in the first day and repeat daily or
-# hourly) in two to three minutes on 2 cores; the month takes about four times as long
+# hourly) in about three minutes on 2 cores; the month takes about four times as long
 # (docs/performance.md, "Demo").
 DEFAULT_DAYS = 7
 
@@ -163,30 +158,17 @@ def watch_alerts(url: str) -> None:
         time.sleep(5)
 
 
-def longest_socket_path(scenarios: list[Path], work: Path) -> int:
+def longest_socket_path(scenarios: list[Path], work: Path,
+                        vendors: list[Path] | None = None) -> int:
     """Bytes in the longest simulated-kubelet socket path the demo will create under `work`.
     Raises ConfigError for a scenario that does not load."""
     from gpusim.scenario import load_scenario
+    from gpusim.vendor_scenario import load_vendor_scenario
 
-    nodes = [load_scenario(p).node for p in scenarios]
+    nodes = [load_scenario(p).node for p in scenarios] + [
+        load_vendor_scenario(p).node for p in vendors or []]
     return max((len(os.fsencode(work / part / node / "kubelet.sock"))
                 for part in ("sim", "live") for node in nodes), default=0)
-
-
-def vendor_samples(scenarios: list[VendorScenario], hour: int) -> dict[str, list[Sample]]:
-    """The vendor nodes' series in `hour` of the period, as the exporter's samples, so the
-    history writes them with the families' own labels (`vendor` among them)."""
-    from gpusim.vendor_history import rows_at
-
-    families = {f.name: f for f in FAMILIES}
-    out: dict[str, list[Sample]] = {}
-    for sc in scenarios:
-        for name, labels, pod_labels, value in rows_at(sc, hour):
-            fam, given = families[name], dict(labels)
-            assert given.keys() <= set(fam.labels), (name, given.keys() - set(fam.labels))
-            out.setdefault(name, []).append(
-                (tuple(given.get(n, "") for n in fam.labels), value, pod_labels))
-    return out
 
 
 def simulate_history(scenarios: list[Path], start: datetime, end: datetime, step: float,
@@ -194,26 +176,19 @@ def simulate_history(scenarios: list[Path], start: datetime, end: datetime, step
                      vendors: list[Path] | None = None) -> int:
     """Raises ConfigError for a scenario that does not load."""
     from gpusim.cluster import SimCluster
-    from gpusim.vendor_history import load_vendor_scenario
 
     t0, t1 = start.timestamp(), end.timestamp()
     steps = int((t1 - t0) // step)
-    vendor_nodes = [load_vendor_scenario(p) for p in vendors or []]
     history = OpenMetricsHistory(out_file, HISTORY_FAMILIES)
     began = time.monotonic()
-    hour, per_hour = -1, dict[str, list[Sample]]()
-    with SimCluster(scenarios, start=t0, workdir=workdir, window=(0.0, t1 - t0 + step)) as c:
-        say.note("nodes: " + ", ".join([n.name for n in c.nodes]
-                                       + [f"{v.node} ({v.gpus[0].vendor})" for v in vendor_nodes]))
+    with SimCluster(scenarios, start=t0, workdir=workdir, window=(0.0, t1 - t0 + step),
+                    vendors=vendors or []) as c:
+        say.note("nodes: " + ", ".join([n.name for n in c.nodes] + [
+            f"{n.name} ({n.vendor.vendor})" for n in c.vendor_nodes]))
         for i in range(1, steps + 1):
             t = t0 + i * step
             for _, rendering in c.step(t):
                 history.add(rendering.samples, t)
-            # A sample at the end of an hour belongs to it, as in vendor_history.openmetrics.
-            if vendor_nodes and (h := math.ceil(i * step / 3600) - 1) != hour:
-                hour, per_hour = h, vendor_samples(vendor_nodes, h)
-            if per_hour:
-                history.add(per_hour, t)
             if i % max(1, steps // 10) == 0 or i == steps:
                 done = i / steps
                 eta = (time.monotonic() - began) * (1 - done) / done
@@ -225,16 +200,16 @@ def simulate_history(scenarios: list[Path], start: datetime, end: datetime, step
 
 @contextlib.contextmanager
 def live_exporters(scenarios: list[Path], start: float, workdir: Path,
-                   interval: float) -> Iterator[list[str]]:
+                   interval: float, vendors: list[Path] | None = None) -> Iterator[list[str]]:
     """The same nodes' exporters, live on the real clock, each on its own loopback port."""
     from exporter.web import start_server
     from gpusim.cluster import SimCluster
 
     now = time.time() - start
     with SimCluster(scenarios, start=start, workdir=workdir, live=True, interval=interval,
-                    window=(now - 86400, now + 86400)) as cluster:
+                    window=(now - 86400, now + 86400), vendors=vendors or []) as cluster:
         cluster.start_live()
-        servers = [start_server(n.sampler, "127.0.0.1", 0, None) for n in cluster.nodes]
+        servers = [start_server(n.sampler, "127.0.0.1", 0, None) for n in cluster.all_nodes]
         try:
             yield [f"127.0.0.1:{s.port}" for s in servers]
         finally:
@@ -372,7 +347,7 @@ def _main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-ledger-demo-") as tmp:
         work = Path(tmp)
         try:
-            longest = longest_socket_path(scenarios, work)
+            longest = longest_socket_path(scenarios, work, vendors)
         except ConfigError as err:
             print(f"gpu-ledger demo: {err}", file=sys.stderr)
             return 2
@@ -396,7 +371,8 @@ def _main(args: argparse.Namespace) -> int:
             data_dir = work / "prometheus-data"
             rules = [RULES_DIR / name for name in RULE_FILES if (RULES_DIR / name).is_file()]
             promserver.backfill(history_file, data_dir)
-            with live_exporters(scenarios, start.timestamp(), work / "live", 5.0) as targets, \
+            with live_exporters(scenarios, start.timestamp(), work / "live", 5.0,
+                                vendors) as targets, \
                     promserver.running_prometheus(
                         data_dir, promserver.scrape_config(targets, rule_files=rules)) as url:
                 say.note(f"Prometheus {url} scraping {', '.join(targets)}, with "

@@ -304,7 +304,7 @@ class SimAmdSmi:
         links = [int(t * 1000) * (i + 1) for i in range(7)] + [NA]
         return {"xgmi_read_data_acc": links, "xgmi_write_data_acc": [*links[::-1][1:], NA],
                 "pcie_bandwidth_acc": int(t * 10), "pcie_replay_count_acc": g.pcie_replays,
-                "energy_accumulator": NA}
+                "energy_accumulator": NA, "system_clock_counter": int(self.clock() * 1e9)}
 
     # --- reliability ---
     def amdsmi_get_gpu_total_ecc_count(self, h: SimHandle) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """A simulated cluster: every node of a scenario set with its simulated NVML, kubelet
 PodResources server, /proc tree and one shared Kubernetes API server, each node driven through
-the exporter's own Sampler. Used by the demo, the end-to-end tests and the benchmarks.
+the exporter's own Sampler. AMD and Intel nodes (vendor scenarios, gpusim.vendor_node) run the
+same way over the exporter's AmdBackend and IntelBackend. Used by the demo, the end-to-end
+tests and the benchmarks.
 
 Two ways to drive it: `step(t)` with a manual clock (a month of history in minutes), or
 `start_live()` with the real clock (sampler threads plus a proc-tree refresher).
@@ -29,7 +31,7 @@ from gpu_ledger.sharing import SharingMode
 from gpusim.allocation import pod_annotations, resource_claim, resource_slices
 from gpusim.apiserver import FakeApiServer
 from gpusim.kubelet import ClaimAllocation, ContainerAllocation, FakeKubelet, PodAllocation
-from gpusim.model import PodSpec, Scenario
+from gpusim.model import Scenario
 from gpusim.node import (
     Window,
     container_id,
@@ -42,6 +44,8 @@ from gpusim.node import (
 )
 from gpusim.nvml import SimNVML
 from gpusim.scenario import load_scenario
+from gpusim.vendor_node import VendorNode
+from gpusim.vendor_scenario import VendorScenario, load_vendor_scenario
 
 
 class ManualClock:
@@ -52,15 +56,16 @@ class ManualClock:
         return self.now
 
 
-def _owner_metadata(pod: PodSpec) -> dict[str, object]:
+def owner_metadata(namespace: str, pod_labels: dict[str, str], owner: tuple[str, str]
+                   ) -> dict[str, object]:
     """Labels and ownerReferences as the controllers write them: a Deployment's pods belong to
     its ReplicaSet `<name>-<pod-template-hash>` and carry that hash as a label."""
-    labels = dict(pod.labels)
-    kind, name = pod.owner
+    labels = dict(pod_labels)
+    kind, name = owner
     if not kind:
         return {"labels": labels}
     if kind == "Deployment":
-        pth = hashlib.sha256(f"{pod.namespace}/{name}".encode()).hexdigest()[:10]
+        pth = hashlib.sha256(f"{namespace}/{name}".encode()).hexdigest()[:10]
         labels["pod-template-hash"] = pth
         kind, name = "ReplicaSet", f"{name}-{pth}"
     ref = {"apiVersion": "batch/v1" if kind == "Job" else "apps/v1", "kind": kind,
@@ -88,7 +93,7 @@ def pod_objects(scenario: Scenario, t0: float, t1: float) -> list[dict[str, Any]
             out.append({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": pod.namespace, "uid": uid,
-                             **_owner_metadata(pod),
+                             **owner_metadata(pod.namespace, dict(pod.labels), pod.owner),
                              **({"annotations": annotations} if annotations else {})},
                 "spec": {"nodeName": scenario.node,
                          "containers": [{"name": c.name, "image": "sim"}
@@ -137,6 +142,35 @@ class SimNode:
         write_proc_tree(self.scenario, self.proc_root, self.scenario_time())
 
 
+@dataclass
+class VendorSimNode:
+    """An AMD or Intel node (gpusim.vendor_node) driven through the exporter's Sampler."""
+
+    vendor: VendorNode
+    clock: Any
+    start: float
+    kubelet: FakeKubelet
+    proc_root: Path
+    sampler: Sampler
+
+    @property
+    def name(self) -> str:
+        return self.vendor.scenario.node
+
+    def scenario_time(self) -> float:
+        return float(self.clock()) - self.start
+
+    def allocations(self) -> list[PodAllocation]:
+        return self.vendor.allocations(self.scenario_time())
+
+    def refresh_proc_tree(self) -> None:
+        """The vendor library's state, sysfs and /proc at the clock's time."""
+        self.vendor.refresh(self.scenario_time())
+
+
+ClusterNode = SimNode | VendorSimNode
+
+
 class SimCluster:
     """Nodes from scenario files; `start` is the wall-clock time scenario t=0 maps to, and
     `window` the scenario seconds whose pods the API server lists."""
@@ -145,12 +179,16 @@ class SimCluster:
                  workdir: str | Path | None = None, live: bool = False,
                  interval: float = 5.0, window: tuple[float, float] = (0.0, 32 * 86400.0),
                  collectors: Sequence[str] | None = None, pod_labels: Sequence[str] = ("team",),
-                 process_metrics: bool = False) -> None:
+                 process_metrics: bool = False,
+                 vendors: Sequence[str | Path | VendorScenario] = ()) -> None:
+        """`scenarios`: NVIDIA nodes (SimNVML); `vendors`: AMD and Intel nodes."""
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="gpu-ledger-sim-")
         self.workdir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.live = live
         loaded = [s if isinstance(s, Scenario) else load_scenario(s) for s in scenarios]
+        vendor_loaded = [v if isinstance(v, VendorScenario) else load_vendor_scenario(v)
+                         for v in vendors]
         pods: list[dict[str, Any]] = []
         slices: list[dict[str, Any]] = []
         claims: list[dict[str, Any]] = []
@@ -158,15 +196,32 @@ class SimCluster:
             pods.extend(pod_objects(sc, *window))
             slices.extend(resource_slices(sc))
             claims.extend(resource_claim(sc, c) for c in sc.claims)
+        vendor_nodes: list[tuple[VendorNode, Any]] = []
+        for vs in vendor_loaded:
+            clock: Any = time.time if live else ManualClock(start)
+            base = self.workdir / vs.node
+            vnode = VendorNode(vs, base / "sys", base / "proc", clock, start)
+            vendor_nodes.append((vnode, clock))
+            pods.extend(vnode.pod_objects(*window))
         self.api = FakeApiServer(pods, slices=slices, claims=claims).start()
         kubeconfig = self.api.kubeconfig(str(self.workdir / "kubeconfig"))
         specs: list[CollectorSpec] = [s for s in REGISTRY
                                       if collectors is None or s.name in collectors]
-        self.nodes: list[SimNode] = []
+        self.nodes: list[SimNode] = []  # the NVIDIA nodes
+        self.vendor_nodes: list[VendorSimNode] = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+
+        def options(node: str, sock: str, proc_root: Path, sysfs_root: Path,
+                    modes: tuple[tuple[str, SharingMode], ...] = ()) -> ExporterOptions:
+            return ExporterOptions(
+                node=node, interval=interval, process_metrics=process_metrics,
+                pod_resources_socket=sock, proc_root=str(proc_root), kubeconfig=kubeconfig,
+                sysfs_root=str(sysfs_root), pod_label_allowlist=tuple(sorted(pod_labels)),
+                sharing_modes=modes)
+
         for sc in loaded:
-            clock: Any = time.time if live else ManualClock(start)
+            clock = time.time if live else ManualClock(start)
             nvml = SimNVML(sc, clock=clock, start=start)
             proc_root = self.workdir / sc.node / "proc"
             sock = str(self.workdir / sc.node / "kubelet.sock")
@@ -176,52 +231,61 @@ class SimCluster:
             node = SimNode(sc, clock, start, nvml, None, proc_root, None)  # type: ignore[arg-type]
             node.kubelet = FakeKubelet(sock, node.allocations,
                                        functools.partial(device_ids, sc)).start()
-            options = ExporterOptions(
-                node=sc.node, interval=interval, process_metrics=process_metrics,
-                pod_resources_socket=sock, proc_root=str(proc_root), kubeconfig=kubeconfig,
-                sysfs_root=str(sysfs_root),
-                pod_label_allowlist=tuple(sorted(pod_labels)),
-                sharing_modes=mode_overrides(sc))
-            node.sampler = Sampler(NvmlBackend(nvml), options, specs, clock=clock,
-                                   threaded=live,
-                                   eager_render=live)
+            node.sampler = Sampler(NvmlBackend(nvml),
+                                   options(sc.node, sock, proc_root, sysfs_root,
+                                           mode_overrides(sc)),
+                                   specs, clock=clock, threaded=live, eager_render=live)
             self.nodes.append(node)
+        for vnode, clock in vendor_nodes:
+            sock = str(vnode.proc_root.parent / "kubelet.sock")
+            vsim = VendorSimNode(vnode, clock, start, None, vnode.proc_root,  # type: ignore[arg-type]
+                                 None)  # type: ignore[arg-type]
+            vsim.kubelet = FakeKubelet(sock, vsim.allocations, vnode.device_ids).start()
+            vsim.sampler = Sampler(vnode.backend, options(vsim.name, sock, vnode.proc_root,
+                                                          vnode.sysfs_root),
+                                   specs, clock=clock, threaded=live, eager_render=live)
+            self.vendor_nodes.append(vsim)
         self._wait_for_pod_watch()
+
+    @property
+    def all_nodes(self) -> list[ClusterNode]:
+        """The NVIDIA nodes, then the AMD and Intel ones."""
+        return [*self.nodes, *self.vendor_nodes]
 
     def _wait_for_pod_watch(self, timeout: float = 15.0) -> None:
         """The pod and ResourceSlice watches and the ResourceClaim reader run on their own
         threads; before stepping a simulated clock, let the watches finish their first list and
         the reader answer the claims the first cycle asked for, so the first cycles already
         carry pod names, labels, claimed devices and their sharing."""
-        for node in self.nodes:
+        for node in self.all_nodes:
             node.refresh_proc_tree()
             node.sampler.cycle()  # starts the collectors' background threads
-        watches = [w for n in self.nodes for c in n.sampler.collectors
+        watches = [w for n in self.all_nodes for c in n.sampler.collectors
                    for attr in ("pod_watch", "slice_watch")
                    if (w := getattr(c, attr, None)) is not None]
-        readers = [r for n in self.nodes for c in n.sampler.collectors
+        readers = [r for n in self.all_nodes for c in n.sampler.collectors
                    if (r := getattr(c, "claim_reader", None)) is not None]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and (any(w.lists < 1 for w in watches)
                                                or any(r.pending for r in readers)):
             time.sleep(0.02)
 
-    def step(self, t: float) -> Iterator[tuple[SimNode, Rendering]]:
+    def step(self, t: float) -> Iterator[tuple[ClusterNode, Rendering]]:
         """Set every node's clock to wall time t and run one sample cycle on each."""
-        for node in self.nodes:
+        for node in self.all_nodes:
             assert isinstance(node.clock, ManualClock), "step() needs a cluster built live=False"
             node.clock.now = t
             node.refresh_proc_tree()
             yield node, node.sampler.cycle()
 
     def start_live(self, refresh: float = 1.0) -> None:
-        for node in self.nodes:
+        for node in self.all_nodes:
             node.refresh_proc_tree()
             node.sampler.start()
 
         def refresher() -> None:
             while not self._stop.wait(refresh):
-                for node in self.nodes:
+                for node in self.all_nodes:
                     node.refresh_proc_tree()
 
         thread = threading.Thread(target=refresher, name="proc-tree", daemon=True)
@@ -232,7 +296,7 @@ class SimCluster:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)
-        for node in self.nodes:
+        for node in self.all_nodes:
             node.sampler.close()
             node.kubelet.stop()
         self.api.stop()

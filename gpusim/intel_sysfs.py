@@ -2,16 +2,18 @@
 (exporter/device/intel_sysfs.py says where each file comes from): each attribute is one value
 and a newline, links are relative as sysfs makes them.
 
-Two hosts: an Intel Data Center GPU Flex (ATS-M150, xe) with SR-IOV VFs bound to the host's
-driver, and an integrated GPU (i915) that is a GVT-g host with mediated devices.
+Three hosts: an Intel Data Center GPU Flex (ATS-M150, xe) with SR-IOV VFs bound to the host's
+driver, an integrated GPU (i915) that is a GVT-g host with mediated devices, and a Data Center
+GPU Max 1550 (PVC, two tiles; xe, or Intel's out-of-tree i915).
 
-    python -m gpusim.intel_sysfs ROOT flex|gvt
+    python -m gpusim.intel_sysfs ROOT flex|gvt|max
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # i915 gvt/vgpu.c intel_vgpu_configs: N -> (low_gm MB, high_gm MB, fence, weight, resolution)
@@ -30,7 +32,8 @@ class IntelGpu:
     act_freq_mhz: int = 0
     cur_freq_mhz: int = 0
     temp_mc: int | None = None
-    vram_per_tile: tuple[int, ...] = ()  # xe
+    vram_per_tile: tuple[int, ...] = ()  # xe: one tile<i>/gt<i> per entry
+    gts: int = 1  # i915: card<N>/gt/gt<i> directories (tiles on PVC)
     total_vfs: int | None = None  # SR-IOV capable PF
     vfs: tuple[tuple[str, int], ...] = ()  # (VF BDF, its card number) enabled
     gvt: bool = False  # GVT-g host: lists mdev_supported_types
@@ -79,12 +82,19 @@ def write_gpu(root: str, gpu: IntelGpu) -> None:
         _write(os.path.join(gt, "energy1_input"), gpu.energy_uj // 2)
         _write(os.path.join(card_dir, "gt_act_freq_mhz"), gpu.act_freq_mhz)
         _write(os.path.join(card_dir, "gt_cur_freq_mhz"), gpu.cur_freq_mhz)
+        for i in range(gpu.gts):  # gt/intel_gt_sysfs.c: gt/gt<id> with its id
+            gt = os.path.join(card_dir, "gt", f"gt{i}")
+            _write(os.path.join(gt, "id"), i)
+            _write(os.path.join(gt, "rps_act_freq_mhz"), gpu.act_freq_mhz)
+            _write(os.path.join(gt, "rps_cur_freq_mhz"), gpu.cur_freq_mhz)
     else:
         if gpu.temp_mc is not None:
             _write(os.path.join(hwmon, "temp2_input"), gpu.temp_mc)
-        freq = os.path.join(pci, "tile0", "gt0", "freq0")
-        _write(os.path.join(freq, "act_freq"), gpu.act_freq_mhz)
-        _write(os.path.join(freq, "cur_freq"), gpu.cur_freq_mhz)
+        # a PVC's tile<i> holds gt<i> (no media GT); a single-tile GPU tile0/gt0
+        for i in range(max(1, len(gpu.vram_per_tile))):
+            freq = os.path.join(pci, f"tile{i}", f"gt{i}", "freq0")
+            _write(os.path.join(freq, "act_freq"), gpu.act_freq_mhz)
+            _write(os.path.join(freq, "cur_freq"), gpu.cur_freq_mhz)
         for i, size in enumerate(gpu.vram_per_tile):
             _write(os.path.join(pci, f"tile{i}", "physical_vram_size_bytes"), size)
     if gpu.total_vfs is not None:
@@ -126,6 +136,21 @@ def flex_host(root: str, vfs: int = 4) -> IntelGpu:
     return gpu
 
 
+MAX1550_BDF = "0000:29:00.0"
+MAX1550_ID = "0x0bd5"  # pciids.h INTEL_PVC_IDS
+
+
+def max1550_host(root: str, driver: str = "xe", card: int = 0,
+                 bdf: str = MAX1550_BDF) -> IntelGpu:
+    """A Data Center GPU Max 1550: two tiles of 64 GiB HBM2e each, 600 W."""
+    gpu = IntelGpu(bdf, card, MAX1550_ID, driver, energy_uj=9_876_000_000,
+                   power_max_uw=600_000_000, act_freq_mhz=1600, cur_freq_mhz=1600,
+                   temp_mc=52_000, vram_per_tile=(64 << 30, 64 << 30) if driver == "xe" else (),
+                   gts=2)
+    write_gpu(root, gpu)
+    return gpu
+
+
 GVT_MDEVS = {"5b4b2a0c-7c1e-4d5f-9a0b-2f6e8d1c3a01": 4,
              "9e1d7f3a-2b4c-4e6d-8f0a-1c2b3d4e5f60": 8}
 
@@ -142,9 +167,11 @@ def gvt_host(root: str, mdevs: dict[str, int] | None = None) -> IntelGpu:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("root")
-    p.add_argument("host", choices=("flex", "gvt"))
+    p.add_argument("host", choices=("flex", "gvt", "max"))
     args = p.parse_args()
-    (flex_host if args.host == "flex" else gvt_host)(args.root)
+    hosts: dict[str, Callable[[str], IntelGpu]] = {
+        "flex": flex_host, "gvt": gvt_host, "max": max1550_host}
+    hosts[args.host](args.root)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """A simulated `pyzes` module: the Level Zero Sysman calls the Intel backend makes
 (exporter/device/intel_levelzero.py), with pyzes 0.1.3's names, struct fields, constants and
 calling convention (ctypes `byref` out-parameters, count-then-fill enumeration, a
-`ze_result_t` return), over a list of devices."""
+`ze_result_t` return), over a list of devices. A multi-tile device (Data Center GPU Max)
+reports `numSubdevices` and memory modules on its subdevices (`onSubdevice`, `subdeviceId`);
+PCIe byte counters come from `zesDevicePciGetStats` (pyzes.py's `zes_pci_stats_t`)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ZE_RESULT_SUCCESS = 0
+ZE_RESULT_ERROR_UNSUPPORTED_FEATURE = 0x78000003
 ZE_RESULT_ERROR_INVALID_ARGUMENT = 0x78000004
 ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES = 0x1
 ZES_STRUCTURE_TYPE_PCI_PROPERTIES = 0x2
+ZES_STRUCTURE_TYPE_ENGINE_PROPERTIES = 0x5
+ZES_ENGINE_GROUP_COMPUTE_ALL = 1
+ZES_ENGINE_GROUP_MEDIA_ALL = 2
 ZES_STRUCTURE_TYPE_MEM_PROPERTIES = 0xB
 ZES_STRUCTURE_TYPE_MEM_STATE = 0x1E
 ZES_MEM_LOC_SYSTEM = 0
@@ -48,9 +54,37 @@ class zes_pci_address_t(ctypes.Structure):
                 ("device", ctypes.c_uint32), ("function", ctypes.c_uint32)]
 
 
+class zes_pci_speed_t(ctypes.Structure):
+    _fields_ = [("gen", ctypes.c_int32), ("width", ctypes.c_int32),
+                ("maxBandwidth", ctypes.c_int64)]
+
+
 class zes_pci_properties_t(ctypes.Structure):
     _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
-                ("address", zes_pci_address_t)]
+                ("address", zes_pci_address_t), ("maxSpeed", zes_pci_speed_t),
+                ("haveBandwidthCounters", ctypes.c_uint8),
+                ("havePacketCounters", ctypes.c_uint8), ("haveReplayCounters", ctypes.c_uint8)]
+
+
+class zes_pci_stats_t(ctypes.Structure):
+    # no stype: the spec's zes_pci_stats_t is not an extensible structure
+    _fields_ = [("timestamp", ctypes.c_uint64), ("replayCounter", ctypes.c_uint64),
+                ("packetCounter", ctypes.c_uint64), ("rxCounter", ctypes.c_uint64),
+                ("txCounter", ctypes.c_uint64), ("speed", zes_pci_speed_t)]
+
+
+class zes_engine_handle_t(ctypes.c_void_p):
+    pass
+
+
+class zes_engine_properties_t(ctypes.Structure):
+    _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
+                ("type", ctypes.c_uint32), ("onSubdevice", ctypes.c_uint8),
+                ("subdeviceId", ctypes.c_uint32)]
+
+
+class zes_engine_stats_t(ctypes.Structure):
+    _fields_ = [("activeTime", ctypes.c_uint64), ("timestamp", ctypes.c_uint64)]
 
 
 class zes_mem_properties_t(ctypes.Structure):
@@ -71,6 +105,17 @@ class SimZesMemory:
     size: int
     free: int
     location: int = ZES_MEM_LOC_DEVICE
+    subdevice: int | None = None  # the tile it is on (onSubdevice, subdeviceId)
+
+
+@dataclass
+class SimZesEngine:
+    """An engine group and its activity counter (µs busy, at `timestamp` µs)."""
+
+    type: int
+    subdevice: int | None = None
+    active_us: int = 0
+    timestamp_us: int = 0
 
 
 @dataclass
@@ -78,6 +123,12 @@ class SimZesDevice:
     bdf: tuple[int, int, int, int]  # domain, bus, device, function
     name: str
     memory: list[SimZesMemory] = field(default_factory=list)
+    subdevices: int = 0  # numSubdevices: tiles of a multi-tile GPU, else 0
+    engines: list[SimZesEngine] = field(default_factory=list)
+    # PCIe bytes since the driver loaded and the reading's time (µs); None: no counters
+    pci_rx: int | None = None
+    pci_tx: int = 0
+    timestamp_us: int = 0
 
 
 def _out(ref: Any) -> Any:
@@ -102,8 +153,13 @@ class SimZes:
     zes_driver_handle_t = zes_driver_handle_t
     zes_device_handle_t = zes_device_handle_t
     zes_mem_handle_t = zes_mem_handle_t
+    zes_engine_handle_t = zes_engine_handle_t
+    zes_engine_properties_t = zes_engine_properties_t
+    zes_engine_stats_t = zes_engine_stats_t
+    ZES_STRUCTURE_TYPE_ENGINE_PROPERTIES = ZES_STRUCTURE_TYPE_ENGINE_PROPERTIES
     zes_device_properties_t = zes_device_properties_t
     zes_pci_properties_t = zes_pci_properties_t
+    zes_pci_stats_t = zes_pci_stats_t
     zes_mem_properties_t = zes_mem_properties_t
     zes_mem_state_t = zes_mem_state_t
 
@@ -149,6 +205,18 @@ class SimZes:
             return ZE_RESULT_ERROR_INVALID_ARGUMENT
         a = _out(props).address
         a.domain, a.bus, a.device, a.function = dev.bdf
+        _out(props).haveBandwidthCounters = int(dev.pci_rx is not None)
+        return ZE_RESULT_SUCCESS
+
+    def zesDevicePciGetStats(self, handle: Any, stats: Any) -> int:
+        self._count("zesDevicePciGetStats")
+        dev = self._device(handle)
+        if dev is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        if dev.pci_rx is None:
+            return ZE_RESULT_ERROR_UNSUPPORTED_FEATURE
+        out = _out(stats)
+        out.rxCounter, out.txCounter, out.timestamp = dev.pci_rx, dev.pci_tx, dev.timestamp_us
         return ZE_RESULT_SUCCESS
 
     def zesDeviceGetProperties(self, handle: Any, props: Any) -> int:
@@ -157,6 +225,7 @@ class SimZes:
         if dev is None:
             return ZE_RESULT_ERROR_INVALID_ARGUMENT
         _out(props).core.name = dev.name.encode()
+        _out(props).numSubdevices = dev.subdevices
         return ZE_RESULT_SUCCESS
 
     def zesDeviceEnumMemoryModules(self, handle: Any, p_count: Any,
@@ -167,6 +236,37 @@ class SimZes:
         if dev is None:
             return ZE_RESULT_ERROR_INVALID_ARGUMENT
         return self._fill([i << 8 | m for m in range(len(dev.memory))], p_count, handles)
+
+    def zesDeviceEnumEngineGroups(self, handle: Any, p_count: Any, handles: Any) -> int:
+        self._count("zesDeviceEnumEngineGroups")
+        dev = self._device(handle)
+        if dev is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        i = _id(handle)
+        return self._fill([i << 8 | e for e in range(len(dev.engines))], p_count, handles)
+
+    def _engine(self, handle: Any) -> SimZesEngine | None:
+        h = _id(handle)
+        dev = self._device(h >> 8)
+        return dev.engines[h & 0xFF] if dev is not None and (h & 0xFF) < len(dev.engines) \
+            else None
+
+    def zesEngineGetProperties(self, handle: Any, props: Any) -> int:
+        engine = self._engine(handle)
+        if engine is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        out = _out(props)
+        out.type = engine.type
+        out.onSubdevice = int(engine.subdevice is not None)
+        out.subdeviceId = engine.subdevice or 0
+        return ZE_RESULT_SUCCESS
+
+    def zesEngineGetActivity(self, handle: Any, stats: Any) -> int:
+        engine = self._engine(handle)
+        if engine is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        _out(stats).activeTime, _out(stats).timestamp = engine.active_us, engine.timestamp_us
+        return ZE_RESULT_SUCCESS
 
     def _module(self, handle: Any) -> SimZesMemory | None:
         h = _id(handle)
@@ -180,6 +280,8 @@ class SimZes:
             return ZE_RESULT_ERROR_INVALID_ARGUMENT
         _out(props).location = mem.location
         _out(props).physicalSize = mem.size
+        _out(props).onSubdevice = int(mem.subdevice is not None)
+        _out(props).subdeviceId = mem.subdevice or 0
         return ZE_RESULT_SUCCESS
 
     def zesMemoryGetState(self, handle: Any, state: Any) -> int:

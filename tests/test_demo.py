@@ -45,13 +45,19 @@ VENDOR_PODS = {  # the metered charges (the report's pod section keeps the top 2
     "notebook-ana": 24 * _MI300X / 8,
     "embedder-0": 24 * _MI300X,  # a whole MI300X (amd.com/gpu)
     "virt-launcher-vm-render": 24 * _MI300X / 4,  # MxGPU VF
-    "virt-launcher-vm-sim": 24 * _MAX1550 / 4,  # Intel Max SR-IOV VF
+    "solver-0": 24 * _MAX1550 / 4,  # Intel Max SR-IOV VF (gpu.intel.com/xe card)
     "virt-launcher-desk-alice": 24 * _UHD630 / 4,  # i915-GVTg_V5_4
     "virt-launcher-desk-bob": 24 * _UHD630 / 8,  # i915-GVTg_V5_8
+    "lammps-0": 24 * _MAX1550 / 2,  # an Intel Max tile (gas-container-tiles)
+    "finetune-1": 24 * _MAX1550 / 2,
 }
-# Teams only the vendor nodes have: hpc (an Intel VF), design and support (GVT-g mdevs).
+# Teams only the vendor nodes have: hpc (an Intel VF), design and support (GVT-g mdevs), geo
+# and translate (an Intel Max shared by the GPU plugin's -shared-dev-num 2: half each), physics
+# and climate (an Intel Max 1550 tile each, from gas-container-tiles: half each).
 VENDOR_TEAMS = {"hpc": 24 * _MAX1550 / 4, "design": 24 * _UHD630 / 4,
-                "support": 24 * _UHD630 / 8}
+                "support": 24 * _UHD630 / 8, "geo": 24 * _MAX1550 / 2,
+                "translate": 24 * _MAX1550 / 2, "physics": 24 * _MAX1550 / 2,
+                "climate": 24 * _MAX1550 / 2}
 # (model, sharing, profile) -> (allocated GPU-hours, cost): partitions, VFs and mdevs at their
 # fractions of the device-hour.
 VENDOR_MODELS = {
@@ -60,6 +66,8 @@ VENDOR_MODELS = {
     ("AMD Instinct MI300X", "exclusive", ""): (Decimal(24), 24 * _MI300X),
     ("Intel(R) Data Center GPU Max 1550", "vgpu", ""): (Decimal(2 * 24) / 4,
                                                         2 * 24 * _MAX1550 / 4),
+    ("Intel(R) Data Center GPU Max 1550", "time-slicing", ""): (Decimal(24), 24 * _MAX1550),
+    ("Intel(R) Data Center GPU Max 1550", "mig", "tile"): (Decimal(24), 24 * _MAX1550),
     ("Intel(R) UHD Graphics 630", "vgpu", ""): (Decimal(24) / 4 + Decimal(24) / 8,
                                                 24 * _UHD630 * (Decimal(1) / 4 + Decimal(1) / 8)),
 }
@@ -136,7 +144,8 @@ def test_default_week_shows_every_scenario_event() -> None:
 
 def test_scenario_flag_splits_nvidia_and_vendor_nodes() -> None:
     assert [p.name for p in vendor_scenario_paths(None)] == [
-        "intel-igpu-gvtg.yaml", "intel-max-sriov.yaml", "mi300x-cpx.yaml", "mxgpu-host.yaml"]
+        "intel-igpu-gvtg.yaml", "intel-max-sriov.yaml", "intel-max-tiles.yaml",
+        "mi300x-cpx.yaml", "mxgpu-host.yaml"]
     names = ["h100-mig.yaml", "vendors/mi300x-cpx.yaml"]
     assert [p.name for p in scenario_paths(names)] == ["h100-mig.yaml"]
     assert [p.name for p in vendor_scenario_paths(names)] == ["mi300x-cpx.yaml"]

@@ -141,8 +141,11 @@ def test_errors_and_retired_pages() -> None:
     assert (rel.row_remapping.uncorrectable, rel.row_remapping.pending,
             rel.row_remapping.failed) == (2, True, False)
     link = backend.interconnect(gpu, Tally())
-    assert len(link.xgmi_read_bytes) == 7 and link.xgmi_read_bytes[0] == 10_000 * 1024
-    assert link.pcie_replays == 4
+    # 7 links; the eighth reads N/A (not supported): no counter. read is rx, write tx.
+    assert [(x.link_type, x.link) for x in link.links] == [("xgmi", i) for i in range(7)]
+    assert link.links[0].rx_bytes == 10_000 * 1024 and link.links[0].tx_bytes == 70_000 * 1024
+    assert (link.pcie_tx_bytes, link.pcie_rx_bytes) == (None, None)  # no directional counter
+    assert link.timestamp_seconds is not None
 
 
 def test_a_lost_gpu_raises_device_lost_and_keeps_its_identity() -> None:
@@ -227,7 +230,7 @@ def test_the_amd_backend_plugs_into_the_sampler() -> None:
     assert values(body, "gpu_power_watts", uuid=uuid) == [350.0]
     assert values(body, "gpu_energy_joules_total", uuid=uuid) == \
         [pytest.approx(350.0 * 500, rel=1e-3)]
-    for name in ("clocks", "nvlink", "gpm", "throughput"):  # NVIDIA-only: quiet
+    for name in ("clocks", "nvlink", "gpm", "throughput"):  # NVIDIA-only ones quiet
         assert values(body, "gpu_exporter_collector_success", collector=name) == [1], name
     assert values(body, "gpu_info", uuid=uuid, pci_bus_id="0000:0c:00.0", mig_mode="enabled",
                   virtualization_mode="none") == [1]
@@ -236,6 +239,17 @@ def test_the_amd_backend_plugs_into_the_sampler() -> None:
     assert values(body, "gpu_mig_memory_total_bytes", uuid=uuid) == [24 * GIB] * 8
     assert values(body, "gpu_memory_total_bytes", uuid=uuid) == [192 * GIB]
     assert not values(body, "gpu_encoder_utilization_ratio")  # absent on AMD, not 0
+    # XGMI: counters, so rates from the second cycle; the simulator's link i carries
+    # 1000 x (i + 1) KB/s read (rx) and 1000 x (7 - i) KB/s written (tx): 28000 KB/s each way
+    link = "gpu_link_throughput_bytes_per_second"
+    assert not values(body, link)
+    clock.now += 10
+    body = sampler.cycle().body(False, False)
+    for d in ("tx", "rx"):
+        assert values(body, link, uuid=uuid, link_type="xgmi", direction=d) == \
+            [pytest.approx(28_000 * 1024)]
+    assert not values(body, "gpu_pcie_throughput_bytes_per_second")  # no directional counter
+    assert values(body, "gpu_exporter_collector_success", collector="throughput") == [1]
 
 
 def test_simulator_satisfies_the_api_protocol() -> None:

@@ -21,6 +21,7 @@ from exporter.device.contract import (
     GpuRef,
     GpuStatic,
     GuestLicence,
+    Interconnect,
     Inventory,
     MemoryUsage,
     MigRef,
@@ -231,6 +232,12 @@ class _OtherVendor:
 
     def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
         return []
+
+    def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
+        return None
+
+    def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
+        return Interconnect()
 
     def guest_licences(self, gpu: GpuRef, tally: Tally) -> list[GuestLicence]:
         return []

@@ -20,6 +20,7 @@ from exporter.device.contract import (
     GpuRef,
     GpuStatic,
     GuestLicence,
+    Interconnect,
     Inventory,
     MemoryUsage,
     MigRef,
@@ -106,6 +107,12 @@ class _Amd:
     def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
         assert gpu.vendor == "amd"
         return []
+
+    def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
+        return None
+
+    def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
+        return Interconnect()
 
     def guest_licences(self, gpu: GpuRef, tally: Tally) -> list[GuestLicence]:
         assert gpu.vendor == "amd"

@@ -50,7 +50,7 @@ from promtools import free_port, http_server, running_prometheus, running_pushga
 
 from alerts.generate import METERING_GROUP
 from dashboards.generate import BOARDS, expressions
-from exporter.metrics import FAMILIES
+from exporter.metrics import FAMILIES, vendors
 from gpu_ledger.procutil import stop
 from gpusim.apiserver import FakeApiServer
 from gpusim.cluster import SimNode, pod_objects
@@ -383,15 +383,18 @@ def selectors(expr: str) -> set[str]:
             if name in METRIC_NAMES or name in records}
 
 
-# Families only the AMD backend fills (RAS block counts and events): the proof's node is
-# NVIDIA's until the AMD simulator (issue 25) joins the scenario, so queries on them are checked
-# to run without error, not for data (tests/test_device_backends.py emits them).
-AMD_ONLY = ("gpu_ras_errors_total", "gpu_error_events_total",
-            "gpu_error_event_last_timestamp_seconds")
+# Families only other vendors' backends fill (metrics.vendors: AMD's RAS block counts and
+# events, Intel tiles' busy share) and link types other than NVLink: the proof's node is
+# NVIDIA's until the AMD and Intel simulators (issue 25) join the scenario, so queries on them
+# are checked to run without error, not for data (tests/test_device_backends.py,
+# test_device_amd.py and test_intel_tiles.py emit them).
+AMD_ONLY = tuple(f.name for f in FAMILIES
+                 if vendors(f) not in ("", "all") and "nvidia" not in vendors(f))
 
 
 def _amd_only(expr: str) -> bool:
-    return any(re.search(rf"(?<![:\w]){name}(?![:\w])", expr) for name in AMD_ONLY)
+    return 'link_type!="nvlink"' in expr or any(
+        re.search(rf"(?<![:\w]){name}(?![:\w])", expr) for name in AMD_ONLY)
 
 
 def test_every_panel_query_returns_data(prometheus: str) -> None:

@@ -47,6 +47,7 @@ faults:
 """
 PCIE = "gpu_pcie_throughput_bytes_per_second"
 NVLINK = "gpu_nvlink_throughput_bytes_per_second"
+LINK = "gpu_link_throughput_bytes_per_second"
 
 
 def one(body: bytes, name: str, **match: str) -> float:
@@ -69,6 +70,10 @@ def test_gpm_rates_on_hopper_from_the_second_cycle() -> None:
         pytest.approx(2 * util * NVLINK_LINK_PEAK[TX])
     assert one(body, NVLINK, gpu="0", direction="rx") == \
         pytest.approx(2 * util * NVLINK_LINK_PEAK[RX])
+    # the vendor-neutral link family carries the same figures as link_type nvlink
+    for d in ("tx", "rx"):
+        assert one(body, LINK, gpu="0", link_type="nvlink", direction=d) == \
+            one(body, NVLINK, gpu="0", direction=d)
     assert one(body, "gpu_exporter_collector_success", collector="throughput") == 1
 
 
@@ -89,6 +94,8 @@ def test_pre_hopper_pcie_spot_and_nvlink_counters() -> None:
         pytest.approx(2 * util * NVLINK_LINK_PEAK[TX], abs=1024)
     assert one(body, NVLINK, gpu="1", direction="rx") == \
         pytest.approx(2 * util * NVLINK_LINK_PEAK[RX], abs=1024)
+    assert one(body, LINK, gpu="1", link_type="nvlink", direction="rx") == \
+        one(body, NVLINK, gpu="1", direction="rx")
 
 
 def test_absent_where_nvml_has_no_figure() -> None:

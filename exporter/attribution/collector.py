@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from exporter.attribution.amdids import (
@@ -194,7 +194,10 @@ class AttributionCollector:
                 allocations, claims, self._amd_index(ctx), self._amd_slices(),
                 self._overrides, self.unknown_ids)),
             *self._source("intel", lambda: intel_plugin_units(
-                allocations, cards, index, shares, vgpus, self.unknown_ids)),
+                allocations, cards, index, shares, vgpus, self.unknown_ids,
+                {(m.parent.uuid, m.compute_instance_id): m.uuid for m in ctx.migs
+                 if m.kind == "intel_subdevice"},
+                watch.by_name if watch is not None else {})),
         ]
         self._pod_errors_seen &= pod_infos.keys()  # forget pods that are gone
         merged = merge(rows, {**self._replica_counts(index),
@@ -203,7 +206,11 @@ class AttributionCollector:
                             watch.by_container if watch is not None else {}, merged.holders)
         self._emit_allocations(ctx.node, sink, merged, pods)
         self._emit_grants(ctx, sink, merged, pods)
-        usage, per_process = self._usage(ctx.processes, pods)
+        # xe/i915 fdinfo engine shares are of the device's engines (capacity counts every
+        # tile's); amdgpu's are of the one ring a context runs on, its partition's already
+        usage, per_process = self._usage(ctx.processes, pods, {
+            m.uuid: m.parent_slices / m.slices for m in ctx.migs
+            if m.kind == "intel_subdevice" and m.slices > 0})
         self._emit_usage(ctx.node, sink, usage, merged.uses)
         for resource in sorted(self.unknown_ids.by_resource):
             sink.add("gpu_exporter_unresolved_device_ids_total", (resource,),
@@ -245,17 +252,31 @@ class AttributionCollector:
                 sink.add("gpu_container_core_fraction", k.labels(ctx.node), grant.core_fraction,
                          plabels)
 
-    def _usage(self, processes: list[ProcessSample], pods: PodDirectory) -> tuple[
+    def _usage(self, processes: list[ProcessSample], pods: PodDirectory,
+               scale: dict[str, float]) -> tuple[
             dict[UsageKey, Usage], list[tuple[ProcessSample, Owner]]]:
-        """Usage per container and device; every holder gets a row (0 when idle)."""
+        """Usage per container and device; every holder gets a row (0 when idle). A process
+        the backend could not place in a partition (DRM fdinfo names the device only: Intel
+        tiles, AMD partitions without amdsmi's process list) counts on the partition its
+        container holds when it holds exactly one of that device, its SM share rescaled from
+        the device to the partition where the share is of the device's engines (`scale`:
+        partition uuid -> parent slices / slices; absent: 1)."""
         usage: dict[UsageKey, Usage] = {}
+        parts: dict[tuple[Holder, str], list[str]] = {}
         for (uuid, mig_uuid), hs in pods.holders.items():
             for h in hs:
                 usage[UsageKey(h, uuid, mig_uuid)] = Usage(pods.labels_of(h.namespace, h.pod))
+                if mig_uuid:
+                    parts.setdefault((h, uuid), []).append(mig_uuid)
         cgroups = self._cgroups.resolve(p.pid for p in processes)
         per_process: list[tuple[ProcessSample, Owner]] = []
         for proc in processes:
             owner = _owner(proc, cgroups.get(proc.pid), pods)
+            held = parts.get((owner.holder, proc.uuid), []) if not proc.mig_uuid else []
+            if len(held) == 1 and UsageKey(owner.holder, proc.uuid, "") not in usage:
+                f = scale.get(held[0], 1.0)
+                proc = replace(proc, mig_uuid=held[0], sm_util=None if proc.sm_util is None
+                               else min(1.0, proc.sm_util * f))
             k = UsageKey(owner.holder, proc.uuid, proc.mig_uuid)
             u = usage.get(k)
             if u is None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.attribution.fractional import ParsedGrants, parse_grants
+from exporter.attribution.inteltiles import ANNOTATION as TILES_ANNOTATION
+from exporter.attribution.inteltiles import ContainerTiles, parse_tiles
 from exporter.core import ExporterOptions, PodLabels, SourceStatus
 from exporter.kube.client import connector
 from exporter.kube.watch import (
@@ -34,6 +36,8 @@ class PodInfo:
     owner: tuple[str, str] = ("", "")  # controller (kind, name); ("", "") for a bare pod
     # HAMi / gpushare fractional grants from the pod's annotations, and what failed to parse
     grants: ParsedGrants = field(default_factory=ParsedGrants)
+    # Intel tiles per GPU-using container from GPU Aware Scheduling (inteltiles.py)
+    intel_tiles: tuple[ContainerTiles, ...] = ()
 
 
 def owner_of(meta: dict[str, Any]) -> tuple[str, str]:
@@ -104,7 +108,10 @@ def pod_info(obj: dict[str, Any], allowlist: frozenset[str]) -> PodInfo | None:
     annotations = meta.get("annotations")
     grants = _grants(annotations, names, init_names) if isinstance(annotations, dict) \
         else ParsedGrants()
-    return PodInfo(uid.lower(), ns, name, labels, containers, names, owner_of(meta), grants)
+    tiles = parse_tiles(annotations.get(TILES_ANNOTATION)) if isinstance(annotations, dict) \
+        else ()
+    return PodInfo(uid.lower(), ns, name, labels, containers, names, owner_of(meta), grants,
+                   tiles)
 
 
 class PodWatch:

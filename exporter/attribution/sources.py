@@ -238,14 +238,49 @@ def intel_replicas(cards: Mapping[str, str], shares: Mapping[str, int],
     return out
 
 
+# (GPU uuid, GT id) -> the tile's partition uuid (intel_subdevice MigRefs)
+IntelTiles = Mapping[tuple[str, int], str]
+
+
+def _tiles_held(allocations: Iterable[Allocation], pods: Mapping[tuple[str, str], PodInfo]
+                ) -> dict[Holder, dict[str, tuple[int, ...]]]:
+    """Per container holding an Intel card: card -> the GT ids GPU Aware Scheduling gave it
+    (inteltiles.py: the n-th entry is the pod's n-th container, in spec order, that holds
+    the plugin's resource)."""
+    using: dict[tuple[str, str], set[str]] = {}
+    for a in allocations:
+        if a.resource in INTEL_RESOURCES:
+            using.setdefault((a.namespace, a.pod), set()).add(a.container)
+    out: dict[Holder, dict[str, tuple[int, ...]]] = {}
+    for (ns, pod), containers in using.items():
+        info = pods.get((ns, pod))
+        if info is None or not info.intel_tiles:
+            continue
+        ordered = [c for c in info.container_names if c in containers]
+        for name, entry in zip(ordered, info.intel_tiles, strict=False):
+            cards: dict[str, tuple[int, ...]] = {}
+            for card, gt in entry:
+                cards[card] = (*cards.get(card, ()), gt)
+            out[Holder(ns, pod, name)] = cards
+    return out
+
+
 def intel_plugin_units(allocations: Iterable[Allocation], cards: Mapping[str, str],
                        index: DeviceIndex, shares: Mapping[str, int],
-                       virtuals: Mapping[str, VgpuInstance], unknown: UnknownIds) -> list[Unit]:
+                       virtuals: Mapping[str, VgpuInstance], unknown: UnknownIds,
+                       tiles: IntelTiles | None = None,
+                       pods: Mapping[tuple[str, str], PodInfo] | None = None) -> list[Unit]:
     """Intel GPU plugin devices. `cards`: card name -> the PCI address of its function (sysfs).
     A card of a GPU is `exclusive`, or `time-slicing` when the plugin shares it
     (`shares` > 1: containers share the GPU, replicas = shares); a card of an SR-IOV VF is a
-    `vgpu` unit of its PF with the VF's share. Anything else is reported."""
+    `vgpu` unit of its PF with the VF's share. On a multi-tile GPU a container GPU Aware
+    Scheduling gave tiles of the card (`pods`' annotation, `tiles` of the inventory) holds
+    those tiles instead: a `mig` unit each, priced as its fraction, `time-slicing` on a tile
+    several containers hold. Anything else is reported."""
+    allocations = list(allocations)
+    held = _tiles_held(allocations, pods or {}) if tiles else {}
     rows: list[Unit] = []
+    on_tiles: list[tuple[Holder, tuple[str, str], str]] = []
     for a in allocations:
         if a.resource not in INTEL_RESOURCES:
             continue
@@ -255,7 +290,12 @@ def intel_plugin_units(allocations: Iterable[Allocation], cards: Mapping[str, st
             bdf = cards.get(card, "") if card is not None else ""
             ref = index.resolve(bdf) if bdf else None
             vf = virtuals.get(bdf) if bdf else None
-            if ref is not None and not ref.mig_uuid:
+            gts = held.get(holder, {}).get(card or "", ())
+            parts = [(ref.uuid, tiles[(ref.uuid, gt)]) for gt in gts
+                     if ref is not None and tiles and (ref.uuid, gt) in tiles]
+            if ref is not None and not ref.mig_uuid and parts:
+                on_tiles.extend((holder, part, a.resource) for part in parts)
+            elif ref is not None and not ref.mig_uuid:
                 mode = SharingMode.TIME_SLICING if shares.get(card or "", 1) > 1 \
                     else SharingMode.EXCLUSIVE
                 rows.append(Unit(holder, ref.key, a.resource, mode))
@@ -265,4 +305,13 @@ def intel_plugin_units(allocations: Iterable[Allocation], cards: Mapping[str, st
                                  InstanceUse(vf.sm_util, vf.memory_used)))
             else:
                 unknown.report(a.resource, device_id)
+    sharers: dict[tuple[str, str], set[Holder]] = {}
+    for holder, part, _ in on_tiles:
+        sharers.setdefault(part, set()).add(holder)
+    done: set[tuple[Holder, tuple[str, str]]] = set()
+    for holder, part, resource in on_tiles:
+        if (holder, part) not in done:  # two cards' IDs naming one tile are one unit
+            done.add((holder, part))
+            rows.append(Unit(holder, part, resource, SharingMode.TIME_SLICING
+                             if len(sharers[part]) > 1 else SharingMode.MIG))
     return rows

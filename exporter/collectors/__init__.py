@@ -31,8 +31,9 @@ REGISTRY: tuple[CollectorSpec, ...] = (
     CollectorSpec("nvlink", True, "NVLink error counters", NvlinkCollector),
     CollectorSpec("gpm", True, "GPM SM/tensor/DRAM activity (Hopper+), per GPU and MIG",
                   GpmCollector),
-    CollectorSpec("throughput", True, "PCIe and NVLink throughput (GPM on Hopper+, NVML "
-                  "counters elsewhere), per GPU and MIG where NVML gives it",
+    CollectorSpec("throughput", True, "PCIe and scale-up link throughput (NVIDIA: GPM on "
+                  "Hopper+, NVML counters elsewhere, per GPU and MIG where NVML gives it; AMD "
+                  "XGMI and Intel PCIe from the backend's byte counters)",
                   ThroughputCollector),
     CollectorSpec("mig", True, "MIG instances and their memory", MigCollector),
     CollectorSpec("xid", True, "XID error events from the NVML event set", XidCollector),

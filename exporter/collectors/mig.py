@@ -19,6 +19,9 @@ class MigCollector(GpuCollector):
                 labels = mig.labels(ctx.node)
                 sink.add("gpu_mig_memory_total_bytes", labels, mem.total_bytes)
                 sink.add("gpu_mig_memory_used_bytes", labels, mem.used_bytes)
+            busy = self.backend.partition_utilization(mig, tally)
+            if busy is not None:
+                sink.add("gpu_partition_utilization_ratio", mig.labels(ctx.node), busy)
 
     def on_gpu(self, ctx: CycleContext, sink: SampleSink, gpu: GpuRef, up: bool) -> None:
         for mig in ctx.migs:

@@ -1,24 +1,35 @@
-"""PCIe and NVLink throughput per GPU, and per MIG instance where NVML gives it.
+"""PCIe and scale-up link throughput per GPU, and per MIG instance where NVML gives it.
 
-The source is chosen per GPU. With GPM (Hopper and later): NVML's PCIe and NVLink (all links)
+Other vendors (AMD XGMI, Intel PCIe through Level Zero) give byte counters through the device
+contract (`DeviceReader.interconnect`): differenced between cycles, over the device's own
+timestamps where it gives them, into bytes per second; a counter that went back (driver
+reload) starts afresh, and the first cycle emits nothing.
+
+NVIDIA's source is chosen per GPU. With GPM (Hopper and later): NVML's PCIe and NVLink (all links)
 rates, the mean between this cycle's GPM sample and the previous one (MiB/s; the first cycle
 emits nothing). Without GPM: PCIe from nvmlDeviceGetPcieThroughput, which the driver measures
 over 20 ms (KB/s: a spot reading, not a mean), and NVLink from each link's data byte counter
 (field values NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX, KiB) differenced between cycles and
-summed over the links. Emitted in bytes per second."""
+summed over the links. Emitted in bytes per second. NVLink goes to its own family and, as
+link_type "nvlink", to the vendor-neutral link family."""
 
 from __future__ import annotations
 
-from exporter.collectors.base import NvmlCollector, nvlink_count
+import time
+
+from exporter.collectors.base import GpuCollector, nvlink_count
 from exporter.collectors.gpm import NO_MIG
 from exporter.collectors.gpmsample import GpmPairs
 from exporter.core import CollectorDeps, CycleContext, GpuRef, Labels, SampleSink
+from exporter.device.contract import Interconnect, Tally
+from exporter.device.nvmlapi import NvmlApi
 from exporter.nvmlcall import Reader, field_value
 
 MIB = 1 << 20
 KIB = 1 << 10
 PCIE = "gpu_pcie_throughput_bytes_per_second"
 NVLINK = "gpu_nvlink_throughput_bytes_per_second"
+LINK = "gpu_link_throughput_bytes_per_second"
 TX, RX = "tx", "rx"  # tx: sent by the GPU, rx: received by it
 
 # (family, direction) -> NVML_GPM_METRIC_* id (nvml.h), in MiB/s
@@ -36,18 +47,68 @@ _PCIE_COUNTERS = {TX: 0, RX: 1}
 
 # (link, direction) -> (KiB, seconds) of a link's data counter at the last cycle
 Counters = dict[tuple[int, str], tuple[float, float]]
+# (family, link type, link, direction) -> (bytes, seconds) of a contract counter
+ByteCounters = dict[tuple[str, str, int, str], tuple[float, float]]
 
 
-class ThroughputCollector(NvmlCollector):
+def _add(sink: SampleSink, family: str, labels: Labels, direction: str, value: float) -> None:
+    """One rate; NVLink's also in the vendor-neutral link family."""
+    sink.add(family, (*labels, direction), value)
+    if family == NVLINK:
+        sink.add(LINK, (*labels, "nvlink", direction), value)
+
+
+class ThroughputCollector(GpuCollector):
     name = "throughput"
 
     def __init__(self, deps: CollectorDeps) -> None:
         super().__init__(deps)
+        self._nvml = deps.backend.nvml
+        self._bytes: dict[str, ByteCounters] = {}  # uuid -> last contract counters
         self._gpm = GpmPairs(deps.backend.nvml)
         self._links: dict[str, int] = {}  # uuid -> NVLink links (probed once)
         self._counters: dict[str, Counters] = {}  # uuid -> last link counters
         # GPU instances whose GPM samples gave none of these metrics: not asked again
         self._no_mig: set[tuple[str, int]] = set()
+
+    @property
+    def nvml(self) -> NvmlApi:
+        assert self._nvml is not None, "read_nvml runs only on an NVML backend"
+        return self._nvml
+
+    def read_gpu(self, ctx: CycleContext, sink: SampleSink, tally: Tally, gpu: GpuRef) -> None:
+        if gpu.vendor == "nvidia":
+            if self._nvml is not None:
+                self.read_nvml(ctx, sink, Reader(self._nvml, tally), gpu)
+            return
+        self._emit_counters(sink, gpu, (*gpu.labels(ctx.node), *NO_MIG),
+                            self.backend.interconnect(gpu, tally))
+
+    def _emit_counters(self, sink: SampleSink, gpu: GpuRef, labels: Labels,
+                       ic: Interconnect) -> None:
+        """Rates from the contract's byte counters, summed over the links of a type."""
+        now = ic.timestamp_seconds if ic.timestamp_seconds is not None else time.monotonic()
+        cur: ByteCounters = {}
+        for direction, value in ((TX, ic.pcie_tx_bytes), (RX, ic.pcie_rx_bytes)):
+            if value is not None:
+                cur[(PCIE, "", 0, direction)] = (float(value), now)
+        for link in ic.links:
+            for direction, value in ((TX, link.tx_bytes), (RX, link.rx_bytes)):
+                if value is not None:
+                    cur[(LINK, link.link_type, link.link, direction)] = (float(value), now)
+        prev = self._bytes.get(gpu.uuid, {})
+        self._bytes[gpu.uuid] = cur
+        rates: dict[tuple[str, str, str], float] = {}
+        for key, (count, t) in cur.items():
+            old = prev.get(key)
+            if old is None or t <= old[1] or count < old[0]:
+                continue  # first sight, no time passed, or the counter went back
+            family, link_type, _, direction = key
+            k = (family, link_type, direction)
+            rates[k] = rates.get(k, 0.0) + (count - old[0]) / (t - old[1])
+        for (family, link_type, direction), rate in sorted(rates.items()):
+            extra = (link_type,) if family == LINK else ()
+            sink.add(family, (*labels, *extra, direction), rate)
 
     def read_nvml(self, ctx: CycleContext, sink: SampleSink, r: Reader, gpu: GpuRef) -> None:
         labels = (*gpu.labels(ctx.node), *NO_MIG)
@@ -69,12 +130,13 @@ class ThroughputCollector(NvmlCollector):
         if not up:  # counters and samples of a lost GPU are stale
             self._gpm.forget(gpu.uuid)
             self._counters.pop(gpu.uuid, None)
+            self._bytes.pop(gpu.uuid, None)
 
     @staticmethod
     def _emit_gpm(sink: SampleSink, values: dict[int, float] | None, labels: Labels) -> None:
         for (family, direction), metric in _GPM.items():
             if values and metric in values:
-                sink.add(family, (*labels, direction), max(0.0, values[metric]) * MIB)
+                _add(sink, family, labels, direction, max(0.0, values[metric]) * MIB)
 
     def _pcie_spot(self, sink: SampleSink, r: Reader, gpu: GpuRef, labels: Labels) -> None:
         for direction, counter in _PCIE_COUNTERS.items():
@@ -111,7 +173,7 @@ class ThroughputCollector(NvmlCollector):
         self._counters[gpu.uuid] = cur
         for direction in (TX, RX):
             if direction in rates:
-                sink.add(NVLINK, (*labels, direction), rates[direction])
+                _add(sink, NVLINK, labels, direction, rates[direction])
 
     def close(self) -> None:
         self._gpm.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exporter.device.amd_calls import AmdCalls, field, number, text
@@ -26,7 +25,9 @@ from exporter.device.contract import (
     EventSource,
     GpuRef,
     GuestLicence,
+    Interconnect,
     Inventory,
+    LinkTraffic,
     MemoryUsage,
     MigRef,
     ProcessReader,
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MHZ = 1_000_000.0
+KIB = 1024
 MICRO = 1e-6
 AMD_VENDOR = "0x1002"
 # VGA, 3D, display "other" (Radeon) and processing accelerator (Instinct MI200/MI300)
@@ -54,17 +56,6 @@ AMD_GPU_CLASSES = ("0x0300", "0x0302", "0x0380", "0x1200")
 HOST_MODE = 2  # AMDSMI_VIRTUALIZATION_MODE_HOST: the MxGPU (GIM) host
 RAS_SEVERITIES = (("correctable", "correctable_count"), ("uncorrectable", "uncorrectable_count"),
                   ("deferred", "deferred_count"))
-
-
-@dataclass(frozen=True)
-class Interconnect:
-    """XGMI and PCIe counters of a device (AMD only: no contract field yet, docs/backends.md).
-    Byte counters are since the driver loaded; None where the device has none."""
-
-    xgmi_read_bytes: tuple[int, ...] = ()  # per link
-    xgmi_write_bytes: tuple[int, ...] = ()
-    pcie_bandwidth_acc: int | None = None  # amdsmi's pcie_bandwidth_acc (GB/s summed per ms)
-    pcie_replays: int | None = None
 
 
 class AmdBackend:
@@ -171,23 +162,37 @@ class AmdBackend:
             return None
         return ticks * resolution * MICRO
 
-    def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
-        api = self._api
-        r = AmdCalls(api, tally)
-        metrics = r.call(api.amdsmi_get_gpu_metrics_info, _amd(gpu).primary) or {}
-        kib = 1024
+    def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
+        # amdsmi reports activity on partition 0 only; a partition's use is its processes'
+        # (the container families)
+        return None
 
-        def links(key: str) -> tuple[int, ...]:
+    def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
+        """XGMI data per link from `amdsmi_get_gpu_metrics_info`: `xgmi_read_data_acc` (data
+        this GPU read over the link: rx) and `xgmi_write_data_acc` (tx), KB since the driver
+        loaded (amdsmi.h `amdsmi_gpu_metrics_t`: "XGMI accumulated data transfer size (KB)"),
+        read at the metrics' `system_clock_counter` (ns). A link reading "N/A" (the struct's
+        UINT64_MAX: not supported) has no counter. PCIe has no per-direction byte counter in
+        amdsmi (`pcie_bandwidth_acc` / `_inst` are GB/s of both directions together), so the
+        PCIe fields stay None."""
+        r = AmdCalls(self._api, tally)
+        metrics = r.call(self._api.amdsmi_get_gpu_metrics_info, _amd(gpu).primary) or {}
+
+        def per_link(key: str) -> list[int | None]:
             values = metrics.get(key)
             if not isinstance(values, list):
-                return ()
-            return tuple(int(v) * kib for v in values if number(v) is not None)
+                return []
+            return [None if (v := number(x)) is None else int(v) * KIB for x in values]
 
-        acc = number(metrics.get("pcie_bandwidth_acc"))
-        replays = r.call(api.amdsmi_get_gpu_pci_replay_counter, _amd(gpu).primary)
-        return Interconnect(links("xgmi_read_data_acc"), links("xgmi_write_data_acc"),
-                            None if acc is None else int(acc),
-                            None if replays is None else int(replays))
+        reads, writes = per_link("xgmi_read_data_acc"), per_link("xgmi_write_data_acc")
+        links = tuple(
+            LinkTraffic("xgmi", i, writes[i] if i < len(writes) else None,
+                        reads[i] if i < len(reads) else None)
+            for i in range(max(len(reads), len(writes)))
+            if (i < len(reads) and reads[i] is not None)
+            or (i < len(writes) and writes[i] is not None))
+        stamp = number(metrics.get("system_clock_counter"))
+        return Interconnect(links=links, timestamp_seconds=None if stamp is None else stamp / 1e9)
 
     def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability:
         """ECC totals of all RAS blocks and the counts per block (deferred errors only per

@@ -16,6 +16,7 @@ from exporter.device.contract import (
     EventsUnavailable,
     GpuRef,
     GuestLicence,
+    Interconnect,
     MemoryUsage,
     MigRef,
     ProcessReader,
@@ -78,6 +79,12 @@ class Backends:
 
     def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None:
         return self._for(partition.parent).partition_memory(partition, tally)
+
+    def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
+        return self._for(partition.parent).partition_utilization(partition, tally)
+
+    def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
+        return self._for(gpu).interconnect(gpu, tally)
 
     def process_reader(self) -> ProcessReader:
         if len(self.members) == 1:

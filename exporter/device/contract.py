@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from exporter.device.nvmlapi import NvmlApi
 
 Vendor = Literal["nvidia", "amd", "intel"]
-# How a device is split into units a pod can hold. MIG now; AMD compute x memory partitions
-# (SPX..CPX x NPS1..8) and Intel subdevices (tiles) later.
+# How a device is split into units a pod can hold: MIG, AMD compute x memory partitions
+# (SPX..CPX x NPS1..8), Intel subdevices (the tiles of a Data Center GPU Max).
 PartitionKind = Literal["mig", "amd_partition", "intel_subdevice"]
 # A device lent whole or in part to a VM: NVIDIA vGPU now; AMD MxGPU (SR-IOV VF), Intel
 # SR-IOV VF and GVT-g mdev later.
@@ -202,6 +202,32 @@ class Reliability:
     ras_errors: tuple[RasErrorCount, ...] = ()  # per block (AMD); empty where there are none
 
 
+LinkType = Literal["nvlink", "xgmi", "xelink"]
+
+
+@dataclass(frozen=True)
+class LinkTraffic:
+    """Bytes one scale-up link (AMD XGMI, Intel Xe Link) carried since the driver loaded; tx
+    sent by the device, rx received; None where the link does not count that direction."""
+
+    link_type: LinkType
+    link: int
+    tx_bytes: int | None
+    rx_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """Byte counters of a device's PCIe and scale-up links, since the driver loaded (the
+    collector differences them into rates); None and () where the device has none."""
+
+    pcie_tx_bytes: int | None = None
+    pcie_rx_bytes: int | None = None
+    links: tuple[LinkTraffic, ...] = ()
+    # when the device took the reading (its own clock, seconds); None: the exporter's clock
+    timestamp_seconds: float | None = None
+
+
 @dataclass(frozen=True)
 class VirtualFunction:
     """A slice of a device lent to a VM, seen from the host: an NVIDIA vGPU instance now."""
@@ -284,6 +310,17 @@ class DeviceReader(Protocol):
     def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability: ...
 
     def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None: ...
+
+    def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
+        """The share of time a partition's compute or render engines were busy since the
+        previous call (0-1); None on the first call and where the backend has no
+        per-partition figure (NVML: GPM's gpu_sm_active_ratio is MIG's)."""
+        ...
+
+    def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
+        """PCIe and link byte counters (empty on NVIDIA, whose throughput collector reads
+        NVML's rates and counters itself)."""
+        ...
 
     def process_reader(self) -> ProcessReader: ...
 

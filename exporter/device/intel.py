@@ -24,6 +24,7 @@ from exporter.device.contract import (
     GpuRef,
     GpuStatic,
     GuestLicence,
+    Interconnect,
     Inventory,
     MemoryUsage,
     MigRef,
@@ -37,7 +38,9 @@ from exporter.device.contract import (
 from exporter.device.fdinfo import COMPUTE_ENGINES, DrmFdinfo, FdinfoProcessReader
 from exporter.device.intel_levelzero import LevelZero, load_pyzes
 from exporter.device.intel_sysfs import (
+    PVC_IDS,
     IntelCard,
+    Tile,
     frequency_mhz,
     gvt_share,
     hwmon_dir,
@@ -48,6 +51,7 @@ from exporter.device.intel_sysfs import (
     mdevs,
     read_int,
     sriov,
+    tiles,
 )
 from exporter.device.nvmlapi import NvmlApi
 from exporter.device.registry import BackendAbsent, LoadSpec
@@ -57,7 +61,9 @@ log = logging.getLogger(__name__)
 MHZ = 1_000_000.0
 # Platform names as the kernel's include/drm/intel/pciids.h groups device IDs (Linux 6.15):
 # the model label where Level Zero does not name the device.
-PLATFORMS = {"0x56c0": "ATS-M150", "0x56c2": "ATS-M150", "0x56c1": "ATS-M75"}
+PLATFORMS = {"0x56c0": "ATS-M150", "0x56c2": "ATS-M150", "0x56c1": "ATS-M75",
+             **{i: "PVC" for i in PVC_IDS}}
+TILE_PROFILE = "tile"  # gpu_mig_info's profile of an Intel tile (subdevice)
 
 
 def model_name(device_id: str) -> str:
@@ -96,7 +102,10 @@ class IntelBackend:
         self._sysman = sysman
         self._cards: dict[str, IntelCard] = {}  # uuid (PF BDF) -> card
         self._hosts: set[str] = set()  # uuids lending VFs or mdevs to VMs
+        self._tiles: dict[str, list[Tile]] = {}  # uuid -> its tiles (two or more)
         self._last_energy: dict[str, tuple[float, float]] = {}  # uuid -> (time, joules)
+        # (uuid, tile, engine group) -> Level Zero (activeTime, timestamp) at the last read
+        self._last_busy: dict[tuple[str, int, int], tuple[int, int]] = {}
         self.level_zero: LevelZero | None = None
         # one fdinfo scan per cycle serves the process list and the device's engine busy
         self._drm = DrmFdinfo(proc_root, clock)
@@ -116,13 +125,15 @@ class IntelBackend:
 
     def close(self) -> None:
         self._last_energy.clear()
+        self._last_busy.clear()
         self.level_zero = None
 
     def inventory(self, previous: Inventory | None) -> Inventory:
         cards = intel_cards(self.sysfs_root) or []
         gpus: list[GpuRef] = []
+        migs: list[MigRef] = []
         static: dict[str, GpuStatic] = {}
-        self._cards, self._hosts = {}, set()
+        self._cards, self._hosts, self._tiles = {}, set(), {}
         l0 = self.level_zero
         if l0 is not None:
             l0.refresh()
@@ -135,20 +146,47 @@ class IntelBackend:
             if memory is None and l0 is not None:
                 usage = l0.memory(uuid)
                 memory = None if usage is None else int(usage.total_bytes)
-            gpus.append(GpuRef(len(gpus), uuid, model, False, card, vendor="intel"))
+            parts = self._tiles_of(card, l0)
+            ref = GpuRef(len(gpus), uuid, model, bool(parts), card, vendor="intel")
+            gpus.append(ref)
+            if parts:
+                self._tiles[uuid] = parts
+                migs.extend(MigRef(
+                    parent=ref, uuid=f"{uuid}/tile{t.id}", gpu_instance_id=t.id,
+                    compute_instance_id=t.gt, profile=TILE_PROFILE, slices=1,
+                    parent_slices=len(parts), handle=t, slot=t.id, kind="intel_subdevice")
+                    for t in parts)
             mode = self._virtualization_mode(card)
             if mode == "host":
                 self._hosts.add(uuid)
             static[uuid] = GpuStatic(
                 pci_bus_id=card.bdf, vendor="intel", memory_bytes=memory,
-                virtualization_mode=mode)
+                virtualization_mode=mode, mig_mode="enabled" if parts else "")
         if previous is not None:  # a device gone from sysfs keeps its identity (gpu_up 0)
             for old in previous.gpus:
                 if old.uuid not in self._cards and old.uuid in previous.static:
-                    gpus.append(GpuRef(len(gpus), old.uuid, old.model, False, None, vendor="intel"))
+                    ref = GpuRef(len(gpus), old.uuid, old.model, old.mig_enabled, None,
+                                 vendor="intel")
+                    gpus.append(ref)
                     static[old.uuid] = previous.static[old.uuid]
+                    migs.extend(MigRef(ref, m.uuid, m.gpu_instance_id, m.compute_instance_id,
+                                       m.profile, m.slices, m.parent_slices, m.handle,
+                                       m.slot, m.kind)
+                                for m in previous.migs if m.parent.uuid == old.uuid)
         driver = ",".join(sorted({c.driver for c in cards}))
-        return Inventory(driver_version=driver, gpus=tuple(gpus), static=static)
+        return Inventory(driver_version=driver, gpus=tuple(gpus), migs=tuple(migs),
+                         static=static)
+
+    @staticmethod
+    def _tiles_of(card: IntelCard, l0: LevelZero | None) -> list[Tile]:
+        """The GPU's tiles when it has two or more: sysfs's, else as many as Level Zero's
+        `numSubdevices` (GT id = tile id, as on PVC); empty for a single-tile GPU."""
+        found = tiles(card)
+        if len(found) < 2 and l0 is not None:
+            n = l0.subdevices(card.bdf) or 0
+            if n >= 2:
+                found = [Tile(i, i, "", None) for i in range(n)]
+        return found if len(found) >= 2 else []
 
     @staticmethod
     def _virtualization_mode(card: IntelCard) -> str:
@@ -239,7 +277,44 @@ class IntelBackend:
         return Reliability()
 
     def partition_memory(self, partition: MigRef, tally: Tally) -> MemoryUsage | None:
-        return None
+        """A tile's local memory from Level Zero's per-subdevice modules; None without Level
+        Zero (sysfs has a tile's size but not its use, and fdinfo names the device only)."""
+        l0 = self.level_zero
+        tile = partition.handle
+        if l0 is None or not isinstance(tile, Tile):
+            return None
+        return l0.tile_memory(partition.parent.uuid).get(tile.id)
+
+    def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
+        """A tile's busiest engine group (compute-all, render-all) on its subdevice, from Level
+        Zero's activity counters since the previous call; None without Level Zero (fdinfo
+        names the device, not the tile) and on the first call."""
+        l0, tile = self.level_zero, partition.handle
+        if l0 is None or not isinstance(tile, Tile):
+            return None
+        uuid = partition.parent.uuid
+        busy: list[float] = []
+        for (sub, group), (active, stamp) in l0.engine_activity(uuid).items():
+            if sub != tile.id:
+                continue
+            key = (uuid, tile.id, group)
+            last = self._last_busy.get(key)
+            self._last_busy[key] = (active, stamp)
+            if last is not None and stamp > last[1] and active >= last[0]:
+                busy.append(min(1.0, (active - last[0]) / (stamp - last[1])))
+        return max(busy) if busy else None
+
+    def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
+        """PCIe bytes from Level Zero's `zesDevicePciGetStats` where the device has bandwidth
+        counters (sysfs has none). Xe Link traffic would be Sysman's fabric ports
+        (`zesFabricPortGetThroughput`), which pyzes does not wrap: no links."""
+        self._card(gpu)
+        l0 = self.level_zero
+        pci = l0.pci_counters(gpu.uuid) if l0 is not None else None
+        if pci is None:
+            return Interconnect()
+        rx, tx, stamp_us = pci
+        return Interconnect(pcie_tx_bytes=tx, pcie_rx_bytes=rx, timestamp_seconds=stamp_us / 1e6)
 
     def process_reader(self) -> ProcessReader:
         # a device's uuid is its PCI address: fdinfo's drm-pdev

@@ -1,9 +1,12 @@
 """Level Zero Sysman through PyPI `pyzes` (ctypes over `libze_loader.so.1`, Debian `libze1`),
-where it is installed: the two things sysfs does not say, a device's model name and its local
-memory in use. Optional: `pyzes` loads the library when imported and raises without it, so it
-is imported here, lazily, and any failure means "absent" (one log line in the backend).
+where it is installed: what sysfs does not say, a device's model name, its local memory in
+use (per tile on a multi-tile GPU: `numSubdevices`, memory modules' `onSubdevice` /
+`subdeviceId`) and its PCIe byte counters. Optional: `pyzes` loads the library when imported
+and raises without it, so it is imported here, lazily, and any failure means "absent" (one
+log line in the backend).
 
-The calls follow pyzes 0.1.3 (its examples/pyzes_example.py): C-style count-then-fill
+The calls follow pyzes 0.1.3 (its examples/pyzes_example.py; the subdevice fields, PCI stats
+and their structs as pyzes.py defines them, Level Zero Sysman spec v1.x): C-style count-then-fill
 enumeration with ctypes `byref`, every call returning a `ze_result_t` (0 is success). Devices
 are matched to sysfs by PCI address (`zesDevicePciGetProperties`)."""
 
@@ -18,6 +21,10 @@ from exporter.device.contract import MemoryUsage, pci_bdf
 log = logging.getLogger(__name__)
 
 SUCCESS = 0  # ZE_RESULT_SUCCESS
+# zes_engine_group_t: the compute and the render engines, together (zes_api.h)
+ENGINE_GROUP_COMPUTE_ALL = 1
+ENGINE_GROUP_RENDER_ALL = 12
+BUSY_GROUPS = (ENGINE_GROUP_COMPUTE_ALL, ENGINE_GROUP_RENDER_ALL)
 
 
 def load_pyzes() -> tuple[Any, str]:
@@ -38,6 +45,7 @@ class LevelZero:
     def __init__(self, zes: Any) -> None:
         self._zes = zes
         self._devices: dict[str, Any] = {}  # BDF -> zes_device_handle_t
+        self._bandwidth: dict[str, bool] = {}  # BDF -> haveBandwidthCounters
 
     def _enum(self, fn: Any, handle_type: Any, *parent: Any) -> list[Any]:
         count = ctypes.c_uint32(0)
@@ -50,7 +58,7 @@ class LevelZero:
 
     def refresh(self) -> None:
         zes = self._zes
-        self._devices = {}
+        self._devices, self._bandwidth = {}, {}
         for driver in self._enum(zes.zesDriverGet, zes.zes_driver_handle_t):
             for device in self._enum(zes.zesDeviceGet, zes.zes_device_handle_t, driver):
                 pci = zes.zes_pci_properties_t()
@@ -58,8 +66,9 @@ class LevelZero:
                 if zes.zesDevicePciGetProperties(device, ctypes.byref(pci)) != SUCCESS:
                     continue
                 a = pci.address
-                self._devices[pci_bdf(
-                    f"{a.domain:04x}:{a.bus:02x}:{a.device:02x}.{a.function:x}")] = device
+                bdf = pci_bdf(f"{a.domain:04x}:{a.bus:02x}:{a.device:02x}.{a.function:x}")
+                self._devices[bdf] = device
+                self._bandwidth[bdf] = bool(pci.haveBandwidthCounters)
 
     def model(self, bdf: str) -> str | None:
         device = self._devices.get(bdf)
@@ -72,13 +81,23 @@ class LevelZero:
         name = bytes(props.core.name).split(b"\0", 1)[0].decode("utf-8", "replace").strip()
         return name or None
 
-    def memory(self, bdf: str) -> MemoryUsage | None:
-        """The device's local memory modules summed (size and size - free); None when it has
-        none (an integrated GPU) or Sysman cannot say."""
-        zes, device = self._zes, self._devices.get(bdf)
+    def subdevices(self, bdf: str) -> int | None:
+        """`numSubdevices` of `zesDeviceGetProperties`: the tiles (0 for a single-tile GPU)."""
+        device = self._devices.get(bdf)
         if device is None:
             return None
-        total = used = 0
+        props = self._zes.zes_device_properties_t()
+        props.stype = self._zes.ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES
+        if self._zes.zesDeviceGetProperties(device, ctypes.byref(props)) != SUCCESS:
+            return None
+        return int(props.numSubdevices)
+
+    def _modules(self, bdf: str) -> list[tuple[int | None, int, int]]:
+        """The device-local memory modules: (subdevice id or None, size, used bytes)."""
+        zes, device = self._zes, self._devices.get(bdf)
+        if device is None:
+            return []
+        out: list[tuple[int | None, int, int]] = []
         for module in self._enum(zes.zesDeviceEnumMemoryModules, zes.zes_mem_handle_t, device):
             props = zes.zes_mem_properties_t()
             props.stype = zes.ZES_STRUCTURE_TYPE_MEM_PROPERTIES
@@ -88,6 +107,58 @@ class LevelZero:
                     or props.location != zes.ZES_MEM_LOC_DEVICE \
                     or zes.zesMemoryGetState(module, ctypes.byref(state)) != SUCCESS:
                 continue
-            total += int(state.size)
-            used += int(state.size) - min(int(state.free), int(state.size))
+            size = int(state.size)
+            out.append((int(props.subdeviceId) if props.onSubdevice else None, size,
+                        size - min(int(state.free), size)))
+        return out
+
+    def memory(self, bdf: str) -> MemoryUsage | None:
+        """The device's local memory modules summed (size and size - free); None when it has
+        none (an integrated GPU) or Sysman cannot say."""
+        modules = self._modules(bdf)
+        total, used = sum(m[1] for m in modules), sum(m[2] for m in modules)
         return MemoryUsage(float(total), float(used), float(total - used)) if total else None
+
+    def tile_memory(self, bdf: str) -> dict[int, MemoryUsage]:
+        """Local memory per subdevice (tile), from the modules whose `onSubdevice` is set."""
+        out: dict[int, MemoryUsage] = {}
+        for sub, size, used in self._modules(bdf):
+            if sub is not None and size:
+                old = out.get(sub, MemoryUsage(0.0, 0.0, 0.0))
+                total = old.total_bytes + size
+                in_use = old.used_bytes + used
+                out[sub] = MemoryUsage(total, in_use, total - in_use)
+        return out
+
+    def engine_activity(self, bdf: str) -> dict[tuple[int | None, int], tuple[int, int]]:
+        """(subdevice id or None, engine group) -> (`activeTime`, `timestamp`), µs, of the
+        device's compute-all and render-all engine groups (`zesDeviceEnumEngineGroups`,
+        `zes_engine_properties_t.onSubdevice` / `subdeviceId`, `zesEngineGetActivity`)."""
+        zes, device = self._zes, self._devices.get(bdf)
+        if device is None:
+            return {}
+        out: dict[tuple[int | None, int], tuple[int, int]] = {}
+        for h in self._enum(zes.zesDeviceEnumEngineGroups, zes.zes_engine_handle_t, device):
+            props = zes.zes_engine_properties_t()
+            props.stype = zes.ZES_STRUCTURE_TYPE_ENGINE_PROPERTIES
+            if zes.zesEngineGetProperties(h, ctypes.byref(props)) != SUCCESS \
+                    or int(props.type) not in BUSY_GROUPS:
+                continue
+            stats = zes.zes_engine_stats_t()
+            if zes.zesEngineGetActivity(h, ctypes.byref(stats)) != SUCCESS:
+                continue
+            sub = int(props.subdeviceId) if props.onSubdevice else None
+            out[(sub, int(props.type))] = (int(stats.activeTime), int(stats.timestamp))
+        return out
+
+    def pci_counters(self, bdf: str) -> tuple[int, int, int] | None:
+        """PCIe bytes received and sent since the driver loaded and the reading's time (µs),
+        from `zesDevicePciGetStats` (`rxCounter`, `txCounter`, `timestamp`); None where the
+        device has no bandwidth counters (`haveBandwidthCounters` false) or the call fails."""
+        zes, device = self._zes, self._devices.get(bdf)
+        if device is None or not self._bandwidth.get(bdf, False):
+            return None
+        stats = zes.zes_pci_stats_t()
+        if zes.zesDevicePciGetStats(device, ctypes.byref(stats)) != SUCCESS:
+            return None
+        return int(stats.rxCounter), int(stats.txCounter), int(stats.timestamp)

@@ -18,6 +18,13 @@ file is one value and a newline):
   (drivers/gpu/drm/xe/xe_gt_freq.c).
 - local memory: xe `device/tileN/physical_vram_size_bytes` (xe_tile_sysfs.c), summed over
   tiles. Upstream i915 has no such file (only Intel's out-of-tree backports do).
+- tiles (the subdevices of a Data Center GPU Max): xe makes a `device/tile<id>` directory per
+  tile (xe_tile_sysfs.c, `kobject_add(..., &dev->kobj, "tile%d", tile->id)`) and a
+  `gt<id>` directory per GT inside its tile (xe_gt_sysfs.c); a media GT (Meteor Lake and
+  later) is a second GT of tile 0, not a tile. i915 makes `cardN/gt/gt<id>` per GT
+  (gt/intel_gt_sysfs.c); there a second GT is a tile only on PVC (Meteor Lake's gt1 is its media
+  GT), so i915 GTs count as tiles on the PVC device IDs of include/drm/intel/pciids.h only.
+  GPU Aware Scheduling names a tile `card<N>:gt<id>` after these directories (Linux 6.15).
 - GVT-g (i915 on integrated GPUs up to gen 9/10): the PCI function's `mdev_supported_types/
   i915-GVTg_V5_N/{name,description,available_instances}`, and each mediated device at
   `/sys/bus/mdev/devices/<uuid>` (a link into its parent function's directory) with an
@@ -161,6 +168,48 @@ def local_memory_bytes(card: IntelCard) -> int | None:
             if size is not None:
                 total, seen = total + size, True
     return total if seen else None
+
+
+# include/drm/intel/pciids.h INTEL_PVC_IDS (Linux 6.15): Data Center GPU Max (Ponte Vecchio)
+PVC_IDS = frozenset({"0x0b69", "0x0b6e", "0x0bd4", "0x0bd5", "0x0bd6", "0x0bd7", "0x0bd8",
+                     "0x0bd9", "0x0bda", "0x0bdb", "0x0be0", "0x0be1", "0x0be5"})
+_TILE = re.compile(r"^tile([0-9]{1,2})$")
+_GT = re.compile(r"^gt([0-9]{1,2})$")
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One tile of a multi-tile GPU as sysfs shows it."""
+
+    id: int  # the tile id (xe tile<id>; i915: the GT id)
+    gt: int  # its (first) GT's id: the `gt<id>` GPU Aware Scheduling's annotation names
+    gt_dir: str  # the GT's sysfs directory
+    vram_bytes: int | None  # xe `physical_vram_size_bytes`; None where sysfs does not say
+
+
+def _numbered(base: str, pattern: re.Pattern[str]) -> list[tuple[int, str]]:
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    out = [(int(m[1]), os.path.join(base, n)) for n in names if (m := pattern.match(n))]
+    return sorted(out)
+
+
+def tiles(card: IntelCard) -> list[Tile]:
+    """The card's tiles, by id; empty or one for a single-tile GPU."""
+    if card.driver == "xe":
+        out: list[Tile] = []
+        for tid, tdir in _numbered(card.pci_dir, _TILE):
+            gts = _numbered(tdir, _GT)
+            if gts:
+                out.append(Tile(tid, gts[0][0], gts[0][1],
+                                read_int(os.path.join(tdir, "physical_vram_size_bytes"))))
+        return out
+    if card.device_id not in PVC_IDS:
+        return []
+    return [Tile(gid, gid, gdir, None)
+            for gid, gdir in _numbered(os.path.join(card.card_dir, "gt"), _GT)]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from exporter.device.contract import (
     EventSource,
     GpuRef,
     GuestLicence,
+    Interconnect,
     Inventory,
     MemoryUsage,
     MigRef,
@@ -126,6 +127,14 @@ class NvmlBackend:
         mem = Reader(self._nvml, tally).call(self._nvml.nvmlDeviceGetMemoryInfo,
                                              partition.handle)
         return None if mem is None else MemoryUsage(mem.total, mem.used)
+
+    def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
+        return None  # a MIG instance's activity is GPM's (the gpm collector)
+
+    def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
+        # NVML's PCIe and NVLink traffic is the throughput collector's (GPM rates, the
+        # driver's PCIe reading, NVLink field counters): it reads NVML itself
+        return Interconnect()
 
     def process_reader(self) -> ProcessReader:
         return NvmlProcessReader(self._nvml)

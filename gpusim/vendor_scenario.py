@@ -1,27 +1,22 @@
-"""AMD and Intel nodes as the metering side sees them: a vendor scenario
-(gpusim/scenarios/vendors/*.yaml) turned into the exporter's series over a period, in
-OpenMetrics, for the demo history and the metering tests.
-
-The NVIDIA scenarios run the real exporter over SimNVML (gpusim.cluster); the AMD and Intel
-backends have simulators of their own (the amdsmi and sysfs ones), which the demo's
-simulated cluster does not start yet. Until it does, this writes what those exporters
-expose for such a node, in the exporter's contract (docs/metrics.md): `gpu_up`, `gpu_info`
-with `vendor`, AMD compute partitions in `gpu_mig_info` (profile `cpx_nps4`, slices 1 of the
-mode's partitions), VFs and GVT-g mdevs as `vgpu` allocations of the physical GPU (a VF's
-framebuffer share as `gpu_container_memory_fraction`, the VFs enabled as replicas), and the
-holders' memory and activity. Metric names are strings here, as in metering: gpusim never
-imports the exporter's metric table.
+"""AMD and Intel nodes for the simulated cluster: a vendor scenario
+(gpusim/scenarios/vendors/*.yaml) describes the node's GPUs and the pods holding them;
+gpusim.vendor_node turns it into the simulated vendor library (amdsmi, or the Intel sysfs tree
+and Level Zero), the sysfs and /proc the exporter reads and the device plugins' IDs, and
+gpusim.cluster runs the real exporter (AmdBackend, IntelBackend, PodResources, attribution)
+over it, as for the NVIDIA scenarios.
 
 Format (every key commented in the files):
 
     node: NAME
     gpus:
       - model: AMD Instinct MI300X          # gpu_info's model
-        vendor: amd                         # nvidia | amd | intel
+        vendor: amd                         # amd | intel
         memory: 192GiB
-        partitions: {profile: cpx_nps4, count: 8}   # AMD compute partitions, or
+        partitions: {profile: cpx_nps4, count: 8}   # AMD compute partitions, Intel tiles
+                                            # ({profile: tile, count: 2}), or
         vfs: 4                              # SR-IOV VFs enabled (MxGPU, Intel), or
-        mdevs: [i915-GVTg_V5_4, ...]        # GVT-g mdevs created, by type
+        mdevs: [i915-GVTg_V5_4, ...]        # GVT-g mdevs created, by type, or
+        shared: 2                           # Intel: the GPU plugin's -shared-dev-num
     pods:
       - namespace: NS
         name: POD
@@ -30,15 +25,15 @@ Format (every key commented in the files):
         hours: [FROM, TO]                   # hours of the period it runs (default: all)
         containers:
           - name: C
-            resource: amd.com/cpx_nps4
+            resource: amd.com/cpx_nps4      # the device plugin's resource name
             unit: {gpu: 0, partition: 3}    # or {gpu: 0}, {gpu: 0, vf: 1}, {gpu: 0, mdev: 0}
+                                            # (an Intel tile: GAS's gas-container-tiles)
             memory: 18GiB                   # memory in use (the unit's, for a VM)
-            activity: 0.07                  # 0-1 of the whole GPU
+            activity: 0.07                  # 0-1 of the unit it holds
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,9 +42,12 @@ from exporter.errors import ConfigError
 from gpu_ledger import safeyaml
 from gpusim.validate import Node, as_list, as_number, as_size, int_range, k8s_name, one_of, ranged
 
-VENDORS = ("nvidia", "amd", "intel")
-_PROFILES = tuple(f"{c}_nps{n}" for c in ("spx", "dpx", "tpx", "qpx", "cpx")
-                  for n in (1, 2, 4, 8))
+VENDORS = ("amd", "intel")  # NVIDIA nodes are SimNVML scenarios (gpusim/scenario.py)
+_GVT_TYPE = re.compile(r"i915-GVTg_V[0-9]{1,2}_(1|2|4|8)")
+# AMD compute x memory partitions, and an Intel tile (a Data Center GPU Max subdevice)
+TILE = "tile"
+_PROFILES = (*(f"{c}_nps{n}" for c in ("spx", "dpx", "tpx", "qpx", "cpx")
+               for n in (1, 2, 4, 8)), TILE)
 
 
 @dataclass(frozen=True)
@@ -57,11 +55,11 @@ class Gpu:
     model: str
     vendor: str
     memory: int
-    uuid: str
-    profile: str = ""  # AMD compute partition profile; "" whole
+    profile: str = ""  # AMD compute partition profile, or TILE (Intel); "" whole
     partitions: int = 0
     vfs: int = 0
     mdevs: tuple[str, ...] = ()
+    shared: int = 1  # Intel GPU plugin -shared-dev-num: pods sharing the whole GPU
 
 
 @dataclass(frozen=True)
@@ -88,11 +86,6 @@ class VendorScenario:
     holders: tuple[Holder, ...]
 
 
-def _uuid(node: str, i: int, vendor: str) -> str:
-    digest = hashlib.sha256(f"{node}/{i}".encode()).hexdigest()
-    return f"{vendor.upper()}-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:28]}"
-
-
 def load_vendor_scenario(path: str | Path) -> VendorScenario:
     """Read and check a vendor scenario; ConfigError names the file and the key."""
     file = str(path)
@@ -117,13 +110,27 @@ def load_vendor_scenario(path: str | Path) -> VendorScenario:
             p = Node(file, g.key("partitions"), g.raw("partitions"))
             profile = p.need("profile", one_of(_PROFILES), "a partition profile like cpx_nps4")
             count = p.need("count", int_range(1, 64), "the partitions of the mode")
+            if (profile == TILE) != (vendor == "intel"):
+                raise ConfigError(file, p.key("profile"), "tile on Intel, a compute partition "
+                                  "profile on AMD", profile)
+            if profile == TILE:  # a Max 1550 has two, a Max 1100 one (no subdevices)
+                want = count if 2 <= count <= 4 else 2
+            else:
+                want = {"spx": 1, "dpx": 2, "tpx": 3, "qpx": 4, "cpx": 8}[  # MI300X XCDs: 8
+                    profile.split("_")[0]]
+            if count != want:
+                raise ConfigError(file, p.key("count"), f"{want} partitions for {profile}",
+                                  count)
             p.done()
         vfs = g.get("vfs", int_range(1, 64), 0)
-        mdevs = tuple(_text(file, g.key(f"mdevs[{j}]"), t)
+        mdevs = tuple(_gvt_type(file, g.key(f"mdevs[{j}]"), t)
                       for j, t in enumerate(g.get("mdevs", as_list, [])))
+        shared = g.get("shared", int_range(1, 64), 1)
+        if shared > 1 and (vendor != "intel" or vfs or mdevs or count):
+            raise ConfigError(file, g.key("shared"), "an Intel GPU without VFs, mdevs or tiles",
+                              shared)
         g.done()
-        gpus.append(Gpu(model, vendor, memory, _uuid(node, i, vendor), profile, count, vfs,
-                        mdevs))
+        gpus.append(Gpu(model, vendor, memory, profile, count, vfs, mdevs, shared))
     holders: list[Holder] = []
     for i, raw in enumerate(top.get("pods", as_list, [])):
         p = Node(file, f"pods[{i}]", raw)
@@ -158,12 +165,26 @@ def load_vendor_scenario(path: str | Path) -> VendorScenario:
             c.done()
         p.done()
     top.done()
+    for gi, gpu in enumerate(gpus):
+        whole = sum(1 for h in holders if h.gpu == gi and h.kind == "whole")
+        if whole > gpu.shared:
+            raise ConfigError(file, f"gpus[{gi}]", f"at most shared: {gpu.shared} pods on the "
+                              "whole GPU", f"{whole} pods")
+    if len({g.vendor for g in gpus}) > 1:
+        raise ConfigError(file, "gpus", "GPUs of one vendor (one backend per node here)",
+                          ",".join(sorted({g.vendor for g in gpus})))
     return VendorScenario(node, tuple(gpus), tuple(holders))
 
 
 def _text(file: str, key: str, v: object) -> str:
     if not isinstance(v, str) or not v.strip():
         raise ConfigError(file, key, "a non-empty string", v)
+    return v
+
+
+def _gvt_type(file: str, key: str, v: object) -> str:
+    if not isinstance(v, str) or not _GVT_TYPE.fullmatch(v):
+        raise ConfigError(file, key, "a GVT-g type i915-GVTg_V<gen>_<1|2|4|8>", v)
     return v
 
 
@@ -182,71 +203,3 @@ def _hours(file: str, key: str, v: list[object]) -> tuple[int, int]:
 
 def _units(gpu: Gpu, kind: str) -> int:
     return {"partition": gpu.partitions, "vf": gpu.vfs, "mdev": len(gpu.mdevs)}[kind]
-
-
-def _labels(pairs: list[tuple[str, str]]) -> str:
-    return ",".join(f'{k}="{v}"' for k, v in pairs)
-
-
-# One series: (metric name, its labels in order, the pod's Kubernetes labels, value). The pod
-# labels stay apart, as raw keys, so a writer can name them as kube-state-metrics does.
-Row = tuple[str, tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], float]
-
-
-def rows_at(sc: VendorScenario, hour: int) -> list[Row]:
-    """The exporter's series of the node in `hour` of the period."""
-    out: list[Row] = []
-    for i, g in enumerate(sc.gpus):
-        dev = (("node", sc.node), ("gpu", str(i)), ("uuid", g.uuid), ("model", g.model),
-               ("vendor", g.vendor))
-        out.append(("gpu_up", dev, (), 1.0))
-        mode = "enabled" if g.partitions else "disabled"
-        out.append(("gpu_info", (*dev, ("mig_mode", mode)), (), 1.0))
-        for p in range(g.partitions):
-            part = (*dev, ("mig_uuid", f"{g.uuid}-p{p}"), ("gpu_instance_id", str(p)),
-                    ("compute_instance_id", "0"), ("profile", g.profile), ("slices", "1"),
-                    ("parent_slices", str(g.partitions)))
-            out.append(("gpu_mig_info", part, (), 1.0))
-    for h in sc.holders:
-        if hour < h.first or (h.last is not None and hour >= h.last):
-            continue
-        g = sc.gpus[h.gpu]
-        unit = f"{g.uuid}-p{h.index}" if h.kind == "partition" else ""
-        sharing = {"whole": "exclusive", "partition": "mig"}.get(h.kind, "vgpu")
-        replicas = g.vfs if h.kind == "vf" else 1
-        key = (("node", sc.node), ("namespace", h.namespace), ("pod", h.pod),
-               ("container", h.container), ("uuid", g.uuid), ("mig_uuid", unit))
-        alloc = (*key, ("resource", h.resource), ("sharing", sharing),
-                 ("replicas", str(replicas)), ("owner_kind", h.owner[0]),
-                 ("owner_name", h.owner[1]))
-        out.append(("gpu_container_allocation", alloc, h.labels, 1.0))
-        out.append(("gpu_container_memory_used_bytes", key, h.labels, float(h.memory)))
-        if h.kind != "partition":  # per-process activity of a whole GPU, a VF, an mdev
-            out.append(("gpu_container_sm_utilization_ratio", key, h.labels, h.activity))
-        if h.kind == "vf":  # MxGPU and Intel split the framebuffer evenly between the VFs
-            out.append(("gpu_container_memory_fraction", key, h.labels, 1.0 / g.vfs))
-    return out
-
-
-def series_at(sc: VendorScenario, hour: int) -> list[tuple[str, float]]:
-    """The exporter's series of the node in `hour` of the period, as (name{labels}, value)."""
-    return [(f"{name}{{{_labels([*labels, *map(_pod_label, pod)])}}}", value)
-            for name, labels, pod, value in rows_at(sc, hour)]
-
-
-def _pod_label(pair: tuple[str, str]) -> tuple[str, str]:
-    """As kube-state-metrics and the exporter name a pod label: label_kubevirt_io."""
-    return "label_" + re.sub(r"[^A-Za-z0-9_]", "_", pair[0]), pair[1]
-
-
-def openmetrics(paths: list[str | Path], start: int, hours: int, step: int) -> str:
-    """The scenarios' series for `hours` hours from `start` (unix seconds, on the hour), a
-    sample every `step` seconds, as an OpenMetrics text ending in # EOF."""
-    scenarios = [load_vendor_scenario(p) for p in paths]
-    lines: list[str] = []
-    for hour in range(hours):
-        now = [s for sc in scenarios for s in series_at(sc, hour)]
-        for k in range(step, 3601, step):
-            t = start + hour * 3600 + k
-            lines += [f"{name} {value:g} {t}" for name, value in now]
-    return "\n".join(lines) + "\n# EOF\n"
