@@ -31,7 +31,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from bench.common import machine, say, table, write_json
+from bench.common import machine, say, stage_cell, table, write_json
 from bench.scale import GPUS_PER_NODE, Fleet, run_stage
 from metering import api
 
@@ -208,19 +208,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _stage(r: dict[str, Any]) -> str:
-    return f"{r['wall_s']:.1f} s / {r['cpu_s']:.1f} s / {r['maxrss_mib']:,.0f} MiB"
-
-
 def report(res: dict[str, Any]) -> str:
     rows = [["fleet", f"{res['gpus']:,} GPUs, {res['device_hours']:,} device-hours, "
                       f"{res['charge_rows']:,} charge rows, ledger {res['ledger_mib']:,.0f} MiB"]]
     if "facts" in res:
         rows.append(["facts written (setup)", f"{res['facts']['wall_s']:.0f} s"])
         rows.append(["pricing the month (setup; `meter --price-only`): wall / CPU / peak RSS",
-                     _stage(res["price"])])
-    rows += [["`close`: wall / CPU / peak RSS", _stage(res["close"])],
-             ["`report` (all formats): wall / CPU / peak RSS", _stage(res["report"])],
+                     stage_cell(res["price"])])
+    rows += [["`close`: wall / CPU / peak RSS", stage_cell(res["close"])],
+             ["`report` (all formats): wall / CPU / peak RSS", stage_cell(res["report"])],
              ["**month-end close (close + report)**: wall / CPU",
               f"{res['close']['wall_s'] + res['report']['wall_s']:.1f} s / "
               f"{res['close']['cpu_s'] + res['report']['cpu_s']:.1f} s"]]

@@ -94,3 +94,8 @@ class Stopwatch:
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self.wall0
         self.cpu = time.process_time() - self.cpu0
+
+
+def stage_cell(r: dict[str, Any]) -> str:
+    """One timed stage (`run_stage`'s result) as a table cell: wall / CPU / peak RSS."""
+    return f"{r['wall_s']:.1f} s / {r['cpu_s']:.1f} s / {r['maxrss_mib']:,.0f} MiB"

@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine, say, table, write_json
+from bench.common import machine, say, stage_cell, table, write_json
 from bench.scale import GPUS_PER_NODE, Fleet, Victoria, run_stage
 
 
@@ -111,10 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _stage(r: dict[str, Any]) -> str:
-    return f"{r['wall_s']:.1f} s / {r['cpu_s']:.1f} s / {r['maxrss_mib']:,.0f} MiB"
-
-
 def report(res: dict[str, Any]) -> str:
     imp = res["import"]
     rows = [["fleet", f"{res['gpus']:,} GPUs, {imp['pods']:,} pods, {imp['series']:,} series, "
@@ -122,13 +118,13 @@ def report(res: dict[str, Any]) -> str:
                       f"{res['day']}"]]
     for k, r in enumerate(res["runs"]):
         rows.append([f"run {k + 1}: meter + price one day: wall / CPU / peak RSS",
-                     f"{_stage(r)}; store {r['vm_cpu_s']:.1f} CPU-s, "
+                     f"{stage_cell(r)}; store {r['vm_cpu_s']:.1f} CPU-s, "
                      f"{r['vm_samples_read']:,.0f} samples read; load {r['load_before']} -> "
                      f"{r['load_after']}"])
     if "ingest" in res:
         rows.append(["ingest only (`--no-price`): wall / CPU / peak RSS",
-                     f"{_stage(res['ingest'])}; store {res['ingest']['vm_cpu_s']:.1f} CPU-s"])
-        rows.append(["pricing only (`--price-only`)", _stage(res["price"])])
+                     f"{stage_cell(res['ingest'])}; store {res['ingest']['vm_cpu_s']:.1f} CPU-s"])
+        rows.append(["pricing only (`--price-only`)", stage_cell(res["price"])])
     return table(["quantity", "measured"], rows)
 
 
