@@ -213,3 +213,22 @@ def test_first_node_group_is_a_probe_until_answers_tell_what_nodes_hold() -> Non
     # Once learned, a chunk that fits is fetched whole.
     planner.memory_points = 32.0 * len(SIGNALS) * 73 * len(nodes)
     assert list(planner.groups(chunk)) == [None]
+
+
+def test_a_series_starting_on_the_range_end_is_answered(tmp_path: Path) -> None:
+    """VictoriaMetrics leaves a series out of a range query when its only samples in the range
+    are at exactly `end`: a pod starting on a chunk's last hour would be billed by no chunk
+    (the next chunk's first window, (end, end + 1h], excludes it). The client asks 1 ms past
+    `end`, which finds it and evaluates at the same instants."""
+    end = 1_792_368_000  # 2026-10-19T00:00:00Z, a chunk boundary
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, "".join(
+            [f'x{{pod="early"}} 1 {(end - 7200 + 300 * i) * 1000}\n' for i in range(24)]
+            + [f'x{{pod="late"}} 1 {(end + 300 * i) * 1000}\n' for i in range(12)]))
+        client = PromClient(url)
+        promql = "count_over_time(x[3599999ms])"
+        answer = client.query_range_answer(promql, end - 7200, end, HOUR_S)
+        got = {s["metric"]["pod"]: [(float(t), v) for t, v in s["values"]]
+               for s in client.matrix(answer, promql)}
+    assert got == {"early": [(end - 7200.0, "1"), (end - 3600.0, "12"), (float(end), "11")],
+                   "late": [(float(end), "1")]}
