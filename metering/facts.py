@@ -191,6 +191,22 @@ def _tag_clusters(table: pa.Table, scope: ClusterScope) -> tuple[pa.Table, set[s
     return table, seen
 
 
+def _check_one_node_per_gpu(con: Any, rows: str, params: Sequence[object] = ()) -> None:
+    """A GPU (uuid, within its cluster) seen on two nodes in one hour is refused: its hours and
+    holders would merge into one GPU's bill. Identical nodes give Intel GPUs, keyed by PCI
+    address, the same uuid (docs/backends.md, "The Intel backend")."""
+    clash = con.execute(
+        f"SELECT uuid, min(node), max(node), min(hour) FROM {rows} "
+        "GROUP BY cluster, uuid, hour HAVING count(DISTINCT node) > 1 "
+        "ORDER BY 4, 1 LIMIT 1", list(params)).fetchall()
+    if clash:
+        uuid, a, b, hour = clash[0]
+        raise FactError(f"GPU {uuid} is reported by nodes {a} and {b} in the hour "
+                        f"{hour:%Y-%m-%dT%H}:00Z: a GPU's uuid must be unique in its cluster, "
+                        "or their hours would be billed as one GPU's (an Intel GPU's uuid is "
+                        "its PCI address: docs/backends.md)")
+
+
 def _shares_keys(table: pa.Table) -> bool:
     """Whether some fact key of a signal has two series or more (in any of its hours)."""
     if table.num_rows == 0:
@@ -224,6 +240,9 @@ def write_facts(con: Any, groups: Iterable[Mapping[str, pa.Table]], start: datet
         w.replace({scope.name})
     for signals in groups:
         w.group(signals)
+    if w.written:  # node groups are written apart: one GPU's two nodes may be in two groups
+        _check_one_node_per_gpu(con, "device_hours WHERE hour >= ? AND hour < ? AND cluster "
+                                "IN (SELECT unnest(?))", [start, end, sorted(w.written)])
     counts = w.counts
     single = len({c for c, _ in w.spacing}) <= 1
     counts.spacing = ({(n if single else f"{c}/{n}"): sec for (c, n), sec in w.spacing.items()}
@@ -283,6 +302,8 @@ class _Writer:
                 if problem:
                     raise FactError(f"label {scope.label}: {problem}")
             _check_int_labels(con)
+            if shared:
+                _check_one_node_per_gpu(con, "up_count")
             spacing: dict[tuple[str, str], float] = {}
             default = self.fixed
             if default is None:
