@@ -191,14 +191,31 @@ def _tag_clusters(table: pa.Table, scope: ClusterScope) -> tuple[pa.Table, set[s
     return table, seen
 
 
-def _check_one_node_per_gpu(con: Any, rows: str, params: Sequence[object] = ()) -> None:
-    """A GPU (uuid, within its cluster) seen on two nodes in one hour is refused: its hours and
-    holders would merge into one GPU's bill. Identical nodes give Intel GPUs, keyed by PCI
-    address, the same uuid (docs/backends.md, "The Intel backend")."""
-    clash = con.execute(
-        f"SELECT uuid, min(node), max(node), min(hour) FROM {rows} "
-        "GROUP BY cluster, uuid, hour HAVING count(DISTINCT node) > 1 "
-        "ORDER BY 4, 1 LIMIT 1", list(params)).fetchall()
+# One GPU (uuid in its cluster) seen all hour by two nodes or more: two identical nodes, not
+# a relabelled `node`, whose series follow each other in time (docs/metering.md, "Several
+# series for one key"). "All hour": the node's own sample seconds (duplicates on one node once)
+# within two sample spacings of it.
+_CLASH_IN_GROUP = """
+WITH s AS (
+    SELECT c.cluster, c.uuid, c.node, c.hour,
+           max(c.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS sec,
+           max(coalesce(sp.seconds, getvariable('gl_dflt'))) AS dt
+    FROM up_count c LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+    WHERE gl_in(c.hour)
+    GROUP BY c.cluster, c.uuid, c.node, c.hour)
+SELECT uuid, min(node), max(node), hour FROM s WHERE sec >= 3600 - 2 * dt
+GROUP BY cluster, uuid, hour HAVING count(*) > 1 ORDER BY hour, uuid LIMIT 1"""
+_CLASH_ACROSS_GROUPS = """
+SELECT uuid, min(node), max(node), hour FROM device_hours
+WHERE hour >= ? AND hour < ? AND cluster IN (SELECT unnest(?)) AND observed_seconds >= ?
+GROUP BY cluster, uuid, hour HAVING count(DISTINCT node) > 1 ORDER BY hour, uuid LIMIT 1"""
+
+
+def _check_one_node_per_gpu(con: Any, query: str, params: Sequence[object] = ()) -> None:
+    """A GPU seen on two nodes at once is refused: its hours and holders would merge into one
+    GPU's bill. Identical nodes give Intel GPUs, keyed by PCI address, the same uuid
+    (docs/backends.md, "The Intel backend")."""
+    clash = con.execute(query, list(params)).fetchall()
     if clash:
         uuid, a, b, hour = clash[0]
         raise FactError(f"GPU {uuid} is reported by nodes {a} and {b} in the hour "
@@ -241,8 +258,9 @@ def write_facts(con: Any, groups: Iterable[Mapping[str, pa.Table]], start: datet
     for signals in groups:
         w.group(signals)
     if w.written:  # node groups are written apart: one GPU's two nodes may be in two groups
-        _check_one_node_per_gpu(con, "device_hours WHERE hour >= ? AND hour < ? AND cluster "
-                                "IN (SELECT unnest(?))", [start, end, sorted(w.written)])
+        slack = 2 * max([*w.spacing.values(), w.default or 0.0, 1.0])
+        _check_one_node_per_gpu(con, _CLASH_ACROSS_GROUPS,
+                                [start, end, sorted(w.written), HOUR_S - slack])
     counts = w.counts
     single = len({c for c, _ in w.spacing}) <= 1
     counts.spacing = ({(n if single else f"{c}/{n}"): sec for (c, n), sec in w.spacing.items()}
@@ -302,8 +320,6 @@ class _Writer:
                 if problem:
                     raise FactError(f"label {scope.label}: {problem}")
             _check_int_labels(con)
-            if shared:
-                _check_one_node_per_gpu(con, "up_count")
             spacing: dict[tuple[str, str], float] = {}
             default = self.fixed
             if default is None:
@@ -322,6 +338,8 @@ class _Writer:
             names.append("spacing")
             con.execute("SET VARIABLE gl_dflt = ?",
                         [default if default is not None else float(HOUR_S)])
+            if shared:
+                _check_one_node_per_gpu(con, _CLASH_IN_GROUP)
             if scope.label is not None:
                 self.replace(seen)
             for step, body in sql.steps:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_clusters import gpu_hour, meter, om, rows
+from test_clusters import T0, gpu_hour, meter, om, rows
 
 from metering.cluster import ClusterScope
 from metering.db import connect
@@ -41,6 +41,22 @@ def test_the_same_uuid_in_two_clusters_or_two_hours_is_not_a_clash(tmp_path: Pat
     meter(con, om(tmp_path, "west.om", gpu_hour(MAX1550, 60, uuid=BDF)), ClusterScope("west"))
     assert rows(con, "SELECT cluster, node, uuid FROM device_hours ORDER BY 1") == [
         ("east", "n1", BDF), ("west", "n1", BDF)]
+
+
+def test_a_node_relabelled_mid_hour_is_one_gpu_not_a_clash(tmp_path: Path) -> None:
+    """The same GPU under a node label that changes at 00:30 (docs/metering.md, "Several series
+    for one key"): the two nodes' series follow each other, so the hour is one GPU's. (The
+    sample interval is given: detected from this one hour, each half would look whole.)"""
+    first = "\n".join(line for line in gpu_hour(MAX1550, 60, uuid=BDF).splitlines()
+                      if line.startswith("#") or int(line.rsplit(" ", 1)[1]) <= T0 + 1800)
+    second = "\n".join(line for line in gpu_hour(MAX1550, 60, uuid=BDF).splitlines()
+                       if line.startswith("#") or int(line.rsplit(" ", 1)[1]) > T0 + 1800)
+    con = connect(tmp_path / "ledger.duckdb")
+    meter(con, om(tmp_path, "relabel.om", first, second.replace('node="n1"', 'node="n2"')),
+          ClusterScope("east"), sample_interval=60.0)
+    assert rows(con, "SELECT uuid, observed_seconds FROM device_hours") == [(BDF, 3600.0)]
+    assert rows(con, "SELECT pod, allocated_seconds FROM allocation_hours") == [
+        ("trainer-0", 3600.0)]
 
 
 def _up(node: str) -> dict[str, object]:
