@@ -19,12 +19,14 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from pytest import approx
 
 from exporter.errors import ConfigError
 from exporter.history import OpenMetricsHistory
 from exporter.web import start_server
 from gpu_ledger.demo import HISTORY_FAMILIES
 from gpusim.cluster import SimCluster
+from gpusim.vendor_node import XE_TIMESTAMP_HZ
 from gpusim.vendor_scenario import load_vendor_scenario
 from metering.costmodel import load_cost_model
 from metering.db import connect
@@ -38,6 +40,10 @@ from metering.selector import DEFAULT_SELECTOR
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
+# Live utilisation is a ratio of two integer counter deltas read >= 0.2 s apart: each counter is
+# truncated to a whole cycle, so a share is exact only to ~2 cycles in 0.2 s of the GPU clock.
+# (Comparing exactly made the test wait for a read pair whose truncations happened to cancel.)
+CYCLE_ROUNDING = 2 / (0.2 * XE_TIMESTAMP_HZ)
 VENDORS = ROOT / "gpusim" / "scenarios" / "vendors"
 SCENARIOS = sorted(VENDORS.glob("*.yaml"))
 T0 = int(datetime(2026, 10, 1, tzinfo=UTC).timestamp())
@@ -312,20 +318,21 @@ def test_vendor_exporters_serve_attributed_scrapes(tmp_path: Path) -> None:
                 return {line.split('pod="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
                         for line in text.splitlines()
                         if line.startswith("gpu_container_sm_utilization_ratio{")}
-            wait_until(lambda: util(scrape("gpu-intel-max-01")) == {"tiles-0": 0.3,
-                                                                     "translate-0": 0.5},
-                       "the shared Max's fdinfo split", limit=30)
+            wait_until(lambda: util(scrape("gpu-intel-max-01")) == approx(
+                {"tiles-0": 0.3, "translate-0": 0.5}, abs=CYCLE_ROUNDING),
+                "the shared Max's fdinfo split", limit=30)
             # the tiles: listed from xe's sysfs and Level Zero, each pod's fdinfo on its tile
             tiles = scrape("gpu-intel-max-02")
             assert tiles.count('profile="tile"') >= 2, tiles
-            wait_until(lambda: util(scrape("gpu-intel-max-02")) == {"lammps-0": 0.6,
-                                                                     "finetune-1": 0.9},
-                       "each tile's pod's fdinfo", limit=30)
+            wait_until(lambda: util(scrape("gpu-intel-max-02")) == approx(
+                {"lammps-0": 0.6, "finetune-1": 0.9}, abs=CYCLE_ROUNDING),
+                "each tile's pod's fdinfo", limit=30)
 
             def tile_busy(text: str) -> list[float]:
                 return sorted(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                               if line.startswith("gpu_partition_utilization_ratio{"))
-            wait_until(lambda: tile_busy(scrape("gpu-intel-max-02")) == [0.6, 0.9],
+            wait_until(lambda: tile_busy(scrape("gpu-intel-max-02")) == approx(
+                [0.6, 0.9], abs=CYCLE_ROUNDING),
                        "each tile's busy share from Level Zero", limit=30)
         finally:
             for s in servers.values():
