@@ -276,7 +276,10 @@ def _publish(gateway: str, args: argparse.Namespace, period: Period, clusters: C
     energy: list[tuple[str, float, float | None]] = []
     if result.pricing is not None:
         try:
-            report = make_report(args.db, month, args.cost_model, 0)
+            # The cluster's own share (the report's per-cluster view): a ledger metering
+            # several clusters pushes each one's figures under its grouping key, so sums over
+            # clusters add up to the fleet instead of counting the fleet once per cluster.
+            report = make_report(args.db, month, args.cost_model, 0, cluster=clusters.name)
             currency, budgets = report.cost_model.currency, list(report.budgets or [])
             energy = [(t.team, float(t.energy.kwh), None if t.energy.co2e_kg is None
                        else float(t.energy.co2e_kg))

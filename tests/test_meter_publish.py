@@ -141,3 +141,37 @@ def test_unreachable_gateway_is_one_warning_and_the_run_succeeds(
     bad = _meter("--openmetrics", str(fleet_om_file), "--db", str(db), *DAY, "-q",
                  "--pushgateway", "not-a-url")
     assert bad.returncode == 0 and "expected an http(s):// URL" in bad.stderr
+
+
+def test_a_ledger_of_two_clusters_pushes_each_clusters_share(
+        fleet_om_file: Path, tmp_path: Path, gateway: str) -> None:
+    """One ledger metering two clusters in turn: each cluster's group holds that cluster's
+    share of each team's bill, so the dashboard's sum over clusters is the fleet's bill (not
+    the fleet's bill once per cluster)."""
+    db = tmp_path / "l.duckdb"
+    first = _meter("--openmetrics", str(fleet_om_file), "--db", str(db), *DAY, "-q",
+                   "--cluster", "eu-west")
+    assert first.returncode == 0, first.stderr
+    teams = [ln.team for ln in make_report(str(db), Month(2026, 10), None, 0).teams
+             if not ln.overhead]
+    model = tmp_path / "cm.yaml"
+    model.write_text(PACKAGED.read_text().replace(
+        "  monthly: {}", "  monthly: " + json.dumps({t: 1_000_000 for t in teams}), 1))
+    for cluster in ("eu-west", "us-east"):
+        run = _meter("--openmetrics", str(fleet_om_file), "--db", str(db), *DAY, "-q",
+                     "--cost-model", str(model), "--cluster", cluster, "--pushgateway", gateway)
+        assert run.returncode == 0, run.stderr
+    groups = {g["labels"]["cluster"]: g for g in _groups(gateway)}
+    assert set(groups) == {"eu-west", "us-east"}
+    fleet = make_report(str(db), Month(2026, 10), str(model), 0)
+    assert fleet.budgets is not None
+    q = Decimal("0.000001")
+    for b in fleet.budgets:
+        key = (("currency", fleet.cost_model.currency), ("month", "2026-10"), ("team", b.team))
+        shares = {c: Decimal(str(_values(g, publish.SPEND)[key])) for c, g in groups.items()}
+        for cluster, share in shares.items():
+            own = make_report(str(db), Month(2026, 10), str(model), 0, cluster=cluster)
+            assert own.budgets is not None
+            assert share == next(x.spend for x in own.budgets if x.team == b.team).quantize(q)
+        assert b.spend > 0 and all(s > 0 for s in shares.values())
+        assert abs(sum(shares.values()) - b.spend) <= 2 * q  # each share rounded to 1e-6
