@@ -486,6 +486,18 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
               "cluster=\"%s\"}` $labels.team $labels.cluster) }}: forecast "
               "{{ (index . 0).Value | printf \"%.2f\" }} {{ (index . 0).Labels.currency }}"
               "{{ end }}."),
+        # Each cluster pushes its own share of a team's bill (metering/publish.py), so the
+        # per-cluster status above misses a team that only the sum puts over its budget.
+        Alert("GpuLedgerBudgetOverAcrossClusters", "warning",
+              f"sum by (team, month, currency) (gpu_ledger_team_spend_month_to_date{{{M}}})\n"
+              f"  > max by (team, month, currency) (gpu_ledger_team_budget{{{M}}})\n"
+              "unless on (team, month)\n"
+              f'  gpu_ledger_team_budget_status{{{M}, status="over"}} == 1',
+              T.budget_heading_over_for,
+              "A team's spend over all clusters is over its GPU budget",
+              "Team {{ $labels.team }} has spent {{ $value | printf \"%.2f\" }} "
+              "{{ $labels.currency }} over all clusters in {{ $labels.month }}, more than its "
+              "budget, though no one cluster's share is."),
         Alert("GpuLedgerMeteringStale", "warning",
               f"time() - gpu_ledger_meter_last_success_timestamp_seconds{{{M}}}\n"
               f"  > {T.metering_stale_hours} * 3600", T.metering_stale_for,
