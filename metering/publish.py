@@ -2,7 +2,8 @@
 
 A CronJob is gone before Prometheus could scrape it, so, as the Prometheus docs advise for
 batch jobs, it pushes its state to a Pushgateway after each successful run: month-to-date
-spend (the team's bill so far: compute + energy line + adjustments billed in the month),
+spend (the team's bill so far in the run's cluster: compute + energy line + adjustments billed
+in the month; clusters add up to the fleet),
 budget, forecast and budget status per team (the report's one definition,
 `metering.report.model.team_bills` and `budget_lines`, read through `make_report`) and the
 run's last success time. The push is a PUT to `/metrics/job/<JOB>/cluster/<cluster>`
