@@ -17,9 +17,9 @@ close's figures. `--keep` reuses a ledger of an earlier run in --workdir (stages
 
 `--before DIR` (a checkout with its own .venv, e.g. the code before a change): the month is
 priced by that code first, then by this one (pricing stores the waste device-hours the report
-reads: what that costs), and the report is run by each in turn, `--runs` times, on the same
-ledger; every report file of the two must be the same (CSV, Markdown, HTML byte for byte,
-Parquet row for row).
+reads: what that costs; each on its own copy of the unpriced ledger), and the report is run
+by each in turn on its own ledger, `--runs` times; every report file of the two must be the
+same (CSV, Markdown, HTML byte for byte, Parquet row for row).
 """
 
 from __future__ import annotations
@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-ledger-close-"))
     work.mkdir(parents=True, exist_ok=True)
     db, out = work / "ledger.duckdb", work / "report"
+    db_before = work / "ledger-before.duckdb"  # --before's own ledger (its pricing)
     cost_model = str(resources.files("metering") / "data" / "cost-model.yaml")
     res: dict[str, Any] = {"machine": machine(), "gpus": args.gpus, "month": args.month,
                            "interval_s": args.interval}
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.keep:
             db.unlink(missing_ok=True)
+            db_before.unlink(missing_ok=True)
             say(f"close: {max(1, args.gpus // GPUS_PER_NODE)} nodes x {GPUS_PER_NODE} GPUs, "
                 f"{args.month}: writing the month's facts into {db}")
             t0 = time.perf_counter()
@@ -202,34 +204,43 @@ def main(argv: list[str] | None = None) -> int:
                 return 1 if any(diff.values()) else 0
             price = ["meter", "--price-only", "--month", args.month, "--db", str(db),
                      "--cost-model", cost_model]
-            if args.before:
-                res["price_before"] = run_stage(price, **before)
+            if args.before:  # on a copy of the unpriced ledger: each prices an empty month
+                shutil.copyfile(db, db_before)
+                res["price_before"] = run_stage([*price[:-3], str(db_before), *price[-2:]],
+                                                **before)
                 say(f"close: pricing by {args.before} {res['price_before']['cpu_s']:.0f} CPU-s")
             res["price"] = run_stage(price)
             say(f"close: pricing (the month's daily runs) {res['price']['wall_s']:.0f} s")
         else:
-            con = duckdb.connect(str(db))
-            con.execute("DELETE FROM month_closes")
-            con.close()
+            for ledger in (db, db_before):
+                if ledger.exists():
+                    con = duckdb.connect(str(ledger))
+                    con.execute("DELETE FROM month_closes")
+                    con.close()
         shutil.rmtree(out, ignore_errors=True)
         res["close"] = run_stage(["close", args.month, "--db", str(db)])
-        variants: list[tuple[str, dict[str, Any]]] = [("report", {})]
-        if args.before:
-            variants.append(("report_before", before))
+        if args.before and db_before.exists():  # the same close (its time is in the report)
+            con = duckdb.connect(str(db_before))
+            con.execute(f"ATTACH '{db}' AS closed (READ_ONLY)")
+            con.execute("INSERT INTO month_closes SELECT * FROM closed.month_closes")
+            con.close()
+        variants: list[tuple[str, Path, dict[str, Any]]] = [("report", db, {})]
+        if args.before and db_before.exists():
+            variants.append(("report_before", db_before, before))
         for i in range(args.runs):  # alternating: the box's load moves under both alike
-            for name, how in variants:
-                r = run_stage(["report", "--month", args.month, "--db", str(db),
+            for name, ledger, how in variants:
+                r = run_stage(["report", "--month", args.month, "--db", str(ledger),
                                "--cost-model", cost_model, "--out", str(out / f"{name}-{i}")],
                               **how)
                 res.setdefault(f"{name}_runs", []).append(r)
                 say(f"close: {name} run {i + 1}: {r['cpu_s']:.1f} CPU-s, "
                     f"{r['maxrss_mib']:,.0f} MiB, {r['wall_s']:.1f} s")
         # the figures of record: each variant's run of least CPU
-        for name, _ in variants:
+        for name, _, _ in variants:
             res[name] = min(res[f"{name}_runs"], key=lambda r: r["cpu_s"])
-        if args.before:
+        if len(variants) > 1:
             res["reports_identical"] = same_reports(
-                [out / f"{name}-{i}" for name, _ in variants for i in range(args.runs)])
+                [out / f"{name}-{i}" for name, _, _ in variants for i in range(args.runs)])
             say(f"close: report files identical, before and after: {res['reports_identical']}")
         con = duckdb.connect(str(db), read_only=True)
         res["charge_rows"] = con.execute("SELECT count(*) FROM charges").fetchall()[0][0]
