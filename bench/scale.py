@@ -258,12 +258,15 @@ _CHILD = ("import resource, sys\n"
           "raise SystemExit(rc)\n")
 
 
-def run_stage(args: list[str], required: bool = True) -> dict[str, Any]:
+def run_stage(args: list[str], required: bool = True, python: str = sys.executable,
+              cwd: Path | None = None) -> dict[str, Any]:
     """Run `gpu-ledger ...` in a child process: its wall time, peak RSS and stderr. A stage
-    that is not `required` may fail: the run goes on and the figures say how it failed."""
+    that is not `required` may fail: the run goes on and the figures say how it failed.
+    `python`, `cwd`: another checkout's interpreter (its .venv) and the checkout (`-c` puts
+    the working directory first on the path), to compare code on the same data."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run([python, "-c", _CHILD, *args], capture_output=True,
+                          text=True, check=False, cwd=cwd)
     wall = time.perf_counter() - t0
     if proc.returncode != 0 and required:
         raise SystemExit(f"gpu-ledger {' '.join(args)} failed ({proc.returncode}):\n"

@@ -26,6 +26,7 @@ from metering.cluster import is_cluster_name
 from metering.errors import ExitCode
 from metering.ledgerview import (
     CLOSE_TABLES,
+    DERIVED_TABLES,
     LEDGER_TABLES,
     SIDE_TABLES,
     LedgerError,
@@ -245,6 +246,8 @@ def merge_ledgers(target: str | Path, sources: Sequence[str | Path],
                                         f"FROM {schema}.{table} WHERE {part.where()}"
                                         ).fetchall()[0][0]
                         result.rows += int(n)
+                    for table in DERIVED_TABLES:  # of the target's facts: computed again
+                        con.execute(f"DELETE FROM target.main.{table} WHERE {part.where()}")
                     _check_copy(con, schema, part, src)
                 result.partitions[src] = parts
             for table in SIDE_TABLES:  # by key: a cost model kept by two sources is one row

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from metering import guards, sqlfile
+from metering import guards, sqlfile, wastehours
 from metering.cluster import DEFAULT_CLUSTER, ClusterScope, cluster_name_problem
 from metering.errors import RefusedError
 from metering.matrix import Matrix
@@ -376,11 +376,13 @@ FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours"
 
 
 def delete_hours(con: Any, start: datetime, end: datetime, clusters: Iterable[str]) -> None:
-    """Delete the facts and coverage of hours [start, end) of these clusters only."""
+    """Delete the facts and coverage of hours [start, end) of these clusters only, and the
+    waste device-hours pricing derived from them (computed again until priced again)."""
     wanted = sorted(clusters)
     for table in FACT_TABLES:
         con.execute(f"DELETE FROM {table} WHERE hour >= ? AND hour < ? AND "
                     "list_contains(?, cluster)", [start, end, wanted])
+    wastehours.forget(con, start, end, wanted)
 
 
 def write_coverage(con: Any, start: datetime, end: datetime, source: str,

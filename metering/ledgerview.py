@@ -13,7 +13,7 @@ from typing import Final
 
 import duckdb
 
-from metering import db, manifest
+from metering import db, manifest, wastehours
 from metering.cluster import CLUSTER_NAME_RULE, is_cluster_name
 
 # Adjustments (metering/closes.py) are per hour of a closed month and cluster: they travel
@@ -26,6 +26,10 @@ SIDE_TABLES: Final = ("cost_models", "cost_model_prices")
 # Closed months (metering/closes.py): one row per month, not per cluster, so read and exported
 # whole; merged by month (metering/export.py).
 CLOSE_TABLES: Final = ("month_closes",)
+# Derived by pricing from the facts and charges (metering/wastehours.py): read from a DuckDB
+# ledger that has them, never exported nor merged (an export reads them as empty, and the
+# report computes what they would hold).
+DERIVED_TABLES: Final = wastehours.TABLES
 # Tables every ledger has; the others may be missing from an export (then read as empty).
 _REQUIRED: Final = ("device_hours", "coverage", "charges")
 # Hive partition keys of the Parquet export, read as text whatever they look like.
@@ -115,7 +119,7 @@ def _duckdb_sources(con: duckdb.DuckDBPyConnection, p: Path, alias: str) -> dict
         raise LedgerError(f"{p}: expected a GPU Ledger metering database (tables "
                           f"{', '.join(_REQUIRED)}), got one without {', '.join(missing)}")
     sources = {t: f"{alias}.main.{t}" if t in columns else f"memory.blank.{t}"
-               for t in (*SIDE_TABLES, *CLOSE_TABLES)}
+               for t in (*SIDE_TABLES, *CLOSE_TABLES, *DERIVED_TABLES)}
     for table in LEDGER_TABLES:
         if table not in columns:
             sources[table] = f"memory.blank.{table}"
@@ -141,6 +145,7 @@ def _parquet_sources(con: duckdb.DuckDBPyConnection, root: Path) -> dict[str, st
         whole = root / table / "part-0.parquet"
         sources[table] = (f"read_parquet('{str(whole).replace(chr(39), chr(39) * 2)}')"
                           if whole.is_file() else f"memory.blank.{table}")
+    sources.update({t: f"memory.blank.{t}" for t in DERIVED_TABLES})
     for table in LEDGER_TABLES:
         if table not in found:
             sources[table] = f"memory.blank.{table}"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import duckdb
 
-from metering import sqlfile
+from metering import sqlfile, wastehours
 from metering.cluster import DEFAULT_CLUSTER
 from metering.costmodel import MICRO, CostModel
 from metering.db import memory_limit, memory_limit_bytes, transaction
@@ -278,6 +278,9 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                         progress.chunk_done(where + piece.label(), f"{int(row[9])} charge rows",
                                             int(row[9]), "charge rows")
             posted = 0 if freeze is None else freeze.after(con, start, end, names, model.hash)
+            # The waste device-hours of what was priced, from the charges as they now are
+            # (closed hours' restored): the month-end report reads them (metering/wastehours.py).
+            wastehours.store(con, start, end, names, utc_naive(datetime.now(UTC)))
     finally:
         for table in (*_WORK_TABLES, *_CONFIG_TABLES):
             con.execute(f"DROP TABLE IF EXISTS {table}")

@@ -526,9 +526,11 @@ def _open(path: str, cluster: str | None) -> duckdb.DuckDBPyConnection:
 def make_report(
     db_path: str, month: Month, cost_model_path: str | None, top: int, charge_days: bool = False,
     settings: waste.Settings | None = None, cluster: str | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> Report:
     """The report of `month` from the ledger at `db_path` (DuckDB file or export directory),
-    read-only. RefusedError when the month is not metered or not priced as stated."""
+    read-only. RefusedError when the month is not metered or not priced as stated. `note` is
+    told what the log should say (waste device-hours computed instead of read as stored)."""
     given = load_cost_model(cost_model_path) if cost_model_path is not None else None
     con = _open(db_path, cluster)
     try:
@@ -563,7 +565,7 @@ def make_report(
                 by_cluster[name] = {m: lookup(m) for m in gpu_models}
         warnings, default_priced = price_warnings(con, month, cm) if same else ([], [])
         recs = waste.recommend(con, month.start, month.end, waste.mig_fraction(cm),
-                               settings or waste.Settings()) if same else None
+                               settings or waste.Settings(), note) if same else None
         budgets = cm.budgets if same else None
         return build_report(
             con, month, info, metering.__version__, top,
@@ -626,14 +628,15 @@ def write_report(db_path: str | Path, month: Month, out: str | Path, *,
                  formats: list[str] | None = None, cost_model_path: str | None = None,
                  top: int = DEFAULT_TOP_PODS, settings: waste.Settings | None = None,
                  cluster: str | None = None, memory_limit: str | None = None,
-                 progress: Progress | None = None) -> Written:
+                 progress: Progress | None = None,
+                 note: Callable[[str], None] | None = None) -> Written:
     """Read `month` from the ledger (read-only), render `formats` (default csv, parquet, md,
     html; `focus` on request) and write them into `out`, all files or none. Every failure is
     a MeteringError (not metered or not priced: RefusedError; files not written: exit 1)."""
     chosen = parse_formats(formats)
     with db.memory_cap(memory_limit, f"{db_path}: reporting {month}"):
         report = make_report(str(db_path), month, cost_model_path, top, "focus" in chosen,
-                             settings, cluster)
+                             settings, cluster, note)
     if progress is not None:
         progress.chunk_done("read the ledger")
     files = render(report, chosen)

@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
         done = write_report(args.db, month, args.out, formats=args.format,
                             cost_model_path=args.cost_model, top=args.top, settings=settings,
                             cluster=args.cluster, memory_limit=args.memory_limit,
-                            progress=progress)
+                            progress=progress, note=_log)
         report, written = done.report, done.files
         if args.strict_prices and report.budgets is None:  # None: cost model not at hand
             raise UsageError(
@@ -137,6 +137,11 @@ def main(argv: list[str]) -> int:
               "add them under pricing.gpus and re-price the month", file=sys.stderr)
         rc = STRICT_PRICES_FAILED
     return rc
+
+
+def _log(text: str) -> None:
+    """A line for the job's log (stderr: stdout is the summary)."""
+    print(f"gpu-ledger report: {text}", file=sys.stderr, flush=True)
 
 
 def _check_budgets(report: Report) -> int:

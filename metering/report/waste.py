@@ -23,7 +23,7 @@ import enum
 import fnmatch
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from functools import cache
 from importlib import resources
@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from metering import partitions, sqlfile
+from metering import partitions, sqlfile, wastehours
 from metering.costmodel import CostModel
 
 _GB = Decimal(10) ** 9
@@ -163,7 +163,6 @@ class Recommendation:
 
 _TABLE = "waste_device_hours"  # working tables of metering/sql/waste.sql (temporary)
 _P95_TABLE = "waste_p95"
-_SLICE_HOURS = 24
 
 
 def _sql(name: str) -> str:
@@ -190,6 +189,15 @@ class _Group:
     idle_co2e_kg: Decimal | None = None
 
 
+def _computed_note(done: wastehours.Plan) -> str:
+    """The log line of a report that computed waste device-hours from the facts."""
+    n, of = len(done.computed), len(done.computed) + len(done.stored)
+    first = done.computed[0][0]
+    return (f"waste: {n} of {of} day(s) computed from the facts (from {first:%Y-%m-%d %H:%M}"
+            " UTC), no stored device-hours: priced before they were stored, or re-metered "
+            "and not priced again; pricing them again stores them")
+
+
 def _kwh(joules: Any) -> Decimal:
     return (Decimal(str(joules or 0)) / 3_600_000).quantize(_Q6)
 
@@ -202,15 +210,14 @@ def _dec(value: Any, q: Decimal = _Q6) -> Decimal | None:
     return None if value is None else Decimal(str(value)).quantize(q)
 
 
-def _groups(con: Any, start: datetime, end: datetime) -> list[_Group]:
-    device_hours = _sql("device_hours").rstrip(";")
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {_TABLE} AS {device_hours} LIMIT 0",
+def _groups(con: Any, start: datetime, end: datetime,
+            note: Callable[[str], None] | None = None) -> list[_Group]:
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_TABLE} AS {wastehours.query()} LIMIT 0",
                 {"start": start, "end": start})
     try:
-        for a in range(0, -(-int((end - start).total_seconds()) // 3600), _SLICE_HOURS):
-            lo = start + timedelta(hours=a)
-            hi = min(end, lo + timedelta(hours=_SLICE_HOURS))
-            con.execute(f"INSERT INTO {_TABLE} {device_hours}", {"start": lo, "end": hi})
+        done = wastehours.fill(con, _TABLE, start, end)
+        if done.computed and note is not None:
+            note(_computed_note(done))
         con.execute(_sql("p95"))
         rows = con.execute(_sql("workloads")).fetchall()
     finally:
@@ -275,10 +282,12 @@ def mig_fraction(cm: CostModel) -> MigFraction:
 
 
 def recommend(con: Any, start: datetime, end: datetime, mig_fraction: MigFraction,
-              settings: Settings = Settings()) -> list[Recommendation]:
-    """Recommendations for [start, end), largest saving first."""
+              settings: Settings = Settings(),
+              note: Callable[[str], None] | None = None) -> list[Recommendation]:
+    """Recommendations for [start, end), largest saving first. `note` is told when some
+    days' device-hours were computed from the facts instead of read as stored."""
     out: list[Recommendation] = []
-    for g in _groups(con, start, end):
+    for g in _groups(con, start, end, note):
         ev = g.evidence
         if ev.all_hours < settings.min_hours:
             continue

@@ -247,3 +247,38 @@ CREATE TABLE IF NOT EXISTS adjustments (
     posted_at         TIMESTAMP NOT NULL,   -- UTC
     cost_model_hash   VARCHAR   NOT NULL
 );
+
+-- Waste recommendations' device-hours (metering/report/waste.py, waste.sql `device_hours`),
+-- stored by pricing for the hours it prices, so that the month-end report reads them instead
+-- of joining the month's facts with its charges again. Derived: every row is what that query
+-- gives for its hour and cluster from the facts and charges as they are now. Pricing replaces
+-- an hour x cluster's rows in its transaction (after closed hours' charges are restored:
+-- metering/closes.py); rewriting facts (metering/facts.py delete_hours) or merging a
+-- cluster-month (metering/export.py) deletes them, and the report computes such hours again.
+-- Columns: the query's, in its order and types.
+CREATE TABLE IF NOT EXISTS waste_hours (
+    cluster           VARCHAR   NOT NULL,
+    namespace         VARCHAR   NOT NULL,
+    owner_kind        VARCHAR   NOT NULL,
+    owner_name        VARCHAR   NOT NULL,
+    model             VARCHAR   NOT NULL,
+    sharing           VARCHAR   NOT NULL,
+    profile           VARCHAR   NOT NULL,
+    hour              TIMESTAMP NOT NULL,
+    held_h            DOUBLE,
+    mem_max           DOUBLE,
+    sm                DOUBLE,
+    team              VARCHAR,
+    cost              DECIMAL(38, 6),
+    idle              BOOLEAN,
+    joules            DECIMAL(38, 3),
+    grams             DECIMAL(38, 3)
+);
+
+-- The hours x clusters whose waste_hours rows are stored (none may be: an hour with no
+-- holder). An hour with facts and no row here is computed by the report from the facts.
+CREATE TABLE IF NOT EXISTS waste_hours_stored (
+    hour              TIMESTAMP NOT NULL,
+    cluster           VARCHAR   NOT NULL,
+    stored_at         TIMESTAMP NOT NULL    -- UTC
+);
