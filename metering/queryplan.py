@@ -216,6 +216,9 @@ class QueryPlanner:
         self._chunk: Period | None = None
         self._metricsql: bool | None = None
         self._lock = threading.Lock()  # _learned: sent from one thread, decoded in another
+        # Chunks fetched in node groups, noted before the first group is sent (ingest stages
+        # their facts group by group: metering.facts)
+        self.grouped: set[Period] = set()
 
     def metricsql(self) -> bool:
         """Whether the store speaks MetricsQL (VictoriaMetrics): then `tlast_over_time` gives
@@ -295,6 +298,7 @@ class QueryPlanner:
         if total <= limit:
             yield None
             return
+        self.grouped.add(chunk)
         rest = list(nodes)
         head: tuple[str, ...] = ("",)
         while rest:
