@@ -34,11 +34,25 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def _meter(vm: Victoria, args: list[str]) -> dict[str, Any]:
+def _meter(vm: Victoria, args: list[str], before: str | None = None) -> dict[str, Any]:
+    """One meter run in a child; `before`: a checkout of other code, first on its
+    PYTHONPATH."""
     read0 = vm.counter("vm_rows_read_per_query_sum")
     cpu0 = vm.cpu_s()
     load0 = _load()
-    r = run_stage(["meter", "--prometheus", vm.url, *args, "--verbose"])
+    saved = os.environ.get("PYTHONPATH")
+    if before:
+        os.environ["PYTHONPATH"] = before
+    try:
+        r = run_stage(["meter", "--prometheus", vm.url, *args, "--verbose"])
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+    r["code"] = before or "this"
+    split = [x for x in r["stderr"].splitlines() if x.startswith("meter: queries: ")]
+    r["queries"] = split[-1][len("meter: queries: "):] if split else ""
     r["vm_cpu_s"] = vm.cpu_s() - cpu0
     r["vm_samples_read"] = vm.counter("vm_rows_read_per_query_sum") - read0
     r["load_before"], r["load_after"] = load0, _load()
@@ -57,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", action="store_true",
                    help="also ingest only and price only, each in its own process")
     p.add_argument("--runs", type=int, default=1, help="times to meter the day (fresh ledger)")
+    p.add_argument("--before", metavar="DIR",
+                   help="also meter with the code checked out in DIR (e.g. `git archive REV | "
+                        "tar -x -C DIR`), alternating with this checkout, each run")
     p.add_argument("--json", help="write the figures as JSON too")
     args = p.parse_args(argv)
     if args.reuse and not args.workdir:
@@ -88,13 +105,15 @@ def main(argv: list[str] | None = None) -> int:
         period = ["--from", f"{start:%Y-%m-%dT%H:%MZ}", "--to", f"{end:%Y-%m-%dT%H:%MZ}"]
         runs = []
         for k in range(args.runs):
-            db = work / f"day-{k}.duckdb"
-            db.unlink(missing_ok=True)
-            r = _meter(vm, [*period, "--db", str(db), "--cost-model", cost_model])
-            say(f"day: metered and priced in {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} CPU-s, "
-                f"{r['maxrss_mib']:,.0f} MiB; store {r['vm_cpu_s']:.1f} CPU-s (load "
-                f"{r['load_before']} -> {r['load_after']})")
-            runs.append(r)
+            for code in ([args.before, None] if args.before else [None]):
+                db = work / f"day-{k}.duckdb"
+                db.unlink(missing_ok=True)
+                r = _meter(vm, [*period, "--db", str(db), "--cost-model", cost_model], code)
+                say(f"day: {r['code']}: metered and priced in {r['wall_s']:.1f} s wall, "
+                    f"{r['cpu_s']:.1f} CPU-s, {r['maxrss_mib']:,.0f} MiB; store "
+                    f"{r['vm_cpu_s']:.1f} CPU-s (load {r['load_before']} -> "
+                    f"{r['load_after']}); {r['queries']}")
+                runs.append(r)
         res["runs"] = runs
         if args.split:
             db = work / "split.duckdb"
@@ -117,7 +136,7 @@ def report(res: dict[str, Any]) -> str:
                       f"{imp['samples']:,} samples (every {res['interval_s']} s), day "
                       f"{res['day']}"]]
     for k, r in enumerate(res["runs"]):
-        rows.append([f"run {k + 1}: meter + price one day: wall / CPU / peak RSS",
+        rows.append([f"run {k + 1} ({r['code']}): meter + price one day: wall / CPU / peak RSS",
                      f"{stage_cell(r)}; store {r['vm_cpu_s']:.1f} CPU-s, "
                      f"{r['vm_samples_read']:,.0f} samples read; load {r['load_before']} -> "
                      f"{r['load_after']}"])

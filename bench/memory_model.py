@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -52,14 +53,18 @@ raise SystemExit(rc)
 UNLIMITED = 1 << 40  # one node group whatever the chunk holds
 
 
-def meter(url: str, start: datetime, end: datetime, budget: int) -> dict[str, Any]:
+def meter(url: str, start: datetime, end: datetime, budget: int,
+          before: str | None = None) -> dict[str, Any]:
+    """One `meter --no-price` of the window in a child; `before`: a checkout of the code to
+    compare with, put first on the child's PYTHONPATH."""
+    env = {**os.environ, "PYTHONPATH": before} if before else None
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         proc = subprocess.run(
             [sys.executable, "-c", _CHILD, str(budget), "meter", "--prometheus", url,
              "--from", f"{start:%Y-%m-%dT%H:%M:%SZ}", "--to", f"{end:%Y-%m-%dT%H:%M:%SZ}",
              "--db", str(Path(tmp) / "l.duckdb"), "--no-price", "--verbose"],
-            capture_output=True, text=True, check=False)
+            capture_output=True, text=True, check=False, env=env)
         wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"meter failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
@@ -93,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                    "reuses it (no import)")
     p.add_argument("--skip-unlimited", action="store_true",
                    help="only the budget runs (with a reused store)")
+    p.add_argument("--before", metavar="DIR",
+                   help="also meter each case with the code checked out in DIR (e.g. `git "
+                        "archive REV | tar -x -C DIR`), alternating with this checkout")
     p.add_argument("--json")
     args = p.parse_args(argv)
     sizes = [int(x) for x in args.gpus.split(",")]
@@ -130,27 +138,29 @@ def main(argv: list[str] | None = None) -> int:
         for gpus, series, points, start, end in windows:
             first = [] if args.skip_unlimited else [UNLIMITED]
             for budget in first + (budgets if gpus == max(sizes) else []):
-                r = meter(vm.url, start, end, budget)
-                r.update(gpus=gpus, series=series, points=points,
-                         budget_mib=None if budget == UNLIMITED else budget >> 20)
-                res["runs"].append(r)
-                say(f"memory_model: {gpus:,} GPUs, budget "
-                    f"{'unlimited' if budget == UNLIMITED else f'{budget >> 20} MiB'}: "
-                    f"peak {r['maxrss_mib']:,.0f} MiB, {r['cpu_s']:.0f} CPU-s; {r['split']}")
+                for code in ([args.before, None] if args.before else [None]):
+                    r = meter(vm.url, start, end, budget, code)
+                    r.update(gpus=gpus, series=series, points=points, code=code or "this",
+                             budget_mib=None if budget == UNLIMITED else budget >> 20)
+                    res["runs"].append(r)
+                    say(f"memory_model: {gpus:,} GPUs, budget "
+                        f"{'unlimited' if budget == UNLIMITED else f'{budget >> 20} MiB'}"
+                        f"{f' ({code})' if code else ''}: peak {r['maxrss_mib']:,.0f} MiB, "
+                        f"{r['cpu_s']:.0f} CPU-s; {r['split']}")
     finally:
         vm.close()
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    one = [r for r in res["runs"] if r["budget_mib"] is None]
+    one = [r for r in res["runs"] if r["budget_mib"] is None and r["code"] == "this"]
     if len(one) >= 2:
         base, slope = fit([r["points"] for r in one], [r["maxrss_mib"] * 2**20 for r in one])
         res["fit"] = {"base_mib": base / 2**20, "bytes_per_point": slope}
         say(f"memory_model: fit over one-group runs: base {base / 2**20:,.0f} MiB, "
             f"{slope:,.0f} bytes per point")
-    rows = [[f"{r['gpus']:,}", f"{r['series']:,}", f"{r['points']:,}",
+    rows = [[r["code"], f"{r['gpus']:,}", f"{r['series']:,}", f"{r['points']:,}",
              "unlimited (one group)" if r["budget_mib"] is None else f"{r['budget_mib']:,} MiB",
              f"{r['maxrss_mib']:,.0f}", f"{r['cpu_s']:.0f}", r["split"]] for r in res["runs"]]
-    say(table(["GPUs", "series", "points per chunk", "budget", "peak RSS MiB", "CPU-s",
+    say(table(["code", "GPUs", "series", "points per chunk", "budget", "peak RSS MiB", "CPU-s",
                "queries"], rows))
     write_json(args.json, res)
     return 0

@@ -43,7 +43,12 @@ from metering.period import (
 from metering.progress import Progress
 from metering.promclient import PromClient
 from metering.prometheus_source import PrometheusSource
-from metering.queryplan import DEFAULT_MAX_SAMPLES, DEFAULT_MAX_SERIES, Limits
+from metering.queryplan import (
+    DEFAULT_MAX_QUERY_BYTES,
+    DEFAULT_MAX_SAMPLES,
+    DEFAULT_MAX_SERIES,
+    Limits,
+)
 from metering.recorded import RecordedMode
 from metering.selector import DEFAULT_SELECTOR, Selector, SelectorError
 from metering.workers import available_cores
@@ -128,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-series", type=int, default=None, metavar="N",
                    help="series one query may select (default 300,000, VictoriaMetrics' "
                         "-search.maxUniqueTimeseries)")
+    p.add_argument("--max-query-bytes", type=int, default=None, metavar="N",
+                   help="PromQL text one query may hold; node shards are cut to fit (default "
+                        "16,384, VictoriaMetrics' -search.maxQueryLen)")
     p.add_argument("--selector", metavar="MATCHERS", default=None,
                    help="PromQL label matchers naming the exporter's series; only those are "
                         "metered (default: $GPU_LEDGER_SELECTOR, else job=\"gpu-ledger-"
@@ -389,11 +397,14 @@ def _open_source(args: argparse.Namespace, period: Period) -> Source:
 
 
 def _limits(args: argparse.Namespace) -> Limits:
-    for name, value in (("--max-samples", args.max_samples), ("--max-series", args.max_series)):
-        if value is not None and value < 1:
-            raise UsageError(f"{name}: expected a whole number >= 1, got {value}")
+    for name, value, least in (("--max-samples", args.max_samples, 1),
+                               ("--max-series", args.max_series, 1),
+                               ("--max-query-bytes", args.max_query_bytes, 1)):
+        if value is not None and value < least:
+            raise UsageError(f"{name}: expected a whole number >= {least}, got {value}")
     return Limits(max_samples=args.max_samples or DEFAULT_MAX_SAMPLES,
-                  max_series=args.max_series or DEFAULT_MAX_SERIES)
+                  max_series=args.max_series or DEFAULT_MAX_SERIES,
+                  max_query_bytes=args.max_query_bytes or DEFAULT_MAX_QUERY_BYTES)
 
 
 def _price_only(args: argparse.Namespace, period: Period, model: CostModel,

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Protocol
 
 from metering import guards
@@ -142,7 +143,8 @@ def ingest(con: Any, source: Source | ParallelSource, period: Period,
                     # Node groups are fetched as they are written: one group's signals at a
                     # time in memory (metering.queryplan, "node groups").
                     groups = _tables(source, chunk)
-                    counts = write_facts(con, groups, start, end, sample_interval, clusters)
+                    counts = write_facts(con, groups, start, end, sample_interval, clusters,
+                                         staged=partial(_in_groups, source, chunk))
                     dropped = {utc_naive(datetime.fromtimestamp(h, UTC)): n for h, n in
                                source.screened.dropped_in(first,
                                                           int(chunk.end.timestamp())).items()}
@@ -227,6 +229,13 @@ def _tables(source: Source | ParallelSource, chunk: Period) -> Iterator[dict[str
         return source.tables(chunk)
     return ({spec.name: signal_table(spec, m) for spec, m in group}
             for group in source.fetch(chunk))
+
+
+def _in_groups(source: Source | ParallelSource, chunk: Period) -> bool:
+    """Whether the chunk is fetched in several node groups (its facts are then staged group by
+    group, metering.facts): what the source's query planner decided, where it has one."""
+    planner = getattr(source, "planner", None)
+    return chunk in getattr(planner, "grouped", ())
 
 
 class _Empty(Exception):

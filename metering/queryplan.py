@@ -1,10 +1,13 @@
 """Query planning: keep every range query inside the limits a PromQL store enforces.
 
 A store refuses a query that would touch too much: Prometheus `--query.max-samples` (points
-held in memory, 50M by default), VictoriaMetrics `-search.maxSamplesPerQuery` (raw samples
-read, 1e9), `-search.maxUniqueTimeseries` (series selected, 300k) and `-search.maxQueryLen`
-(16 KiB of PromQL). One query per signal per chunk stops fitting somewhere between a thousand
-and ten thousand nodes, so each signal's chunk query is split, before it is sent:
+held in memory, 50M by default in 2.42), VictoriaMetrics `-search.maxSamplesPerQuery` (raw
+samples read, 1e9), `-search.maxUniqueTimeseries` (series selected, 300k) and
+`-search.maxQueryLen` (16 KiB of PromQL; defaults of 1.79, `victoria-metrics -help`). One
+query per signal per chunk stops fitting somewhere between a thousand and ten thousand nodes,
+so each signal's chunk query is split, before it is sent, so that every piece is within all
+three (`Limits`; `meter --max-samples/--max-series/--max-query-bytes` where a store is set
+lower):
 
 - by series, into node shards: the chunk's node names (one label-values call per chunk, an
   index lookup in both stores) are packed, in name order, into shards whose estimated cost
@@ -12,8 +15,11 @@ and ten thousand nodes, so each signal's chunk query is split, before it is sent
   without a node label, so every series is in exactly one shard);
 - by time, into consecutive runs of evaluation hours, when even one node's series do not fit.
 
-Estimates come from what earlier answers showed (series per node and family, samples per
-series-hour from the count signals), starting from conservative priors. A store that still
+The PromQL length is known exactly (the node regex is counted as sent); series and samples are
+estimates from what earlier answers showed (series per node and family, samples per
+series-hour from the count signals), starting from conservative priors: a family no answer has
+shown yet is planned within PROBE_SHARE of the series limit, so priors several times too low
+still fit. A store that still
 answers with a limit error gets the failing query split in two (nodes first, then hours) and
 retried, and that signal's later plans keep under half the refused query's estimate. The
 answers of a signal's pieces are merged per series, so the facts do not depend on how a chunk
@@ -40,15 +46,21 @@ HOUR_S = 3600
 # Prometheus's default --query.max-samples: the smallest default among the stores we target.
 DEFAULT_MAX_SAMPLES = 50_000_000
 DEFAULT_MAX_SERIES = 300_000  # VictoriaMetrics -search.maxUniqueTimeseries default
-# VictoriaMetrics -search.maxQueryLen is 16 KiB; the node regex gets most of it.
-DEFAULT_MAX_QUERY_BYTES = 12_000
+# VictoriaMetrics -search.maxQueryLen (16 KiB in 1.79): the whole PromQL of a query. Prometheus
+# has no such limit, but this keeps its POST bodies small too.
+DEFAULT_MAX_QUERY_BYTES = 16_384
+# Room left in a query for what the planner does not count (percent-encoding is not counted by
+# the store: it checks the decoded text).
+QUERY_SLACK_BYTES = 64
 # Before any answer: a node has 8 series per family, sampled every 15 s (both on the high
 # side, so a first plan errs towards smaller queries).
 PRIOR_SERIES_PER_NODE = 8.0
 PRIOR_SAMPLES_PER_HOUR = 240.0
 SHARD_LABEL = "node"
 DEFAULT_MEMORY_POINTS = float(points_within(DEFAULT_INGEST_BUDGET))
-PROBE_SHARE = 0.25  # of memory_points, for a node group planned before any answer
+# Of memory_points, for a node group planned before any answer; of the series limit, for a
+# family before any answer.
+PROBE_SHARE = 0.25
 
 # What stores say when a query exceeds a limit (the HTTP status is 422 for both, but so is any
 # other execution error, so the message is what tells them apart).
@@ -75,7 +87,7 @@ class Limits:
 
     max_samples: int = DEFAULT_MAX_SAMPLES
     max_series: int = DEFAULT_MAX_SERIES
-    max_query_bytes: int = DEFAULT_MAX_QUERY_BYTES
+    max_query_bytes: int = DEFAULT_MAX_QUERY_BYTES  # the whole PromQL text
 
 
 @dataclass(frozen=True)
@@ -94,9 +106,7 @@ class Piece:
     def matcher(self) -> str:
         if self.nodes is None:
             return ""
-        alternatives = "|".join(_REGEX_META.sub(r"\\\1", n) for n in self.nodes)
-        quoted = alternatives.replace("\\", "\\\\").replace('"', '\\"')
-        return f'{SHARD_LABEL}=~"{quoted}"'
+        return f'{SHARD_LABEL}=~"{"|".join(_alternative(n) for n in self.nodes)}"'
 
 
 @dataclass
@@ -206,6 +216,9 @@ class QueryPlanner:
         self._chunk: Period | None = None
         self._metricsql: bool | None = None
         self._lock = threading.Lock()  # _learned: sent from one thread, decoded in another
+        # Chunks fetched in node groups, noted before the first group is sent (ingest stages
+        # their facts group by group: metering.facts)
+        self.grouped: set[Period] = set()
 
     def metricsql(self) -> bool:
         """Whether the store speaks MetricsQL (VictoriaMetrics): then `tlast_over_time` gives
@@ -285,6 +298,7 @@ class QueryPlanner:
         if total <= limit:
             yield None
             return
+        self.grouped.add(chunk)
         rest = list(nodes)
         head: tuple[str, ...] = ("",)
         while rest:
@@ -350,22 +364,27 @@ class QueryPlanner:
 
     def plan(self, spec: SignalSpec, first: int, last: int,
              nodes: Sequence[str] | None, group: tuple[str, ...] | None = None,
-             recorded: bool = False) -> list[Piece]:
+             recorded: bool = False, room: int | None = None) -> list[Piece]:
         """Pieces covering every series (of the node group, where given: its `nodes`) and
-        every evaluation hour first..last once."""
+        every evaluation hour first..last once. `room`: bytes of PromQL left for the node
+        matcher (default: the length limit less 1 KiB)."""
         steps = (last - first) // HOUR_S + 1
         if not nodes:  # unknown (or no) nodes: one query; a limit error splits it by time
             return [Piece(group, first, last)]
+        room = self.limits.max_query_bytes - 1024 if room is None else room
         budget = self._budget(spec)
+        max_series = self._max_series(spec.family)
         series = {n: self._series(spec.family, n) for n in nodes}
         weight = {n: series[n] * self._per_step(spec, n, recorded) for n in nodes}
         total_series = sum(series.values())
-        if (sum(weight.values()) * steps <= budget
-                and total_series <= self.limits.max_series):
+        # A group's node names are in its matcher: a whole group is one query only if they fit
+        # (a 5,188-node group was 57 KB of PromQL, refused three times over per signal).
+        if (sum(weight.values()) * steps <= budget and total_series <= max_series
+                and len(Piece(group, first, last).matcher()) <= room):
             return [Piece(group, first, last)]
         heaviest = max(weight.values())
         hours = max(1, min(steps, int(budget // max(heaviest, 1.0))))
-        shards = self._pack(nodes, weight, series, hours, budget,
+        shards = self._pack(nodes, weight, series, hours, budget, max_series, room,
                             empty=group is None or "" in group)
         pieces: list[Piece] = []
         for shard in shards:
@@ -377,28 +396,35 @@ class QueryPlanner:
         return min(float(self.limits.max_samples),
                    self._learned.budget.get(spec.name, float("inf")))
 
+    def _max_series(self, family: str) -> float:
+        """The series limit, or PROBE_SHARE of it for a family no answer has shown yet."""
+        learned = family in self._learned.series
+        return self.limits.max_series * (1.0 if learned else PROBE_SHARE)
+
     def _cost(self, spec: SignalSpec, piece: Piece, nodes: Sequence[str]) -> float:
         members = nodes if piece.nodes is None else [n for n in piece.nodes if n]
         return sum(self._series(spec.family, n) * self._per_step(spec, n)
                    for n in members) * piece.steps
 
     def _pack(self, nodes: Sequence[str], weight: dict[str, float], series: dict[str, float],
-              hours: int, budget: float, empty: bool = True) -> list[tuple[str, ...]]:
-        """Nodes in name order into shards within the sample, series and length budgets.
-        With `empty`, the first shard also matches an empty node label (series without
-        one)."""
+              hours: int, budget: float, max_series: float, room: int,
+              empty: bool = True) -> list[tuple[str, ...]]:
+        """Nodes in name order into shards within the sample, series and length budgets
+        (`room`: bytes of the matcher, exactly as Piece.matcher writes it). With `empty`, the
+        first shard also matches an empty node label (series without one)."""
         shards: list[tuple[str, ...]] = []
         cur: list[str] = [""] if empty else []
         cost = n_series = 0.0
-        length = 0
+        base = len(Piece((), 0, 0).matcher())
+        length = base
         for node in nodes:
-            w, s, ln = weight[node] * hours, series[node], len(node) * 2 + 1
+            w, s, ln = weight[node] * hours, series[node], len(_alternative(node)) + 1
             if len(cur) > (1 if not shards and empty else 0) and (
                     cost + w > budget
-                    or n_series + s > self.limits.max_series
-                    or length + ln > self.limits.max_query_bytes):
+                    or n_series + s > max_series
+                    or length + ln > room):
                 shards.append(tuple(cur))
-                cur, cost, n_series, length = [], 0.0, 0.0, 0
+                cur, cost, n_series, length = [], 0.0, 0.0, base
             cur.append(node)
             cost, n_series, length = cost + w, n_series + s, length + ln
         if cur:
@@ -421,17 +447,21 @@ class QueryPlanner:
         first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
         metricsql = self.metricsql()
         nodes = self.nodes(chunk) if group is None else tuple(n for n in group if n)
+        # Bytes of PromQL the node matcher may take: the limit less the query around it.
+        bare = self._promql(spec, window, self._with_selector("", f'{SHARD_LABEL}=~""'),
+                            recorded, metricsql)
+        room = self.limits.max_query_bytes - len(bare) - QUERY_SLACK_BYTES
         with self._lock:
-            pieces = self.plan(spec, first, last, nodes, group, recorded)
+            pieces = self.plan(spec, first, last, nodes, group, recorded,
+                               room + len(f'{SHARD_LABEL}=~""'))
         self.stats.signal_queries += 1
         self.stats.recorded += recorded
         answered: list[Piece] = []
         todo = list(reversed(pieces))
         while todo:
             piece = todo.pop()
-            match = self._with_selector("", piece.matcher())
-            promql = (spec.recorded_promql(match) if recorded
-                      else spec.promql(window, match=match, metricsql=metricsql))
+            promql = self._promql(spec, window, self._with_selector("", piece.matcher()),
+                                  recorded, metricsql)
             try:
                 answer = self.client.query_range_answer(promql, piece.first, piece.last,
                                                         HOUR_S)
@@ -486,6 +516,12 @@ class QueryPlanner:
             raise PromError(f"{self.client.url}: answer to {sent.promql!r} is not {exc}"
                             ) from None
 
+    @staticmethod
+    def _promql(spec: SignalSpec, window: str, match: str, recorded: bool,
+                metricsql: bool) -> str:
+        return (spec.recorded_promql(match) if recorded
+                else spec.promql(window, match=match, metricsql=metricsql))
+
     def _with_selector(self, first: str, match: str) -> str:
         """`first`, the selector's matchers and `match`, comma-joined (braced when `first`
         is given: a whole series selector)."""
@@ -528,6 +564,11 @@ class QueryPlanner:
                 if value > self._learned.rate.get(node, 0.0):
                     self._learned.rate[node] = value
         per_node.update(counted)
+
+
+def _alternative(node: str) -> str:
+    """A node name as one alternative of the shard matcher's regex, quoted for PromQL."""
+    return _REGEX_META.sub(r"\\\1", node).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _time_ranges(first: int, last: int, hours: int) -> list[tuple[int, int]]:

@@ -94,3 +94,63 @@ def test_chunk_option_keeps_the_memory_budget(
             rows.append(con.execute("SELECT * EXCLUDE (cluster) FROM allocation_hours "
                                     "ORDER BY ALL").fetchall())
     assert rows[0] == rows[1] and rows[0]
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "store error"])
+def test_a_chunk_stopped_between_node_groups_leaves_the_ledger_as_it_was(
+        fleet_prom_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], stop: str) -> None:
+    """A chunk in node groups commits each group's facts on its own (staged, so that memory
+    holds one group's, not the chunk's); stopped after its first group, the ledger's facts
+    are still those of the earlier run, hour for hour (no hour half rewritten that pricing
+    would read), nothing staged is left in the file, and a rerun gives the one-group facts."""
+    import os
+    import signal
+
+    import metering.cli_meter as cli_meter
+    from metering import facts
+    from metering.db import connect
+    from metering.promclient import PromError
+
+    day = ["--from", "2026-10-05", "--to", "2026-10-07", "--no-price", "--chunk", "48"]
+    whole, db = tmp_path / "whole.duckdb", tmp_path / "ledger.duckdb"
+    assert gpu_ledger(["meter", "--prometheus", fleet_prom_url, *day, "--db", str(whole)]) == 0
+    assert gpu_ledger(["meter", "--prometheus", fleet_prom_url, *day, "--db", str(db)]) == 0
+
+    def ledger(path: Path) -> list[list[tuple[object, ...]]]:
+        with connect(path, read_only=True) as con:
+            out = [con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
+                   for t in facts.FACT_TABLES if t != "coverage"]
+            out.append(con.execute("SELECT schema_name FROM information_schema.schemata "
+                                   f"WHERE schema_name = '{facts.STAGING}'").fetchall())
+        return out
+
+    before = ledger(db)
+    assert before == ledger(whole) and before[0] and before[2]
+    monkeypatch.setattr(cli_meter, "memory_budget", lambda: 1 << 10)  # a group per node
+    real = facts._Writer.group
+    calls: list[int] = []
+    staged: list[int] = []
+
+    def group(self: facts._Writer, signals: object) -> None:
+        calls.append(1)
+        if len(calls) == 2:  # the first group is committed (staged)
+            staged.append(self.con.execute(
+                f"SELECT count(*) FROM {facts.STAGING}.device_hours").fetchall()[0][0])
+            if stop == "ctrl-c":
+                os.kill(os.getpid(), signal.SIGINT)
+            raise PromError("the store went away")
+        real(self, signals)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(facts._Writer, "group", group)
+    capsys.readouterr()
+    rc = gpu_ledger(["meter", "--prometheus", fleet_prom_url, *day, "--db", str(db)])
+    err = capsys.readouterr().err
+    assert rc == (130 if stop == "ctrl-c" else 5) and "Traceback" not in err, err
+    assert len(calls) == 2 and staged[0] > 0
+    assert ledger(db) == before
+    monkeypatch.setattr(facts._Writer, "group", real)
+    assert gpu_ledger(["meter", "--prometheus", fleet_prom_url, *day, "--db", str(db), "-v"]
+                      ) == 0
+    assert "node group(s)" in capsys.readouterr().err
+    assert ledger(db) == before

@@ -16,8 +16,16 @@ from promtools import backfill, running_prometheus, running_victoria, vm_import
 from metering.cli_meter import main
 from metering.db import connect
 from metering.period import resolve
-from metering.promclient import PromClient
-from metering.queryplan import HOUR_S, Limits, Piece, QueryPlanner, _time_ranges
+from metering.promclient import PromClient, PromError
+from metering.queryplan import (
+    HOUR_S,
+    Answered,
+    Limits,
+    Piece,
+    QueryPlanner,
+    Refusal,
+    _time_ranges,
+)
 from metering.signals import SIGNALS
 
 fleet_om_file = conftest_prom.fleet_om_file
@@ -232,3 +240,48 @@ def test_a_series_starting_on_the_range_end_is_answered(tmp_path: Path) -> None:
                for s in client.matrix(answer, promql)}
     assert got == {"early": [(end - 7200.0, "1"), (end - 3600.0, "12"), (float(end), "11")],
                    "late": [(float(end), "1")]}
+
+
+def test_node_groups_fit_the_stores_limits_without_a_refusal(
+        fleet_om_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store whose -search.maxQueryLen and -search.maxUniqueTimeseries are set low, told to
+    metering with --max-query-bytes and --max-series, while a tiny memory budget meters the
+    day in node groups: every query is planned within the limits (no refusal, no split
+    after one) and the facts and bill are the unlimited store's. A group's node names are in
+    its matcher: planned as one query whatever its length, a group of both nodes was over
+    the length limit and refused (a 5,188-node group at 80,000 GPUs: 57 KB of PromQL)."""
+    import metering.cli_meter as cli_meter
+
+    plain, limited = tmp_path / "plain.duckdb", tmp_path / "limited.duckdb"
+    with _victoria(tmp_path / "vm-plain") as url:
+        _import(url, fleet_om_file)
+        _meter(url, plain)
+    # With the selector the run settles on, the longest query of one node (and the empty
+    # name) is 105 bytes, of both nodes 112.
+    selector = 'job=~"gpu-ledger-exporter|"'
+    limit = 110
+    with _victoria(tmp_path / "vm-limited", f"-search.maxQueryLen={limit}",
+                   "-search.maxUniqueTimeseries=10") as url:
+        _import(url, fleet_om_file)
+        client = PromClient(url)
+        day = resolve(None, "2026-10-05", "2026-10-06")
+        # The length alone: 16 series by the priors fit the default series limit.
+        planner = QueryPlanner(client, Limits(max_query_bytes=limit), selector=selector)
+        group = ("", "node-a", "node-b")
+        sent = [s for spec in SIGNALS
+                for s in planner.send(spec, "3599999ms", day, group)]
+        assert not [s for s in sent if isinstance(s, Refusal)]
+        lengths = [len(s.promql) for s in sent if isinstance(s, Answered)]
+        assert max(lengths) <= limit and planner.stats.max_shards == 2, lengths
+        # Unplanned, the same group is one query the store refuses as too long.
+        with pytest.raises(PromError, match="maxQueryLen"):
+            match = f"{selector},{Piece(group, 0, 0).matcher()}"
+            promql = max((s.promql("3599999ms", match=match, metricsql=True)
+                          for s in SIGNALS), key=len)
+            client.matrix(client.query_range_answer(promql, 1_791_158_400, 1_791_244_800,
+                                                    HOUR_S), promql)
+        monkeypatch.setattr(cli_meter, "memory_budget", lambda: 1 << 10)
+        out = _meter(url, limited, "--max-query-bytes", str(limit), "--max-series", "10",
+                     "--recorded", "never", "--verbose")
+    assert "refused" not in out and "node group(s)" in out, out
+    _same_ledger(plain, limited)
