@@ -582,8 +582,9 @@ class QueryPlanner:
 
 
 def _first_line(body: bytes) -> str:
+    # Whole: VictoriaMetrics puts the limit it hit at the end of a long line.
     text = body.decode("utf-8", "replace").strip()
-    return (text.splitlines() or ["no message"])[0][:300]
+    return (text.splitlines() or ["no message"])[0][:4000]
 
 
 def _time_ranges(first: int, last: int, hours: int) -> list[tuple[int, int]]:

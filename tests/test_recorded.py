@@ -270,3 +270,20 @@ def test_recorded_nodes_listed_family_by_family_under_a_series_limit(
     n = len(SIGNALS)
     assert f"{n} of {n} signal-chunks from the recorded hourly series" in out, out
     assert _same_ledger(raw, rec) > 400
+
+
+def test_an_export_over_the_series_limit_is_split_by_node(
+        samples: list[tuple[str, int]], tmp_path: Path) -> None:
+    """Under -search.maxExportSeries=7 VictoriaMetrics refuses the export of a signal whose
+    series on both nodes are more (HTTP 400, "the number of matching timeseries exceeds 7"):
+    the export is split by node as a range query is, and the bill is still the raw one."""
+    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    with running_victoria(tmp_path / "vm", "-search.maxExportSeries=7") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        _meter(url, raw, "--recorded", "never")
+        out = _meter(url, rec, "--recorded", "only")
+    n = len(SIGNALS)
+    assert f"{n} of them read by VictoriaMetrics' /api/v1/export" in out, out
+    assert "refused by the store's limits and split again" in out, out
+    assert _same_ledger(raw, rec) > 400
