@@ -92,3 +92,12 @@ def test_a_bad_answer_is_one_line_error(body: bytes, says: str) -> None:
 def test_the_request_covers_the_hours_windows() -> None:
     assert params('m{a="b"}', E, E + 3600) == [
         ("match[]", 'm{a="b"}'), ("start", str(E)), ("end", f"{E + 7199}.999")]
+
+
+def test_series_in_key_order_each_with_its_hours() -> None:
+    ms = E * 1000
+    body = (line({"uuid": "c"}, ["1", "2", "3"], [ms, ms + H, ms + H + 9])
+            + line({"uuid": "a"}, ["4", "5"], [ms + 7, ms + H])
+            + line({"uuid": "b"}, ["NaN"], [ms]))
+    assert points(body) == {"uuid=a": [(float(E), 4.0), (float(E + 3600), 5.0)],
+                            "uuid=c": [(float(E), 1.0), (float(E + 3600), 3.0)]}
