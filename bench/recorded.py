@@ -10,14 +10,24 @@ the rules' own evaluation costs beside it:
    live evaluator pays it, every rule as an instant query at hh:17 for `--live-hours` hours,
    projected to the month (a projection, labelled so). Store CPU from /proc, vmalert's own CPU
    from its rusage.
-3. `gpu-ledger meter --no-price` of the month with `--recorded never` and `--recorded only`,
-   alternated `--runs` times: client CPU, store CPU, peak RSS, wall; the facts of every run
-   must be identical (digest).
+3. How the recorded series are read, format by format (each signal's month in one request,
+   alternated `--runs` times): a range query (matrix.read), /api/v1/export JSON lines
+   (metering.vmexport.read), /api/v1/export/csv (label columns from /api/v1/labels, decoded by
+   Arrow's CSV reader into typed columns, then the same hour selection) and
+   /api/v1/export/native (store CPU and bytes only: not decoded). Store CPU from /proc, client
+   CPU of the decode in this process, answer bytes; every decoded format must give the same
+   points as the range query.
+4. `gpu-ledger meter --no-price` of the month: raw series (`--recorded never`), recorded
+   series by range queries (`--recorded only --recorded-read query_range`) and by export
+   (`--recorded only --recorded-read export`), alternated `--runs` times: client CPU, store
+   CPU, peak RSS, wall; the facts of every run must be identical (digest).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import resource
 import shutil
 import subprocess
@@ -30,10 +40,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+
 from alerts.generate import METERING_VM_FILE
 from bench.common import machine, say, table, write_json
 from bench.scale import Fleet, Victoria, run_stage
-from metering.signals import SIGNALS
+from metering import matrix, vmexport
+from metering.signals import HOUR_S, SIGNALS
 
 # vmalert's remote-write queue: replay pushes a month of every series of a rule at once, and
 # the default queue (100,000 entries, one writer) drops what does not fit ("queue is full").
@@ -109,17 +124,126 @@ def _children_cpu() -> float:
     return u.ru_utime + u.ru_stime
 
 
+# How each meter run reads the month: --recorded and --recorded-read.
+MODES = {"raw": ("never", "query_range"), "recorded query_range": ("only", "query_range"),
+         "recorded export": ("only", "export")}
+
+
 def meter(vm: Victoria, month: str, mode: str, work: Path) -> dict[str, Any]:
-    db = work / f"{mode}.duckdb"
+    recorded, read = MODES[mode]
+    db = work / f"{mode.replace(' ', '-')}.duckdb"
     db.unlink(missing_ok=True)
     store0 = vm.cpu_s()
     r = run_stage(["meter", "--prometheus", vm.url, "--month", month, "--db", str(db),
-                   "--no-price", "--verbose", "--recorded", mode])
+                   "--no-price", "--verbose", "--recorded", recorded,
+                   "--recorded-read", read])
     r["store_cpu_s"] = vm.cpu_s() - store0
     r["digest"] = _digest(db)
     split = [x for x in r.pop("stderr").splitlines() if x.startswith("meter: queries:")]
     r["split"] = split[0][len("meter: queries: "):] if split else ""
     return r
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=3600) as r:
+        body: bytes = r.read()
+    return body
+
+
+def _csv_points(body: bytes, names: list[str], first: int, last: int) -> matrix.Matrix:
+    """/api/v1/export/csv rows (label columns, value, unix ms) in typed Arrow columns, series
+    told apart by their label columns' dictionary codes, then the hour selection of
+    metering.vmexport."""
+    if not body:
+        return matrix.Matrix.empty()
+    cols = [*names, "v", "t"]
+    table = pa_csv.read_csv(
+        io.BytesIO(body), read_options=pa_csv.ReadOptions(column_names=cols, use_threads=False),
+        convert_options=pa_csv.ConvertOptions(
+            column_types={"v": pa.float64(), "t": pa.int64(),
+                          **{n: pa.dictionary(pa.int32(), pa.string()) for n in names}},
+            strings_can_be_null=False))
+    codes = np.stack([table.column(n).combine_chunks().indices.to_numpy() for n in names],
+                     axis=1) if names else np.zeros((table.num_rows, 1), np.int32)
+    uniq, line = np.unique(codes, axis=0, return_inverse=True)
+    dicts = [table.column(n).combine_chunks().dictionary.to_pylist() for n in names]
+    labels = [{n: dicts[j][int(c)] for j, (n, c) in enumerate(zip(names, row, strict=True))
+               if dicts[j][int(c)]} for row in uniq]
+    order = np.argsort(line.ravel(), kind="stable")
+    lengths = np.bincount(line.ravel(), minlength=len(uniq)).astype(np.int64)
+    return vmexport.hourly(labels, lengths, table.column("v").to_numpy()[order],
+                           table.column("t").to_numpy()[order], first, last)
+
+
+def _same(a: matrix.Matrix, b: matrix.Matrix) -> bool:
+    return (a.keys == b.keys and np.array_equal(a.sid, b.sid) and np.array_equal(a.t, b.t)
+            and a.v.tobytes() == b.v.tobytes())
+
+
+def formats(vm: Victoria, start: datetime, end: datetime, runs: int) -> dict[str, Any]:
+    """Every recorded signal's month read in each format, alternated `runs` times."""
+    first = int(start.timestamp())
+    last = int(end.timestamp())  # evaluation hours first..last, as meter reads a chunk
+    out: dict[str, dict[str, list[float]]] = {}
+    refs: dict[str, matrix.Matrix] = {}  # each signal's range query answer, series sorted
+    same = True
+    for _ in range(runs):
+        for fmt in ("query_range", "export", "export/csv", "export/native"):
+            store0, client, size = vm.cpu_s(), 0.0, 0
+            for spec in SIGNALS:
+                sel = spec.recorded_selector()
+                rng = urllib.parse.urlencode(vmexport.params(sel, first, last))
+                if fmt == "query_range":
+                    q = urllib.parse.urlencode({"query": spec.recorded_promql(),
+                                                "start": first, "end": f"{last}.001",
+                                                "step": HOUR_S, "nocache": 1})
+                    body = _get(f"{vm.url}/api/v1/query_range?{q}")
+                    c0 = time.process_time()
+                    got = matrix.read(body)
+                    client += time.process_time() - c0
+                    if got is None:
+                        raise SystemExit(f"query_range of {spec.name}: not a matrix")
+                    got = matrix.Matrix([{k: v for k, v in m.items() if k != "__name__"}
+                                         for m in got.labels], got.keys, got.sid, got.t, got.v)
+                    refs[spec.name] = _sorted(got)
+                elif fmt == "export":
+                    body = _get(f"{vm.url}/api/v1/export?{rng}")
+                    c0 = time.process_time()
+                    got = vmexport.read(body, first, last)
+                    client += time.process_time() - c0
+                elif fmt == "export/csv":
+                    q = urllib.parse.urlencode([("match[]", sel), ("start", first),
+                                                ("end", f"{last + HOUR_S - 1}.999")])
+                    data = json.loads(_get(f"{vm.url}/api/v1/labels?{q}"))["data"]
+                    names = sorted(n for n in data if n != "__name__")
+                    form = ",".join([*names, "__value__", "__timestamp__:unix_ms"])
+                    body = _get(f"{vm.url}/api/v1/export/csv?{rng}&"
+                                + urllib.parse.urlencode({"format": form}))
+                    c0 = time.process_time()
+                    got = _csv_points(body, names, first, last)
+                    client += time.process_time() - c0
+                else:
+                    body = _get(f"{vm.url}/api/v1/export/native?{rng}")
+                    got = None
+                size += len(body)
+                if got is not None and fmt != "query_range":
+                    same = same and _same(got, refs[spec.name])
+            row = out.setdefault(fmt, {"store_cpu_s": [], "client_cpu_s": [], "mib": []})
+            row["store_cpu_s"].append(vm.cpu_s() - store0)
+            row["client_cpu_s"].append(client)
+            row["mib"].append(size / 2**20)
+    return {"formats": out, "same_points": same}
+
+
+def _sorted(m: matrix.Matrix) -> matrix.Matrix:
+    """A range query's matrix with its series in series_key order (export's order)."""
+    rank = sorted(range(len(m.keys)), key=m.keys.__getitem__)
+    remap = np.empty(len(rank), np.int64)
+    remap[rank] = np.arange(len(rank))
+    sid = remap[m.sid]
+    order = np.lexsort((m.t, sid))
+    return matrix.Matrix([m.labels[i] for i in rank], [m.keys[i] for i in rank], sid[order],
+                         m.t[order], m.v[order])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,14 +284,17 @@ def main(argv: list[str] | None = None) -> int:
         res["import"] = {"samples": fleet.samples, "series": fleet.series}
         say(f"recorded: {gpus} GPUs, {fleet.samples:,} samples, {fleet.series:,} series")
         # The raw ingest first, before any recorded series exist (as today).
-        runs: dict[str, list[dict[str, Any]]] = {"raw": [meter(vm, args.month, "never", work)]}
+        runs: dict[str, list[dict[str, Any]]] = {"raw": [meter(vm, args.month, "raw", work)]}
         res["replay"] = replay(vm, start - timedelta(minutes=43),
                                end + timedelta(minutes=17), work)
         res["live"] = live(vm, start, args.live_hours)
-        runs["recorded"] = [meter(vm, args.month, "only", work)]
+        res["formats"] = formats(vm, start, end, args.runs)
+        for mode in MODES:
+            if mode != "raw":
+                runs[mode] = [meter(vm, args.month, mode, work)]
         for _ in range(args.runs - 1):
-            runs["raw"].append(meter(vm, args.month, "never", work))
-            runs["recorded"].append(meter(vm, args.month, "only", work))
+            for mode in MODES:
+                runs[mode].append(meter(vm, args.month, mode, work))
         res["runs"] = runs
     finally:
         vm.close()
@@ -183,15 +310,23 @@ def main(argv: list[str] | None = None) -> int:
              ", ".join(f"{r['wall_s']:.0f}" for r in rs)] for name, rs in runs.items()]
     say(table(["month-end ingest", "store CPU-s", "store CPU-ms / GPU-month (best)",
                "client CPU-s", "peak RSS MiB", "wall s"], rows))
+    fm = res["formats"]["formats"]
+    say(table(["recorded month read as", "store CPU-s", "client decode CPU-s", "answer MiB"],
+              [[name, ", ".join(f"{x:.2f}" for x in f["store_cpu_s"]),
+                ", ".join(f"{x:.2f}" for x in f["client_cpu_s"]) if name != "export/native"
+                else "not decoded", f"{f['mib'][0]:,.1f}"] for name, f in fm.items()]))
+    say(f"decoded formats give the range query's points bit for bit: "
+        f"{'yes' if res['formats']['same_points'] else '**no**'}")
     raw = min(r["store_cpu_s"] for r in runs["raw"])
-    rec = min(r["store_cpu_s"] for r in runs["recorded"])
+    ratios = {m: min(r["store_cpu_s"] for r in runs[m]) / raw for m in MODES if m != "raw"}
     rp, lv = res["replay"], res["live"]
     live_month = lv["store_cpu_s"] * hours / max(lv["hours"], 1)
-    res["summary"] = {"gpu_months": per, "store_ratio_recorded_to_raw": rec / raw,
+    res["summary"] = {"gpu_months": per, "store_ratio_to_raw": ratios,
                       "facts_identical": identical, "live_rules_store_cpu_s_month": live_month}
-    say(f"recorded / raw store CPU at month end: {rec / raw:.3f} (target <= 1/3: "
-        f"{'met' if rec / raw <= 1 / 3 else 'not met'}); facts identical in every run: "
-        f"{'yes' if identical else '**no**'}")
+    for m, ratio in ratios.items():
+        say(f"{m} / raw store CPU at month end: {ratio:.3f} (target <= 1/3: "
+            f"{'met' if ratio <= 1 / 3 else 'not met'})")
+    say(f"facts identical in every run: {'yes' if identical else '**no**'}")
     say(f"rule evaluation: vmalert -replay of the month {rp['wall_s']:.0f} s wall, store "
         f"{rp['store_cpu_s']:.1f} CPU-s, vmalert {rp['vmalert_cpu_s']:.1f} CPU-s; live "
         f"(instant queries at hh:17) {lv['store_cpu_s']:.1f} store CPU-s for {lv['hours']} h, "

@@ -33,6 +33,7 @@ from metering.pricing import PricingResult, price_period
 from metering.progress import Progress
 from metering.prometheus_source import PrometheusSource
 from metering.recorded import RecordedMode
+from metering.vmexport import RecordedRead
 from metering.workers import ParallelSource
 
 if TYPE_CHECKING:
@@ -122,6 +123,8 @@ class MeterSettings:
     jobs: int = 1
     # Read the hourly recording rules where complete for a chunk (metering.recorded).
     recorded: RecordedMode = RecordedMode.AUTO
+    # How they are read: VictoriaMetrics' /api/v1/export where it is one (metering.vmexport).
+    recorded_read: RecordedRead = RecordedRead.AUTO
 
 
 def meter(ledger: str | Path, source: Source, period: Period,
@@ -146,6 +149,7 @@ def meter(ledger: str | Path, source: Source, period: Period,
             source.planner.on_split = progress.message  # a store refused a query: say so
         if isinstance(source, PrometheusSource):
             source.recorded.mode = s.recorded
+            source.planner.recorded_read = s.recorded_read
             if progress is not None:  # recorded or raw, chunk by chunk
                 source.on_recorded = progress.message
         fetching: Source | ParallelSource = source

@@ -51,6 +51,7 @@ from metering.queryplan import (
 )
 from metering.recorded import RecordedMode
 from metering.selector import DEFAULT_SELECTOR, Selector, SelectorError
+from metering.vmexport import RecordedRead
 from metering.workers import available_cores
 
 DEFAULT_DB = "gpu-ledger.duckdb"
@@ -146,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "store has them for a whole chunk, else the raw series (auto, the "
                         "default); raw series only (never); recorded only, a chunk without "
                         "them an error (only). docs/metering.md, \"Recorded hourly series\"")
+    p.add_argument("--recorded-read", choices=[m.value for m in RecordedRead], default="auto",
+                   help="how recorded series are read: VictoriaMetrics' /api/v1/export where "
+                        "the store is VictoriaMetrics, else range queries (auto, the default); "
+                        "range queries on any store (query_range); export, an error where the "
+                        "store has none (export). docs/metering.md, \"Recorded hourly series\"")
     p.add_argument("--sample-interval", type=float, default=None, metavar="SECONDS",
                    help="seconds between exporter samples (default: detected per node)")
     p.add_argument("--no-price", action="store_true", help="ingest only")
@@ -262,7 +268,8 @@ def _run(args: argparse.Namespace) -> int:
                 resume=not args.no_resume, wait=args.wait,
                 adjust_closed=args.adjust_closed or args.daily, say=say, progress=progress,
                 price_progress=_price_progress(args), verbose=args.verbose,
-                jobs=jobs, recorded=RecordedMode(args.recorded)))
+                jobs=jobs, recorded=RecordedMode(args.recorded),
+                recorded_read=RecordedRead(args.recorded_read)))
         except BaseException:
             if fresh:
                 _drop_if_empty(Path(args.db))

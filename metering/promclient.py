@@ -142,6 +142,13 @@ class PromClient:
         self.queries += 1
         return answer
 
+    def export_answer(self, path: str, params: list[tuple[str, str]]) -> Answer:
+        """A bulk export of stored samples (VictoriaMetrics' /api/v1/export,
+        metering.vmexport), its answer undecoded."""
+        answer = self._fetch(self._base_path + path + "?" + urllib.parse.urlencode(params))
+        self.queries += 1
+        return answer
+
     def matrix(self, answer: Answer, promql: str) -> list[dict[str, Any]]:
         """data.result of an answer decoded by Python's json: the PromError of an answer that
         is not a success, not Prometheus, or has no result list."""

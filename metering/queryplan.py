@@ -35,12 +35,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from metering import matrix
+from metering import matrix, vmexport
 from metering.chunking import DEFAULT_INGEST_BUDGET, points_within
 from metering.matrix import Matrix
 from metering.period import Period
 from metering.promclient import Answer, PromClient, PromError
-from metering.signals import SIGNALS, SignalSpec
+from metering.signals import RECORDED_PREFIX, RECORDED_SUFFIX, SIGNALS, SignalSpec
+from metering.vmexport import EXPORT_PATH, RecordedRead
 
 HOUR_S = 3600
 # Prometheus's default --query.max-samples: the smallest default among the stores we target.
@@ -129,6 +130,7 @@ class SplitStats:
     recorded: int = 0
     recorded_partly: int = 0
     probes: int = 0  # range queries over the recorded series' markers (not in `queries`)
+    exported: int = 0  # recorded signal-chunks read by /api/v1/export (metering.vmexport)
 
     def describe(self) -> str:
         if self.max_shards == 1 and self.max_time_pieces == 1 and not self.refused:
@@ -148,6 +150,8 @@ class SplitStats:
             why += (f" ({self.recorded_partly} chunk(s) partly recorded, their other "
                     "signals raw)" if self.recorded_partly else "")
             why += f", checked by {self.probes} marker query(ies)"
+            why += (f"; {self.exported} of them read by VictoriaMetrics' {EXPORT_PATH}"
+                    if self.exported else "")
         return (f"{self.queries} range queries for {self.signal_queries} signal-chunks over "
                 f"up to {self.nodes} node(s) per chunk: {split}{extra}{why}")
 
@@ -158,8 +162,9 @@ class Answered:
 
     spec: SignalSpec
     piece: Piece
-    promql: str
+    promql: str  # the query, or the series selector of an export
     answer: Answer
+    exported: bool = False  # an /api/v1/export answer (metering.vmexport), not a matrix
 
 
 @dataclass(frozen=True)
@@ -215,6 +220,8 @@ class QueryPlanner:
         self._nodes: tuple[str, ...] | None = None
         self._chunk: Period | None = None
         self._metricsql: bool | None = None
+        self.recorded_read = RecordedRead.AUTO
+        self._export: bool | None = None
         self._lock = threading.Lock()  # _learned: sent from one thread, decoded in another
         # Chunks fetched in node groups, noted before the first group is sent (ingest stages
         # their facts group by group: metering.facts)
@@ -232,6 +239,32 @@ class QueryPlanner:
                 self._metricsql = False
             self.stats.metricsql = self._metricsql
         return self._metricsql
+
+    def exports(self) -> bool:
+        """Whether recorded series are read by /api/v1/export (metering.vmexport): with
+        `recorded_read` auto, where the store is VictoriaMetrics, told once by MetricsQL
+        (only VictoriaMetrics speaks it) and its export endpoint answering an empty selection
+        in its format; Prometheus has no such endpoint (404)."""
+        if self.recorded_read is RecordedRead.QUERY_RANGE:
+            return False
+        if self._export is None:
+            why = "" if self.metricsql() else "no MetricsQL"
+            if not why:
+                nothing = f'{RECORDED_PREFIX}up_count{RECORDED_SUFFIX}{{{SHARD_LABEL}="-"}}'
+                try:
+                    answer = self.client.export_answer(EXPORT_PATH,
+                                                       vmexport.params(nothing, 0, 0))
+                    if answer.status != 200:
+                        why = f"HTTP {answer.status}"
+                    else:
+                        vmexport.read(answer.body, 0, 0)
+                except (PromError, vmexport.BadExport) as exc:
+                    why = str(exc)
+            self._export = not why
+            if why and self.recorded_read is RecordedRead.EXPORT:
+                raise PromError(f"{self.client.url}: --recorded-read export: no "
+                                f"VictoriaMetrics {EXPORT_PATH} ({why})")
+        return self._export
 
     # --- nodes ----------------------------------------------------------------------------
 
@@ -456,17 +489,27 @@ class QueryPlanner:
                                room + len(f'{SHARD_LABEL}=~""'))
         self.stats.signal_queries += 1
         self.stats.recorded += recorded
+        exported = recorded and self.exports()
+        self.stats.exported += exported
         answered: list[Piece] = []
         todo = list(reversed(pieces))
         while todo:
             piece = todo.pop()
-            promql = self._promql(spec, window, self._with_selector("", piece.matcher()),
-                                  recorded, metricsql)
+            match = self._with_selector("", piece.matcher())
+            promql = (spec.recorded_selector(match) if exported
+                      else self._promql(spec, window, match, recorded, metricsql))
             try:
-                answer = self.client.query_range_answer(promql, piece.first, piece.last,
-                                                        HOUR_S)
-                if answer.status != 200:
-                    self.client.matrix(answer, promql)  # raises the store's error
+                if exported:
+                    answer = self.client.export_answer(
+                        EXPORT_PATH, vmexport.params(promql, piece.first, piece.last))
+                    if answer.status != 200:
+                        raise PromError(f"{self.client.url}: {EXPORT_PATH} of {promql!r}: "
+                                        f"HTTP {answer.status}: {_first_line(answer.body)}")
+                else:
+                    answer = self.client.query_range_answer(promql, piece.first, piece.last,
+                                                            HOUR_S)
+                    if answer.status != 200:
+                        self.client.matrix(answer, promql)  # raises the store's error
             except PromError as exc:
                 if not is_limit_error(exc):
                     raise
@@ -486,7 +529,7 @@ class QueryPlanner:
                 continue
             self.stats.queries += 1
             answered.append(piece)
-            yield Answered(spec, piece, promql, answer)
+            yield Answered(spec, piece, promql, answer, exported)
         shards = {p.nodes for p in answered}
         self.stats.max_shards = max(self.stats.max_shards, len(shards))
         self.stats.max_time_pieces = max(
@@ -505,6 +548,12 @@ class QueryPlanner:
 
     def _decode(self, sent: Answered, seen: matrix.Labels | None) -> Matrix:
         answer = sent.answer
+        if sent.exported:
+            try:
+                return vmexport.read(answer.body, sent.piece.first, sent.piece.last)
+            except vmexport.BadExport as exc:
+                raise PromError(f"{self.client.url}: {EXPORT_PATH} of {sent.promql!r}: {exc}"
+                                ) from None
         if answer.status == 200:
             m = matrix.read(answer.body, seen)
             if m is not None:
@@ -569,6 +618,12 @@ class QueryPlanner:
 def _alternative(node: str) -> str:
     """A node name as one alternative of the shard matcher's regex, quoted for PromQL."""
     return _REGEX_META.sub(r"\\\1", node).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _first_line(body: bytes) -> str:
+    # Whole: VictoriaMetrics puts the limit it hit at the end of a long line.
+    text = body.decode("utf-8", "replace").strip()
+    return (text.splitlines() or ["no message"])[0][:4000]
 
 
 def _time_ranges(first: int, last: int, hours: int) -> list[tuple[int, int]]:

@@ -97,11 +97,15 @@ class SignalSpec:
                 f"or label_replace(last_over_time((vector(time()) - 3600){at_hour}), "
                 f'"{MARK_LABEL}", "{self.name}", "", "")')
 
-    def recorded_promql(self, match: str = "") -> str:
-        """Range query (step 1h) of the recorded series: at E, what `promql` gives at E."""
+    def recorded_selector(self, match: str = "") -> str:
+        """The signal's recorded series (not its marker) with `match` (more matchers)."""
         matchers = [f'{MARK_LABEL}=""', *(f'{label}!=""' for label in self.nonempty)]
         matchers += [match] if match else []
-        return f"last_over_time({self.recorded}{{{','.join(matchers)}}}{RECORDED_READ})"
+        return f"{self.recorded}{{{','.join(matchers)}}}"
+
+    def recorded_promql(self, match: str = "") -> str:
+        """Range query (step 1h) of the recorded series: at E, what `promql` gives at E."""
+        return f"last_over_time({self.recorded_selector(match)}{RECORDED_READ})"
 
     def keeps(self, labels: Mapping[str, str]) -> bool:
         return all(labels.get(label) for label in self.nonempty)

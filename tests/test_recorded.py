@@ -120,16 +120,26 @@ def samples(fleet_om_file: Path) -> list[tuple[str, int]]:
 
 def test_victoria_metrics_recorded_series_bill_as_the_raw_ones(
         samples: list[tuple[str, int]], tmp_path: Path) -> None:
-    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    """Read by VictoriaMetrics' /api/v1/export (its default there) and by range queries:
+    both bill as the raw series. A second evaluator at hh:43 (an HA pair's other member)
+    gives every series-hour two recorded samples."""
+    raw, rec, ranged = (tmp_path / f"{n}.duckdb" for n in ("raw", "recorded", "ranged"))
     with running_victoria(tmp_path / "vm") as url:
         vm_import(url, _prometheus_text(samples))
         _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        _replay(url, METERING_VM_FILE, REPLAY_FROM.replace(":17:", ":43:"), REPLAY_TO,
+                tmp_path / "replay2.log")
         raw_out = _meter(url, raw, "--recorded", "never")
         rec_out = _meter(url, rec, "--recorded", "only")
+        ranged_out = _meter(url, ranged, "--recorded", "only", "--recorded-read", "query_range")
     n = len(SIGNALS)
     assert f"{n} of {n} signal-chunks from the recorded hourly series" in rec_out, rec_out
+    assert f"{n} of them read by VictoriaMetrics' /api/v1/export" in rec_out, rec_out
+    assert f"{n} of {n} signal-chunks from the recorded" in ranged_out
+    assert "/api/v1/export" not in ranged_out and "/api/v1/export" not in raw_out
     assert "recorded hourly series" not in raw_out
     assert _same_ledger(raw, rec) > 400
+    assert _same_ledger(raw, ranged) > 400
     # The copies were seen, and counted once, on both paths.
     assert "coverage: 0 duplicate" not in raw_out and "coverage: 0 duplicate" not in rec_out
 
@@ -203,8 +213,16 @@ def test_prometheus_rules_backfilled_by_promtool_bill_as_the_raw_series(
         shutil.move(str(block), data / block.name)
     with running_prometheus(data) as url:
         rec_out = _meter(url, tmp_path / "recorded.duckdb", "--recorded", "only")
+        err = io.StringIO()
+        with redirect_stderr(err):  # Prometheus has no /api/v1/export: one line, no ledger
+            rc = main(["--prometheus", url, *DAY_ARGS, "--db", str(tmp_path / "x.duckdb"),
+                       "--recorded-read", "export", "--retries", "0", "-q"])
     n = len(SIGNALS)
     assert f"{n} of {n} signal-chunks from the recorded hourly series" in rec_out, rec_out
+    assert "/api/v1/export" not in rec_out  # range queries on Prometheus
+    assert rc != 0 and len(err.getvalue().strip().splitlines()) == 1, err.getvalue()
+    assert "--recorded-read export: no VictoriaMetrics /api/v1/export" in err.getvalue()
+    assert not (tmp_path / "x.duckdb").exists()
     assert "coverage: 0 duplicate" not in raw_out
     assert _same_ledger(tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb") > 400
 
@@ -251,4 +269,21 @@ def test_recorded_nodes_listed_family_by_family_under_a_series_limit(
         out = _meter(url, rec)
     n = len(SIGNALS)
     assert f"{n} of {n} signal-chunks from the recorded hourly series" in out, out
+    assert _same_ledger(raw, rec) > 400
+
+
+def test_an_export_over_the_series_limit_is_split_by_node(
+        samples: list[tuple[str, int]], tmp_path: Path) -> None:
+    """Under -search.maxExportSeries=7 VictoriaMetrics refuses the export of a signal whose
+    series on both nodes are more (HTTP 400, "the number of matching timeseries exceeds 7"):
+    the export is split by node as a range query is, and the bill is still the raw one."""
+    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    with running_victoria(tmp_path / "vm", "-search.maxExportSeries=7") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        _meter(url, raw, "--recorded", "never")
+        out = _meter(url, rec, "--recorded", "only")
+    n = len(SIGNALS)
+    assert f"{n} of them read by VictoriaMetrics' /api/v1/export" in out, out
+    assert "refused by the store's limits and split again" in out, out
     assert _same_ledger(raw, rec) > 400
