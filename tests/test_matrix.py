@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from metering import matrix
 from metering.matrix import Matrix
+from metering.signals import series_key
 
 LABEL = st.text(st.characters(codec="utf-8", exclude_characters="\x1f\x00"), max_size=8)
 VALUE = st.one_of(st.integers(-10**12, 10**12).map(str),
@@ -214,3 +215,19 @@ def test_a_label_value_that_is_not_text_is_left_to_json(metric: bytes) -> None:
             b'"2"]]}]}}')
     assert matrix.read(body) is None
     _json_matrix(body)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.dictionaries(st.text(max_size=6), st.text(max_size=12), max_size=5),
+                min_size=1, max_size=5))
+def test_label_maps_in_store_order_are_keyed_from_their_text(
+        metrics: list[dict[str, str]]) -> None:
+    """Names in order and UTF-8 unescaped, as stores write them: the keys cut from the maps'
+    text are series_key's."""
+    result = [{"metric": m, "values": [[1790812800, "1"]]} for m in metrics]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}},
+                      separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode()
+    got = matrix.read(body)
+    assert got is not None
+    _same(got, _json_matrix(body))
+    assert got.keys == [series_key(m) for m in metrics]
