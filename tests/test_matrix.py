@@ -231,3 +231,44 @@ def test_label_maps_in_store_order_are_keyed_from_their_text(
     assert got is not None
     _same(got, _json_matrix(body))
     assert got.keys == [series_key(m) for m in metrics]
+
+
+@pytest.mark.parametrize(("metrics", "cut"), [
+    ([{"": "", "a": ":x"}, {"a": ",y", "b": "}{x"}, {"a": "],[", "b": "=", "c": ""}], True),
+    ([{"a": "", "b": ""}, {"a": "é", "b": "日本"}, {"label_team": "x", "node": "n"}], True),
+    ([{"a": "},{x"}, {"b": "y},{z"}, {":a": "b,"}], True),
+    # A string that is exactly a separator: refused, keyed by series_key; so is one that ends
+    # in `{`, `,` or `:` before a separator (the check cannot tell them apart).
+    ([{"a": "x:"}, {"b": "1"}], False), ([{"a": "}{"}, {"b": "1"}], False),
+    ([{"a": ":"}], False), ([{":": "b"}], False), ([{"a": ","}], False), ([{",": "b"}], False),
+    ([{"a": "},{"}], False), ([{"a": ""}, {"},{": ""}], False),
+    ([{"a": "1", "b": ":"}, {"a": ":", "b": ":"}], False),
+])
+def test_keys_cut_from_plain_label_text_are_series_keys(metrics: list[dict[str, str]],
+                                                        cut: bool) -> None:
+    """Separators' characters inside names and values (no quote, no backslash): the keys cut
+    from the text are series_key's, or the text is refused where a string is a separator."""
+    result = [{"metric": m, "values": [[1790812800, "1"]]} for m in metrics]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}},
+                      separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode()
+    joined = b",".join(json.dumps(m, separators=(",", ":"), ensure_ascii=False,
+                                  sort_keys=True).encode() for m in metrics)
+    keys = matrix._keys(joined, [dict(sorted(m.items())) for m in metrics])
+    assert keys == ([series_key(m) for m in metrics] if cut else None)
+    got = matrix.read(body)
+    assert got is not None
+    _same(got, _json_matrix(body))
+
+
+@pytest.mark.parametrize("metric", [
+    b'{ "a":"1","b":"2"}', b'{"a":"1", "b":"2"}', b'{"a":"1","b":"2" }', b'{"a" :"1"}',
+    b'{"a": "1"}', b'{"a":"1","b":"2"}\n',
+])
+def test_label_maps_with_whitespace_are_read_as_json_reads_them(metric: bytes) -> None:
+    body = (b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":' + metric
+            + b',"values":[[1790812800,"1"]]},{"metric":' + metric.strip() + b',"values":'
+            b'[[1790816400,"2"]]}]}}')
+    got = matrix.read(body)
+    if got is not None:
+        _same(got, _json_matrix(body))
+        assert got.keys == ["a=1\x1fb=2"] * 2 or got.keys == ["a=1"] * 2
