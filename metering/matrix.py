@@ -144,8 +144,9 @@ def _series_points(points: list[Any]) -> tuple[np.ndarray, np.ndarray]:
 # `},"values":[` (a label map's end) and `]},{"metric":` (an entry's end), found by numpy over
 # the whole answer (a marker holds a `"` after another character, so it cannot be inside a
 # JSON string, where every `"` is escaped); every entry's label map by one json call over all
-# of them; every point by Arrow's CSV parser into typed float64 columns. The entries' points
-# texts are cut out and joined, and one byte translation makes each point a CSV row:
+# of them, and their series keys by replacements over their text (_keys); every point by
+# Arrow's CSV parser into typed float64 columns. The entries' points texts are cut out and
+# joined, and one byte translation makes each point a CSV row:
 # `:[[t,"v"],[t,"v"]]` -> `X,,t,"v"` `,,t,"v"` (`:`->X marks an entry's first point, `[`->`,`,
 # `]`->newline). A value stays quoted, so nothing inside it can make a row or a column; a row
 # of another shape fails the parse. Arrow's float parser reads a subset of the spellings
@@ -273,15 +274,36 @@ def _labels(body: bytes, e: _Entries, seen: Labels) -> tuple[list[dict[str, str]
         decoded = json.loads(b"[" + joined + b"]")
         if len(decoded) != len(new):
             raise _Odd
-        if not _all_text(joined, decoded):
+        plain = _all_text(joined, decoded)
+        if not plain:
             for m in decoded:
                 if not isinstance(m, dict) or not all(isinstance(v, str) for v in m.values()):
                     raise _Odd
-        # series_key one map at a time: cutting the keys from the label text at once (byte
-        # replacements over all maps) measured no cheaper (docs/performance.md).
-        seen.update(zip(new, zip(decoded, map(series_key, decoded), strict=True), strict=True))
+        keys = _keys(joined, decoded) if plain else None
+        seen.update(zip(new, zip(decoded, keys or map(series_key, decoded), strict=True),
+                        strict=True))
     got = list(map(seen.__getitem__, metrics))
     return [m for m, _ in got], [k for _, k in got]
+
+
+def _keys(joined: bytes, decoded: list[dict[str, str]]) -> list[str] | None:
+    """series_key of each label map, cut from their joined text at once, where _all_text
+    holds: no name or value holds a `"` (no backslash), so every `"` opens or closes a string,
+    and as many `":` as names (none begins with `:`, so none is `:`). Replacing `":"` (a
+    name's end and its value's start) by `=` and then `","` (a value's end and the next
+    name's start) by 0x1f, and splitting at `"},{"` (two maps), gives the keys: a string
+    that is `,` or `},{` has lost a quote to an earlier replacement by then (tests/
+    test_matrix.py tries such texts). Only if each map's names are in order (as stores write
+    them) and none is __name__, and no whitespace lies between the strings (as many `","`
+    and `"},{"` as labels and maps); None otherwise (series_key of each map then)."""
+    labels = sum(map(len, decoded))
+    if joined[:2] != b'{"' or joined[-2:] != b'"}' or b"{}" in joined \
+            or joined.count(b'","') != labels - len(decoded) \
+            or joined.count(b'"},{"') != len(decoded) - 1 or b'"__name__":' in joined \
+            or not all([list(m) == sorted(m) for m in decoded]):
+        return None
+    keys = joined[2:-2].decode().replace('":"', "=").replace('","', "\x1f").split('"},{"')
+    return keys if len(keys) == len(decoded) else None
 
 
 def _all_text(joined: bytes, decoded: list[Any]) -> bool:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from metering import matrix
 from metering.matrix import Matrix
+from metering.signals import series_key
 
 LABEL = st.text(st.characters(codec="utf-8", exclude_characters="\x1f\x00"), max_size=8)
 VALUE = st.one_of(st.integers(-10**12, 10**12).map(str),
@@ -214,3 +215,78 @@ def test_a_label_value_that_is_not_text_is_left_to_json(metric: bytes) -> None:
             b'"2"]]}]}}')
     assert matrix.read(body) is None
     _json_matrix(body)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.dictionaries(st.text(max_size=6), st.text(max_size=12), max_size=5),
+                min_size=1, max_size=5))
+def test_label_maps_in_store_order_are_keyed_from_their_text(
+        metrics: list[dict[str, str]]) -> None:
+    """Names in order and UTF-8 unescaped, as stores write them: the keys cut from the maps'
+    text are series_key's."""
+    result = [{"metric": m, "values": [[1790812800, "1"]]} for m in metrics]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}},
+                      separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode()
+    got = matrix.read(body)
+    assert got is not None
+    _same(got, _json_matrix(body))
+    assert got.keys == [series_key(m) for m in metrics]
+
+
+@pytest.mark.parametrize(("metrics", "cut"), [
+    ([{"a": "", "b": ""}, {"a": "é", "b": "日本"}, {"label_team": "x", "node": "n"}], True),
+    ([{"a": "x:", "b": "}{x"}, {"a": "],[", "b": "=", "c": "a b"}], True),
+    # Strings that are or hold the separators: cut right, or refused (series_key then).
+    ([{"": "", "a": ":x"}, {"a": ",y", "b": "}{x"}], None),
+    ([{"a": "},{x"}, {"b": "y},{z"}, {":a": "b,"}], None),
+    ([{"a": ","}], None), ([{",": "b"}], None), ([{"a": "},{"}, {"b": "},{"}], None),
+    ([{"a": ""}, {"},{": ""}], None), ([{",": ",", "a": "},{"}, {"},{": ","}], None),
+    ([{"a": ":"}], False), ([{":": "b"}], False), ([{"a": "1", "b": ":x"}], False),
+])
+def test_keys_cut_from_plain_label_text_are_series_keys(metrics: list[dict[str, str]],
+                                                        cut: bool | None) -> None:
+    """Separators' characters inside names and values (no quote, no backslash): the keys cut
+    from the text are series_key's, or the text is refused (cut None: either)."""
+    result = [{"metric": m, "values": [[1790812800, "1"]]} for m in metrics]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}},
+                      separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode()
+    joined = b",".join(json.dumps(m, separators=(",", ":"), ensure_ascii=False,
+                                  sort_keys=True).encode() for m in metrics)
+    decoded = [dict(sorted(m.items())) for m in metrics]
+    keys = matrix._keys(joined, decoded) if matrix._all_text(joined, decoded) else None
+    want = [series_key(m) for m in metrics]
+    assert keys in ([want, None] if cut is None else [want] if cut else [None])
+    got = matrix.read(body)
+    assert got is not None
+    _same(got, _json_matrix(body))
+
+
+@pytest.mark.parametrize("metric", [
+    b'{ "a":"1","b":"2"}', b'{"a":"1", "b":"2"}', b'{"a":"1","b":"2" }', b'{"a" :"1"}',
+    b'{"a": "1"}', b'{"a":"1","b":"2"}\n',
+])
+def test_label_maps_with_whitespace_are_read_as_json_reads_them(metric: bytes) -> None:
+    body = (b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":' + metric
+            + b',"values":[[1790812800,"1"]]},{"metric":' + metric.strip() + b',"values":'
+            b'[[1790816400,"2"]]}]}}')
+    got = matrix.read(body)
+    if got is not None:
+        _same(got, _json_matrix(body))
+        assert got.keys == ["a=1\x1fb=2"] * 2 or got.keys == ["a=1"] * 2
+
+
+SEPARATORS = st.text(alphabet=':,{}a="', max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.dictionaries(SEPARATORS, SEPARATORS, max_size=4), min_size=1, max_size=4))
+def test_label_text_made_of_separators_is_keyed_as_series_key_keys_it(
+        metrics: list[dict[str, str]]) -> None:
+    """Names and values made of the characters the keys are cut at, in store order."""
+    result = [{"metric": m, "values": [[1790812800, "1"]]} for m in metrics]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}},
+                      separators=(",", ":"), sort_keys=True).encode()
+    got = matrix.read(body)
+    assert got is not None
+    assert got.keys == [series_key(m) for m in metrics]
+    _same(got, _json_matrix(body))
