@@ -13,9 +13,12 @@ times too.
 
 from __future__ import annotations
 
+import http.server
 import io
 import shutil
 import subprocess
+import threading
+import urllib.request
 from contextlib import redirect_stderr
 from pathlib import Path
 
@@ -287,3 +290,48 @@ def test_an_export_over_the_series_limit_is_split_by_node(
     assert f"{n} of them read by VictoriaMetrics' /api/v1/export" in out, out
     assert "refused by the store's limits and split again" in out, out
     assert _same_ledger(raw, rec) > 400
+
+
+class _Cutting(http.server.BaseHTTPRequestHandler):
+    """Forwards to VictoriaMetrics; an export answer (not the empty probe's) comes back cut
+    mid-line or with garbage after it, with HTTP 200, as a broken proxy would send it."""
+
+    upstream = ""
+    mode = "cut"
+
+    def do_GET(self) -> None:
+        with urllib.request.urlopen(self.upstream + self.path, timeout=60) as r:
+            body, status = r.read(), r.status
+        if self.path.startswith("/api/v1/export?") and body:
+            body = body[:len(body) // 2] if self.mode == "cut" else body + b"<html>oops\n"
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("mode", ["cut", "garbage"])
+def test_a_bad_export_answer_is_one_line_and_writes_nothing(
+        samples: list[tuple[str, int]], tmp_path: Path, mode: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        handler = type("H", (_Cutting,), {"upstream": url, "mode": mode})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            db = tmp_path / "ledger.duckdb"
+            rc = main(["--prometheus", f"http://127.0.0.1:{server.server_address[1]}",
+                       *DAY_ARGS, "--db", str(db), "--recorded", "only", "--retries", "0",
+                       "-q"])
+        finally:
+            server.shutdown()
+            server.server_close()
+    err = capsys.readouterr().err
+    assert rc != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "/api/v1/export of 'gpu_ledger:" in err, err
+    assert not db.exists()
