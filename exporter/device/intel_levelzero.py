@@ -81,6 +81,18 @@ class LevelZero:
         name = bytes(props.core.name).split(b"\0", 1)[0].decode("utf-8", "replace").strip()
         return name or None
 
+    def uuid(self, bdf: str) -> bytes | None:
+        """The device's 16-byte UUID (`zesDeviceGetProperties` `core.uuid.id`); what it is
+        made of: exporter/device/identity.py `level_zero_id`."""
+        device = self._devices.get(bdf)
+        if device is None:
+            return None
+        props = self._zes.zes_device_properties_t()
+        props.stype = self._zes.ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES
+        if self._zes.zesDeviceGetProperties(device, ctypes.byref(props)) != SUCCESS:
+            return None
+        return bytes(props.core.uuid.id)
+
     def subdevices(self, bdf: str) -> int | None:
         """`numSubdevices` of `zesDeviceGetProperties`: the tiles (0 for a single-tile GPU)."""
         device = self._devices.get(bdf)
