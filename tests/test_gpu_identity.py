@@ -17,6 +17,7 @@ from test_clusters import T0, gpu_hour, meter, om, rows
 
 from exporter.cli import node_name_notice
 from exporter.device.amd import AmdBackend
+from exporter.device.contract import Tally
 from exporter.device.identity import (
     HardwareId,
     NodeAddress,
@@ -25,10 +26,13 @@ from exporter.device.identity import (
     level_zero_id,
     published_uuid,
 )
+from exporter.device.intel import IntelBackend
 from exporter.history import OpenMetricsHistory
 from gpu_ledger.demo import HISTORY_FAMILIES
 from gpusim.amdsmi_sim import mi300x_cpx_nps4
 from gpusim.cluster import SimCluster
+from gpusim.intel_sysfs import flex_host
+from gpusim.levelzero import SimZes, SimZesDevice, SimZesMemory, pci_uuid, telemetry_uuid
 from metering.cluster import ClusterScope
 from metering.costmodel import load_cost_model
 from metering.db import connect
@@ -245,3 +249,27 @@ def test_a_gpu_keeps_its_chip_uuid_when_the_library_misses_it_once() -> None:
     first = backend.inventory(None)
     sim.gpus[0].uuid = ""
     assert [g.uuid for g in backend.inventory(first).gpus] == [chip]
+
+
+def test_intel_uuid_from_level_zero_only_when_read_from_the_chip(tmp_path: Path) -> None:
+    """A Flex at 0000:4d:00.0: with compute-runtime's PCI-built UUID it is `<address>@n1`; with
+    a telemetry one it is that UUID, kept when Level Zero misses it once; its telemetry,
+    memory and process joins stay by address."""
+    flex_host(str(tmp_path), vfs=0)
+    dev = SimZesDevice((0, 0x4d, 0, 0), "Intel(R) Data Center GPU Flex 170",
+                       [SimZesMemory(16 << 30, 12 << 30)],
+                       uuid=pci_uuid(0x56C0, (0, 0x4D, 0, 0)))
+    b = IntelBackend(sysfs_root=str(tmp_path), proc_root=str(tmp_path / "no-proc"),
+                     sysman=lambda: (SimZes([dev]), ""), node="n1")
+    b.open()
+    inv = b.inventory(None)
+    assert [g.uuid for g in inv.gpus] == [f"{BDF}@n1"]
+    assert inv.static[f"{BDF}@n1"].pci_bdf == BDF
+    dev.uuid = telemetry_uuid(bytes.fromhex("0123456789abcdef"))
+    inv = b.inventory(None)
+    assert [g.uuid for g in inv.gpus] == ["01234567-89ab-cdef-0000-000000000000"]
+    t = b.telemetry(inv.gpus[0], Tally())
+    assert t.energy_joules == 1234.0 and t.memory is not None \
+        and t.memory.used_bytes == 4 << 30
+    dev.uuid = bytes(16)  # Level Zero gives none this time
+    assert [g.uuid for g in b.inventory(inv).gpus] == ["01234567-89ab-cdef-0000-000000000000"]
