@@ -28,7 +28,8 @@ def generate() -> str:
         " A label whose value is empty is omitted from the series, as Prometheus treats it.",
         "",
         "`uuid` names a GPU uniquely in the fleet (metering keys a GPU by it across a"
-        " cluster's nodes; exporter/device/identity.py, [backends.md](backends.md#device-identity)):"
+        " cluster's nodes; exporter/device/identity.py,"
+        " [backends.md](backends.md#device-identity)):"
         " NVIDIA: NVML's UUID (`GPU-…`); AMD: amdsmi's device UUID where it carries the ASIC's"
         " unique ID; Intel: Level Zero's device UUID where compute-runtime read it from the"
         " chip (Data Center GPU Max); every other GPU (Intel without Level Zero or with a"
