@@ -248,7 +248,10 @@ def test_a_gpu_keeps_its_chip_uuid_when_the_library_misses_it_once() -> None:
     backend.open()
     first = backend.inventory(None)
     sim.gpus[0].uuid = ""
-    assert [g.uuid for g in backend.inventory(first).gpus] == [chip]
+    again = backend.inventory(first)
+    assert [g.uuid for g in again.gpus] == [chip]
+    assert [m.uuid for m in again.migs] == [m.uuid for m in first.migs]  # its partitions' too
+    assert len({m.uuid for m in first.migs}) == 8 and chip not in {m.uuid for m in first.migs}
 
 
 def test_intel_uuid_from_level_zero_only_when_read_from_the_chip(tmp_path: Path) -> None:

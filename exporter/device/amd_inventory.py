@@ -83,8 +83,10 @@ def discover(api: AmdSmiApi, previous: Inventory | None = None, node: str = "") 
         group = sorted(members[bdf], key=lambda m: m.partition)
         try:
             old = known.get(bdf)
+            kept = {m.slot: m.uuid for m in previous.migs if m.parent == old} \
+                if old is not None and previous is not None else {}
             gpu, st, parts = _gpu(api, r, index, bdf, group, node,
-                                  None if old is None else old.uuid)
+                                  None if old is None else old.uuid, kept)
         except DeviceLost:
             old = known.get(bdf)
             if old is None or previous is None:
@@ -123,10 +125,14 @@ def _indexes(bdfs: list[str], previous: dict[str, int]) -> dict[str, int]:
 
 
 def _gpu(api: AmdSmiApi, r: AmdCalls, index: int, bdf: str, group: list[_Member], node: str,
-         known: str | None) -> tuple[GpuRef, GpuStatic, list[MigRef]]:
+         known: str | None, known_parts: dict[int, str]
+         ) -> tuple[GpuRef, GpuStatic, list[MigRef]]:
+    """`known`, `known_parts`: the GPU's uuid and its partitions' by slot in the previous
+    inventory, kept where amdsmi gives no UUID this time."""
     primary = group[0].handle
     chip = amdsmi_id(text(r.call(api.amdsmi_get_gpu_device_uuid, primary)))
-    uuid = published_uuid(identity(chip, node, bdf)) if chip or known is None else known
+    kept = chip is None and known is not None
+    uuid = known if kept and known is not None else published_uuid(identity(chip, node, bdf))
     model = text((r.call(api.amdsmi_get_gpu_asic_info, primary) or {}).get("market_name"))
     partitioned = len(group) > 1
     ref = GpuRef(index, uuid, model, partitioned, AmdGpu(bdf, tuple(m.handle for m in group)),
@@ -155,7 +161,8 @@ def _gpu(api: AmdSmiApi, r: AmdCalls, index: int, bdf: str, group: list[_Member]
         seen: set[str] = {uuid}
         for slot, m in enumerate(group):
             own = amdsmi_id(text(r.call(api.amdsmi_get_gpu_device_uuid, m.handle)))
-            part_uuid = own.value if own is not None and chip is not None else ""
+            part_uuid = known_parts.get(slot, "") if kept else \
+                own.value if own is not None and chip is not None else ""
             if not part_uuid or part_uuid in seen:  # a library giving partitions no own UUID
                 part_uuid = f"{uuid}/{slot}"
             seen.add(part_uuid)
