@@ -130,6 +130,21 @@ def options_from(args: argparse.Namespace) -> ExporterOptions:
     )
 
 
+def node_name_notice(node: str, argv: list[str]) -> str | None:
+    """One line when the node name is not the Kubernetes node's: it names the GPUs that have
+    no chip-derived UUID (`<PCI address>@<node>`, exporter/device/identity.py)."""
+    if not node:
+        return ("no node name (--node-name is empty): AMD and Intel GPUs without a "
+                "chip-derived UUID are published under their bare PCI address, which metering "
+                "refuses when two nodes report it")
+    given = any(a == "--node-name" or a.startswith("--node-name=") for a in argv)
+    if not given and not os.environ.get("NODE_NAME"):
+        return (f"NODE_NAME is not set: the node name is the hostname {node!r}, which also "
+                "names GPUs without a chip-derived UUID (<PCI address>@<node>); set NODE_NAME "
+                "from spec.nodeName so they keep their name when the pod is replaced")
+    return None
+
+
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -144,9 +159,12 @@ def main(argv: list[str]) -> int:
         host, port = parse_listen(args.listen)
         options = options_from(args)
         web_config = load_web_config(args.web_config) if args.web_config else None
+        notice = node_name_notice(options.node, argv)
+        if notice:
+            logging.getLogger("exporter").warning("%s", notice)
         backend = load_backends(args.device_backend, LoadSpec(
             nvml=args.nvml, amdsmi=args.amdsmi, sysfs_root=options.sysfs_root,
-            proc_root=options.proc_root))
+            proc_root=options.proc_root, node=options.node))
     except (ConfigError, ValueError, OSError) as err:
         print(f"gpu-ledger exporter: {err}", file=sys.stderr)
         return 1

@@ -27,6 +27,17 @@ def generate() -> str:
         " `gpu_memory_used_bytes * on(uuid) group_left(namespace, pod) gpu_container_allocation`."
         " A label whose value is empty is omitted from the series, as Prometheus treats it.",
         "",
+        "`uuid` names a GPU uniquely in the fleet (metering keys a GPU by it across a"
+        " cluster's nodes; exporter/device/identity.py,"
+        " [backends.md](backends.md#device-identity)):"
+        " NVIDIA: NVML's UUID (`GPU-…`); AMD: amdsmi's device UUID where it carries the ASIC's"
+        " unique ID; Intel: Level Zero's device UUID where compute-runtime read it from the"
+        " chip (Data Center GPU Max); every other GPU (Intel without Level Zero or with a"
+        " PCI-built UUID, AMD without a unique ID): `<PCI address>@<node>`"
+        " (`0000:4d:00.0@gpu-node-7`). A partition's `mig_uuid` is its own chip-derived UUID or"
+        " `<uuid>/<n>` (`<uuid>/tile<n>` for an Intel tile). `gpu_info`'s `pci_bus_id` stays the"
+        " address.",
+        "",
         "Families marked *pod labels* also carry allow-listed pod labels as `label_<name>`"
         " (`--pod-labels`, default `team`).",
         "",

@@ -51,14 +51,15 @@ def load_backend(spec: str, clock: Callable[[], float] = time.time) -> DeviceBac
 AMD_SIMULATIONS = ("mi300x-cpx-nps4", "mxgpu-host")
 
 
-def load_amd_backend(spec: str, clock: Callable[[], float] = time.time) -> DeviceBackend:
+def load_amd_backend(spec: str, clock: Callable[[], float] = time.time,
+                     node: str = "") -> DeviceBackend:
     """The AMD backend: `real` -> amdsmi, imported by the backend's first open() (a node
     without libamd_smi.so gets one line and retries); `sim:mi300x-cpx-nps4` or
     `sim:mxgpu-host` -> the simulated amdsmi (gpusim/amdsmi_sim.py)."""
     from exporter.device.amd import AmdBackend
 
     if spec == "real":
-        return AmdBackend()
+        return AmdBackend(node=node)
     name = spec[4:] if spec.startswith("sim:") else ""
     if name not in AMD_SIMULATIONS:
         raise ConfigError("--amdsmi", "amdsmi", "'real' or 'sim:NAME' with NAME one of "
@@ -75,4 +76,4 @@ def load_amd_backend(spec: str, clock: Callable[[], float] = time.time) -> Devic
         vfs = [SimAmdVf(49_152, 8_192, "vm-a"), SimAmdVf(49_152, 30_720, "vm-b"),
                SimAmdVf(49_152), SimAmdVf(49_152)]
         sim = mxgpu_host(vfs=vfs, clock=clock)
-    return AmdBackend(sim.as_api())
+    return AmdBackend(sim.as_api(), node=node)

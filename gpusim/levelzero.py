@@ -37,10 +37,30 @@ class zes_mem_handle_t(ctypes.c_void_p):
     pass
 
 
+class ze_device_uuid_t(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_ubyte * 16)]
+
+
 class ze_device_properties_t(ctypes.Structure):
     _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
                 ("vendorId", ctypes.c_uint32), ("deviceId", ctypes.c_uint32),
-                ("name", ctypes.c_char * 256)]
+                ("uuid", ze_device_uuid_t), ("name", ctypes.c_char * 256)]
+
+
+def pci_uuid(device_id: int, bdf: tuple[int, int, int, int], revision: int = 0) -> bytes:
+    """The UUID compute-runtime builds from a device's PCI location where it reads none from
+    the chip (26.31.39395.13 zes_os_sysman_imp.cpp `DeviceUUID`: vendor 0x8086, device,
+    revision, domain as little-endian u16s, then bus, device, function, four zero bytes and
+    the subdevice, 0 for the root device)."""
+    domain, bus, dev, fn = bdf
+    return b"".join(v.to_bytes(2, "little") for v in (0x8086, device_id, revision, domain)) \
+        + bytes((bus, dev, fn, 0, 0, 0, 0, 0))
+
+
+def telemetry_uuid(chip_id: bytes) -> bytes:
+    """The UUID compute-runtime reads from a Data Center GPU Max's PMT telemetry: 8 bytes of
+    the chip's, then zeros, byte 15 the subdevice (product_helper_uuid_xehp_and_later.inl)."""
+    return chip_id[:8].ljust(16, b"\0")
 
 
 class zes_device_properties_t(ctypes.Structure):
@@ -129,6 +149,7 @@ class SimZesDevice:
     pci_rx: int | None = None
     pci_tx: int = 0
     timestamp_us: int = 0
+    uuid: bytes = bytes(16)  # core.uuid.id: pci_uuid() or telemetry_uuid(); zeros: none
 
 
 def _out(ref: Any) -> Any:
@@ -225,6 +246,7 @@ class SimZes:
         if dev is None:
             return ZE_RESULT_ERROR_INVALID_ARGUMENT
         _out(props).core.name = dev.name.encode()
+        _out(props).core.uuid.id[:] = list(dev.uuid)
         _out(props).numSubdevices = dev.subdevices
         return ZE_RESULT_SUCCESS
 

@@ -35,6 +35,7 @@ from typing import Any
 from exporter.device.amd import AmdBackend
 from exporter.device.contract import DeviceBackend
 from exporter.device.intel import IntelBackend
+from exporter.device.intel_sysfs import PVC_IDS
 from exporter.errors import ConfigError
 from gpusim.amdsmi_sim import SimAmdGpu, SimAmdProcess, SimAmdSmi, SimAmdVf
 from gpusim.intel_sysfs import IntelGpu, write_gpu
@@ -45,6 +46,8 @@ from gpusim.levelzero import (
     SimZesDevice,
     SimZesEngine,
     SimZesMemory,
+    pci_uuid,
+    telemetry_uuid,
 )
 from gpusim.model import stable_hex, stable_uuid
 from gpusim.node import container_id
@@ -164,7 +167,7 @@ class VendorNode:
         host = any(g.vfs for g in sc.gpus)
         self._amdsmi = SimAmdSmi(gpus, host=host, clock=self._clock, start=self.start)
         return AmdBackend(self._amdsmi.as_api(),
-                          clock_ns=lambda: int(self._clock() * 1e9))
+                          clock_ns=lambda: int(self._clock() * 1e9), node=sc.node)
 
     def _amd_refresh(self, t: float) -> None:
         procs: list[SimAmdProcess] = []
@@ -197,8 +200,8 @@ class VendorNode:
             tiles = g.partitions if g.profile == TILE else 1
             if g.mdevs:  # an integrated GPU (one a node): 00:02.0, i915
                 bdf, driver = "0000:00:02.0", "i915"
-            else:  # a tiled Max on other buses than the SR-IOV node's: the Intel backend's
-                # uuid is the PCI address, and metering keys a GPU by uuid fleet-wide
+            else:  # a tiled Max on other buses than the SR-IOV node's (different scenarios,
+                # different addresses: tests/test_gpu_identity.py puts two nodes at one)
                 bdf, driver = f"0000:{(0x29 if tiles > 1 else 0x4d) + 0x40 * i:02x}:00.0", "xe"
             mdevs = {str(stable_uuid("mdev", sc.node, str(i), str(m))): _gvt_n(sc, t)
                      for m, t in enumerate(g.mdevs)}
@@ -247,11 +250,16 @@ class VendorNode:
             engines = [SimZesEngine(ZES_ENGINE_GROUP_COMPUTE_ALL, t)
                        for t in range(tiles)] if tiles > 1 else []
             self._zes_engines[i] = engines
+            # Level Zero's UUID: read from the chip on a Data Center GPU Max, else built from
+            # the PCI location (exporter/device/identity.py level_zero_id)
+            l0_uuid = telemetry_uuid(bytes.fromhex(stable_hex(16, sc.node, str(i), "chip"))) \
+                if device_id in PVC_IDS else pci_uuid(int(device_id, 16), (a, b, d, f))
             zes.append(SimZesDevice((a, b, d, f), g.model, memory,
-                                    subdevices=tiles if tiles > 1 else 0, engines=engines))
+                                    subdevices=tiles if tiles > 1 else 0, engines=engines,
+                                    uuid=l0_uuid))
         sim = SimZes(zes)
         return IntelBackend(str(self.sysfs_root), str(self.proc_root), clock=self._clock,
-                            sysman=lambda: (sim, ""))
+                            sysman=lambda: (sim, ""), node=sc.node)
 
     def _intel_refresh(self, t: float) -> None:
         busy: dict[int, float] = {}

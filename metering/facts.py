@@ -193,37 +193,21 @@ def _tag_clusters(table: pa.Table, scope: ClusterScope) -> tuple[pa.Table, set[s
     return table, seen
 
 
-# One GPU (uuid in its cluster) seen all hour by two nodes or more: two identical nodes, not
-# a relabelled `node`, whose series follow each other in time (docs/metering.md, "Several
-# series for one key"). "All hour": the node's own sample seconds (duplicates on one node once)
-# within two sample spacings of it.
-_CLASH_IN_GROUP = """
-WITH s AS (
-    SELECT c.cluster, c.uuid, c.node, c.hour,
-           max(c.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS sec,
-           max(coalesce(sp.seconds, getvariable('gl_dflt'))) AS dt
-    FROM up_count c LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
-    WHERE gl_in(c.hour)
-    GROUP BY c.cluster, c.uuid, c.node, c.hour)
-SELECT uuid, min(node), max(node), hour FROM s WHERE sec >= 3600 - 2 * dt
-GROUP BY cluster, uuid, hour HAVING count(*) > 1 ORDER BY hour, uuid LIMIT 1"""
-_CLASH_ACROSS_GROUPS = """
-SELECT uuid, min(node), max(node), hour FROM device_hours
-WHERE hour >= ? AND hour < ? AND cluster IN (SELECT unnest(?)) AND observed_seconds >= ?
-GROUP BY cluster, uuid, hour HAVING count(DISTINCT node) > 1 ORDER BY hour, uuid LIMIT 1"""
-
-
-def _check_one_node_per_gpu(con: Any, query: str, params: Sequence[object] = ()) -> None:
-    """A GPU seen on two nodes at once is refused: its hours and holders would merge into one
-    GPU's bill. Identical nodes give Intel GPUs, keyed by PCI address, the same uuid
-    (docs/backends.md, "The Intel backend")."""
-    clash = con.execute(query, list(params)).fetchall()
+def _check_one_node_per_gpu(con: Any, query: str, params: Mapping[str, object] | None = None
+                            ) -> None:
+    """A GPU seen all hour on two nodes is refused (facts.sql `clash_in_group`,
+    `clash_across_groups`): its hours and holders would merge into one GPU's bill. Exporters
+    publish a GPU without a chip-derived UUID as `<PCI address>@<node>`; an older one
+    published the bare address, the same on identical nodes (docs/backends.md, "Device
+    identity")."""
+    clash = con.execute(query, params or {}).fetchall()
     if clash:
         uuid, a, b, hour = clash[0]
         raise FactError(f"GPU {uuid} is reported by nodes {a} and {b} in the hour "
                         f"{hour:%Y-%m-%dT%H}:00Z: a GPU's uuid must be unique in its cluster, "
-                        "or their hours would be billed as one GPU's (an Intel GPU's uuid is "
-                        "its PCI address: docs/backends.md)")
+                        "or their hours would be billed as one GPU's (an exporter older than "
+                        "the node-qualified uuid, or run without a node name, publishes an "
+                        "AMD or Intel GPU's bare PCI address: docs/backends.md)")
 
 
 def _shares_keys(table: pa.Table) -> bool:
@@ -257,7 +241,7 @@ def write_facts(con: Any, groups: Iterable[Mapping[str, pa.Table]], start: datet
     first = next(it, None)
     stage = first is not None and staged is not None and staged()
     w = _Writer(con, sql, scope, start, end, sample_interval, defer=stage)
-    for name, value in (("gl_start", start), ("gl_end", end)):
+    for name, value in (("gl_start", start), ("gl_end", end), ("gl_hour_s", float(HOUR_S))):
         con.execute(f"SET VARIABLE {name} = ?", [value])
     con.execute(dict(sql.steps)["macros"])
     if scope.label is None:
@@ -271,8 +255,8 @@ def write_facts(con: Any, groups: Iterable[Mapping[str, pa.Table]], start: datet
             w.group(signals)
     if w.written:  # node groups are written apart: one GPU's two nodes may be in two groups
         slack = 2 * max([*w.spacing.values(), w.default or 0.0, 1.0])
-        _check_one_node_per_gpu(con, _CLASH_ACROSS_GROUPS,
-                                [start, end, sorted(w.written), HOUR_S - slack])
+        _check_one_node_per_gpu(con, sql.query("clash_across_groups"),
+                                {"clusters": sorted(w.written), "slack": slack})
     counts = w.counts
     single = len({c for c, _ in w.spacing}) <= 1
     counts.spacing = ({(n if single else f"{c}/{n}"): sec for (c, n), sec in w.spacing.items()}
@@ -358,7 +342,7 @@ class _Writer:
             con.execute("SET VARIABLE gl_dflt = ?",
                         [default if default is not None else float(HOUR_S)])
             if shared:
-                _check_one_node_per_gpu(con, _CLASH_IN_GROUP)
+                _check_one_node_per_gpu(con, sql.query("clash_in_group"))
             if scope.label is not None:
                 self.replace(seen)
             for step, body in sql.steps:

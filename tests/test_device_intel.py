@@ -358,9 +358,11 @@ def test_exporter_serves_nvidia_and_intel_side_by_side(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
-    assert values(body, "gpu_up", uuid=FLEX, vendor="intel", model="Intel ATS-M150") == [1]
-    assert values(body, "gpu_energy_joules_total", uuid=FLEX) == [1234.0]
+    # no Level Zero here: the uuid is node-qualified (exporter/device/identity.py)
+    flex = f"{FLEX}@n1"
+    assert values(body, "gpu_up", uuid=flex, vendor="intel", model="Intel ATS-M150") == [1]
+    assert values(body, "gpu_energy_joules_total", uuid=flex) == [1234.0]
     assert values(body, "gpu_exporter_source_up", source="intel") == [1]
     assert values(body, "gpu_exporter_source_up", source="nvml") == [1]
     assert values(body, "gpu_up", vendor="nvidia")  # the simulated node's GPUs beside it
-    assert values(body, "gpu_info", uuid=FLEX, driver_version="xe") == [1]
+    assert values(body, "gpu_info", uuid=flex, pci_bus_id=FLEX, driver_version="xe") == [1]

@@ -68,10 +68,13 @@ class AmdBackend:
     def __init__(self, api: AmdSmiApi | None = None, *,
                  loader: Callable[[], AmdSmiApi] = load_amdsmi,
                  clock_ns: Callable[[], int] = time.monotonic_ns,
-                 event_interval: float = 5.0, proc_root: str | None = None) -> None:
+                 event_interval: float = 5.0, proc_root: str | None = None,
+                 node: str = "") -> None:
         """`api` None: amdsmi is imported by the first `open()` (lazily: a node without
         libamd_smi.so gets one "amdsmi init failed: amdsmi: ..." line and retries, never an
-        import-time traceback)."""
+        import-time traceback). `node`: this node's name, half of the `uuid` of a GPU
+        without a chip-derived amdsmi UUID (exporter/device/identity.py)."""
+        self.node = node
         self._loaded = api
         self._loader = loader
         self._clock_ns = clock_ns
@@ -101,7 +104,7 @@ class AmdBackend:
         self._api.amdsmi_shut_down()
 
     def inventory(self, previous: Inventory | None) -> Inventory:
-        return discover(self._api, previous)
+        return discover(self._api, previous, self.node)
 
     def expected_devices(self, sysfs_root: str) -> list[str] | None:
         return amd_gpu_functions(sysfs_root)
@@ -306,10 +309,11 @@ def probe(spec: LoadSpec, auto: bool) -> DeviceBackend:
     from exporter.nvml_loader import load_amd_backend
 
     if spec.amdsmi != "real":
-        return load_amd_backend(spec.amdsmi, spec.clock)  # ConfigError for a bad --amdsmi
+        # ConfigError for a bad --amdsmi
+        return load_amd_backend(spec.amdsmi, spec.clock, spec.node)
     if not amd_gpu_functions(spec.sysfs_root):
         raise BackendAbsent(f"sysfs ({spec.sysfs_root}) lists no AMD GPU")
-    return AmdBackend(proc_root=spec.proc_root)
+    return AmdBackend(proc_root=spec.proc_root, node=spec.node)
 
 
 def amd_gpu_functions(sysfs_root: str = "/sys") -> list[str] | None:

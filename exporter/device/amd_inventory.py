@@ -29,6 +29,7 @@ from exporter.device.contract import (
     MigRef,
     pci_bdf,
 )
+from exporter.device.identity import amdsmi_id, identity, published_uuid
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
@@ -56,9 +57,10 @@ class _Member:
     partition: int  # -1: not partitioned
 
 
-def discover(api: AmdSmiApi, previous: Inventory | None = None) -> Inventory:
+def discover(api: AmdSmiApi, previous: Inventory | None = None, node: str = "") -> Inventory:
     """Every AMD GPU and partition. A GPU lost since `previous` keeps its identity (its series
-    stay the same series, `gpu_up 0`)."""
+    stay the same series, `gpu_up 0`), and so does one whose UUID amdsmi does not give this
+    time. `node` names this node in the uuid of a GPU without a chip-derived UUID."""
     r = AmdCalls(api)
     members: dict[str, list[_Member]] = {}
     for h in r.call(api.amdsmi_get_processor_handles) or []:
@@ -80,7 +82,11 @@ def discover(api: AmdSmiApi, previous: Inventory | None = None) -> Inventory:
         index = index_of[bdf]
         group = sorted(members[bdf], key=lambda m: m.partition)
         try:
-            gpu, st, parts = _gpu(api, r, index, bdf, group)
+            old = known.get(bdf)
+            kept = {m.slot: m.uuid for m in previous.migs if m.parent == old} \
+                if old is not None and previous is not None else {}
+            gpu, st, parts = _gpu(api, r, index, bdf, group, node,
+                                  None if old is None else old.uuid, kept)
         except DeviceLost:
             old = known.get(bdf)
             if old is None or previous is None:
@@ -118,10 +124,15 @@ def _indexes(bdfs: list[str], previous: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def _gpu(api: AmdSmiApi, r: AmdCalls, index: int, bdf: str, group: list[_Member]
+def _gpu(api: AmdSmiApi, r: AmdCalls, index: int, bdf: str, group: list[_Member], node: str,
+         known: str | None, known_parts: dict[int, str]
          ) -> tuple[GpuRef, GpuStatic, list[MigRef]]:
+    """`known`, `known_parts`: the GPU's uuid and its partitions' by slot in the previous
+    inventory, kept where amdsmi gives no UUID this time."""
     primary = group[0].handle
-    uuid = text(r.call(api.amdsmi_get_gpu_device_uuid, primary)) or bdf
+    chip = amdsmi_id(text(r.call(api.amdsmi_get_gpu_device_uuid, primary)))
+    kept = chip is None and known is not None
+    uuid = known if kept and known is not None else published_uuid(identity(chip, node, bdf))
     model = text((r.call(api.amdsmi_get_gpu_asic_info, primary) or {}).get("market_name"))
     partitioned = len(group) > 1
     ref = GpuRef(index, uuid, model, partitioned, AmdGpu(bdf, tuple(m.handle for m in group)),
@@ -149,7 +160,9 @@ def _gpu(api: AmdSmiApi, r: AmdCalls, index: int, bdf: str, group: list[_Member]
         profile = f"{compute}_{memory}" if compute and memory else compute
         seen: set[str] = {uuid}
         for slot, m in enumerate(group):
-            part_uuid = text(r.call(api.amdsmi_get_gpu_device_uuid, m.handle))
+            own = amdsmi_id(text(r.call(api.amdsmi_get_gpu_device_uuid, m.handle)))
+            part_uuid = known_parts.get(slot, "") if kept else \
+                own.value if own is not None and chip is not None else ""
             if not part_uuid or part_uuid in seen:  # a library giving partitions no own UUID
                 part_uuid = f"{uuid}/{slot}"
             seen.add(part_uuid)

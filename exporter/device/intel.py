@@ -3,8 +3,11 @@ per-process and engine figures from DRM fdinfo. No vendor library is needed; Lev
 Sysman (PyPI `pyzes`), where installed, adds the model name and memory in use
 (intel_levelzero.py); its absence is one log line.
 
-Identity: sysfs gives an Intel GPU no UUID, so a device's `uuid` is its PCI address
-(`0000:03:00.0`), the key DRM fdinfo's `drm-pdev` and the device plugin's cards resolve to.
+Identity: sysfs gives an Intel GPU no UUID. A device's `uuid` follows the rule of
+exporter/device/identity.py: Level Zero's UUID where compute-runtime read it from the chip (Data
+Center GPU Max), else `<PCI address>@<node>`. Inside the backend a device is found by its PCI
+address (`0000:03:00.0`), the key DRM fdinfo's `drm-pdev` and the device plugin's cards resolve
+to; attribution joins by `GpuStatic.pci_bdf`.
 A PF's SR-IOV VFs and a GVT-g host's mediated devices are its `VirtualFunction`s (kinds
 `sriov_vf`, `mdev`), not devices of their own, each with the fraction of the GPU it is priced
 as (`share`). Units are normalised here: µJ -> J, µW -> W, MHz -> Hz, m°C -> °C.
@@ -36,6 +39,7 @@ from exporter.device.contract import (
     VirtualFunction,
 )
 from exporter.device.fdinfo import COMPUTE_ENGINES, DrmFdinfo, FdinfoProcessReader
+from exporter.device.identity import identity, level_zero_id, published_uuid
 from exporter.device.intel_levelzero import LevelZero, load_pyzes
 from exporter.device.intel_sysfs import (
     PVC_IDS,
@@ -87,7 +91,8 @@ class _NoEvents:
 
 class IntelBackend:
     """Intel GPUs (i915, xe) under `sysfs_root`. `clock` times the energy counter for power
-    where hwmon has no power reading (i915 and xe give energy and limits only)."""
+    where hwmon has no power reading (i915 and xe give energy and limits only). `node` is
+    this node's name, half of the `uuid` of a GPU without a chip-derived UUID."""
 
     vendor: Vendor = "intel"
     source = "intel"
@@ -95,12 +100,13 @@ class IntelBackend:
 
     def __init__(self, sysfs_root: str = "/sys", proc_root: str = "/proc",
                  clock: Callable[[], float] = time.monotonic,
-                 sysman: Callable[[], tuple[Any, str]] = load_pyzes) -> None:
+                 sysman: Callable[[], tuple[Any, str]] = load_pyzes, node: str = "") -> None:
         self.sysfs_root = sysfs_root
+        self.node = node
         self.proc_root = proc_root
         self._clock = clock
         self._sysman = sysman
-        self._cards: dict[str, IntelCard] = {}  # uuid (PF BDF) -> card
+        self._cards: dict[str, IntelCard] = {}  # uuid -> card (its PF)
         self._hosts: set[str] = set()  # uuids lending VFs or mdevs to VMs
         self._tiles: dict[str, list[Tile]] = {}  # uuid -> its tiles (two or more)
         self._last_energy: dict[str, tuple[float, float]] = {}  # uuid -> (time, joules)
@@ -137,14 +143,20 @@ class IntelBackend:
         l0 = self.level_zero
         if l0 is not None:
             l0.refresh()
+        # a device keeps its uuid when Level Zero does not answer this time
+        known = {st.pci_bdf: u for u, st in previous.static.items()} if previous else {}
         # VFs bound to the host's driver are cards too; they are their PF's VirtualFunctions.
         for card in (c for c in cards if not c.physfn):
-            uuid = card.bdf
+            raw = l0.uuid(card.bdf) if l0 is not None else None
+            chip = None if raw is None else level_zero_id(raw, card.bdf)
+            uuid = published_uuid(identity(chip, self.node, card.bdf)) \
+                if chip is not None or card.bdf not in known else known[card.bdf]
             self._cards[uuid] = card
-            model = (l0.model(uuid) if l0 is not None else None) or model_name(card.device_id)
+            model = (l0.model(card.bdf) if l0 is not None else None) \
+                or model_name(card.device_id)
             memory = local_memory_bytes(card)
             if memory is None and l0 is not None:
-                usage = l0.memory(uuid)
+                usage = l0.memory(card.bdf)
                 memory = None if usage is None else int(usage.total_bytes)
             parts = self._tiles_of(card, l0)
             ref = GpuRef(len(gpus), uuid, model, bool(parts), card, vendor="intel")
@@ -230,13 +242,13 @@ class IntelBackend:
         if power is None and energy is not None:
             power = self._power_from_energy(gpu.uuid, energy)
         freq = frequency_mhz(card)
-        busy, resident = self._engine_busy(gpu.uuid)
+        busy, resident = self._engine_busy(card.bdf)
         if gpu.uuid in self._hosts:
             busy = None  # its VMs' work is on the engines but in no fdinfo of this host
         # Memory in use has no sysfs file: Level Zero's where present, else what the node's
         # processes hold resident in the device's memory (fdinfo).
         l0 = self.level_zero
-        memory = l0.memory(gpu.uuid) if l0 is not None else None
+        memory = l0.memory(card.bdf) if l0 is not None else None
         total = local_memory_bytes(card)
         if memory is None and total:
             used = min(float(resident), float(total))
@@ -283,7 +295,8 @@ class IntelBackend:
         tile = partition.handle
         if l0 is None or not isinstance(tile, Tile):
             return None
-        return l0.tile_memory(partition.parent.uuid).get(tile.id)
+        card = self._cards.get(partition.parent.uuid)
+        return None if card is None else l0.tile_memory(card.bdf).get(tile.id)
 
     def partition_utilization(self, partition: MigRef, tally: Tally) -> float | None:
         """A tile's busiest engine group (compute-all, render-all) on its subdevice, from Level
@@ -293,8 +306,11 @@ class IntelBackend:
         if l0 is None or not isinstance(tile, Tile):
             return None
         uuid = partition.parent.uuid
+        card = self._cards.get(uuid)
+        if card is None:
+            return None
         busy: list[float] = []
-        for (sub, group), (active, stamp) in l0.engine_activity(uuid).items():
+        for (sub, group), (active, stamp) in l0.engine_activity(card.bdf).items():
             if sub != tile.id:
                 continue
             key = (uuid, tile.id, group)
@@ -308,17 +324,21 @@ class IntelBackend:
         """PCIe bytes from Level Zero's `zesDevicePciGetStats` where the device has bandwidth
         counters (sysfs has none). Xe Link traffic would be Sysman's fabric ports
         (`zesFabricPortGetThroughput`), which pyzes does not wrap: no links."""
-        self._card(gpu)
+        card = self._card(gpu)
         l0 = self.level_zero
-        pci = l0.pci_counters(gpu.uuid) if l0 is not None else None
+        pci = l0.pci_counters(card.bdf) if l0 is not None else None
         if pci is None:
             return Interconnect()
         rx, tx, stamp_us = pci
         return Interconnect(pcie_tx_bytes=tx, pcie_rx_bytes=rx, timestamp_seconds=stamp_us / 1e6)
 
     def process_reader(self) -> ProcessReader:
-        # a device's uuid is its PCI address: fdinfo's drm-pdev
-        return FdinfoProcessReader(self._drm, lambda gpu: gpu.uuid)
+        # fdinfo's drm-pdev is the PCI address; a device gone from sysfs has none
+        return FdinfoProcessReader(self._drm, self._bdf)
+
+    def _bdf(self, gpu: GpuRef) -> str:
+        card = self._cards.get(gpu.uuid)
+        return "" if card is None else card.bdf
 
     def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
         card = self._card(gpu)
@@ -355,4 +375,4 @@ def probe(spec: LoadSpec, auto: bool) -> IntelBackend:
         if not any(not c.physfn for c in cards or []):
             raise BackendAbsent(f"{spec.sysfs_root}/class/drm lists no Intel GPU bound to "
                                 "i915 or xe")
-    return IntelBackend(spec.sysfs_root, spec.proc_root)
+    return IntelBackend(spec.sysfs_root, spec.proc_root, node=spec.node)

@@ -25,6 +25,7 @@ SUCCESS = 0  # ZE_RESULT_SUCCESS
 ENGINE_GROUP_COMPUTE_ALL = 1
 ENGINE_GROUP_RENDER_ALL = 12
 BUSY_GROUPS = (ENGINE_GROUP_COMPUTE_ALL, ENGINE_GROUP_RENDER_ALL)
+STRING_PROPERTY_SIZE = 64  # ZES_STRING_PROPERTY_SIZE
 
 
 def load_pyzes() -> tuple[Any, str]:
@@ -70,27 +71,39 @@ class LevelZero:
                 self._devices[bdf] = device
                 self._bandwidth[bdf] = bool(pci.haveBandwidthCounters)
 
-    def model(self, bdf: str) -> str | None:
+    def _properties(self, bdf: str) -> Any | None:
+        """`zesDeviceGetProperties` of the device, or None. pyzes 0.1.3's
+        `zes_device_properties_t` stops at `serialNumber`, while the library writes the whole
+        struct of zes_api.h (five more 64-byte strings: boardNumber .. driverVersion): the
+        struct is read from a buffer with room for them, never overrun."""
         device = self._devices.get(bdf)
         if device is None:
             return None
-        props = self._zes.zes_device_properties_t()
+        struct = self._zes.zes_device_properties_t
+        buffer = (ctypes.c_ubyte * (ctypes.sizeof(struct) + 5 * STRING_PROPERTY_SIZE))()
+        props = struct.from_buffer(buffer)  # keeps `buffer` alive
         props.stype = self._zes.ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES
         if self._zes.zesDeviceGetProperties(device, ctypes.byref(props)) != SUCCESS:
+            return None
+        return props
+
+    def model(self, bdf: str) -> str | None:
+        props = self._properties(bdf)
+        if props is None:
             return None
         name = bytes(props.core.name).split(b"\0", 1)[0].decode("utf-8", "replace").strip()
         return name or None
 
+    def uuid(self, bdf: str) -> bytes | None:
+        """The device's 16-byte UUID (`core.uuid.id`); what it is made of:
+        exporter/device/identity.py `level_zero_id`."""
+        props = self._properties(bdf)
+        return None if props is None else bytes(props.core.uuid.id)
+
     def subdevices(self, bdf: str) -> int | None:
-        """`numSubdevices` of `zesDeviceGetProperties`: the tiles (0 for a single-tile GPU)."""
-        device = self._devices.get(bdf)
-        if device is None:
-            return None
-        props = self._zes.zes_device_properties_t()
-        props.stype = self._zes.ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES
-        if self._zes.zesDeviceGetProperties(device, ctypes.byref(props)) != SUCCESS:
-            return None
-        return int(props.numSubdevices)
+        """`numSubdevices`: the tiles (0 for a single-tile GPU)."""
+        props = self._properties(bdf)
+        return None if props is None else int(props.numSubdevices)
 
     def _modules(self, bdf: str) -> list[tuple[int | None, int, int]]:
         """The device-local memory modules: (subdevice id or None, size, used bytes)."""

@@ -39,6 +39,8 @@ class LoadSpec:
     amdsmi: str = "real"  # --amdsmi: 'real' or 'sim:NAME' (exporter.nvml_loader.load_amd_backend)
     sysfs_root: str = "/sys"
     proc_root: str = "/proc"
+    # this node's name (--node-name): the node half of a GPU uuid that is not chip-derived
+    node: str = ""
     clock: Callable[[], float] = field(default=time.time, compare=False)
 
     @property

@@ -9,7 +9,8 @@
 -- hour with `sh` (series hash), `key` (hash of the labels that identify the fact row, cluster
 -- included), `rank`, `cluster`, `value` and the labels the spec keeps. `spacing` holds the
 -- seconds per sample detected per (cluster, node). Session variables: gl_start, gl_end (chunk),
--- gl_dflt (seconds per sample where a node has none detected).
+-- gl_dflt (seconds per sample where a node has none detected), gl_hour_s (seconds in an hour:
+-- signals.HOUR_S).
 --
 -- Every statement aggregates per (hour, key) on integers: the series with the most samples
 -- (`w`, ties broken by its id) names the fact row, and only that series' string labels are
@@ -37,12 +38,36 @@ SELECT DISTINCT cluster FROM (
     UNION ALL SELECT cluster FROM mig_count)
 WHERE cluster <> '' ORDER BY cluster;
 
+-- query: clash_in_group
+-- One GPU (uuid in its cluster) seen all hour by two nodes or more in one node group: two
+-- identical nodes, not a relabelled `node`, whose series follow each other in time
+-- (docs/metering.md, "Several series for one key"). "All hour": the node's own sample seconds
+-- (duplicates on one node once) within two sample spacings of it. Runs after `macros`.
+WITH s AS (
+    SELECT c.cluster, c.uuid, c.node, c.hour,
+           max(c.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS sec,
+           max(coalesce(sp.seconds, getvariable('gl_dflt'))) AS dt
+    FROM up_count c LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+    WHERE gl_in(c.hour)
+    GROUP BY c.cluster, c.uuid, c.node, c.hour)
+SELECT uuid, min(node), max(node), hour FROM s WHERE sec >= getvariable('gl_hour_s') - 2 * dt
+GROUP BY cluster, uuid, hour HAVING count(*) > 1 ORDER BY hour, uuid LIMIT 1;
+
+-- query: clash_across_groups
+-- The same over the device hours node groups wrote one after another: a GPU observed all hour
+-- (but `$slack` seconds) by two nodes of the clusters `$clusters`.
+SELECT uuid, min(node), max(node), hour FROM device_hours
+WHERE gl_in(hour) AND cluster IN (SELECT unnest($clusters))
+  AND observed_seconds >= getvariable('gl_hour_s') - $slack
+GROUP BY cluster, uuid, hour HAVING count(DISTINCT node) > 1 ORDER BY hour, uuid LIMIT 1;
+
 -- step: macros
 CREATE OR REPLACE TEMP MACRO gl_in(h) AS
     h >= getvariable('gl_start') AND h < getvariable('gl_end');
 -- Seconds a key held in an hour: its samples' seconds, at most the union of its series' spans
 -- (overlapping duplicates counted once), at most the hour.
-CREATE OR REPLACE TEMP MACRO gl_sec(raw, held) AS least(raw, coalesce(held, raw), 3600.0);
+CREATE OR REPLACE TEMP MACRO gl_sec(raw, held) AS
+    least(raw, coalesce(held, raw), getvariable('gl_hour_s'));
 -- Integrals are scaled by held / sampled seconds: overlapping duplicates are averaged.
 CREATE OR REPLACE TEMP MACRO gl_scale(raw, held) AS (gl_sec(raw, held) / raw);
 
