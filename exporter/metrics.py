@@ -129,7 +129,9 @@ FAMILIES: tuple[Family, ...] = (
     _g("gpu_pcie_throughput_bytes_per_second",
        "PCIe traffic by direction (tx: sent by the GPU, rx: received): NVIDIA with GPM "
        "(Hopper+) the mean over the sample interval, else the driver's 20 ms reading at sample "
-       "time; Intel the mean of Level Zero's byte counters over the sample interval.",
+       "time; Intel the mean of Level Zero's byte counters over the sample interval; AMD the "
+       "driver's one-second estimate (messages x max payload, an upper bound), refreshed "
+       "about every minute.",
        (*MIG, "direction"), "throughput"),
     _g("gpu_nvlink_throughput_bytes_per_second",
        "NVLink data traffic over all links by direction (tx: sent by the GPU, rx: received), "
@@ -251,7 +253,7 @@ BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 # filled by every backend whose library has the value ("all"); the collectors that read NVML
 # itself are NVIDIA's; AMD's RAS families are AMD's.
 _NVIDIA_COLLECTORS = frozenset({"clocks", "nvlink", "gpm"})
-_VENDORS = {"gpu_pcie_throughput_bytes_per_second": "nvidia, intel",
+_VENDORS = {"gpu_pcie_throughput_bytes_per_second": "nvidia, amd, intel",
             "gpu_nvlink_throughput_bytes_per_second": "nvidia",
             "gpu_link_throughput_bytes_per_second": "nvidia, amd",
             "gpu_xid_errors_total": "nvidia", "gpu_xid_last_timestamp_seconds": "nvidia",

@@ -226,6 +226,10 @@ class Interconnect:
     links: tuple[LinkTraffic, ...] = ()
     # when the device took the reading (its own clock, seconds); None: the exporter's clock
     timestamp_seconds: float | None = None
+    # PCIe bytes per second measured by the driver over a window of its own, where the device
+    # has no byte counter (AMD's pcie_bw, an estimate: docs/backends.md); emitted as read
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
 
 
 @dataclass(frozen=True)
