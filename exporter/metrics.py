@@ -148,6 +148,10 @@ FAMILIES: tuple[Family, ...] = (
        (*MIG, "slices", "parent_slices"), "mig"),
     _g("gpu_mig_memory_total_bytes", "Memory of a MIG instance.", MIG, "mig"),
     _g("gpu_mig_memory_used_bytes", "Memory in use in a MIG instance.", MIG, "mig"),
+    _c("gpu_partition_energy_joules_total",
+       "Energy a partition (an Intel Max tile) consumed since the driver was loaded: a part of "
+       "its GPU's gpu_energy_joules_total, which alone is metered (never add the two).",
+       MIG, "device"),
     _g("gpu_partition_utilization_ratio",
        "Fraction of the sample interval a partition's busiest engine group (compute, render) "
        "was active (Intel tiles: Level Zero engine activity on the subdevice); absent where "
@@ -259,7 +263,8 @@ _VENDORS = {"gpu_pcie_throughput_bytes_per_second": "nvidia, amd, intel",
             "gpu_xid_errors_total": "nvidia", "gpu_xid_last_timestamp_seconds": "nvidia",
             "gpu_vgpu_license_state": "nvidia",
             "gpu_error_events_total": "amd", "gpu_error_event_last_timestamp_seconds": "amd",
-            "gpu_ras_errors_total": "amd", "gpu_partition_utilization_ratio": "intel"}
+            "gpu_ras_errors_total": "amd", "gpu_partition_utilization_ratio": "intel",
+            "gpu_partition_energy_joules_total": "intel"}
 
 
 def vendors(family: Family) -> str:

@@ -3,7 +3,8 @@
 calling convention (ctypes `byref` out-parameters, count-then-fill enumeration, a
 `ze_result_t` return), over a list of devices. A multi-tile device (Data Center GPU Max)
 reports `numSubdevices` and memory modules on its subdevices (`onSubdevice`, `subdeviceId`);
-PCIe byte counters come from `zesDevicePciGetStats` (pyzes.py's `zes_pci_stats_t`)."""
+PCIe byte counters come from `zesDevicePciGetStats` (pyzes.py's `zes_pci_stats_t`), energy
+from power domains (`zesDeviceEnumPowerDomains`, one per subdevice and one for the device)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ ZES_STRUCTURE_TYPE_ENGINE_PROPERTIES = 0x5
 ZES_ENGINE_GROUP_COMPUTE_ALL = 1
 ZES_ENGINE_GROUP_MEDIA_ALL = 2
 ZES_STRUCTURE_TYPE_MEM_PROPERTIES = 0xB
+ZES_STRUCTURE_TYPE_POWER_PROPERTIES = 0xD
 ZES_STRUCTURE_TYPE_MEM_STATE = 0x1E
 ZES_MEM_LOC_SYSTEM = 0
 ZES_MEM_LOC_DEVICE = 1
@@ -87,6 +89,23 @@ class zes_engine_stats_t(ctypes.Structure):
     _fields_ = [("activeTime", ctypes.c_uint64), ("timestamp", ctypes.c_uint64)]
 
 
+class zes_pwr_handle_t(ctypes.c_void_p):
+    pass
+
+
+class zes_power_properties_t(ctypes.Structure):
+    _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
+                ("onSubdevice", ctypes.c_uint8), ("subdeviceId", ctypes.c_uint32),
+                ("canControl", ctypes.c_uint8), ("isEnergyThresholdSupported", ctypes.c_uint8),
+                ("defaultLimit", ctypes.c_int32), ("minLimit", ctypes.c_int32),
+                ("maxLimit", ctypes.c_int32)]
+
+
+class zes_power_energy_counter_t(ctypes.Structure):
+    # no stype, as pyzes defines it: energy µJ, timestamp µs
+    _fields_ = [("energy", ctypes.c_uint64), ("timestamp", ctypes.c_uint64)]
+
+
 class zes_mem_properties_t(ctypes.Structure):
     _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
                 ("type", ctypes.c_int32), ("onSubdevice", ctypes.c_uint8),
@@ -119,6 +138,15 @@ class SimZesEngine:
 
 
 @dataclass
+class SimZesPower:
+    """A power domain's energy counter (µJ since the driver loaded, at `timestamp_us`)."""
+
+    subdevice: int | None = None  # the tile it is on; None: the whole device
+    energy_uj: int = 0
+    timestamp_us: int = 0
+
+
+@dataclass
 class SimZesDevice:
     bdf: tuple[int, int, int, int]  # domain, bus, device, function
     name: str
@@ -129,6 +157,7 @@ class SimZesDevice:
     pci_rx: int | None = None
     pci_tx: int = 0
     timestamp_us: int = 0
+    power: list[SimZesPower] = field(default_factory=list)
 
 
 def _out(ref: Any) -> Any:
@@ -162,6 +191,10 @@ class SimZes:
     zes_pci_stats_t = zes_pci_stats_t
     zes_mem_properties_t = zes_mem_properties_t
     zes_mem_state_t = zes_mem_state_t
+    zes_pwr_handle_t = zes_pwr_handle_t
+    zes_power_properties_t = zes_power_properties_t
+    zes_power_energy_counter_t = zes_power_energy_counter_t
+    ZES_STRUCTURE_TYPE_POWER_PROPERTIES = ZES_STRUCTURE_TYPE_POWER_PROPERTIES
 
     def __init__(self, devices: list[SimZesDevice]) -> None:
         self.devices = devices
@@ -289,4 +322,33 @@ class SimZes:
         if mem is None:
             return ZE_RESULT_ERROR_INVALID_ARGUMENT
         _out(state).size, _out(state).free = mem.size, mem.free
+        return ZE_RESULT_SUCCESS
+
+    def zesDeviceEnumPowerDomains(self, handle: Any, p_count: Any, handles: Any) -> int:
+        self._count("zesDeviceEnumPowerDomains")
+        dev = self._device(handle)
+        if dev is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        i = _id(handle)
+        return self._fill([i << 8 | p for p in range(len(dev.power))], p_count, handles)
+
+    def _power(self, handle: Any) -> SimZesPower | None:
+        h = _id(handle)
+        dev = self._device(h >> 8)
+        return dev.power[h & 0xFF] if dev is not None and (h & 0xFF) < len(dev.power) \
+            else None
+
+    def zesPowerGetProperties(self, handle: Any, props: Any) -> int:
+        power = self._power(handle)
+        if power is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        _out(props).onSubdevice = int(power.subdevice is not None)
+        _out(props).subdeviceId = power.subdevice or 0
+        return ZE_RESULT_SUCCESS
+
+    def zesPowerGetEnergyCounter(self, handle: Any, counter: Any) -> int:
+        power = self._power(handle)
+        if power is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        _out(counter).energy, _out(counter).timestamp = power.energy_uj, power.timestamp_us
         return ZE_RESULT_SUCCESS

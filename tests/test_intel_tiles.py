@@ -46,6 +46,7 @@ from gpusim.levelzero import (
     SimZesDevice,
     SimZesEngine,
     SimZesMemory,
+    SimZesPower,
 )
 from metering.costmodel import load_cost_model
 from metering.db import connect
@@ -395,3 +396,85 @@ def test_a_tile_the_gpu_lacks_leaves_the_card_whole(tmp_path: Path) -> None:
                               {"card0": MAX1550_BDF}, index, {"card0": 2}, {}, UnknownIds(),
                               tiles, {("a", "p"): info})
     assert [(r.device, r.mode) for r in rows] == [((MAX1550_BDF, ""), SharingMode.TIME_SLICING)]
+
+
+def test_tile_energy_from_i915_gt_hwmon_and_level_zero_power_domains(tmp_path: Path) -> None:
+    """i915's gt-level hwmons (`i915_gt<N>`, µJ) are the tiles' energy; on xe, which has no
+    per-tile file, Level Zero's power domains on a subdevice; the device's own domain and
+    the card's hwmon stay the GPU's energy."""
+    i915 = tmp_path / "i915"
+    max1550_host(str(i915), "i915")  # the simulator gives each GT a third of the card
+    b = _backend(i915)
+    t = b.telemetry(b.inventory(None).gpus[0], Tally())
+    assert t.energy_joules == 9876.0
+    assert t.partition_energy_joules == ((TILE0, 3292.0), (TILE1, 3292.0))
+
+    xe_root = tmp_path / "xe"
+    max1550_host(str(xe_root))
+    zes = _zes()
+    zes.devices[0].power = [SimZesPower(None, 9_000_000_000), SimZesPower(0, 4_000_000_000),
+                            SimZesPower(1, 3_500_000_000)]
+    b = _backend(xe_root, zes)
+    t = b.telemetry(b.inventory(None).gpus[0], Tally())
+    assert t.energy_joules == 9876.0  # hwmon's card counter, not Sysman's device domain
+    assert t.partition_energy_joules == ((TILE0, 4000.0), (TILE1, 3500.0))
+    b = _backend(xe_root)  # xe without Level Zero: no per-tile energy
+    assert b.telemetry(b.inventory(None).gpus[0], Tally()).partition_energy_joules == ()
+
+
+def test_the_sampler_serves_tile_energy_in_its_own_family(tmp_path: Path) -> None:
+    max1550_host(str(tmp_path), "i915")
+    specs = [s for s in REGISTRY if s.name == "device"]
+    sampler = Sampler(IntelBackend(str(tmp_path), str(tmp_path / "proc"),
+                                   sysman=lambda: (None, "absent")),
+                      ExporterOptions(node=NODE, sysfs_root=str(tmp_path)), specs,
+                      threaded=False)
+    try:
+        body = sampler.cycle().body(False, False)
+    finally:
+        sampler.close()
+    part = "gpu_partition_energy_joules_total"
+    assert values(body, part, mig_uuid=TILE0, gpu_instance_id="0", profile="tile",
+                  vendor="intel") == [3292.0]
+    assert values(body, part, mig_uuid=TILE1) == [3292.0]
+    assert values(body, "gpu_energy_joules_total") == [9876.0]  # one series: the card
+
+
+def _metered_energy(tmp_path: Path, with_tiles: bool) -> list[tuple[str, float]]:
+    """An hour of a Max 1550: the card's counter +7.2 MJ, each tile's +3 MJ (when written),
+    ingested from OpenMetrics as `gpu-ledger meter` reads it."""
+    t0 = int(datetime(2026, 10, 5, tzinfo=UTC).timestamp())
+    dev = f'node="{NODE}",gpu="0",uuid="{MAX1550_BDF}",model="Intel PVC",vendor="intel"'
+    lines = [f"gpu_up{{{dev}}} 1 {t0 + t}" for t in range(60, 3601, 60)]
+    lines += [f"gpu_energy_joules_total{{{dev}}} {j} {t0 + t}"
+              for t, j in ((60, 1e6), (3600, 8.2e6))]
+    if with_tiles:
+        for tile in (0, 1):
+            part = (f'{dev},mig_uuid="{MAX1550_BDF}/tile{tile}",gpu_instance_id="{tile}",'
+                    f'compute_instance_id="{tile}",profile="tile"')
+            lines += [f"gpu_partition_energy_joules_total{{{part}}} {j} {t0 + t}"
+                      for t, j in ((60, 0.5e6), (3600, 3.5e6))]
+    f = tmp_path / f"energy-{with_tiles}.om"
+    f.write_text("\n".join(sorted(lines, key=lambda s: int(s.rsplit(" ", 1)[1])))
+                 + "\n# EOF\n")
+    period = resolve(None, "2026-10-05T00:00", "2026-10-05T01:00")
+    src = OpenMetricsSource(str(f), period, DEFAULT_SELECTOR)
+    con = connect(tmp_path / f"m-{with_tiles}.duckdb")
+    try:
+        ingest(con, src, period)
+        return con.execute("SELECT uuid, energy_joules FROM device_hours ORDER BY uuid"
+                           ).fetchall()
+    finally:
+        src.close()
+        con.close()
+
+
+def test_tile_energy_is_not_metered_twice(tmp_path: Path) -> None:
+    """The billed energy is the card's counter alone: the tiles' series change nothing, and
+    no recording rule or metering signal reads the tile family."""
+    assert _metered_energy(tmp_path, True) == _metered_energy(tmp_path, False) == [
+        (MAX1550_BDF, 7.2e6)]
+    rules = "".join(p.read_text() for p in (ROOT / "alerts").glob("*.yml"))
+    assert "gpu_partition_energy" not in rules and "__name__" not in rules
+    from metering.signals import FAMILIES as METERED
+    assert "gpu_partition_energy_joules_total" not in METERED

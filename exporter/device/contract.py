@@ -169,6 +169,9 @@ class Telemetry:
     memory: MemoryUsage | None = None
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
+    # (partition uuid, J since the driver loaded) for partitions with their own energy counter
+    # (an Intel Max tile): parts of `energy_joules`, which alone is the device's (billed) energy
+    partition_energy_joules: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

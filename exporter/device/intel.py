@@ -42,6 +42,7 @@ from exporter.device.intel_sysfs import (
     IntelCard,
     Tile,
     frequency_mhz,
+    gt_energy_uj,
     gvt_share,
     hwmon_dir,
     intel_cards,
@@ -64,6 +65,11 @@ MHZ = 1_000_000.0
 PLATFORMS = {"0x56c0": "ATS-M150", "0x56c2": "ATS-M150", "0x56c1": "ATS-M75",
              **{i: "PVC" for i in PVC_IDS}}
 TILE_PROFILE = "tile"  # gpu_mig_info's profile of an Intel tile (subdevice)
+
+
+def tile_uuid(gpu_uuid: str, tile: int) -> str:
+    """A tile's partition uuid (`gpu_mig_info`'s `mig_uuid`)."""
+    return f"{gpu_uuid}/tile{tile}"
 
 
 def model_name(device_id: str) -> str:
@@ -152,7 +158,7 @@ class IntelBackend:
             if parts:
                 self._tiles[uuid] = parts
                 migs.extend(MigRef(
-                    parent=ref, uuid=f"{uuid}/tile{t.id}", gpu_instance_id=t.id,
+                    parent=ref, uuid=tile_uuid(uuid, t.id), gpu_instance_id=t.id,
                     compute_instance_id=t.gt, profile=TILE_PROFILE, slices=1,
                     parent_slices=len(parts), handle=t, slot=t.id, kind="intel_subdevice")
                     for t in parts)
@@ -245,7 +251,24 @@ class IntelBackend:
             temperature_celsius=temp, memory_temperature_celsius=mem_temp,
             power_watts=power, power_limit_watts=limit, energy_joules=energy,
             utilization=busy, memory=memory,
-            sm_clock_hertz=None if freq is None else freq * MHZ)
+            sm_clock_hertz=None if freq is None else freq * MHZ,
+            partition_energy_joules=self._tile_energy(gpu.uuid, card))
+
+    def _tile_energy(self, uuid: str, card: IntelCard) -> tuple[tuple[str, float], ...]:
+        """Each tile's energy counter (J): i915's gt-level hwmon (`i915_gt<N>`, the tile's
+        GT), else Level Zero's power domain on the tile's subdevice. Parts of the card's
+        `energy1_input`, never added to it."""
+        parts = self._tiles.get(uuid)
+        if not parts:
+            return ()
+        by_gt = gt_energy_uj(card)
+        by_sub = {} if self.level_zero is None or by_gt else self.level_zero.tile_energy(uuid)
+        out: list[tuple[str, float]] = []
+        for t in parts:
+            uj = by_gt.get(t.gt) if by_gt else by_sub.get(t.id, (None, 0))[0]
+            if uj is not None:
+                out.append((tile_uuid(uuid, t.id), uj / 1e6))
+        return tuple(out)
 
     def _engine_busy(self, bdf: str) -> tuple[float | None, int]:
         """The device's busiest compute/graphics engine class, summed over the node's DRM

@@ -151,6 +151,27 @@ class LevelZero:
             out[(sub, int(props.type))] = (int(stats.activeTime), int(stats.timestamp))
         return out
 
+    def tile_energy(self, bdf: str) -> dict[int, tuple[int, int]]:
+        """Subdevice id -> (`energy` µJ, `timestamp` µs) of the power domains on a subdevice
+        (`zesDeviceEnumPowerDomains`, `zes_power_properties_t.onSubdevice` / `subdeviceId`,
+        `zesPowerGetEnergyCounter`; pyzes 0.1.3's structs). The device-level domain (not on a
+        subdevice) is the card's, read from hwmon."""
+        zes, device = self._zes, self._devices.get(bdf)
+        if device is None:
+            return {}
+        out: dict[int, tuple[int, int]] = {}
+        for h in self._enum(zes.zesDeviceEnumPowerDomains, zes.zes_pwr_handle_t, device):
+            props = zes.zes_power_properties_t()
+            props.stype = zes.ZES_STRUCTURE_TYPE_POWER_PROPERTIES
+            if zes.zesPowerGetProperties(h, ctypes.byref(props)) != SUCCESS \
+                    or not props.onSubdevice:
+                continue
+            counter = zes.zes_power_energy_counter_t()
+            if zes.zesPowerGetEnergyCounter(h, ctypes.byref(counter)) != SUCCESS:
+                continue
+            out[int(props.subdeviceId)] = (int(counter.energy), int(counter.timestamp))
+        return out
+
     def pci_counters(self, bdf: str) -> tuple[int, int, int] | None:
         """PCIe bytes received and sent since the driver loaded and the reading's time (µs),
         from `zesDevicePciGetStats` (`rxCounter`, `txCounter`, `timestamp`); None where the
