@@ -259,7 +259,7 @@ BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 _NVIDIA_COLLECTORS = frozenset({"clocks", "nvlink", "gpm"})
 _VENDORS = {"gpu_pcie_throughput_bytes_per_second": "nvidia, amd, intel",
             "gpu_nvlink_throughput_bytes_per_second": "nvidia",
-            "gpu_link_throughput_bytes_per_second": "nvidia, amd",
+            "gpu_link_throughput_bytes_per_second": "nvidia, amd, intel",
             "gpu_xid_errors_total": "nvidia", "gpu_xid_last_timestamp_seconds": "nvidia",
             "gpu_vgpu_license_state": "nvidia",
             "gpu_error_events_total": "amd", "gpu_error_event_last_timestamp_seconds": "amd",

@@ -89,8 +89,9 @@ def generate() -> str:
               " between samples over the metrics' `system_clock_counter` |",
               "| Intel | Level Zero `zesDevicePciGetStats` `rxCounter` / `txCounter` (bytes) over"
               " its `timestamp` (µs), where `haveBandwidthCounters`; none without Level Zero"
-              " (sysfs has no counter) | `xelink`: not filled (Sysman's fabric ports are not"
-              " wrapped by pyzes) |", "",
+              " (sysfs has no counter) | `xelink`: Level Zero fabric ports,"
+              " `zesFabricPortGetThroughput` `rxCounter` / `txCounter` (bytes, protocol overhead"
+              " included) over each port's `timestamp` (µs), summed over the ports |", "",
               "Counters need two samples, so those series appear from the second cycle; a"
               " counter that went back (driver reload) starts afresh. NVIDIA's source is chosen"
               " per GPU:", "",

@@ -4,7 +4,9 @@ calling convention (ctypes `byref` out-parameters, count-then-fill enumeration, 
 `ze_result_t` return), over a list of devices. A multi-tile device (Data Center GPU Max)
 reports `numSubdevices` and memory modules on its subdevices (`onSubdevice`, `subdeviceId`);
 PCIe byte counters come from `zesDevicePciGetStats` (pyzes.py's `zes_pci_stats_t`), energy
-from power domains (`zesDeviceEnumPowerDomains`, one per subdevice and one for the device)."""
+from power domains (`zesDeviceEnumPowerDomains`, one per subdevice and one for the device),
+Xe Link bytes from fabric ports, which pyzes does not wrap: reached through its
+`getFunctionPointerList` as on the real loader (zes_api.h v1.8's structs)."""
 
 from __future__ import annotations
 
@@ -147,6 +149,15 @@ class SimZesPower:
 
 
 @dataclass
+class SimZesFabricPort:
+    """An Xe Link port's byte counters (since the driver loaded, at `timestamp_us`)."""
+
+    rx: int = 0
+    tx: int = 0
+    timestamp_us: int = 0
+
+
+@dataclass
 class SimZesDevice:
     bdf: tuple[int, int, int, int]  # domain, bus, device, function
     name: str
@@ -158,6 +169,7 @@ class SimZesDevice:
     pci_tx: int = 0
     timestamp_us: int = 0
     power: list[SimZesPower] = field(default_factory=list)
+    fabric: list[SimZesFabricPort] = field(default_factory=list)
 
 
 def _out(ref: Any) -> Any:
@@ -196,9 +208,38 @@ class SimZes:
     zes_power_energy_counter_t = zes_power_energy_counter_t
     ZES_STRUCTURE_TYPE_POWER_PROPERTIES = ZES_STRUCTURE_TYPE_POWER_PROPERTIES
 
-    def __init__(self, devices: list[SimZesDevice]) -> None:
+    def __init__(self, devices: list[SimZesDevice], fabric_calls: bool = True) -> None:
         self.devices = devices
         self.calls: dict[str, int] = {}
+        self.fabric_calls = fabric_calls  # False: a loader without the fabric port functions
+
+    def getFunctionPointerList(self, name: str) -> Any:
+        """pyzes's access to a library function it does not wrap (here the fabric port calls,
+        with the C calling convention); AttributeError for a symbol the library lacks, as
+        ctypes raises it."""
+        exported = {"zesDeviceEnumFabricPorts": self._enum_fabric_ports,
+                    "zesFabricPortGetThroughput": self._fabric_port_throughput}
+        if not self.fabric_calls or name not in exported:
+            raise AttributeError(f"libze_loader.so.1: undefined symbol: {name}")
+        return exported[name]
+
+    def _enum_fabric_ports(self, handle: Any, p_count: Any, handles: Any) -> int:
+        self._count("zesDeviceEnumFabricPorts")
+        dev = self._device(handle)
+        if dev is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        i = _id(handle)
+        return self._fill([i << 8 | p for p in range(len(dev.fabric))], p_count, handles)
+
+    def _fabric_port_throughput(self, handle: Any, stats: Any) -> int:
+        h = _id(handle)
+        dev = self._device(h >> 8)
+        if dev is None or (h & 0xFF) >= len(dev.fabric):
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        port = dev.fabric[h & 0xFF]
+        out = _out(stats)
+        out.timestamp, out.rxCounter, out.txCounter = port.timestamp_us, port.rx, port.tx
+        return ZE_RESULT_SUCCESS
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1

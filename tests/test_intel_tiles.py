@@ -45,6 +45,7 @@ from gpusim.levelzero import (
     SimZes,
     SimZesDevice,
     SimZesEngine,
+    SimZesFabricPort,
     SimZesMemory,
     SimZesPower,
 )
@@ -377,7 +378,7 @@ def test_pcie_throughput_from_level_zero_counters(tmp_path: Path) -> None:
         sampler.close()
     assert values(body, pcie, uuid=MAX1550_BDF, direction="rx", vendor="intel") == [3 * GiB]
     assert values(body, pcie, uuid=MAX1550_BDF, direction="tx") == [GiB / 2]
-    assert values(body, "gpu_link_throughput_bytes_per_second") == []  # no Xe Link in pyzes
+    assert values(body, "gpu_link_throughput_bytes_per_second") == []  # no fabric ports
     assert values(gone, pcie) == []
     assert values(gone, "gpu_exporter_collector_success", collector="throughput") == [1]
 
@@ -478,3 +479,51 @@ def test_tile_energy_is_not_metered_twice(tmp_path: Path) -> None:
     assert "gpu_partition_energy" not in rules and "__name__" not in rules
     from metering.signals import FAMILIES as METERED
     assert "gpu_partition_energy_joules_total" not in METERED
+
+
+def test_xe_link_throughput_from_level_zero_fabric_ports(tmp_path: Path) -> None:
+    """zesFabricPortGetThroughput per port (rx/tx bytes, a µs timestamp of its own),
+    differenced by the throughput collector and summed over the ports as link_type "xelink";
+    nothing on the first cycle, and none where the loader lacks the fabric calls."""
+    max1550_host(str(tmp_path))
+    zes = _zes()
+    ports = [SimZesFabricPort(0, 0, 1_000_000), SimZesFabricPort(0, 0, 1_500_000)]
+    zes.devices[0].fabric = ports
+    specs = [s for s in REGISTRY if s.name == "throughput"]
+    backend = IntelBackend(str(tmp_path), str(tmp_path / "proc"), sysman=lambda: (zes, ""))
+    sampler = Sampler(backend, ExporterOptions(node=NODE, sysfs_root=str(tmp_path)), specs,
+                      threaded=False)
+    link = "gpu_link_throughput_bytes_per_second"
+    try:
+        assert values(sampler.cycle().body(False, False), link) == []
+        # port 0: 2 s, 8 GiB in, 2 GiB out; port 1: 4 s, 4 GiB in, 8 GiB out
+        ports[0].rx, ports[0].tx, ports[0].timestamp_us = 8 * GiB, 2 * GiB, 3_000_000
+        ports[1].rx, ports[1].tx, ports[1].timestamp_us = 4 * GiB, 8 * GiB, 5_500_000
+        body = sampler.cycle().body(False, False)
+        zes.fabric_calls = False  # an older loader: no links, not a failure
+        gone = sampler.cycle().body(False, False)
+    finally:
+        sampler.close()
+    assert values(body, link, uuid=MAX1550_BDF, link_type="xelink", direction="rx",
+                  vendor="intel") == [4 * GiB + GiB]
+    assert values(body, link, uuid=MAX1550_BDF, link_type="xelink", direction="tx") == \
+        [GiB + 2 * GiB]
+    assert values(gone, link) == []
+    assert values(gone, "gpu_exporter_collector_success", collector="throughput") == [1]
+
+
+def test_a_loader_without_the_fabric_symbols_gives_no_links() -> None:
+    """The real path: pyzes's getFunctionPointerList is getattr on the loaded CDLL, which
+    raises AttributeError for a symbol the library does not export (here libc)."""
+    import ctypes
+
+    from exporter.device.intel_levelzero import _loader_function
+
+    class Zes:
+        @staticmethod
+        def getFunctionPointerList(name: str) -> Any:
+            return getattr(ctypes.CDLL(None), name)
+
+    assert _loader_function(Zes(), "zesDeviceEnumFabricPorts", []) is None
+    getpid = _loader_function(Zes(), "getpid", [])  # a symbol that exists: typed as C
+    assert getpid is not None and getpid.restype is ctypes.c_int32 and getpid() > 0

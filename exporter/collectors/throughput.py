@@ -94,9 +94,10 @@ class ThroughputCollector(GpuCollector):
             if value is not None:
                 cur[(PCIE, "", 0, direction)] = (float(value), now)
         for link in ic.links:
+            at = now if link.timestamp_seconds is None else link.timestamp_seconds
             for direction, value in ((TX, link.tx_bytes), (RX, link.rx_bytes)):
                 if value is not None:
-                    cur[(LINK, link.link_type, link.link, direction)] = (float(value), now)
+                    cur[(LINK, link.link_type, link.link, direction)] = (float(value), at)
         prev = self._bytes.get(gpu.uuid, {})
         self._bytes[gpu.uuid] = cur
         rates: dict[tuple[str, str, str], float] = {}

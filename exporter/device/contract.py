@@ -217,6 +217,9 @@ class LinkTraffic:
     link: int
     tx_bytes: int | None
     rx_bytes: int | None
+    # when the link's counters were read (the device's clock, s), where each link has its own
+    # (Level Zero's fabric ports); None: the Interconnect's timestamp
+    timestamp_seconds: float | None = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from exporter.device.contract import (
     GuestLicence,
     Interconnect,
     Inventory,
+    LinkTraffic,
     MemoryUsage,
     MigRef,
     ProcessReader,
@@ -329,15 +330,20 @@ class IntelBackend:
 
     def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
         """PCIe bytes from Level Zero's `zesDevicePciGetStats` where the device has bandwidth
-        counters (sysfs has none). Xe Link traffic would be Sysman's fabric ports
-        (`zesFabricPortGetThroughput`), which pyzes does not wrap: no links."""
+        counters (sysfs has none); Xe Link bytes per fabric port (`zesFabricPortGetThroughput`,
+        each port with its own µs timestamp). Nothing without Level Zero."""
         self._card(gpu)
         l0 = self.level_zero
-        pci = l0.pci_counters(gpu.uuid) if l0 is not None else None
-        if pci is None:
+        if l0 is None:
             return Interconnect()
+        links = tuple(LinkTraffic("xelink", port, tx, rx, stamp_us / 1e6)
+                      for port, rx, tx, stamp_us in l0.fabric_counters(gpu.uuid))
+        pci = l0.pci_counters(gpu.uuid)
+        if pci is None:
+            return Interconnect(links=links)
         rx, tx, stamp_us = pci
-        return Interconnect(pcie_tx_bytes=tx, pcie_rx_bytes=rx, timestamp_seconds=stamp_us / 1e6)
+        return Interconnect(pcie_tx_bytes=tx, pcie_rx_bytes=rx, links=links,
+                            timestamp_seconds=stamp_us / 1e6)
 
     def process_reader(self) -> ProcessReader:
         # a device's uuid is its PCI address: fdinfo's drm-pdev
