@@ -30,13 +30,19 @@ from exporter.device.contract import (
     MemoryUsage,
     MigRef,
     ProcessReader,
+    ProcessSample,
     Reliability,
     Tally,
     Telemetry,
     Vendor,
     VirtualFunction,
 )
-from exporter.device.fdinfo import COMPUTE_ENGINES, DrmFdinfo, FdinfoProcessReader
+from exporter.device.fdinfo import (
+    COMPUTE_ENGINES,
+    DrmFdinfo,
+    FdinfoProcessReader,
+    read_fdinfo_processes,
+)
 from exporter.device.intel_levelzero import LevelZero, load_pyzes
 from exporter.device.intel_sysfs import (
     PVC_IDS,
@@ -347,7 +353,15 @@ class IntelBackend:
 
     def process_reader(self) -> ProcessReader:
         # a device's uuid is its PCI address: fdinfo's drm-pdev
-        return FdinfoProcessReader(self._drm, lambda gpu: gpu.uuid)
+        return _VfProcessReader(FdinfoProcessReader(self._drm, lambda gpu: gpu.uuid),
+                                self._vf_pdevs)
+
+    def _vf_pdevs(self, gpu: GpuRef) -> list[str]:
+        """The PCI addresses of the GPU's enabled SR-IOV VFs: a container given a VF's card
+        (bound to the host's driver) opens the VF, so its fdinfo's `drm-pdev` is the VF."""
+        card = self._cards.get(gpu.uuid)
+        state = sriov(card.pci_dir) if card is not None else None
+        return [vf for _, vf in state.vfs] if state is not None else []
 
     def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
         card = self._card(gpu)
@@ -374,6 +388,23 @@ class IntelBackend:
     def error_events(self) -> EventSource:
         return _NoEvents()
 
+
+
+class _VfProcessReader:
+    """The device's DRM clients and its VFs': a process on a VF counts on the PF's uuid,
+    which is the key of the VF's unit (a `vgpu` unit of the PF priced as the VF's share,
+    exporter/attribution/sources.py `intel_plugin_units`), so its use goes to the container
+    holding that VF, never unattributed and never to another holder of the PF."""
+
+    def __init__(self, own: FdinfoProcessReader, vfs: Callable[[GpuRef], list[str]]) -> None:
+        self._own = own
+        self._vfs = vfs
+
+    def read(self, gpu: GpuRef, partitions: Sequence[MigRef], tally: Tally
+             ) -> list[ProcessSample]:
+        pdevs = {vf: gpu.uuid for vf in self._vfs(gpu)}
+        extra = read_fdinfo_processes(self._own.drm, pdevs) if pdevs else []
+        return [*self._own.read(gpu, partitions, tally), *extra]
 
 
 def probe(spec: LoadSpec, auto: bool) -> IntelBackend:
