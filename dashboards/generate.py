@@ -256,7 +256,10 @@ def node_detail() -> Board:
            (f"gpu_memory_temperature_celsius{{{DEV}}}", g + " memory")])
     b.add(ts("Power", "watt"),
           [(f"gpu_power_watts{{{DEV}}}", g), (f"gpu_power_limit_watts{{{DEV}}}", g + " limit"),
-           (f"rate(gpu_energy_joules_total{{{DEV}}}[$__rate_interval])", g + " from energy")])
+           (f"rate(gpu_energy_joules_total{{{DEV}}}[$__rate_interval])", g + " from energy"),
+           # an Intel Max tile's part of its card's power (not added to the card's)
+           (f"rate(gpu_partition_energy_joules_total{{{DEV}}}[$__rate_interval])",
+            g + " {{mig_uuid}} from energy")])
     b.add(ts("Clocks", "hertz"),
           [(f"gpu_sm_clock_hertz{{{DEV}}}", g + " SM"),
            (f"gpu_memory_clock_hertz{{{DEV}}}", g + " memory")])

@@ -129,7 +129,9 @@ FAMILIES: tuple[Family, ...] = (
     _g("gpu_pcie_throughput_bytes_per_second",
        "PCIe traffic by direction (tx: sent by the GPU, rx: received): NVIDIA with GPM "
        "(Hopper+) the mean over the sample interval, else the driver's 20 ms reading at sample "
-       "time; Intel the mean of Level Zero's byte counters over the sample interval.",
+       "time; Intel the mean of Level Zero's byte counters over the sample interval; AMD the "
+       "driver's one-second estimate (messages x max payload, an upper bound), refreshed "
+       "about every minute.",
        (*MIG, "direction"), "throughput"),
     _g("gpu_nvlink_throughput_bytes_per_second",
        "NVLink data traffic over all links by direction (tx: sent by the GPU, rx: received), "
@@ -146,6 +148,10 @@ FAMILIES: tuple[Family, ...] = (
        (*MIG, "slices", "parent_slices"), "mig"),
     _g("gpu_mig_memory_total_bytes", "Memory of a MIG instance.", MIG, "mig"),
     _g("gpu_mig_memory_used_bytes", "Memory in use in a MIG instance.", MIG, "mig"),
+    _c("gpu_partition_energy_joules_total",
+       "Energy a partition (an Intel Max tile) consumed since the driver was loaded: a part of "
+       "its GPU's gpu_energy_joules_total, which alone is metered (never add the two).",
+       MIG, "device"),
     _g("gpu_partition_utilization_ratio",
        "Fraction of the sample interval a partition's busiest engine group (compute, render) "
        "was active (Intel tiles: Level Zero engine activity on the subdevice); absent where "
@@ -251,13 +257,14 @@ BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 # filled by every backend whose library has the value ("all"); the collectors that read NVML
 # itself are NVIDIA's; AMD's RAS families are AMD's.
 _NVIDIA_COLLECTORS = frozenset({"clocks", "nvlink", "gpm"})
-_VENDORS = {"gpu_pcie_throughput_bytes_per_second": "nvidia, intel",
+_VENDORS = {"gpu_pcie_throughput_bytes_per_second": "nvidia, amd, intel",
             "gpu_nvlink_throughput_bytes_per_second": "nvidia",
-            "gpu_link_throughput_bytes_per_second": "nvidia, amd",
+            "gpu_link_throughput_bytes_per_second": "nvidia, amd, intel",
             "gpu_xid_errors_total": "nvidia", "gpu_xid_last_timestamp_seconds": "nvidia",
             "gpu_vgpu_license_state": "nvidia",
             "gpu_error_events_total": "amd", "gpu_error_event_last_timestamp_seconds": "amd",
-            "gpu_ras_errors_total": "amd", "gpu_partition_utilization_ratio": "intel"}
+            "gpu_ras_errors_total": "amd", "gpu_partition_utilization_ratio": "intel",
+            "gpu_partition_energy_joules_total": "intel"}
 
 
 def vendors(family: Family) -> str:

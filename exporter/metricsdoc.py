@@ -91,15 +91,18 @@ def generate() -> str:
               " links of a type. Which vendor fills what:", "",
               "| vendor | PCIe | links |", "|---|---|---|",
               "| NVIDIA | NVML, below | `nvlink`: NVML, below |",
-              "| AMD | not filled: amdsmi's `pcie_bandwidth_acc` / `pcie_bandwidth_inst` are GB/s"
-              " of both directions together, no per-direction counter | `xgmi`:"
+              "| AMD | `amdsmi_get_gpu_pci_throughput`: the driver's messages over one second x"
+              " the max payload size (an upper bound; its `sent` key is what the GPU received:"
+              " [backends.md](backends.md)), each GPU about once a minute, the last estimate"
+              " given in between (each read blocks one second) | `xgmi`:"
               " `amdsmi_get_gpu_metrics_info` `xgmi_read_data_acc` (rx) and"
               " `xgmi_write_data_acc` (tx) per link, KB since the driver loaded, differenced"
               " between samples over the metrics' `system_clock_counter` |",
               "| Intel | Level Zero `zesDevicePciGetStats` `rxCounter` / `txCounter` (bytes) over"
               " its `timestamp` (µs), where `haveBandwidthCounters`; none without Level Zero"
-              " (sysfs has no counter) | `xelink`: not filled (Sysman's fabric ports are not"
-              " wrapped by pyzes) |", "",
+              " (sysfs has no counter) | `xelink`: Level Zero fabric ports,"
+              " `zesFabricPortGetThroughput` `rxCounter` / `txCounter` (bytes, protocol overhead"
+              " included) over each port's `timestamp` (µs), summed over the ports |", "",
               "Counters need two samples, so those series appear from the second cycle; a"
               " counter that went back (driver reload) starts afresh. NVIDIA's source is chosen"
               " per GPU:", "",

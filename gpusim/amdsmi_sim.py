@@ -119,6 +119,10 @@ class SimAmdGpu:
     ecc_correctable: int = 0
     ecc_uncorrectable: int = 0
     pcie_replays: int = 0
+    # PCIe messages per second the GPU receives and sends, and its max payload size (bytes)
+    pcie_rx_msgs: int = 40_000_000
+    pcie_tx_msgs: int = 10_000_000
+    pcie_mps: int = 256
     bad_pages: list[str] = field(default_factory=list)  # statuses: RESERVED, PENDING, ...
     # RAS block name -> (correctable, uncorrectable, deferred); every block listed is enabled
     ras: dict[str, tuple[int, int, int]] = field(default_factory=dict)
@@ -164,6 +168,7 @@ class SimAmdSmi:
         self.start = clock() if start is None else start
         self.driver_version = driver_version
         self.initialised = False
+        self.pci_throughput_calls = 0  # each costs a real driver one second
 
     def as_api(self) -> AmdSmiApi:
         return self
@@ -305,6 +310,14 @@ class SimAmdSmi:
         return {"xgmi_read_data_acc": links, "xgmi_write_data_acc": [*links[::-1][1:], NA],
                 "pcie_bandwidth_acc": int(t * 10), "pcie_replay_count_acc": g.pcie_replays,
                 "energy_accumulator": NA, "system_clock_counter": int(self.clock() * 1e9)}
+
+    def amdsmi_get_gpu_pci_throughput(self, h: SimHandle) -> dict[str, Any]:
+        """As ROCm's library reads the amdgpu `pcie_bw` file ("<received> <sent> <mps>", the
+        driver's perf counters over one second): rocm_smi parses its first number into `sent`
+        and its second into `received`, so the keys are swapped against the driver's."""
+        g = self._gpu(h)
+        self.pci_throughput_calls += 1
+        return {"sent": g.pcie_rx_msgs, "received": g.pcie_tx_msgs, "max_pkt_sz": g.pcie_mps}
 
     # --- reliability ---
     def amdsmi_get_gpu_total_ecc_count(self, h: SimHandle) -> dict[str, Any]:

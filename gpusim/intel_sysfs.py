@@ -76,10 +76,11 @@ def write_gpu(root: str, gpu: IntelGpu) -> None:
     _write(os.path.join(hwmon, "name"), gpu.driver)
     _write(os.path.join(hwmon, "energy1_input"), gpu.energy_uj)
     _write(os.path.join(hwmon, "power1_max"), gpu.power_max_uw)
-    if gpu.driver == "i915":  # i915 also registers a gt-level hwmon, which is not the device's
-        gt = os.path.join(pci, "hwmon", "hwmon3")
-        _write(os.path.join(gt, "name"), "i915_gt0")
-        _write(os.path.join(gt, "energy1_input"), gpu.energy_uj // 2)
+    if gpu.driver == "i915":  # i915 also registers gt-level hwmons, which are not the device's
+        for i in range(max(1, gpu.gts)):  # each GT's energy a part of the device's
+            gt = os.path.join(pci, "hwmon", f"hwmon{3 + i}")
+            _write(os.path.join(gt, "name"), f"i915_gt{i}")
+            _write(os.path.join(gt, "energy1_input"), gpu.energy_uj // (max(1, gpu.gts) + 1))
         _write(os.path.join(card_dir, "gt_act_freq_mhz"), gpu.act_freq_mhz)
         _write(os.path.join(card_dir, "gt_cur_freq_mhz"), gpu.cur_freq_mhz)
         for i in range(gpu.gts):  # gt/intel_gt_sysfs.c: gt/gt<id> with its id

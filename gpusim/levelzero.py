@@ -3,7 +3,10 @@
 calling convention (ctypes `byref` out-parameters, count-then-fill enumeration, a
 `ze_result_t` return), over a list of devices. A multi-tile device (Data Center GPU Max)
 reports `numSubdevices` and memory modules on its subdevices (`onSubdevice`, `subdeviceId`);
-PCIe byte counters come from `zesDevicePciGetStats` (pyzes.py's `zes_pci_stats_t`)."""
+PCIe byte counters come from `zesDevicePciGetStats` (pyzes.py's `zes_pci_stats_t`), energy
+from power domains (`zesDeviceEnumPowerDomains`, one per subdevice and one for the device),
+Xe Link bytes from fabric ports, which pyzes does not wrap: reached through its
+`getFunctionPointerList` as on the real loader (zes_api.h v1.8's structs)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ ZES_STRUCTURE_TYPE_ENGINE_PROPERTIES = 0x5
 ZES_ENGINE_GROUP_COMPUTE_ALL = 1
 ZES_ENGINE_GROUP_MEDIA_ALL = 2
 ZES_STRUCTURE_TYPE_MEM_PROPERTIES = 0xB
+ZES_STRUCTURE_TYPE_POWER_PROPERTIES = 0xD
 ZES_STRUCTURE_TYPE_MEM_STATE = 0x1E
 ZES_MEM_LOC_SYSTEM = 0
 ZES_MEM_LOC_DEVICE = 1
@@ -107,6 +111,23 @@ class zes_engine_stats_t(ctypes.Structure):
     _fields_ = [("activeTime", ctypes.c_uint64), ("timestamp", ctypes.c_uint64)]
 
 
+class zes_pwr_handle_t(ctypes.c_void_p):
+    pass
+
+
+class zes_power_properties_t(ctypes.Structure):
+    _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
+                ("onSubdevice", ctypes.c_uint8), ("subdeviceId", ctypes.c_uint32),
+                ("canControl", ctypes.c_uint8), ("isEnergyThresholdSupported", ctypes.c_uint8),
+                ("defaultLimit", ctypes.c_int32), ("minLimit", ctypes.c_int32),
+                ("maxLimit", ctypes.c_int32)]
+
+
+class zes_power_energy_counter_t(ctypes.Structure):
+    # no stype, as pyzes defines it: energy µJ, timestamp µs
+    _fields_ = [("energy", ctypes.c_uint64), ("timestamp", ctypes.c_uint64)]
+
+
 class zes_mem_properties_t(ctypes.Structure):
     _fields_ = [("stype", ctypes.c_int32), ("pNext", ctypes.c_void_p),
                 ("type", ctypes.c_int32), ("onSubdevice", ctypes.c_uint8),
@@ -139,6 +160,24 @@ class SimZesEngine:
 
 
 @dataclass
+class SimZesPower:
+    """A power domain's energy counter (µJ since the driver loaded, at `timestamp_us`)."""
+
+    subdevice: int | None = None  # the tile it is on; None: the whole device
+    energy_uj: int = 0
+    timestamp_us: int = 0
+
+
+@dataclass
+class SimZesFabricPort:
+    """An Xe Link port's byte counters (since the driver loaded, at `timestamp_us`)."""
+
+    rx: int = 0
+    tx: int = 0
+    timestamp_us: int = 0
+
+
+@dataclass
 class SimZesDevice:
     bdf: tuple[int, int, int, int]  # domain, bus, device, function
     name: str
@@ -150,6 +189,8 @@ class SimZesDevice:
     pci_tx: int = 0
     timestamp_us: int = 0
     uuid: bytes = bytes(16)  # core.uuid.id: pci_uuid() or telemetry_uuid(); zeros: none
+    power: list[SimZesPower] = field(default_factory=list)
+    fabric: list[SimZesFabricPort] = field(default_factory=list)
 
 
 def _out(ref: Any) -> Any:
@@ -183,10 +224,43 @@ class SimZes:
     zes_pci_stats_t = zes_pci_stats_t
     zes_mem_properties_t = zes_mem_properties_t
     zes_mem_state_t = zes_mem_state_t
+    zes_pwr_handle_t = zes_pwr_handle_t
+    zes_power_properties_t = zes_power_properties_t
+    zes_power_energy_counter_t = zes_power_energy_counter_t
+    ZES_STRUCTURE_TYPE_POWER_PROPERTIES = ZES_STRUCTURE_TYPE_POWER_PROPERTIES
 
-    def __init__(self, devices: list[SimZesDevice]) -> None:
+    def __init__(self, devices: list[SimZesDevice], fabric_calls: bool = True) -> None:
         self.devices = devices
         self.calls: dict[str, int] = {}
+        self.fabric_calls = fabric_calls  # False: a loader without the fabric port functions
+
+    def getFunctionPointerList(self, name: str) -> Any:
+        """pyzes's access to a library function it does not wrap (here the fabric port calls,
+        with the C calling convention); AttributeError for a symbol the library lacks, as
+        ctypes raises it."""
+        exported = {"zesDeviceEnumFabricPorts": self._enum_fabric_ports,
+                    "zesFabricPortGetThroughput": self._fabric_port_throughput}
+        if not self.fabric_calls or name not in exported:
+            raise AttributeError(f"libze_loader.so.1: undefined symbol: {name}")
+        return exported[name]
+
+    def _enum_fabric_ports(self, handle: Any, p_count: Any, handles: Any) -> int:
+        self._count("zesDeviceEnumFabricPorts")
+        dev = self._device(handle)
+        if dev is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        i = _id(handle)
+        return self._fill([i << 8 | p for p in range(len(dev.fabric))], p_count, handles)
+
+    def _fabric_port_throughput(self, handle: Any, stats: Any) -> int:
+        h = _id(handle)
+        dev = self._device(h >> 8)
+        if dev is None or (h & 0xFF) >= len(dev.fabric):
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        port = dev.fabric[h & 0xFF]
+        out = _out(stats)
+        out.timestamp, out.rxCounter, out.txCounter = port.timestamp_us, port.rx, port.tx
+        return ZE_RESULT_SUCCESS
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
@@ -311,4 +385,33 @@ class SimZes:
         if mem is None:
             return ZE_RESULT_ERROR_INVALID_ARGUMENT
         _out(state).size, _out(state).free = mem.size, mem.free
+        return ZE_RESULT_SUCCESS
+
+    def zesDeviceEnumPowerDomains(self, handle: Any, p_count: Any, handles: Any) -> int:
+        self._count("zesDeviceEnumPowerDomains")
+        dev = self._device(handle)
+        if dev is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        i = _id(handle)
+        return self._fill([i << 8 | p for p in range(len(dev.power))], p_count, handles)
+
+    def _power(self, handle: Any) -> SimZesPower | None:
+        h = _id(handle)
+        dev = self._device(h >> 8)
+        return dev.power[h & 0xFF] if dev is not None and (h & 0xFF) < len(dev.power) \
+            else None
+
+    def zesPowerGetProperties(self, handle: Any, props: Any) -> int:
+        power = self._power(handle)
+        if power is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        _out(props).onSubdevice = int(power.subdevice is not None)
+        _out(props).subdeviceId = power.subdevice or 0
+        return ZE_RESULT_SUCCESS
+
+    def zesPowerGetEnergyCounter(self, handle: Any, counter: Any) -> int:
+        power = self._power(handle)
+        if power is None:
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT
+        _out(counter).energy, _out(counter).timestamp = power.energy_uj, power.timestamp_us
         return ZE_RESULT_SUCCESS

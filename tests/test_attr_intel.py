@@ -222,3 +222,68 @@ def test_shared_intel_gpu_split_between_pods_by_fdinfo(sockdir: Path, tmp_path: 
                   (NODE, "team-b", "infer-2", "app", FLEX_SHARED, ""): pytest.approx(0.25)}
     assert family(sink, "gpu_container_memory_used_bytes")[
         (NODE, "team-a", "infer-1", "app", FLEX_SHARED, "")] == 23992 * 1024
+
+
+def test_a_vf_holders_processes_count_on_its_vf_unit(sockdir: Path, tmp_path: Path) -> None:
+    """A container given a VF's card opens the VF: its xe fdinfo's drm-pdev is the VF's
+    address (0000:4d:00.1), not the PF's. Its use is the holder of that VF's unit (a vgpu
+    unit of the PF, priced as 1/2), not dropped and not another pod's: the other VF's holder
+    is idle."""
+    flex_node(tmp_path)
+    vf1, vf2 = "0000:4d:00.1", "0000:4d:00.2"
+    proc = Proc(tmp_path / "proc")
+    pods = [("team-c", "vf-pod", "app", "gamma", "40000000-0000-4000-8000-000000000003", "d3"),
+            ("team-d", "vf-idle", "app", "delta", "40000000-0000-4000-8000-000000000004", "d4")]
+    allocations = [_alloc("team-c", "vf-pod", XE, "card1-0"),
+                   _alloc("team-d", "vf-idle", XE, "card2-0")]
+    allocatable = [(XE, "card1-0"), (XE, "card2-0")]
+    proc.open(401, 4, xe(7, rcs=0, ccs=0, stamp=1_000_000).replace(ARC, vf1))
+    (proc.root / "401" / "cgroup").write_text(
+        f"0::/kubepods/burstable/pod{pods[0][4]}/{pods[0][5] * 32}\n")
+    kubelet = FakeKubelet(str(sockdir / "kubelet.sock"), lambda: allocations,
+                          lambda: allocatable)
+    kubelet.start()
+    server = FakeApiServer([api_pod(*p, node=NODE) for p in pods])
+    server.start()
+    opts = ExporterOptions(node=NODE, pod_resources_socket=str(sockdir / "kubelet.sock"),
+                           proc_root=str(proc.root), sysfs_root=str(tmp_path),
+                           kubeconfig=server.kubeconfig(str(tmp_path / "kubeconfig")),
+                           kubernetes=True, pod_label_allowlist=("team",), rpc_timeout=2.0)
+    clock = Clock()
+    backends = Backends([IntelBackend(str(tmp_path), str(proc.root), clock=clock)])
+    inv = backends.members[0].inventory(None)
+    stage = ProcessStage(backends)
+    collector = AttributionCollector(opts)
+    try:
+        watch = collector.pod_watch
+        assert watch is not None
+        wait_until(lambda: len(watch.pods) == len(pods), "the pod watch's first list")
+        for second in (False, True):
+            if second:
+                clock.now += 1.0  # 3e6 ccs cycles busy of 1e6 x 4 engines
+                proc.open(401, 4, xe(7, rcs=0, ccs=3_000_000, stamp=2_000_000)
+                          .replace(ARC, vf1))
+            ctx = CycleContext(options=opts, now=time.time(), gpus=list(inv.gpus),
+                               static=dict(inv.static), backend=backends)
+            stage.fill(ctx)
+            sink = SampleSink()
+            collector.collect(ctx, sink)
+    finally:
+        collector.close()
+        server.stop()
+        kubelet.stop()
+    assert vf2 != vf1 and {p.pid: p.uuid for p in ctx.processes} == {401: FLEX_PF}
+    assert family(sink, "gpu_container_allocation") == {  # the PF's two VF units
+        (NODE, "team-c", "vf-pod", "app", FLEX_PF, "", XE, "vgpu", "2", "", ""): 1,
+        (NODE, "team-d", "vf-idle", "app", FLEX_PF, "", XE, "vgpu", "2", "", ""): 1}
+    assert family(sink, "gpu_container_memory_fraction") == {
+        (NODE, "team-c", "vf-pod", "app", FLEX_PF, ""): 0.5,
+        (NODE, "team-d", "vf-idle", "app", FLEX_PF, ""): 0.5}
+    assert family(sink, "gpu_container_sm_utilization_ratio") == {
+        (NODE, "team-c", "vf-pod", "app", FLEX_PF, ""): pytest.approx(0.75)}
+    assert family(sink, "gpu_container_memory_used_bytes") == {
+        (NODE, "team-c", "vf-pod", "app", FLEX_PF, ""): 23992 * 1024,
+        (NODE, "team-d", "vf-idle", "app", FLEX_PF, ""): 0}
+    assert family(sink, "gpu_container_processes") == {
+        (NODE, "team-c", "vf-pod", "app", FLEX_PF, ""): 1,
+        (NODE, "team-d", "vf-idle", "app", FLEX_PF, ""): 0}

@@ -248,7 +248,12 @@ def test_the_amd_backend_plugs_into_the_sampler() -> None:
     for d in ("tx", "rx"):
         assert values(body, link, uuid=uuid, link_type="xgmi", direction=d) == \
             [pytest.approx(28_000 * 1024)]
-    assert not values(body, "gpu_pcie_throughput_bytes_per_second")  # no directional counter
+    # PCIe: the driver's one-second estimate, one GPU per cycle at most (each read blocks 1 s):
+    # GPU 0 read in the first cycle and given again, GPU 1 in the second, the others not yet
+    pcie = "gpu_pcie_throughput_bytes_per_second"
+    assert values(body, pcie, uuid=uuid, direction="rx") == [40_000_000 * 256]
+    assert values(body, pcie, uuid=uuid, direction="tx") == [10_000_000 * 256]
+    assert len(values(body, pcie, direction="rx")) == 2
     assert values(body, "gpu_exporter_collector_success", collector="throughput") == [1]
 
 
@@ -577,3 +582,49 @@ def test_without_amdsmi_process_list_processes_come_from_drm_fdinfo(tmp_path: Pa
     cpx.open()
     inv = cpx.inventory(None)
     assert cpx.process_reader().read(inv.gpus[0], inv.migs, Tally()) == []
+
+
+def test_pcie_estimate_is_the_drivers_messages_times_payload_read_sparingly() -> None:
+    """amdsmi_get_gpu_pci_throughput blocks one second in the driver: one GPU at most every
+    `pcie_spacing`, each GPU at most every `pcie_period`, the last estimate given in between.
+    Its keys are swapped against the driver's pcie_bw (rocm_smi parses "<received> <sent>"
+    into sent, received): rx is the `sent` key."""
+    clock = ManualClock(T0 + 10)
+    sim = mi300x_cpx_nps4(gpus=2, clock=clock, start=T0)
+    sim.gpus[1].pcie_rx_msgs, sim.gpus[1].pcie_tx_msgs, sim.gpus[1].pcie_mps = 1000, 3000, 512
+    backend = AmdBackend(sim.as_api(), clock_ns=NsClock(clock), pcie_period=60,
+                         pcie_spacing=5)
+    backend.open()
+    g0, g1 = backend.inventory(None).gpus
+    first = backend.interconnect(g0, Tally())
+    assert (first.pcie_rx_bytes_per_second, first.pcie_tx_bytes_per_second) == \
+        (40_000_000 * 256, 10_000_000 * 256)
+    assert backend.interconnect(g1, Tally()).pcie_rx_bytes_per_second is None  # spacing
+    assert sim.pci_throughput_calls == 1
+    clock.now += 5
+    assert backend.interconnect(g0, Tally()).pcie_rx_bytes_per_second == 40_000_000 * 256
+    second = backend.interconnect(g1, Tally())
+    assert (second.pcie_rx_bytes_per_second, second.pcie_tx_bytes_per_second) == \
+        (1000 * 512, 3000 * 512)
+    assert sim.pci_throughput_calls == 2  # GPU 0's estimate was given again, not read
+    sim.gpus[0].pcie_rx_msgs = 0
+    clock.now += 56  # 61 s after GPU 0's reading: due again
+    assert backend.interconnect(g0, Tally()).pcie_rx_bytes_per_second == 0
+    assert sim.pci_throughput_calls == 3
+
+
+def test_pcie_estimate_absent_where_the_library_has_none() -> None:
+    """The MxGPU host package (and an APU's driver) has no pcie_bw: absent, not 0."""
+    clock = ManualClock(T0 + 10)
+    sim = mi300x_cpx_nps4(gpus=1, clock=clock, start=T0)
+
+    def unsupported(handle: object) -> dict[str, object]:
+        raise sim.AmdSmiLibraryException(2)  # AMDSMI_STATUS_NOT_SUPPORTED
+
+    sim.amdsmi_get_gpu_pci_throughput = unsupported  # type: ignore[method-assign]
+    backend = AmdBackend(sim.as_api(), clock_ns=NsClock(clock))
+    backend.open()
+    tally = Tally()
+    link = backend.interconnect(backend.inventory(None).gpus[0], tally)
+    assert (link.pcie_tx_bytes_per_second, link.pcie_rx_bytes_per_second) == (None, None)
+    assert tally.failures == 0

@@ -76,8 +76,9 @@ def test_goldens_cover_the_contract() -> None:
                         # simulator's): tests/test_device_backends.py
                         "gpu_error_events_total", "gpu_error_event_last_timestamp_seconds",
                         "gpu_ras_errors_total",
-                        # Intel tiles' busy share (Level Zero): tests/test_intel_tiles.py
-                        "gpu_partition_utilization_ratio"}
+                        # Intel tiles' busy share (Level Zero) and energy (i915 gt hwmon,
+                        # Level Zero): tests/test_intel_tiles.py
+                        "gpu_partition_utilization_ratio", "gpu_partition_energy_joules_total"}
     missing = [f.name for f in FAMILIES
                if not f.name.startswith("gpu_process_")
                and f.name not in not_in_scenarios and f"\n{f.name}" not in "\n" + text]

@@ -45,7 +45,9 @@ from gpusim.levelzero import (
     SimZes,
     SimZesDevice,
     SimZesEngine,
+    SimZesFabricPort,
     SimZesMemory,
+    SimZesPower,
 )
 from metering.costmodel import load_cost_model
 from metering.db import connect
@@ -376,7 +378,7 @@ def test_pcie_throughput_from_level_zero_counters(tmp_path: Path) -> None:
         sampler.close()
     assert values(body, pcie, uuid=MAX1550_BDF, direction="rx", vendor="intel") == [3 * GiB]
     assert values(body, pcie, uuid=MAX1550_BDF, direction="tx") == [GiB / 2]
-    assert values(body, "gpu_link_throughput_bytes_per_second") == []  # no Xe Link in pyzes
+    assert values(body, "gpu_link_throughput_bytes_per_second") == []  # no fabric ports
     assert values(gone, pcie) == []
     assert values(gone, "gpu_exporter_collector_success", collector="throughput") == [1]
 
@@ -395,3 +397,133 @@ def test_a_tile_the_gpu_lacks_leaves_the_card_whole(tmp_path: Path) -> None:
                               {"card0": MAX1550_BDF}, index, {"card0": 2}, {}, UnknownIds(),
                               tiles, {("a", "p"): info})
     assert [(r.device, r.mode) for r in rows] == [((MAX1550_BDF, ""), SharingMode.TIME_SLICING)]
+
+
+def test_tile_energy_from_i915_gt_hwmon_and_level_zero_power_domains(tmp_path: Path) -> None:
+    """i915's gt-level hwmons (`i915_gt<N>`, µJ) are the tiles' energy; on xe, which has no
+    per-tile file, Level Zero's power domains on a subdevice; the device's own domain and
+    the card's hwmon stay the GPU's energy."""
+    i915 = tmp_path / "i915"
+    max1550_host(str(i915), "i915")  # the simulator gives each GT a third of the card
+    b = _backend(i915)
+    t = b.telemetry(b.inventory(None).gpus[0], Tally())
+    assert t.energy_joules == 9876.0
+    assert t.partition_energy_joules == ((TILE0, 3292.0), (TILE1, 3292.0))
+
+    xe_root = tmp_path / "xe"
+    max1550_host(str(xe_root))
+    zes = _zes()
+    zes.devices[0].power = [SimZesPower(None, 9_000_000_000), SimZesPower(0, 4_000_000_000),
+                            SimZesPower(1, 3_500_000_000)]
+    b = _backend(xe_root, zes)
+    t = b.telemetry(b.inventory(None).gpus[0], Tally())
+    assert t.energy_joules == 9876.0  # hwmon's card counter, not Sysman's device domain
+    assert t.partition_energy_joules == ((TILE0, 4000.0), (TILE1, 3500.0))
+    b = _backend(xe_root)  # xe without Level Zero: no per-tile energy
+    assert b.telemetry(b.inventory(None).gpus[0], Tally()).partition_energy_joules == ()
+
+
+def test_the_sampler_serves_tile_energy_in_its_own_family(tmp_path: Path) -> None:
+    max1550_host(str(tmp_path), "i915")
+    specs = [s for s in REGISTRY if s.name == "device"]
+    sampler = Sampler(IntelBackend(str(tmp_path), str(tmp_path / "proc"),
+                                   sysman=lambda: (None, "absent")),
+                      ExporterOptions(node=NODE, sysfs_root=str(tmp_path)), specs,
+                      threaded=False)
+    try:
+        body = sampler.cycle().body(False, False)
+    finally:
+        sampler.close()
+    part = "gpu_partition_energy_joules_total"
+    assert values(body, part, mig_uuid=TILE0, gpu_instance_id="0", profile="tile",
+                  vendor="intel") == [3292.0]
+    assert values(body, part, mig_uuid=TILE1) == [3292.0]
+    assert values(body, "gpu_energy_joules_total") == [9876.0]  # one series: the card
+
+
+def _metered_energy(tmp_path: Path, with_tiles: bool) -> list[tuple[str, float]]:
+    """An hour of a Max 1550: the card's counter +7.2 MJ, each tile's +3 MJ (when written),
+    ingested from OpenMetrics as `gpu-ledger meter` reads it."""
+    t0 = int(datetime(2026, 10, 5, tzinfo=UTC).timestamp())
+    dev = f'node="{NODE}",gpu="0",uuid="{MAX1550_BDF}",model="Intel PVC",vendor="intel"'
+    lines = [f"gpu_up{{{dev}}} 1 {t0 + t}" for t in range(60, 3601, 60)]
+    lines += [f"gpu_energy_joules_total{{{dev}}} {j} {t0 + t}"
+              for t, j in ((60, 1e6), (3600, 8.2e6))]
+    if with_tiles:
+        for tile in (0, 1):
+            part = (f'{dev},mig_uuid="{MAX1550_BDF}/tile{tile}",gpu_instance_id="{tile}",'
+                    f'compute_instance_id="{tile}",profile="tile"')
+            lines += [f"gpu_partition_energy_joules_total{{{part}}} {j} {t0 + t}"
+                      for t, j in ((60, 0.5e6), (3600, 3.5e6))]
+    f = tmp_path / f"energy-{with_tiles}.om"
+    f.write_text("\n".join(sorted(lines, key=lambda s: int(s.rsplit(" ", 1)[1])))
+                 + "\n# EOF\n")
+    period = resolve(None, "2026-10-05T00:00", "2026-10-05T01:00")
+    src = OpenMetricsSource(str(f), period, DEFAULT_SELECTOR)
+    con = connect(tmp_path / f"m-{with_tiles}.duckdb")
+    try:
+        ingest(con, src, period)
+        return con.execute("SELECT uuid, energy_joules FROM device_hours ORDER BY uuid"
+                           ).fetchall()
+    finally:
+        src.close()
+        con.close()
+
+
+def test_tile_energy_is_not_metered_twice(tmp_path: Path) -> None:
+    """The billed energy is the card's counter alone: the tiles' series change nothing, and
+    no recording rule or metering signal reads the tile family."""
+    assert _metered_energy(tmp_path, True) == _metered_energy(tmp_path, False) == [
+        (MAX1550_BDF, 7.2e6)]
+    rules = "".join(p.read_text() for p in (ROOT / "alerts").glob("*.yml"))
+    assert "gpu_partition_energy" not in rules and "__name__" not in rules
+    from metering.signals import FAMILIES as METERED
+    assert "gpu_partition_energy_joules_total" not in METERED
+
+
+def test_xe_link_throughput_from_level_zero_fabric_ports(tmp_path: Path) -> None:
+    """zesFabricPortGetThroughput per port (rx/tx bytes, a µs timestamp of its own),
+    differenced by the throughput collector and summed over the ports as link_type "xelink";
+    nothing on the first cycle, and none where the loader lacks the fabric calls."""
+    max1550_host(str(tmp_path))
+    zes = _zes()
+    ports = [SimZesFabricPort(0, 0, 1_000_000), SimZesFabricPort(0, 0, 1_500_000)]
+    zes.devices[0].fabric = ports
+    specs = [s for s in REGISTRY if s.name == "throughput"]
+    backend = IntelBackend(str(tmp_path), str(tmp_path / "proc"), sysman=lambda: (zes, ""))
+    sampler = Sampler(backend, ExporterOptions(node=NODE, sysfs_root=str(tmp_path)), specs,
+                      threaded=False)
+    link = "gpu_link_throughput_bytes_per_second"
+    try:
+        assert values(sampler.cycle().body(False, False), link) == []
+        # port 0: 2 s, 8 GiB in, 2 GiB out; port 1: 4 s, 4 GiB in, 8 GiB out
+        ports[0].rx, ports[0].tx, ports[0].timestamp_us = 8 * GiB, 2 * GiB, 3_000_000
+        ports[1].rx, ports[1].tx, ports[1].timestamp_us = 4 * GiB, 8 * GiB, 5_500_000
+        body = sampler.cycle().body(False, False)
+        zes.fabric_calls = False  # an older loader: no links, not a failure
+        gone = sampler.cycle().body(False, False)
+    finally:
+        sampler.close()
+    assert values(body, link, uuid=MAX1550_BDF, link_type="xelink", direction="rx",
+                  vendor="intel") == [4 * GiB + GiB]
+    assert values(body, link, uuid=MAX1550_BDF, link_type="xelink", direction="tx") == \
+        [GiB + 2 * GiB]
+    assert values(gone, link) == []
+    assert values(gone, "gpu_exporter_collector_success", collector="throughput") == [1]
+
+
+def test_a_loader_without_the_fabric_symbols_gives_no_links() -> None:
+    """The real path: pyzes's getFunctionPointerList is getattr on the loaded CDLL, which
+    raises AttributeError for a symbol the library does not export (here libc)."""
+    import ctypes
+
+    from exporter.device.intel_levelzero import _loader_function
+
+    class Zes:
+        @staticmethod
+        def getFunctionPointerList(name: str) -> Any:
+            return getattr(ctypes.CDLL(None), name)
+
+    assert _loader_function(Zes(), "zesDeviceEnumFabricPorts", []) is None
+    getpid = _loader_function(Zes(), "getpid", [])  # a symbol that exists: typed as C
+    assert getpid is not None and getpid.restype is ctypes.c_int32 and getpid() > 0

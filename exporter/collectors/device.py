@@ -44,3 +44,9 @@ class DeviceCollector(GpuCollector):
             sink.add("gpu_sm_clock_hertz", labels, t.sm_clock_hertz)
         if t.memory_clock_hertz is not None:
             sink.add("gpu_memory_clock_hertz", labels, t.memory_clock_hertz)
+        if t.partition_energy_joules:
+            parts = {m.uuid: m for m in ctx.migs if m.parent.uuid == gpu.uuid}
+            for uuid, joules in t.partition_energy_joules:
+                if uuid in parts:  # its own family: metering sums gpu_energy_joules_total only
+                    sink.add("gpu_partition_energy_joules_total", parts[uuid].labels(ctx.node),
+                             joules)

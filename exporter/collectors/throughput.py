@@ -3,7 +3,8 @@
 Other vendors (AMD XGMI, Intel PCIe through Level Zero) give byte counters through the device
 contract (`DeviceReader.interconnect`): differenced between cycles, over the device's own
 timestamps where it gives them, into bytes per second; a counter that went back (driver
-reload) starts afresh, and the first cycle emits nothing.
+reload) starts afresh, and the first cycle emits nothing. A rate the driver measured itself
+(AMD's PCIe estimate) is emitted as read.
 
 NVIDIA's source is chosen per GPU. With GPM (Hopper and later): NVML's PCIe and NVLink (all links)
 rates, the mean between this cycle's GPM sample and the previous one (MiB/s; the first cycle
@@ -93,9 +94,10 @@ class ThroughputCollector(GpuCollector):
             if value is not None:
                 cur[(PCIE, "", 0, direction)] = (float(value), now)
         for link in ic.links:
+            at = now if link.timestamp_seconds is None else link.timestamp_seconds
             for direction, value in ((TX, link.tx_bytes), (RX, link.rx_bytes)):
                 if value is not None:
-                    cur[(LINK, link.link_type, link.link, direction)] = (float(value), now)
+                    cur[(LINK, link.link_type, link.link, direction)] = (float(value), at)
         prev = self._bytes.get(gpu.uuid, {})
         self._bytes[gpu.uuid] = cur
         rates: dict[tuple[str, str, str], float] = {}
@@ -106,6 +108,10 @@ class ThroughputCollector(GpuCollector):
             family, link_type, _, direction = key
             k = (family, link_type, direction)
             rates[k] = rates.get(k, 0.0) + (count - old[0]) / (t - old[1])
+        for direction, rate in ((TX, ic.pcie_tx_bytes_per_second),
+                                (RX, ic.pcie_rx_bytes_per_second)):
+            if rate is not None:  # the driver's own rate (AMD): as read
+                rates[(PCIE, "", direction)] = rate
         for (family, link_type, direction), rate in sorted(rates.items()):
             extra = (link_type,) if family == LINK else ()
             sink.add(family, (*labels, *extra, direction), rate)

@@ -11,6 +11,7 @@ they are read there and are the whole GPU's. Per-partition usage comes from per-
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -69,17 +70,25 @@ class AmdBackend:
                  loader: Callable[[], AmdSmiApi] = load_amdsmi,
                  clock_ns: Callable[[], int] = time.monotonic_ns,
                  event_interval: float = 5.0, proc_root: str | None = None,
-                 node: str = "") -> None:
+                 node: str = "", pcie_period: float = 60.0,
+                 pcie_spacing: float = 5.0) -> None:
         """`api` None: amdsmi is imported by the first `open()` (lazily: a node without
         libamd_smi.so gets one "amdsmi init failed: amdsmi: ..." line and retries, never an
         import-time traceback). `node`: this node's name, half of the `uuid` of a GPU
-        without a chip-derived amdsmi UUID (exporter/device/identity.py)."""
+        without a chip-derived amdsmi UUID (exporter/device/identity.py). `pcie_period` /
+        `pcie_spacing`: seconds between two PCIe estimates of one GPU / of any two GPUs (each
+        blocks the caller one second)."""
         self.node = node
         self._loaded = api
         self._loader = loader
         self._clock_ns = clock_ns
         self._event_interval = event_interval  # seconds between reads of the CPER records
         self._proc_root = proc_root  # DRM fdinfo where amdsmi lists no processes; None: off
+        self._pcie_period = pcie_period
+        self._pcie_spacing = pcie_spacing
+        self._pcie_read_at = -math.inf  # when any GPU's PCIe estimate was last read
+        # uuid -> (when read, (tx, rx) bytes/s or None): the last estimate, re-emitted
+        self._pcie: dict[str, tuple[float, tuple[float, float] | None]] = {}
 
     @property
     def _api(self) -> AmdSmiApi:
@@ -176,8 +185,7 @@ class AmdBackend:
         loaded (amdsmi.h `amdsmi_gpu_metrics_t`: "XGMI accumulated data transfer size (KB)"),
         read at the metrics' `system_clock_counter` (ns). A link reading "N/A" (the struct's
         UINT64_MAX: not supported) has no counter. PCIe has no per-direction byte counter in
-        amdsmi (`pcie_bandwidth_acc` / `_inst` are GB/s of both directions together), so the
-        PCIe fields stay None."""
+        amdsmi; the PCIe rates are the driver's one-second estimate (`_pcie_estimate`)."""
         r = AmdCalls(self._api, tally)
         metrics = r.call(self._api.amdsmi_get_gpu_metrics_info, _amd(gpu).primary) or {}
 
@@ -195,7 +203,32 @@ class AmdBackend:
             if (i < len(reads) and reads[i] is not None)
             or (i < len(writes) and writes[i] is not None))
         stamp = number(metrics.get("system_clock_counter"))
-        return Interconnect(links=links, timestamp_seconds=None if stamp is None else stamp / 1e9)
+        pcie = self._pcie_estimate(r, gpu)
+        return Interconnect(links=links, timestamp_seconds=None if stamp is None else stamp / 1e9,
+                            pcie_tx_bytes_per_second=None if pcie is None else pcie[0],
+                            pcie_rx_bytes_per_second=None if pcie is None else pcie[1])
+
+    def _pcie_estimate(self, r: AmdCalls, gpu: GpuRef) -> tuple[float, float] | None:
+        """PCIe (tx, rx) bytes per second: `amdsmi_get_gpu_pci_throughput` reads the amdgpu
+        `pcie_bw` file, whose driver counts the messages the GPU received and the posted
+        requests it sent over a one-second sleep (soc15_get_pcie_usage) and gives the max
+        payload size: messages x payload is an upper bound of the bytes, the estimate the
+        driver's documentation intends. rocm_smi parses the file's first number (received)
+        into `sent` and its second (sent) into `received`: the keys are read swapped.
+
+        Each call blocks one second in the driver, so one GPU is read at most every
+        `pcie_period` seconds and any GPU at most every `pcie_spacing`; in between the last
+        estimate is given again."""
+        now = self._clock_ns() / 1e9
+        taken, value = self._pcie.get(gpu.uuid, (-math.inf, None))
+        if now - taken < self._pcie_period or now - self._pcie_read_at < self._pcie_spacing:
+            return value
+        self._pcie_read_at = now
+        info = r.call(self._api.amdsmi_get_gpu_pci_throughput, _amd(gpu).primary)
+        rx, tx, mps = (field(info, k) for k in ("sent", "received", "max_pkt_sz"))
+        value = None if rx is None or tx is None or not mps else (tx * mps, rx * mps)
+        self._pcie[gpu.uuid] = (now, value)
+        return value
 
     def reliability(self, gpu: GpuRef, tally: Tally) -> Reliability:
         """ECC totals of all RAS blocks and the counts per block (deferred errors only per

@@ -82,6 +82,9 @@ class AmdSmiApi(Protocol):
     def amdsmi_get_temp_metric(self, handle: Handle, sensor: Any, metric: Any, /) -> int: ...
     def amdsmi_get_clock_info(self, handle: Handle, clock: Any, /) -> Info: ...  # MHz
     def amdsmi_get_gpu_metrics_info(self, handle: Handle, /) -> Info: ...  # xgmi_*_data_acc
+    # {sent, received, max_pkt_sz}: PCIe messages counted by the driver over one second (it
+    # sleeps 1 s in the call) and the max payload size, bytes; the amdgpu pcie_bw file
+    def amdsmi_get_gpu_pci_throughput(self, handle: Handle, /) -> Info: ...
 
     # --- reliability ---
     def amdsmi_get_gpu_total_ecc_count(self, handle: Handle, /) -> Info: ...

@@ -169,6 +169,9 @@ class Telemetry:
     memory: MemoryUsage | None = None
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
+    # (partition uuid, J since the driver loaded) for partitions with their own energy counter
+    # (an Intel Max tile): parts of `energy_joules`, which alone is the device's (billed) energy
+    partition_energy_joules: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,9 @@ class LinkTraffic:
     link: int
     tx_bytes: int | None
     rx_bytes: int | None
+    # when the link's counters were read (the device's clock, s), where each link has its own
+    # (Level Zero's fabric ports); None: the Interconnect's timestamp
+    timestamp_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -226,6 +232,10 @@ class Interconnect:
     links: tuple[LinkTraffic, ...] = ()
     # when the device took the reading (its own clock, seconds); None: the exporter's clock
     timestamp_seconds: float | None = None
+    # PCIe bytes per second measured by the driver over a window of its own, where the device
+    # has no byte counter (AMD's pcie_bw, an estimate: docs/backends.md); emitted as read
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
 
 
 @dataclass(frozen=True)

@@ -29,16 +29,23 @@ from exporter.device.contract import (
     GuestLicence,
     Interconnect,
     Inventory,
+    LinkTraffic,
     MemoryUsage,
     MigRef,
     ProcessReader,
+    ProcessSample,
     Reliability,
     Tally,
     Telemetry,
     Vendor,
     VirtualFunction,
 )
-from exporter.device.fdinfo import COMPUTE_ENGINES, DrmFdinfo, FdinfoProcessReader
+from exporter.device.fdinfo import (
+    COMPUTE_ENGINES,
+    DrmFdinfo,
+    FdinfoProcessReader,
+    read_fdinfo_processes,
+)
 from exporter.device.identity import identity, level_zero_id, published_uuid
 from exporter.device.intel_levelzero import LevelZero, load_pyzes
 from exporter.device.intel_sysfs import (
@@ -46,6 +53,7 @@ from exporter.device.intel_sysfs import (
     IntelCard,
     Tile,
     frequency_mhz,
+    gt_energy_uj,
     gvt_share,
     hwmon_dir,
     intel_cards,
@@ -68,6 +76,11 @@ MHZ = 1_000_000.0
 PLATFORMS = {"0x56c0": "ATS-M150", "0x56c2": "ATS-M150", "0x56c1": "ATS-M75",
              **{i: "PVC" for i in PVC_IDS}}
 TILE_PROFILE = "tile"  # gpu_mig_info's profile of an Intel tile (subdevice)
+
+
+def tile_uuid(gpu_uuid: str, tile: int) -> str:
+    """A tile's partition uuid (`gpu_mig_info`'s `mig_uuid`)."""
+    return f"{gpu_uuid}/tile{tile}"
 
 
 def model_name(device_id: str) -> str:
@@ -164,7 +177,7 @@ class IntelBackend:
             if parts:
                 self._tiles[uuid] = parts
                 migs.extend(MigRef(
-                    parent=ref, uuid=f"{uuid}/tile{t.id}", gpu_instance_id=t.id,
+                    parent=ref, uuid=tile_uuid(uuid, t.id), gpu_instance_id=t.id,
                     compute_instance_id=t.gt, profile=TILE_PROFILE, slices=1,
                     parent_slices=len(parts), handle=t, slot=t.id, kind="intel_subdevice")
                     for t in parts)
@@ -257,7 +270,25 @@ class IntelBackend:
             temperature_celsius=temp, memory_temperature_celsius=mem_temp,
             power_watts=power, power_limit_watts=limit, energy_joules=energy,
             utilization=busy, memory=memory,
-            sm_clock_hertz=None if freq is None else freq * MHZ)
+            sm_clock_hertz=None if freq is None else freq * MHZ,
+            partition_energy_joules=self._tile_energy(gpu.uuid, card))
+
+    def _tile_energy(self, uuid: str, card: IntelCard) -> tuple[tuple[str, float], ...]:
+        """Each tile's energy counter (J): i915's gt-level hwmon (`i915_gt<N>`, the tile's
+        GT), else Level Zero's power domain on the tile's subdevice. Parts of the card's
+        `energy1_input`, never added to it."""
+        parts = self._tiles.get(uuid)
+        if not parts:
+            return ()
+        by_gt = gt_energy_uj(card)
+        by_sub = {} if self.level_zero is None or by_gt else \
+            self.level_zero.tile_energy(card.bdf)
+        out: list[tuple[str, float]] = []
+        for t in parts:
+            uj = by_gt.get(t.gt) if by_gt else by_sub.get(t.id, (None, 0))[0]
+            if uj is not None:
+                out.append((tile_uuid(uuid, t.id), uj / 1e6))
+        return tuple(out)
 
     def _engine_busy(self, bdf: str) -> tuple[float | None, int]:
         """The device's busiest compute/graphics engine class, summed over the node's DRM
@@ -322,23 +353,36 @@ class IntelBackend:
 
     def interconnect(self, gpu: GpuRef, tally: Tally) -> Interconnect:
         """PCIe bytes from Level Zero's `zesDevicePciGetStats` where the device has bandwidth
-        counters (sysfs has none). Xe Link traffic would be Sysman's fabric ports
-        (`zesFabricPortGetThroughput`), which pyzes does not wrap: no links."""
+        counters (sysfs has none); Xe Link bytes per fabric port (`zesFabricPortGetThroughput`,
+        each port with its own µs timestamp). Nothing without Level Zero."""
         card = self._card(gpu)
         l0 = self.level_zero
-        pci = l0.pci_counters(card.bdf) if l0 is not None else None
-        if pci is None:
+        if l0 is None:
             return Interconnect()
+        links = tuple(LinkTraffic("xelink", port, tx, rx, stamp_us / 1e6)
+                      for port, rx, tx, stamp_us in l0.fabric_counters(card.bdf))
+        pci = l0.pci_counters(card.bdf)
+        if pci is None:
+            return Interconnect(links=links)
         rx, tx, stamp_us = pci
-        return Interconnect(pcie_tx_bytes=tx, pcie_rx_bytes=rx, timestamp_seconds=stamp_us / 1e6)
+        return Interconnect(pcie_tx_bytes=tx, pcie_rx_bytes=rx, links=links,
+                            timestamp_seconds=stamp_us / 1e6)
 
     def process_reader(self) -> ProcessReader:
-        # fdinfo's drm-pdev is the PCI address; a device gone from sysfs has none
-        return FdinfoProcessReader(self._drm, self._bdf)
+        # fdinfo's drm-pdev is the PCI address (a VF's, for a container given a VF's card);
+        # a device gone from sysfs has none
+        return _VfProcessReader(FdinfoProcessReader(self._drm, self._bdf), self._vf_pdevs)
 
     def _bdf(self, gpu: GpuRef) -> str:
         card = self._cards.get(gpu.uuid)
         return "" if card is None else card.bdf
+
+    def _vf_pdevs(self, gpu: GpuRef) -> list[str]:
+        """The PCI addresses of the GPU's enabled SR-IOV VFs: a container given a VF's card
+        (bound to the host's driver) opens the VF, so its fdinfo's `drm-pdev` is the VF."""
+        card = self._cards.get(gpu.uuid)
+        state = sriov(card.pci_dir) if card is not None else None
+        return [vf for _, vf in state.vfs] if state is not None else []
 
     def virtual_functions(self, gpu: GpuRef, tally: Tally) -> list[VirtualFunction]:
         card = self._card(gpu)
@@ -365,6 +409,23 @@ class IntelBackend:
     def error_events(self) -> EventSource:
         return _NoEvents()
 
+
+
+class _VfProcessReader:
+    """The device's DRM clients and its VFs': a process on a VF counts on the PF's uuid,
+    which is the key of the VF's unit (a `vgpu` unit of the PF priced as the VF's share,
+    exporter/attribution/sources.py `intel_plugin_units`), so its use goes to the container
+    holding that VF, never unattributed and never to another holder of the PF."""
+
+    def __init__(self, own: FdinfoProcessReader, vfs: Callable[[GpuRef], list[str]]) -> None:
+        self._own = own
+        self._vfs = vfs
+
+    def read(self, gpu: GpuRef, partitions: Sequence[MigRef], tally: Tally
+             ) -> list[ProcessSample]:
+        pdevs = {vf: gpu.uuid for vf in self._vfs(gpu)}
+        extra = read_fdinfo_processes(self._own.drm, pdevs) if pdevs else []
+        return [*self._own.read(gpu, partitions, tally), *extra]
 
 
 def probe(spec: LoadSpec, auto: bool) -> IntelBackend:

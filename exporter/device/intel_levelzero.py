@@ -1,14 +1,16 @@
 """Level Zero Sysman through PyPI `pyzes` (ctypes over `libze_loader.so.1`, Debian `libze1`),
 where it is installed: what sysfs does not say, a device's model name, its local memory in
 use (per tile on a multi-tile GPU: `numSubdevices`, memory modules' `onSubdevice` /
-`subdeviceId`) and its PCIe byte counters. Optional: `pyzes` loads the library when imported
-and raises without it, so it is imported here, lazily, and any failure means "absent" (one
-log line in the backend).
+`subdeviceId`), its PCIe byte counters, per-tile energy and its Xe Link ports' byte counters.
+Optional: `pyzes` loads the library when imported and raises without it, so it is imported
+here, lazily, and any failure means "absent" (one log line in the backend).
 
-The calls follow pyzes 0.1.3 (its examples/pyzes_example.py; the subdevice fields, PCI stats
-and their structs as pyzes.py defines them, Level Zero Sysman spec v1.x): C-style count-then-fill
-enumeration with ctypes `byref`, every call returning a `ze_result_t` (0 is success). Devices
-are matched to sysfs by PCI address (`zesDevicePciGetProperties`)."""
+The calls follow pyzes 0.1.3 (its examples/pyzes_example.py; the subdevice fields, PCI stats,
+power domains and their structs as pyzes.py defines them, Level Zero Sysman spec v1.x):
+C-style count-then-fill enumeration with ctypes `byref`, every call returning a `ze_result_t`
+(0 is success). The fabric port calls pyzes does not wrap are taken from the library it loaded,
+with zes_api.h v1.8's signatures and struct. Devices are matched to sysfs by PCI address
+(`zesDevicePciGetProperties`)."""
 
 from __future__ import annotations
 
@@ -38,6 +40,33 @@ def load_pyzes() -> tuple[Any, str]:
     if rc != SUCCESS:
         return None, f"zesInit returned {rc}"
     return pyzes, ""
+
+
+class zes_fabric_port_handle_t(ctypes.c_void_p):
+    """zes_api.h `zes_fabric_port_handle_t` (pyzes 0.1.3 does not wrap fabric ports)."""
+
+
+class zes_fabric_port_throughput_t(ctypes.Structure):
+    """zes_api.h v1.8 `zes_fabric_port_throughput_t`: a µs timestamp and the bytes received and
+    sent ("includes all protocol overhead, not only the GPU traffic"); no stype."""
+
+    _fields_ = [("timestamp", ctypes.c_uint64), ("rxCounter", ctypes.c_uint64),
+                ("txCounter", ctypes.c_uint64)]
+
+
+def _loader_function(zes: Any, name: str, argtypes: list[Any]) -> Any:
+    """A Sysman function pyzes does not wrap, from the library pyzes loaded
+    (`getFunctionPointerList`), with its C signature; None where the loader lacks it."""
+    get = getattr(zes, "getFunctionPointerList", None)
+    if get is None:
+        return None
+    try:
+        fn = get(name)
+    except Exception:  # AttributeError: an older loader without the symbol
+        return None
+    if hasattr(fn, "argtypes"):  # a ctypes function of the real library (a stand-in is not)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int32  # ze_result_t
+    return fn
 
 
 class LevelZero:
@@ -162,6 +191,50 @@ class LevelZero:
                 continue
             sub = int(props.subdeviceId) if props.onSubdevice else None
             out[(sub, int(props.type))] = (int(stats.activeTime), int(stats.timestamp))
+        return out
+
+    def tile_energy(self, bdf: str) -> dict[int, tuple[int, int]]:
+        """Subdevice id -> (`energy` µJ, `timestamp` µs) of the power domains on a subdevice
+        (`zesDeviceEnumPowerDomains`, `zes_power_properties_t.onSubdevice` / `subdeviceId`,
+        `zesPowerGetEnergyCounter`; pyzes 0.1.3's structs). The device-level domain (not on a
+        subdevice) is the card's, read from hwmon."""
+        zes, device = self._zes, self._devices.get(bdf)
+        if device is None:
+            return {}
+        out: dict[int, tuple[int, int]] = {}
+        for h in self._enum(zes.zesDeviceEnumPowerDomains, zes.zes_pwr_handle_t, device):
+            props = zes.zes_power_properties_t()
+            props.stype = zes.ZES_STRUCTURE_TYPE_POWER_PROPERTIES
+            if zes.zesPowerGetProperties(h, ctypes.byref(props)) != SUCCESS \
+                    or not props.onSubdevice:
+                continue
+            counter = zes.zes_power_energy_counter_t()
+            if zes.zesPowerGetEnergyCounter(h, ctypes.byref(counter)) != SUCCESS:
+                continue
+            out[int(props.subdeviceId)] = (int(counter.energy), int(counter.timestamp))
+        return out
+
+    def fabric_counters(self, bdf: str) -> list[tuple[int, int, int, int]]:
+        """Xe Link: (port index, rx bytes, tx bytes, timestamp µs) of each of the device's
+        fabric ports (`zesDeviceEnumFabricPorts`, `zesFabricPortGetThroughput`, zes_api.h
+        v1.8, called through the loader since pyzes does not wrap them); empty where the
+        device has none or the loader lacks the calls."""
+        zes, device = self._zes, self._devices.get(bdf)
+        if device is None:
+            return []
+        enum = _loader_function(zes, "zesDeviceEnumFabricPorts", [
+            zes.zes_device_handle_t, ctypes.POINTER(ctypes.c_uint32),
+            ctypes.POINTER(zes_fabric_port_handle_t)])
+        get = _loader_function(zes, "zesFabricPortGetThroughput", [
+            zes_fabric_port_handle_t, ctypes.POINTER(zes_fabric_port_throughput_t)])
+        if enum is None or get is None:
+            return []
+        out: list[tuple[int, int, int, int]] = []
+        for i, port in enumerate(self._enum(enum, zes_fabric_port_handle_t, device)):
+            stats = zes_fabric_port_throughput_t()
+            if get(port, ctypes.byref(stats)) == SUCCESS:
+                out.append((i, int(stats.rxCounter), int(stats.txCounter),
+                            int(stats.timestamp)))
         return out
 
     def pci_counters(self, bdf: str) -> tuple[int, int, int] | None:

@@ -144,6 +144,28 @@ def hwmon_dir(card: IntelCard) -> str | None:
     return None
 
 
+_GT_HWMON = re.compile(r"^i915_gt([0-9]{1,2})$")
+
+
+def gt_energy_uj(card: IntelCard) -> dict[int, int]:
+    """GT id -> `energy1_input` (µJ) of i915's gt-level hwmon devices, named `i915_gt<N>`
+    ("For gt level hwmon devices (name "i915_gtN") this reflects energy input for the gt",
+    sysfs-driver-intel-i915-hwmon, KernelVersion 6.2). xe has no per-tile energy file (its
+    `energy1_input` / `energy2_input` are card and package: sysfs-driver-intel-xe-hwmon)."""
+    base = os.path.join(card.pci_dir, "hwmon")
+    try:
+        entries = sorted(os.listdir(base))
+    except OSError:
+        return {}
+    out: dict[int, int] = {}
+    for entry in entries:
+        m = _GT_HWMON.match(read_text(os.path.join(base, entry, "name")) or "")
+        uj = read_int(os.path.join(base, entry, "energy1_input")) if m else None
+        if m and uj is not None:
+            out[int(m.group(1))] = uj
+    return out
+
+
 def frequency_mhz(card: IntelCard) -> int | None:
     if card.driver == "xe":
         freq = os.path.join(card.pci_dir, "tile0", "gt0", "freq0")
