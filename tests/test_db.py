@@ -12,7 +12,8 @@ from metering.db import DatabaseError, connect, migrate
 
 TABLES = {"allocation_hours", "charges", "coverage", "device_hours", "mig_hours",
           "workload_hours", "grant_hours", "ingest_runs", "ingest_chunks", "cost_models",
-          "cost_model_prices", "month_closes", "adjustments", "energy_hours"}
+          "cost_model_prices", "month_closes", "adjustments", "energy_hours",
+          "waste_hours", "waste_hours_stored"}  # the last two: metering/wastehours.py
 
 
 def tables(con: object) -> set[str]:
