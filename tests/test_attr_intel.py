@@ -11,7 +11,7 @@ chooses (KubeVirt's Intel vGPU guide uses `intel.com/U630`)."""
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -180,39 +180,11 @@ def test_shared_intel_gpu_split_between_pods_by_fdinfo(sockdir: Path, tmp_path: 
         proc.open(pid, 4, xe(client, rcs=0, ccs=0, stamp=1_000_000).replace(ARC, FLEX_SHARED))
         (proc.root / str(pid) / "cgroup").write_text(
             f"0::/kubepods/burstable/pod{pods[i][4]}/{pods[i][5] * 32}\n")
-    kubelet = FakeKubelet(str(sockdir / "kubelet.sock"), lambda: allocations,
-                          lambda: allocatable)
-    kubelet.start()
-    server = FakeApiServer([api_pod(*p, node=NODE) for p in pods])
-    server.start()
-    opts = ExporterOptions(node=NODE, pod_resources_socket=str(sockdir / "kubelet.sock"),
-                           proc_root=str(proc.root), sysfs_root=str(tmp_path),
-                           kubeconfig=server.kubeconfig(str(tmp_path / "kubeconfig")),
-                           kubernetes=True, pod_label_allowlist=("team",), rpc_timeout=2.0)
-    clock = Clock()
-    backends = Backends([IntelBackend(str(tmp_path), str(proc.root), clock=clock)])
-    inv = backends.members[0].inventory(None)
-    stage = ProcessStage(backends)
-    collector = AttributionCollector(opts)
-    try:
-        watch = collector.pod_watch
-        assert watch is not None
-        wait_until(lambda: len(watch.pods) == len(pods), "the pod watch's first list")
-        for second in (False, True):
-            if second:
-                clock.now += 1.0
-                for pid, (_, client, ccs) in procs.items():
-                    proc.open(pid, 4, xe(client, rcs=0, ccs=ccs, stamp=2_000_000)
-                              .replace(ARC, FLEX_SHARED))
-            ctx = CycleContext(options=opts, now=time.time(), gpus=list(inv.gpus),
-                               static=dict(inv.static), backend=backends)
-            stage.fill(ctx)
-            sink = SampleSink()
-            collector.collect(ctx, sink)
-    finally:
-        collector.close()
-        server.stop()
-        kubelet.stop()
+    def later() -> None:
+        for pid, (_, client, ccs) in procs.items():
+            proc.open(pid, 4, xe(client, rcs=0, ccs=ccs, stamp=2_000_000)
+                      .replace(ARC, FLEX_SHARED))
+    sink, _ = _two_cycles(sockdir, tmp_path, proc, pods, allocations, allocatable, later)
     assert family(sink, "gpu_container_allocation") == {
         (NODE, "team-a", "infer-1", "app", FLEX_SHARED, "", XE, "time-slicing", "2", "", ""): 1,
         (NODE, "team-b", "infer-2", "app", FLEX_SHARED, "", XE, "time-slicing", "2", "", ""): 1}
@@ -240,6 +212,34 @@ def test_a_vf_holders_processes_count_on_its_vf_unit(sockdir: Path, tmp_path: Pa
     proc.open(401, 4, xe(7, rcs=0, ccs=0, stamp=1_000_000).replace(ARC, vf1))
     (proc.root / "401" / "cgroup").write_text(
         f"0::/kubepods/burstable/pod{pods[0][4]}/{pods[0][5] * 32}\n")
+    def later() -> None:  # 3e6 ccs cycles busy of 1e6 x 4 engines
+        proc.open(401, 4, xe(7, rcs=0, ccs=3_000_000, stamp=2_000_000).replace(ARC, vf1))
+    sink, ctx = _two_cycles(sockdir, tmp_path, proc, pods, allocations, allocatable, later)
+    assert vf2 != vf1 and {p.pid: p.uuid for p in ctx.processes} == {401: FLEX_PF}
+    assert family(sink, "gpu_container_allocation") == {  # the PF's two VF units
+        (NODE, "team-c", "vf-pod", "app", FLEX_PF, "", XE, "vgpu", "2", "", ""): 1,
+        (NODE, "team-d", "vf-idle", "app", FLEX_PF, "", XE, "vgpu", "2", "", ""): 1}
+    assert family(sink, "gpu_container_memory_fraction") == {
+        (NODE, "team-c", "vf-pod", "app", FLEX_PF, ""): 0.5,
+        (NODE, "team-d", "vf-idle", "app", FLEX_PF, ""): 0.5}
+    assert family(sink, "gpu_container_sm_utilization_ratio") == {
+        (NODE, "team-c", "vf-pod", "app", FLEX_PF, ""): pytest.approx(0.75)}
+    assert family(sink, "gpu_container_memory_used_bytes") == {
+        (NODE, "team-c", "vf-pod", "app", FLEX_PF, ""): 23992 * 1024,
+        (NODE, "team-d", "vf-idle", "app", FLEX_PF, ""): 0}
+    assert family(sink, "gpu_container_processes") == {
+        (NODE, "team-c", "vf-pod", "app", FLEX_PF, ""): 1,
+        (NODE, "team-d", "vf-idle", "app", FLEX_PF, ""): 0}
+
+
+Pod = tuple[str, str, str, str, str, str]
+
+
+def _two_cycles(sockdir: Path, tmp_path: Path, proc: Proc, pods: list[Pod],
+                allocations: list[PodAllocation], allocatable: list[tuple[str, str]],
+                later: Callable[[], None]) -> tuple[SampleSink, CycleContext]:
+    """The flex node's exporter over a real PodResources server and the pod watch: a first
+    cycle (fdinfo baselines), `later()` one second on, and the second cycle's samples."""
     kubelet = FakeKubelet(str(sockdir / "kubelet.sock"), lambda: allocations,
                           lambda: allocatable)
     kubelet.start()
@@ -260,9 +260,8 @@ def test_a_vf_holders_processes_count_on_its_vf_unit(sockdir: Path, tmp_path: Pa
         wait_until(lambda: len(watch.pods) == len(pods), "the pod watch's first list")
         for second in (False, True):
             if second:
-                clock.now += 1.0  # 3e6 ccs cycles busy of 1e6 x 4 engines
-                proc.open(401, 4, xe(7, rcs=0, ccs=3_000_000, stamp=2_000_000)
-                          .replace(ARC, vf1))
+                clock.now += 1.0
+                later()
             ctx = CycleContext(options=opts, now=time.time(), gpus=list(inv.gpus),
                                static=dict(inv.static), backend=backends)
             stage.fill(ctx)
@@ -272,18 +271,4 @@ def test_a_vf_holders_processes_count_on_its_vf_unit(sockdir: Path, tmp_path: Pa
         collector.close()
         server.stop()
         kubelet.stop()
-    assert vf2 != vf1 and {p.pid: p.uuid for p in ctx.processes} == {401: FLEX_PF}
-    assert family(sink, "gpu_container_allocation") == {  # the PF's two VF units
-        (NODE, "team-c", "vf-pod", "app", FLEX_PF, "", XE, "vgpu", "2", "", ""): 1,
-        (NODE, "team-d", "vf-idle", "app", FLEX_PF, "", XE, "vgpu", "2", "", ""): 1}
-    assert family(sink, "gpu_container_memory_fraction") == {
-        (NODE, "team-c", "vf-pod", "app", FLEX_PF, ""): 0.5,
-        (NODE, "team-d", "vf-idle", "app", FLEX_PF, ""): 0.5}
-    assert family(sink, "gpu_container_sm_utilization_ratio") == {
-        (NODE, "team-c", "vf-pod", "app", FLEX_PF, ""): pytest.approx(0.75)}
-    assert family(sink, "gpu_container_memory_used_bytes") == {
-        (NODE, "team-c", "vf-pod", "app", FLEX_PF, ""): 23992 * 1024,
-        (NODE, "team-d", "vf-idle", "app", FLEX_PF, ""): 0}
-    assert family(sink, "gpu_container_processes") == {
-        (NODE, "team-c", "vf-pod", "app", FLEX_PF, ""): 1,
-        (NODE, "team-d", "vf-idle", "app", FLEX_PF, ""): 0}
+    return sink, ctx
