@@ -53,14 +53,19 @@ def _values(group: dict[str, Any], name: str) -> dict[tuple[tuple[str, str], ...
             for m in group[name]["metrics"]}
 
 
-def test_push_publishes_the_reports_budget_figures(
-        fleet_om_file: Path, tmp_path: Path, gateway: str) -> None:
-    db = tmp_path / "l.duckdb"
+def _metered_teams(fleet_om_file: Path, db: Path) -> list[str]:
+    """Meter the day into `db` as cluster eu-west (no cost model); the teams it charges."""
     first = _meter("--openmetrics", str(fleet_om_file), "--db", str(db), *DAY, "-q",
                    "--cluster", "eu-west")
     assert first.returncode == 0, first.stderr
-    teams = [ln.team for ln in make_report(str(db), Month(2026, 10), None, 0).teams
-             if not ln.overhead]
+    return [ln.team for ln in make_report(str(db), Month(2026, 10), None, 0).teams
+            if not ln.overhead]
+
+
+def test_push_publishes_the_reports_budget_figures(
+        fleet_om_file: Path, tmp_path: Path, gateway: str) -> None:
+    db = tmp_path / "l.duckdb"
+    teams = _metered_teams(fleet_om_file, db)
     assert len(teams) >= 2
     # one team far over its budget, one far within, one with no spend at all
     budgets = {teams[0]: 0.01, teams[1]: 1_000_000, "idle-team": 5}
@@ -149,11 +154,7 @@ def test_a_ledger_of_two_clusters_pushes_each_clusters_share(
     share of each team's bill, so the dashboard's sum over clusters is the fleet's bill (not
     the fleet's bill once per cluster)."""
     db = tmp_path / "l.duckdb"
-    first = _meter("--openmetrics", str(fleet_om_file), "--db", str(db), *DAY, "-q",
-                   "--cluster", "eu-west")
-    assert first.returncode == 0, first.stderr
-    teams = [ln.team for ln in make_report(str(db), Month(2026, 10), None, 0).teams
-             if not ln.overhead]
+    teams = _metered_teams(fleet_om_file, db)
     model = tmp_path / "cm.yaml"
     model.write_text(PACKAGED.read_text().replace(
         "  monthly: {}", "  monthly: " + json.dumps({t: 1_000_000 for t in teams}), 1))
