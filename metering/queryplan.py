@@ -40,10 +40,9 @@ from metering.chunking import DEFAULT_INGEST_BUDGET, points_within
 from metering.matrix import Matrix
 from metering.period import Period
 from metering.promclient import Answer, PromClient, PromError
-from metering.signals import RECORDED_PREFIX, RECORDED_SUFFIX, SIGNALS, SignalSpec
+from metering.signals import HOUR_S, RECORDED_PREFIX, RECORDED_SUFFIX, SIGNALS, SignalSpec
 from metering.vmexport import EXPORT_PATH, RecordedRead
 
-HOUR_S = 3600
 # Prometheus's default --query.max-samples: the smallest default among the stores we target.
 DEFAULT_MAX_SAMPLES = 50_000_000
 DEFAULT_MAX_SERIES = 300_000  # VictoriaMetrics -search.maxUniqueTimeseries default
