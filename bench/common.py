@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -45,6 +46,26 @@ def cpu_seconds(pid: int | str = "self") -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2:].split()  # the name may hold spaces
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def child_program(prelude: str = "") -> str:
+    """A `python -c` program that runs `gpu-ledger` (its arguments) after `prelude` (a bench's
+    patch, reading its own leading arguments) and writes its peak RSS and CPU seconds to stderr
+    for `child_usage`: a child's own figures, not the parent's high-water mark."""
+    return ("import resource, sys\n" + prelude + "from gpu_ledger.cli import main\n"
+            "try:\n    rc = main()\n"
+            "finally:\n    u = resource.getrusage(resource.RUSAGE_SELF)\n"
+            "    sys.stderr.write('\\nBENCH_MAXRSS_KIB %d\\nBENCH_CPU_S %.2f\\n' % "
+            "(u.ru_maxrss, u.ru_utime + u.ru_stime))\n"
+            "raise SystemExit(rc)\n")
+
+
+def child_usage(stderr: str) -> dict[str, float]:
+    """`cpu_s` and `maxrss_mib` a `child_program` wrote (NaN where it did not get to)."""
+    rss = re.search(r"BENCH_MAXRSS_KIB (\d+)", stderr)
+    cpu = re.search(r"BENCH_CPU_S ([\d.]+)", stderr)
+    return {"cpu_s": float(cpu.group(1)) if cpu else float("nan"),
+            "maxrss_mib": int(rss.group(1)) / 1024 if rss else float("nan")}
 
 
 def machine() -> dict[str, Any]:

@@ -17,7 +17,6 @@ peak follows the budget while chunks stay 72 hours.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -26,46 +25,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine, say, table, write_json
+from bench.common import child_program, child_usage, cpu_seconds, machine, say, table, write_json
 
-_CHILD = """
-import resource, sys
-budget = int(sys.argv.pop(1))
-if budget:
-    import metering.prometheus_source as ps
-    real = ps.PrometheusSource.choose_chunk
-    ps.PrometheusSource.choose_chunk = lambda self, period, _b: real(self, period, budget)
-from gpu_ledger.cli import main
-try:
-    rc = main()
-finally:
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    sys.stderr.write('\\nBENCH_MAXRSS_KIB %d\\nBENCH_CPU_S %.2f\\n' % (u.ru_maxrss,
-                     u.ru_utime + u.ru_stime))
-raise SystemExit(rc)
-"""
-
-
-def store_cpu(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+_CHILD = child_program(
+    "budget = int(sys.argv.pop(1))\n"
+    "if budget:\n"
+    "    import metering.prometheus_source as ps\n"
+    "    real = ps.PrometheusSource.choose_chunk\n"
+    "    ps.PrometheusSource.choose_chunk = lambda self, period, _b: real(self, period, budget)\n")
 
 
 def run(tree: Path, url: str, month: str, pid: int, budget: int) -> dict[str, Any]:
     python = tree / ".venv" / "bin" / "python"
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "l.duckdb"
-        cpu0, t0 = store_cpu(pid), time.perf_counter()
+        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
         proc = subprocess.run([str(python), "-c", _CHILD, str(budget), "meter", "--prometheus",
                                url, "--month", month, "--db", str(db), "--no-price",
                                "--verbose"], cwd=tree, capture_output=True, text=True,
                               check=False)
-        wall, store = time.perf_counter() - t0, store_cpu(pid) - cpu0
+        wall, store = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
         if proc.returncode != 0:
             raise SystemExit(f"{tree}: meter failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-        rss = re.search(r"BENCH_MAXRSS_KIB (\d+)", proc.stderr)
-        cpu = re.search(r"BENCH_CPU_S ([\d.]+)", proc.stderr)
         queries = re.search(r"(\d+) chunks, (\d+) queries", proc.stderr)
         split = re.search(r"meter: queries: (.*)", proc.stderr)
         import duckdb
@@ -80,8 +61,7 @@ def run(tree: Path, url: str, month: str, pid: int, budget: int) -> dict[str, An
             "memory_byte_seconds, sm_seconds, labels)) FROM allocation_hours"
         ).fetchone()[0]  # type: ignore[index]
         con.close()
-    return {"wall_s": wall, "cpu_s": float(cpu.group(1)) if cpu else float("nan"),
-            "maxrss_mib": int(rss.group(1)) / 1024 if rss else float("nan"),
+    return {"wall_s": wall, **child_usage(proc.stderr),
             "store_cpu_s": store, "queries": int(queries.group(2)) if queries else None,
             "split": split.group(1) if split else "", "rows": rows,
             "digest": f"{digest}/{adigest}"}

@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine, say, table, write_json
+from bench.common import child_program, child_usage, machine, say, table, write_json
 from bench.scale import Fleet, Victoria
 
 # One signal per (family, reducer) the planner counts: bench.scale's device families carry 7,
@@ -36,20 +36,11 @@ from bench.scale import Fleet, Victoria
 DEVICE_SIGNALS_PER_GPU = 7
 CONTAINER_SIGNALS_PER_SERIES = 2  # 6 signals over 3 families
 
-_CHILD = """
-import resource, sys
-budget = int(sys.argv.pop(1))
-import metering.cli_meter as cm
-cm.memory_budget = lambda: budget  # as a container memory limit of budget x 4/3 gives
-from gpu_ledger.cli import main
-try:
-    rc = main()
-finally:
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    sys.stderr.write('\\nBENCH_MAXRSS_KIB %d\\nBENCH_CPU_S %.2f\\n' % (u.ru_maxrss,
-                     u.ru_utime + u.ru_stime))
-raise SystemExit(rc)
-"""
+_CHILD = child_program(
+    "budget = int(sys.argv.pop(1))\n"
+    "import metering.cli_meter as cm\n"
+    # as a container memory limit of budget x 4/3 gives
+    "cm.memory_budget = lambda: budget\n")
 UNLIMITED = 1 << 40  # one node group whatever the chunk holds
 
 
@@ -68,12 +59,9 @@ def meter(url: str, start: datetime, end: datetime, budget: int,
         wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"meter failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    rss = re.search(r"BENCH_MAXRSS_KIB (\d+)", proc.stderr)
-    cpu = re.search(r"BENCH_CPU_S ([\d.]+)", proc.stderr)
     chunk = re.search(r"meter: (chunks of .*)", proc.stderr)
     split = re.search(r"meter: queries: (.*)", proc.stderr)
-    return {"wall_s": wall, "cpu_s": float(cpu.group(1)) if cpu else float("nan"),
-            "maxrss_mib": int(rss.group(1)) / 1024 if rss else float("nan"),
+    return {"wall_s": wall, **child_usage(proc.stderr),
             "chunk": chunk.group(1) if chunk else "", "split": split.group(1) if split else ""}
 
 

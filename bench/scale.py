@@ -38,7 +38,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bench.common import machine, say, table, write_json
+from bench.common import child_program, child_usage, machine, say, table, write_json
 from gpu_ledger.procutil import stop
 from gpu_ledger.promserver import free_port
 
@@ -249,13 +249,7 @@ def _disk_mib(path: Path) -> float:
 # --- stages, each in its own process ----------------------------------------------------
 
 
-_CHILD = ("import resource, sys\n"
-          "from gpu_ledger.cli import main\n"
-          "try:\n    rc = main()\n"
-          "finally:\n    u = resource.getrusage(resource.RUSAGE_SELF)\n"
-          "    sys.stderr.write('\\nBENCH_MAXRSS_KIB %d\\nBENCH_CPU_S %.2f\\n' % "
-          "(u.ru_maxrss, u.ru_utime + u.ru_stime))\n"
-          "raise SystemExit(rc)\n")
+_CHILD = child_program()
 
 
 def run_stage(args: list[str], required: bool = True, python: str = sys.executable,
@@ -271,11 +265,8 @@ def run_stage(args: list[str], required: bool = True, python: str = sys.executab
     if proc.returncode != 0 and required:
         raise SystemExit(f"gpu-ledger {' '.join(args)} failed ({proc.returncode}):\n"
                          f"{proc.stderr[-3000:]}")
-    m = re.search(r"BENCH_MAXRSS_KIB (\d+)", proc.stderr)
-    c = re.search(r"BENCH_CPU_S ([\d.]+)", proc.stderr)
     lines = [x for x in proc.stderr.splitlines() if x.strip() and not x.startswith("BENCH_")]
-    return {"wall_s": wall, "maxrss_mib": int(m.group(1)) / 1024 if m else float("nan"),
-            "cpu_s": float(c.group(1)) if c else float("nan"), "stderr": proc.stderr,
+    return {"wall_s": wall, **child_usage(proc.stderr), "stderr": proc.stderr,
             "failed": lines[-1][:300] if proc.returncode != 0 and lines else ""}
 
 
