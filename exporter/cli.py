@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=parse_seconds, default=5.0,
                    help="how often to sample NVML and the kubelet (default 5s)")
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname(),
-                   help="this node's name (default: $NODE_NAME, else the hostname)")
+                   help="this node's name (default: $NODE_NAME, else the hostname); it also "
+                        "names GPUs without a chip-derived ID (uuid <PCI address>@<node>)")
     p.add_argument("--process-metrics", action="store_true",
                    help="also emit per-process series (pid labels churn: off by default)")
     p.add_argument("--pod-resources-socket",

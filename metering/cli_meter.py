@@ -121,9 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-delay", type=float, default=0.5, metavar="SECONDS",
                    help="first backoff, doubled on each retry (default 0.5)")
     p.add_argument("--chunk", type=int, default=None, metavar="HOURS",
-                   help="hours per range query and transaction (default: picked from the "
-                        "store's node count to keep ingest within its memory budget, at most "
-                        "72; 72 for an OpenMetrics file)")
+                   help="hours per range query and per write of the facts (default 72; a "
+                        "chunk over ingest's memory budget is fetched in node groups, not "
+                        "shortened)")
     p.add_argument("--jobs", default="1", metavar="N|auto",
                    help="worker processes fetching and decoding chunks for the one ledger "
                         "writer (default 1: all in this process; auto: the cores available "
@@ -170,8 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{db.DEFAULT_MEMORY_LIMIT}); beyond it DuckDB spills to disk")
     p.set_defaults(from_env=[])  # options apply_source_env filled from the environment
     p.add_argument("--pushgateway", metavar="URL", default=None,
-                   help="after a successful run, push its state (spend, budget, forecast, "
-                        "status per team; last success time) to this Prometheus Pushgateway "
+                   help="after a successful run, push its state (the --cluster's share of "
+                        "each team's spend, forecast and status, its budget; last success "
+                        "time) to this Prometheus Pushgateway "
                         f"(default ${publish.ENV}); a failed push is a warning, not a failure")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("-v", "--verbose", action="store_true",
