@@ -33,6 +33,7 @@ from metering.openmetrics_source import OpenMetricsSource
 from metering.period import (
     DAY,
     HOUR,
+    Month,
     Period,
     daily_window,
     fmt_hour,
@@ -170,8 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{db.DEFAULT_MEMORY_LIMIT}); beyond it DuckDB spills to disk")
     p.set_defaults(from_env=[])  # options apply_source_env filled from the environment
     p.add_argument("--pushgateway", metavar="URL", default=None,
-                   help="after a successful run, push its state (the --cluster's share of "
-                        "each team's spend, forecast and status, its budget; last success "
+                   help="after a successful run, push its state (per metered cluster: its share "
+                        "of each team's spend, forecast and status, its budget; last success "
                         "time) to this Prometheus Pushgateway "
                         f"(default ${publish.ENV}); a failed push is a warning, not a failure")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
@@ -284,39 +285,54 @@ def _run(args: argparse.Namespace) -> int:
 def _publish(gateway: str, args: argparse.Namespace, period: Period, clusters: ClusterScope,
              model: CostModel | None, result: api.MeterResult,
              say: Callable[[str], None]) -> None:
-    """Push the run's state; a failure is one warning line (always shown), never an error:
-    the ledger is written, and the stale-metering alert tells a gateway that stays away."""
+    """Push the run's state, one group per cluster it metered (the one `--cluster` names, or
+    each value `--cluster-label` gave); a failure is one warning line (always shown), never
+    an error: the ledger is written, and the stale-metering alert tells a gateway that stays
+    away."""
+    names = sorted(result.ingest.clusters) if clusters.label is not None else [clusters.name]
+    month = publish.budget_month(period)
+    hours = period.hours - len(result.ingest.empty_hours)
+    finished = publish.now()
+    pushed = 0
+    for name in names or [clusters.name]:
+        state = _cluster_state(args, name, period, month, hours, finished, model, result)
+        try:
+            publish.push(gateway, state)
+        except publish.PushError as exc:
+            print(f"gpu-ledger meter: warning: push to the Pushgateway failed (the ledger is "
+                  f"written): {exc}", file=sys.stderr)
+            return
+        pushed += len(state.budgets)
+    say(f"meter: pushed state to {gateway} ({len(names)} cluster(s), {pushed} team "
+        f"budget line(s))")
+
+
+def _cluster_state(args: argparse.Namespace, cluster: str, period: Period, month: Month,
+                   hours: int, finished: float, model: CostModel | None,
+                   result: api.MeterResult) -> publish.RunState:
+    """What is pushed for one cluster: its own share of each team's bill (the report's
+    per-cluster view), so sums over clusters add up to the fleet whether the clusters share a
+    ledger or each has its own, never the fleet once per cluster."""
     from metering.report.builder import make_report  # the report's budgets: one definition
 
-    month, currency, budgets = publish.budget_month(period), "", []
+    currency, budgets = "", []
     energy: list[tuple[str, float, float | None]] = []
     if result.pricing is not None:
         try:
-            # The cluster's own share (the report's per-cluster view): a ledger metering
-            # several clusters pushes each one's figures under its grouping key, so sums over
-            # clusters add up to the fleet instead of counting the fleet once per cluster.
-            report = make_report(args.db, month, args.cost_model, 0, cluster=clusters.name)
+            report = make_report(args.db, month, args.cost_model, 0, cluster=cluster)
             currency, budgets = report.cost_model.currency, list(report.budgets or [])
             energy = [(t.team, float(t.energy.kwh), None if t.energy.co2e_kg is None
                        else float(t.energy.co2e_kg))
                       for t in report.teams if t.energy is not None and not t.overhead]
         except MeteringError as exc:
-            print(f"gpu-ledger meter: warning: budgets not published: {exc}", file=sys.stderr)
-    hours = period.hours - len(result.ingest.empty_hours)
-    finished = publish.now()
-    carbon = None if model is None else model.for_cluster(clusters.name).carbon
+            print(f"gpu-ledger meter: warning: budgets of cluster {cluster} not published: "
+                  f"{exc}", file=sys.stderr)
+    carbon = None if model is None else model.for_cluster(cluster).carbon
     grams = None if carbon is None else float(carbon.grams_at(
         datetime.fromtimestamp(finished, UTC).replace(minute=0, second=0, microsecond=0,
                                                        tzinfo=None)))
-    state = publish.RunState(clusters.name, period, hours, finished, month, currency,
-                             budgets, energy, grams)
-    try:
-        publish.push(gateway, state)
-    except publish.PushError as exc:
-        print(f"gpu-ledger meter: warning: push to the Pushgateway failed (the ledger is "
-              f"written): {exc}", file=sys.stderr)
-        return
-    say(f"meter: pushed state to {gateway} ({len(budgets)} team budget(s))")
+    return publish.RunState(cluster, period, hours, finished, month, currency, budgets,
+                            energy, grams)
 
 
 def _now() -> datetime:

@@ -378,8 +378,8 @@ FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours"
                "coverage")
 
 
-# A chunk's node groups in one transaction: DuckDB holds every group's inserted facts in memory
-# until COMMIT (4.8M fact rows: 1.4 GiB against 0.6 GiB committed group by group; at 40,000
+# Why node groups are staged: in one transaction DuckDB holds every group's inserted facts in
+# memory until COMMIT (4.8M fact rows: 1.4 GiB against 0.6 GiB committed group by group; at 40,000
 # GPUs a 2 GiB budget peaked at 2.8 GiB). So a chunk in several groups writes each group's facts
 # into tables of their own (schema STAGING, the fact tables' columns) and commits them; its
 # last transaction replaces the chunk's hours with them (an INSERT ... SELECT, which DuckDB

@@ -1,9 +1,10 @@
 """Ingest orchestration: split the period into chunks, fetch each chunk's signals, write its
-facts and coverage in one transaction, report progress.
+facts and coverage, report progress.
 
-A chunk is all-or-nothing: its hours are deleted and rewritten inside one transaction, so a
-re-run gives the same rows and a failed fetch leaves the chunk as it was. Chunks already
-committed stay when a later one fails.
+A chunk is all-or-nothing: its hours are deleted and rewritten in one transaction (a chunk in
+node groups stages each group's facts apart first, metering.facts.STAGING, and swaps them in
+in that transaction), so a re-run gives the same rows and a failed fetch leaves the chunk as
+it was. Chunks already committed stay when a later one fails.
 """
 
 from __future__ import annotations

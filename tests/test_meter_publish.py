@@ -176,3 +176,30 @@ def test_a_ledger_of_two_clusters_pushes_each_clusters_share(
             assert share == next(x.spend for x in own.budgets if x.team == b.team).quantize(q)
         assert b.spend > 0 and all(s > 0 for s in shares.values())
         assert abs(sum(shares.values()) - b.spend) <= 2 * q  # each share rounded to 1e-6
+
+
+def test_a_cluster_label_run_pushes_each_cluster_it_metered(
+        fleet_om_file: Path, tmp_path: Path, gateway: str) -> None:
+    """One run over a store of several clusters (`--cluster-label`; here each node's `node`
+    label stands for its cluster): one group per cluster, each with that cluster's share, and
+    the shares add up to the fleet's bill."""
+    db = tmp_path / "l.duckdb"
+    model = tmp_path / "cm.yaml"
+    model.write_text(PACKAGED.read_text().replace(
+        "  monthly: {}", "  monthly: " + json.dumps({"ml": 1, "research": 1}), 1))
+    run = _meter("--openmetrics", str(fleet_om_file), "--db", str(db), *DAY, "-q",
+                 "--cost-model", str(model), "--cluster-label", "node",
+                 "--pushgateway", gateway)
+    assert run.returncode == 0, run.stderr
+    fleet = make_report(str(db), Month(2026, 10), str(model), 0)
+    clusters = sorted(ln.cluster for ln in fleet.clusters)
+    assert len(clusters) >= 2
+    groups = {g["labels"]["cluster"]: g for g in _groups(gateway)}
+    assert sorted(groups) == clusters
+    assert fleet.budgets is not None
+    q = Decimal("0.000001")
+    for b in fleet.budgets:
+        key = (("currency", fleet.cost_model.currency), ("month", "2026-10"), ("team", b.team))
+        shares = [Decimal(str(_values(g, publish.SPEND)[key])) for g in groups.values()]
+        assert abs(sum(shares) - b.spend) <= len(shares) * q
+    assert all(b.spend > 0 for b in fleet.budgets) and len(fleet.budgets) == 2
