@@ -289,12 +289,14 @@ def _publish(gateway: str, args: argparse.Namespace, period: Period, clusters: C
     each value `--cluster-label` gave); a failure is one warning line (always shown), never
     an error: the ledger is written, and the stale-metering alert tells a gateway that stays
     away."""
-    names = sorted(result.ingest.clusters) if clusters.label is not None else [clusters.name]
+    # a label run that wrote nothing still pushes its last success time, under --cluster
+    names = (sorted(result.ingest.clusters) if clusters.label is not None else []) \
+        or [clusters.name]
     month = publish.budget_month(period)
     hours = period.hours - len(result.ingest.empty_hours)
     finished = publish.now()
     pushed = 0
-    for name in names or [clusters.name]:
+    for name in names:
         state = _cluster_state(args, name, period, month, hours, finished, model, result)
         try:
             publish.push(gateway, state)

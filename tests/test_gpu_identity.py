@@ -38,12 +38,10 @@ from metering.costmodel import load_cost_model
 from metering.db import connect
 from metering.errors import MeteringError
 from metering.facts import build_signal, write_facts
-from metering.ingest import ingest
-from metering.openmetrics_source import OpenMetricsSource
 from metering.period import resolve
 from metering.pricing import price_period
-from metering.selector import DEFAULT_SELECTOR
 from metering.signals import SIGNALS
+from tests.omledger import ingested
 
 VENDORS = Path(__file__).resolve().parent.parent / "gpusim" / "scenarios" / "vendors"
 VT0 = int(datetime(2026, 10, 1, tzinfo=UTC).timestamp())
@@ -191,12 +189,7 @@ def test_identical_intel_nodes_in_one_cluster_are_metered_as_separate_gpus(
                 history.add(rendering.samples, VT0 + i * 3600)
     history.close()
     period = resolve(None, "2026-10-01T00:00", f"2026-10-01T{H:02d}:00")
-    src = OpenMetricsSource(str(om), period, DEFAULT_SELECTOR)
-    con = connect(tmp_path / "m.duckdb")
-    try:
-        ingest(con, src, period)
-    finally:
-        src.close()
+    con = ingested(om, period, tmp_path / "m.duckdb")
     gpus = rows(con, "SELECT node, uuid, count(*) FROM device_hours GROUP BY ALL ORDER BY ALL")
     igpu = "0000:00:02.0"
     assert [(n, u) for n, u, _ in gpus if u.startswith(igpu)] == [

@@ -57,6 +57,7 @@ from metering.period import resolve
 from metering.pricing import price_period
 from metering.selector import DEFAULT_SELECTOR
 from tests.exporter_helpers import values
+from tests.omledger import ingested
 from tests.test_device_intel import Clock
 from tests.test_fdinfo import ARC, Proc, xe
 from tests.waiting import wait_until
@@ -339,12 +340,7 @@ def test_a_tile_is_priced_as_half_the_max1550(tmp_path: Path) -> None:
                        "    - {pattern: \"Intel(R) Data Center GPU Max*\", vendor: intel,"
                        " hourly: 2.50}\n")
     period = resolve(None, "2026-10-01T00:00", "2026-10-05T00:00")
-    src = OpenMetricsSource(str(om), period, DEFAULT_SELECTOR)
-    con = connect(tmp_path / "m.duckdb")
-    try:
-        ingest(con, src, period)
-    finally:
-        src.close()
+    con = ingested(om, period, tmp_path / "m.duckdb")
     result = price_period(con, load_cost_model(cm_path), period.start, period.end)
     by_pod = dict(con.execute("SELECT pod, sum(cost) FROM charges WHERE pod <> '' "
                               "GROUP BY pod").fetchall())

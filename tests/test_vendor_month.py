@@ -31,12 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from metering.costmodel import load_cost_model
-from metering.db import connect
-from metering.ingest import ingest
-from metering.openmetrics_source import OpenMetricsSource
 from metering.period import resolve
 from metering.pricing import price_period
-from metering.selector import DEFAULT_SELECTOR
+from tests.omledger import ingested
 
 HOURS = 744
 STEP = 600
@@ -142,12 +139,7 @@ def _meter(tmp_path: Path) -> Any:
     cm_path = tmp_path / "cost-model.yaml"
     cm_path.write_text(COST_MODEL)
     period = resolve("2026-10", None, None)
-    src = OpenMetricsSource(str(f), period, DEFAULT_SELECTOR)
-    con = connect(tmp_path / "m.duckdb")
-    try:
-        ingest(con, src, period)
-    finally:
-        src.close()
+    con = ingested(f, period, tmp_path / "m.duckdb")
     result = price_period(con, load_cost_model(cm_path), period.start, period.end)
     return con, result
 

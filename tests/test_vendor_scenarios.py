@@ -29,14 +29,11 @@ from gpusim.cluster import SimCluster
 from gpusim.vendor_node import XE_TIMESTAMP_HZ
 from gpusim.vendor_scenario import load_vendor_scenario
 from metering.costmodel import load_cost_model
-from metering.db import connect
-from metering.ingest import ingest
-from metering.openmetrics_source import OpenMetricsSource
 from metering.period import Month, resolve
 from metering.pricing import price_period
 from metering.report import cli as report_cli
 from metering.report.waste import Kind, Settings, mig_fraction, recommend
-from metering.selector import DEFAULT_SELECTOR
+from tests.omledger import ingested
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,12 +110,7 @@ def test_vendor_nodes_metered_priced_and_reported(tmp_path: Path) -> None:
     hours = 90
     om = _history(tmp_path, hours, 3600)
     period = resolve(None, "2026-10-01T00:00", "2026-10-04T18:00")
-    src = OpenMetricsSource(str(om), period, DEFAULT_SELECTOR)
-    con = connect(tmp_path / "m.duckdb")
-    try:
-        ingest(con, src, period)
-    finally:
-        src.close()
+    con = ingested(om, period, tmp_path / "m.duckdb")
     cm = load_cost_model(None)  # the packaged cost-model.yaml
     result = price_period(con, cm, period.start, period.end)
     assert result.total == result.fleet_cost and result.default_priced_models == ()
@@ -246,12 +238,7 @@ def test_short_window_bill_follows_the_holders(tmp_path: Path) -> None:
     path.write_text(SHORT)
     om = _history(tmp_path, 3, 600, [path])
     period = resolve(None, "2026-10-01T00:00", "2026-10-01T03:00")
-    src = OpenMetricsSource(str(om), period, DEFAULT_SELECTOR)
-    con = connect(tmp_path / "s.duckdb")
-    try:
-        ingest(con, src, period)
-    finally:
-        src.close()
+    con = ingested(om, period, tmp_path / "s.duckdb")
     price_period(con, load_cost_model(None), period.start, period.end)
     bills = dict(con.execute("SELECT team, sum(cost) FROM charges GROUP BY team").fetchall())
     con.close()
