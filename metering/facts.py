@@ -55,9 +55,15 @@ def build_signal(spec: SignalSpec, series: Sequence[Mapping[str, str]], sid: np.
     idx = pa.array(sid.astype(np.int32, copy=False), pa.int32())
     skeys = (list(series_keys) if series_keys is not None
              else [series_key(m) for m in series])
-    hashes = np.fromiter((series_hash(k) for k in skeys), np.int64, len(skeys))
-    keys = np.fromiter((series_hash("\x1f".join(m.get(c, "") for c in spec.key))
-                        for m in series), np.int64, len(series))
+    n = len(series)
+    hashes = np.fromiter(map(series_hash, skeys), np.int64, n)
+    # Each label column once per series (a key label is often a kept column too); the key
+    # text of a series is its key labels joined, as map/zip over those columns, not a
+    # generator per series (this was a sixth of ingest's CPU, docs/performance.md).
+    text = {c: [m.get(c, "") for m in series] for c in dict.fromkeys((*spec.key, *spec.cols))}
+    key_text = (text[spec.key[0]] if len(spec.key) == 1
+                else list(map("\x1f".join, zip(*(text[c] for c in spec.key), strict=True))))
+    keys = np.fromiter(map(series_hash, key_text), np.int64, n)
 
     def per_series(values: pa.Array) -> pa.DictionaryArray:
         return pa.DictionaryArray.from_arrays(idx, values)
@@ -72,7 +78,7 @@ def build_signal(spec: SignalSpec, series: Sequence[Mapping[str, str]], sid: np.
         "value": pa.array(value.astype(np.float64, copy=False), pa.float64()),
     }
     for col in spec.cols:
-        cols[col] = per_series(pa.array([m.get(col, "") for m in series], pa.string()))
+        cols[col] = per_series(pa.array(text[col], pa.string()))
     if spec.pod_labels:
         labels = [sorted((k[len(POD_LABEL_PREFIX):], v) for k, v in m.items()
                          if k.startswith(POD_LABEL_PREFIX)) for m in series]
