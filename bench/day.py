@@ -8,6 +8,13 @@ more processes, on fresh ledgers, to say which half costs what.
     python -m bench.day --gpus 10000                      # 1/8 of the 80,000-GPU target
     python -m bench.day --gpus 80000 --workdir /tmp/d80k --json d80k.json
     python -m bench.day --gpus 80000 --workdir /tmp/d80k --reuse   # the store already imported
+    python -m bench.day --gpus 10000 --recorded native     # raw and recorded series, alternating
+
+`--recorded READ` also evaluates the shipped recording rules over the day (`vmalert -replay`,
+as bench.recorded does; its cost is the rules', spread over the day's hours in production, and
+reported apart) and meters the day from the recorded hourly series (`--recorded only
+--recorded-read READ`), alternating with the raw series in each run: the daily run of a
+cluster whose store evaluates the shipped PrometheusRule.
 
 `meter --daily` meters yesterday and re-meters the --late-days (2) days before it: in steady
 state it does this bench's work for each of them (docs/performance.md).
@@ -27,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine, say, stage_cell, table, write_json
+from bench.recorded import replay
 from bench.scale import GPUS_PER_NODE, Fleet, Victoria, run_stage
 
 
@@ -34,9 +42,10 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def _meter(vm: Victoria, args: list[str], before: str | None = None) -> dict[str, Any]:
+def _meter(vm: Victoria, args: list[str], before: str | None = None,
+           read: str | None = None) -> dict[str, Any]:
     """One meter run in a child; `before`: a checkout of other code, first on its
-    PYTHONPATH."""
+    PYTHONPATH; `read`: from the recorded series, read so (--recorded-read), else raw."""
     read0 = vm.counter("vm_rows_read_per_query_sum")
     cpu0 = vm.cpu_s()
     load0 = _load()
@@ -44,13 +53,14 @@ def _meter(vm: Victoria, args: list[str], before: str | None = None) -> dict[str
     if before:
         os.environ["PYTHONPATH"] = before
     try:
-        r = run_stage(["meter", "--prometheus", vm.url, *args, "--verbose"])
+        how = ["--recorded", "only", "--recorded-read", read] if read else ["--recorded", "never"]
+        r = run_stage(["meter", "--prometheus", vm.url, *args, *how, "--verbose"])
     finally:
         if saved is None:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = saved
-    r["code"] = before or "this"
+    r["code"] = (before or "this") + (f", recorded by {read}" if read else "")
     split = [x for x in r["stderr"].splitlines() if x.startswith("meter: queries: ")]
     r["queries"] = split[-1][len("meter: queries: "):] if split else ""
     r["vm_cpu_s"] = vm.cpu_s() - cpu0
@@ -74,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before", metavar="DIR",
                    help="also meter with the code checked out in DIR (e.g. `git archive REV | "
                         "tar -x -C DIR`), alternating with this checkout, each run")
+    p.add_argument("--recorded", metavar="READ", choices=("query_range", "export", "native"),
+                   help="also replay the recording rules over the day and meter it from the "
+                        "recorded series read so, alternating with the raw series")
     p.add_argument("--json", help="write the figures as JSON too")
     args = p.parse_args(argv)
     if args.reuse and not args.workdir:
@@ -102,13 +115,25 @@ def main(argv: list[str] | None = None) -> int:
             say(f"day: imported {fleet.samples:,} samples, {fleet.series:,} series, "
                 f"{len(fleet.pods):,} pods in {imp['wall_s']:.0f} s")
         res["import"] = json.loads(meta.read_text())
+        if args.recorded:
+            vm.delete_series('{__name__=~"gpu_ledger:.+"}')  # an earlier run's: written again
+            say(f"day: replaying the recording rules over the day (load {_load()})")
+            res["replay"] = replay(vm, start - timedelta(minutes=43),
+                                   end + timedelta(minutes=17), work)
+            say(f"day: replayed in {res['replay']['wall_s']:.0f} s: store "
+                f"{res['replay']['store_cpu_s']:.1f} CPU-s, vmalert "
+                f"{res['replay']['vmalert_cpu_s']:.1f} CPU-s")
         period = ["--from", f"{start:%Y-%m-%dT%H:%MZ}", "--to", f"{end:%Y-%m-%dT%H:%MZ}"]
         runs = []
         for k in range(args.runs):
-            for code in ([args.before, None] if args.before else [None]):
+            variants = [(code, read)
+                        for code in ([args.before, None] if args.before else [None])
+                        for read in ([None, args.recorded] if args.recorded else [None])]
+            for code, read in variants:
                 db = work / f"day-{k}.duckdb"
                 db.unlink(missing_ok=True)
-                r = _meter(vm, [*period, "--db", str(db), "--cost-model", cost_model], code)
+                r = _meter(vm, [*period, "--db", str(db), "--cost-model", cost_model], code,
+                           read)
                 say(f"day: {r['code']}: metered and priced in {r['wall_s']:.1f} s wall, "
                     f"{r['cpu_s']:.1f} CPU-s, {r['maxrss_mib']:,.0f} MiB; store "
                     f"{r['vm_cpu_s']:.1f} CPU-s (load {r['load_before']} -> "

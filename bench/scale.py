@@ -222,6 +222,13 @@ class Victoria:
         with urllib.request.urlopen(f"{self.url}/internal/force_flush", timeout=600):
             pass
 
+    def delete_series(self, match: str) -> None:
+        """Delete the series `match` selects (VictoriaMetrics' admin API)."""
+        q = urllib.parse.urlencode({"match[]": match})
+        with urllib.request.urlopen(f"{self.url}/api/v1/admin/tsdb/delete_series?{q}",
+                                    timeout=600) as resp:
+            resp.read()
+
     def counter(self, name: str) -> float:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as resp:
             text = resp.read().decode()
