@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
 from metering.signals import series_key
@@ -345,14 +346,83 @@ def _object(text: str, pos: int, fields: dict[str, Callable[[int], tuple[object,
 
 
 def _points(body: bytes, e: _Entries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Series index, time and value of every point, as arrays; _Odd unless Arrow reads every
-    point as a `[t,"v"]` pair with a finite time. Nothing is checked per point: a spelling Arrow
-    cannot read fails the parse. A time spelled as a number JSON would refuse (`01`, `+1`) is
-    read as that number."""
+    """Series index, time and value of every point, as arrays: cut at the quotes where every
+    point is `[t,"v"]` (_cut), else by Arrow's CSV reader (_rows); _Odd unless one of them
+    reads every point, with a finite time."""
     length = e.points_end - e.points
     full = np.flatnonzero(length > 3)  # `:[]`: an entry without points
     if not len(full):
         return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+    try:
+        return _cut(body, e, full)
+    except (_Odd, IndexError, ValueError, pa.ArrowInvalid):
+        return _rows(body, e, full)
+
+
+# The points cut at their quotes: each entry's points text without its brackets, `[t,"v"],...`,
+# joined by `,` into one text where every point is `[t,"v"]` and points are joined by `,`. Its
+# quotes (numpy) give every field: a value lies between a quote pair, a time between the `[`
+# after the previous pair's `"],[` and the `,"` before its own. Every separator is checked in
+# place (`,"` before each value, `"],[` after each value but the last, `"]` at the end), and
+# deleting the separators' characters (`[],"`) must leave exactly the fields, so no field
+# holds one of them; the text is then as json would read it, its fields numbers or not. The
+# fields, one after another in the deleted text, are one Arrow string array, cast to float64
+# by Arrow's parser (the spellings of tests/test_matrix.py), which fails on any other text.
+_SEPARATORS = b'[],"'
+_VALUE_OPENS = int.from_bytes(b',"', "little")  # before a value
+_NEXT_POINT = int.from_bytes(b'"],[', "little")  # a value's end, the next point's start
+
+
+def _cut(body: bytes, e: _Entries, full: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The points of the entries `full` (those with points) where every point is `[t,"v"]`;
+    _Odd (or IndexError, ArrowInvalid) otherwise."""
+    start = e.points[full] + 2  # `:[` `[t,"v"],...,[t,"v"]` `]`
+    end = e.points_end[full] - 1
+    text = b",".join(map(body.__getitem__, map(slice, start.tolist(), end.tolist())))
+    a = np.frombuffer(text, np.uint8)
+    quotes = np.flatnonzero(a == ord('"'))
+    n = len(quotes) // 2
+    if not n or len(quotes) != 2 * n or a[0] != ord("[") or text[-2:] != b'"]' \
+            or quotes[-1] != len(text) - 2:
+        raise _Odd
+    opens, closes = quotes[0::2], quotes[1::2]
+    # Two- and four-byte words at every offset of the text (no copy), to check separators.
+    pairs = np.ndarray((len(text) - 1,), "<u2", text, 0, (1,))
+    words = np.ndarray((len(text) - 3,), "<u4", text, 0, (1,))
+    if not (pairs[opens - 1] == _VALUE_OPENS).all() \
+            or not (words[closes[:-1]] == _NEXT_POINT).all():
+        raise _Odd
+    times = np.empty(n, np.int64)
+    times[0] = 1
+    times[1:] = closes[:-1] + 4
+    lengths = np.empty(2 * n, np.int64)
+    lengths[0::2] = opens - 1 - times
+    lengths[1::2] = closes - opens - 1
+    offsets = np.zeros(2 * n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    fields = text.translate(None, _SEPARATORS)
+    if len(fields) != offsets[-1] or not (lengths[0::2] > 0).all():
+        raise _Odd
+    # Each entry's text begins with a point: its first quote is an opening one, 1 + the
+    # length of its time after the entry's start.
+    size = end - start + 1
+    at = np.cumsum(size) - size
+    first = np.searchsorted(quotes, at)
+    if (first % 2).any() or not (times[first // 2] == at + 1).all():
+        raise _Odd
+    strings = pa.Array.from_buffers(pa.large_string(), 2 * n,
+                                    [None, pa.py_buffer(offsets), pa.py_buffer(fields)])
+    numbers = pc.cast(strings, pa.float64()).to_numpy()
+    t, v = numbers[0::2].copy(), numbers[1::2].copy()
+    if not np.isfinite(t).all():
+        raise _Odd
+    return np.repeat(full, np.diff(first // 2, append=n)), t, v
+
+
+def _rows(body: bytes, e: _Entries, full: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The points by Arrow's CSV reader: any spelling of a point's time and value it reads
+    (a quoted time, a bare value). A time spelled as a number JSON would refuse (`01`, `+1`)
+    is read as that number."""
     rows = b"".join(map(body.__getitem__, map(slice, e.points[full].tolist(),
                                               e.points_end[full].tolist())))
     table = pa_csv.read_csv(io.BytesIO(rows.translate(_ROWS)), read_options=_CSV_READ,
