@@ -363,12 +363,11 @@ def _points(body: bytes, e: _Entries) -> tuple[np.ndarray, np.ndarray, np.ndarra
 # joined by `,` into one text where every point is `[t,"v"]` and points are joined by `,`. Its
 # quotes (numpy) give every field: a value lies between a quote pair, a time between the `[`
 # after the previous pair's `"],[` and the `,"` before its own. Every separator is checked in
-# place (`,"` before each value, `"],[` after each value but the last, `"]` at the end), and
-# deleting the separators' characters (`[],"`) must leave exactly the fields, so no field
-# holds one of them; the text is then as json would read it, its fields numbers or not. The
-# fields, one after another in the deleted text, are one Arrow string array, cast to float64
-# by Arrow's parser (the spellings of tests/test_matrix.py), which fails on any other text.
-_SEPARATORS = b'[],"'
+# place (`,"` before each value, `"],[` after each value but the last, `"]` at the end), so
+# the text is as json would read it, its fields numbers or not. One Arrow string array laid
+# over the text without a copy, its elements in turn a separator (null) and a field, is cast
+# to float64 by Arrow's parser (the spellings of tests/test_matrix.py): the nulls are not
+# parsed, and a field that is not a number (one holding a separator, an empty one) fails.
 _VALUE_OPENS = int.from_bytes(b',"', "little")  # before a value
 _NEXT_POINT = int.from_bytes(b'"],[', "little")  # a value's end, the next point's start
 
@@ -392,28 +391,27 @@ def _cut(body: bytes, e: _Entries, full: np.ndarray) -> tuple[np.ndarray, np.nda
     if not (pairs[opens - 1] == _VALUE_OPENS).all() \
             or not (words[closes[:-1]] == _NEXT_POINT).all():
         raise _Odd
-    times = np.empty(n, np.int64)
-    times[0] = 1
-    times[1:] = closes[:-1] + 4
-    lengths = np.empty(2 * n, np.int64)
-    lengths[0::2] = opens - 1 - times
-    lengths[1::2] = closes - opens - 1
-    offsets = np.zeros(2 * n + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    fields = text.translate(None, _SEPARATORS)
-    if len(fields) != offsets[-1] or not (lengths[0::2] > 0).all():
-        raise _Odd
-    # Each entry's text begins with a point: its first quote is an opening one, 1 + the
-    # length of its time after the entry's start.
+    # Element 4k+1 is point k's time, 4k+3 its value; the even ones are separators.
+    bounds = np.empty(4 * n + 2, np.int64)
+    bounds[:2] = 0, 1
+    bounds[5:4 * n + 1:4] = closes[:-1] + 4
+    bounds[2::4] = opens - 1
+    bounds[3::4] = opens + 1
+    bounds[4::4] = closes
+    bounds[-1] = len(text)
+    # Each entry's text begins with a point: its first quote opens a value, and the point's
+    # time begins right after the entry's start.
     size = end - start + 1
     at = np.cumsum(size) - size
     first = np.searchsorted(quotes, at)
-    if (first % 2).any() or not (times[first // 2] == at + 1).all():
+    if (first % 2).any() or not (bounds[2 * first + 1] == at + 1).all():
         raise _Odd
-    strings = pa.Array.from_buffers(pa.large_string(), 2 * n,
-                                    [None, pa.py_buffer(offsets), pa.py_buffer(fields)])
-    numbers = pc.cast(strings, pa.float64()).to_numpy()
-    t, v = numbers[0::2].copy(), numbers[1::2].copy()
+    odd = pa.py_buffer(b"\xaa" * ((4 * n + 8) // 8))  # validity: every odd element
+    strings = pa.Array.from_buffers(pa.large_string(), 4 * n + 1,
+                                    [odd, pa.py_buffer(bounds), pa.py_buffer(text)])
+    numbers = pc.cast(strings, pa.float64())
+    x = np.frombuffer(numbers.buffers()[1], np.float64, 4 * n + 1, numbers.offset * 8)
+    t, v = x[1::4].copy(), x[3::4].copy()
     if not np.isfinite(t).all():
         raise _Odd
     return np.repeat(full, np.diff(first // 2, append=n)), t, v
