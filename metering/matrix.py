@@ -368,8 +368,6 @@ def _points(body: bytes, e: _Entries) -> tuple[np.ndarray, np.ndarray, np.ndarra
 # over the text without a copy, its elements in turn a separator (null) and a field, is cast
 # to float64 by Arrow's parser (the spellings of tests/test_matrix.py): the nulls are not
 # parsed, and a field that is not a number (one holding a separator, an empty one) fails.
-_VALUE_OPENS = int.from_bytes(b',"', "little")  # before a value
-_NEXT_POINT = int.from_bytes(b'"],[', "little")  # a value's end, the next point's start
 
 
 def _cut(body: bytes, e: _Entries, full: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -385,11 +383,9 @@ def _cut(body: bytes, e: _Entries, full: np.ndarray) -> tuple[np.ndarray, np.nda
             or quotes[-1] != len(text) - 2:
         raise _Odd
     opens, closes = quotes[0::2], quotes[1::2]
-    # Two- and four-byte words at every offset of the text (no copy), to check separators.
-    pairs = np.ndarray((len(text) - 1,), "<u2", text, 0, (1,))
-    words = np.ndarray((len(text) - 3,), "<u4", text, 0, (1,))
-    if not (pairs[opens - 1] == _VALUE_OPENS).all() \
-            or not (words[closes[:-1]] == _NEXT_POINT).all():
+    after = closes[:-1]
+    if not ((a[opens - 1] == ord(",")).all() and (a[after + 1] == ord("]")).all()
+            and (a[after + 2] == ord(",")).all() and (a[after + 3] == ord("[")).all()):
         raise _Odd
     # Element 4k+1 is point k's time, 4k+3 its value; the even ones are separators.
     bounds = np.empty(4 * n + 2, np.int64)
