@@ -146,8 +146,9 @@ def _series_points(points: list[Any]) -> tuple[np.ndarray, np.ndarray]:
 # the whole answer (a marker holds a `"` after another character, so it cannot be inside a
 # JSON string, where every `"` is escaped); every entry's label map by one json call over all
 # of them, and their series keys by replacements over their text (_keys); every point by
-# Arrow's CSV parser into typed float64 columns. The entries' points texts are cut out and
-# joined, and one byte translation makes each point a CSV row:
+# Arrow's float parser: cut at its quotes where every point is `[t,"v"]` (_cut, below), else
+# by Arrow's CSV reader (_rows: a quoted time, a bare value). For _rows the entries' points
+# texts are cut out and joined, and one byte translation makes each point a CSV row:
 # `:[[t,"v"],[t,"v"]]` -> `X,,t,"v"` `,,t,"v"` (`:`->X marks an entry's first point, `[`->`,`,
 # `]`->newline). A value stays quoted, so nothing inside it can make a row or a column; a row
 # of another shape fails the parse. Arrow's float parser reads a subset of the spellings
