@@ -391,9 +391,9 @@ def _cut(body: bytes, e: _Entries, full: np.ndarray) -> tuple[np.ndarray, np.nda
     # Element 4k+1 is point k's time, 4k+3 its value; the even ones are separators.
     bounds = np.empty(4 * n + 2, np.int64)
     bounds[:2] = 0, 1
-    bounds[5:4 * n + 1:4] = closes[:-1] + 4
-    bounds[2::4] = opens - 1
-    bounds[3::4] = opens + 1
+    np.add(after, 4, out=bounds[5:4 * n + 1:4])
+    np.subtract(opens, 1, out=bounds[2::4])
+    np.add(opens, 1, out=bounds[3::4])
     bounds[4::4] = closes
     bounds[-1] = len(text)
     # Each entry's text begins with a point: its first quote opens a value, and the point's
