@@ -365,7 +365,8 @@ def _points(body: bytes, e: _Entries) -> tuple[np.ndarray, np.ndarray, np.ndarra
 # quotes (numpy) give every field: a value lies between a quote pair, a time between the `[`
 # after the previous pair's `"],[` and the `,"` before its own. Every separator is checked in
 # place (`,"` before each value, `"],[` after each value but the last, `"]` at the end), so
-# the text is as json would read it, its fields numbers or not. One Arrow string array laid
+# the text is laid out as json reads it (a time Arrow reads and JSON refuses, `01`, `+1`, is
+# read as that number, as _rows reads it). One Arrow string array laid
 # over the text without a copy, its elements in turn a separator (null) and a field, is cast
 # to float64 by Arrow's parser (the spellings of tests/test_matrix.py): the nulls are not
 # parsed, and a field that is not a number (one holding a separator, an empty one) fails.
