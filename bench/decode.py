@@ -8,7 +8,8 @@ Decoders on the same answer bytes: metering.matrix.read (the scanner: markers fo
 over the whole answer, points parsed by Arrow's CSV reader into typed columns), the scanners
 of earlier commits (`--old REV`, default e4e6bbb: per-point RE2 checks and a string column
 cut to floats; fbb0257: typed columns, envelope and entries scanned in Python per series;
-4d5eca1: entries found by numpy, series_key computed per label map),
+4d5eca1: entries found by numpy, series_key computed per label map; 7547511: every point
+through Arrow's CSV reader, before points were cut at their quotes),
 Python's json + from_result (the path every odd answer takes) and json alone.
 Each must give the same matrix as json's path.
 Fetch: metering.promclient (http.client, one deadline, its own loop over the body) against
@@ -44,8 +45,9 @@ from metering.promclient import PromClient
 
 # Scanners to compare: per-point RE2 checks (before issue 27); typed Arrow columns with the
 # envelope scanned and label maps keyed per series in Python (before the vectorised scan);
-# the vectorised scan with series_key per label map (before keys were cut from the text).
-OLD_REVS = ("e4e6bbb", "fbb0257", "4d5eca1")
+# the vectorised scan with series_key per label map (before keys were cut from the text); the
+# CSV reader for every point (before points were cut at their quotes).
+OLD_REVS = ("e4e6bbb", "fbb0257", "4d5eca1", "7547511")
 
 
 def answer(series: int, points: int, seed: int = 7) -> bytes:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
 from metering.signals import series_key
@@ -145,8 +146,9 @@ def _series_points(points: list[Any]) -> tuple[np.ndarray, np.ndarray]:
 # the whole answer (a marker holds a `"` after another character, so it cannot be inside a
 # JSON string, where every `"` is escaped); every entry's label map by one json call over all
 # of them, and their series keys by replacements over their text (_keys); every point by
-# Arrow's CSV parser into typed float64 columns. The entries' points texts are cut out and
-# joined, and one byte translation makes each point a CSV row:
+# Arrow's float parser: cut at its quotes where every point is `[t,"v"]` (_cut, below), else
+# by Arrow's CSV reader (_rows: a quoted time, a bare value). For _rows the entries' points
+# texts are cut out and joined, and one byte translation makes each point a CSV row:
 # `:[[t,"v"],[t,"v"]]` -> `X,,t,"v"` `,,t,"v"` (`:`->X marks an entry's first point, `[`->`,`,
 # `]`->newline). A value stays quoted, so nothing inside it can make a row or a column; a row
 # of another shape fails the parse. Arrow's float parser reads a subset of the spellings
@@ -345,14 +347,78 @@ def _object(text: str, pos: int, fields: dict[str, Callable[[int], tuple[object,
 
 
 def _points(body: bytes, e: _Entries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Series index, time and value of every point, as arrays; _Odd unless Arrow reads every
-    point as a `[t,"v"]` pair with a finite time. Nothing is checked per point: a spelling Arrow
-    cannot read fails the parse. A time spelled as a number JSON would refuse (`01`, `+1`) is
-    read as that number."""
+    """Series index, time and value of every point, as arrays: cut at the quotes where every
+    point is `[t,"v"]` (_cut), else by Arrow's CSV reader (_rows); _Odd unless one of them
+    reads every point, with a finite time."""
     length = e.points_end - e.points
     full = np.flatnonzero(length > 3)  # `:[]`: an entry without points
     if not len(full):
         return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+    try:
+        return _cut(body, e, full)
+    except (_Odd, IndexError, ValueError, pa.ArrowInvalid):
+        return _rows(body, e, full)
+
+
+# The points cut at their quotes: each entry's points text without its brackets, `[t,"v"],...`,
+# joined by `,` into one text where every point is `[t,"v"]` and points are joined by `,`. Its
+# quotes (numpy) give every field: a value lies between a quote pair, a time between the `[`
+# after the previous pair's `"],[` and the `,"` before its own. Every separator is checked in
+# place (`,"` before each value, `"],[` after each value but the last, `"]` at the end), so
+# the text is laid out as json reads it (a time Arrow reads and JSON refuses, `01`, `+1`, is
+# read as that number, as _rows reads it). One Arrow string array laid
+# over the text without a copy, its elements in turn a separator (null) and a field, is cast
+# to float64 by Arrow's parser (the spellings of tests/test_matrix.py): the nulls are not
+# parsed, and a field that is not a number (one holding a separator, an empty one) fails.
+
+
+def _cut(body: bytes, e: _Entries, full: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The points of the entries `full` (those with points) where every point is `[t,"v"]`;
+    _Odd (or IndexError, ArrowInvalid) otherwise."""
+    start = e.points[full] + 2  # `:[` `[t,"v"],...,[t,"v"]` `]`
+    end = e.points_end[full] - 1
+    text = b",".join(map(body.__getitem__, map(slice, start.tolist(), end.tolist())))
+    a = np.frombuffer(text, np.uint8)
+    quotes = np.flatnonzero(a == ord('"'))
+    n = len(quotes) // 2
+    if not n or len(quotes) != 2 * n or a[0] != ord("[") or text[-2:] != b'"]' \
+            or quotes[-1] != len(text) - 2:
+        raise _Odd
+    opens, closes = quotes[0::2], quotes[1::2]
+    after = closes[:-1]
+    if not ((a[opens - 1] == ord(",")).all() and (a[after + 1] == ord("]")).all()
+            and (a[after + 2] == ord(",")).all() and (a[after + 3] == ord("[")).all()):
+        raise _Odd
+    # Element 4k+1 is point k's time, 4k+3 its value; the even ones are separators.
+    bounds = np.empty(4 * n + 2, np.int64)
+    bounds[:2] = 0, 1
+    np.add(after, 4, out=bounds[5:4 * n + 1:4])
+    np.subtract(opens, 1, out=bounds[2::4])
+    np.add(opens, 1, out=bounds[3::4])
+    bounds[4::4] = closes
+    bounds[-1] = len(text)
+    # Each entry's text begins with a point: its first quote opens a value, and the point's
+    # time begins right after the entry's start.
+    size = end - start + 1
+    at = np.cumsum(size) - size
+    first = np.searchsorted(quotes, at)
+    if (first % 2).any() or not (bounds[2 * first + 1] == at + 1).all():
+        raise _Odd
+    odd = pa.py_buffer(b"\xaa" * ((4 * n + 8) // 8))  # validity: every odd element
+    strings = pa.Array.from_buffers(pa.large_string(), 4 * n + 1,
+                                    [odd, pa.py_buffer(bounds), pa.py_buffer(text)])
+    numbers = pc.cast(strings, pa.float64())
+    x = np.frombuffer(numbers.buffers()[1], np.float64, 4 * n + 1, numbers.offset * 8)
+    t, v = x[1::4].copy(), x[3::4].copy()
+    if not np.isfinite(t).all():
+        raise _Odd
+    return np.repeat(full, np.diff(first // 2, append=n)), t, v
+
+
+def _rows(body: bytes, e: _Entries, full: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The points by Arrow's CSV reader: any spelling of a point's time and value it reads
+    (a quoted time, a bare value). A time spelled as a number JSON would refuse (`01`, `+1`)
+    is read as that number."""
     rows = b"".join(map(body.__getitem__, map(slice, e.points[full].tolist(),
                                               e.points_end[full].tolist())))
     table = pa_csv.read_csv(io.BytesIO(rows.translate(_ROWS)), read_options=_CSV_READ,

@@ -290,3 +290,94 @@ def test_label_text_made_of_separators_is_keyed_as_series_key_keys_it(
     assert got is not None
     assert got.keys == [series_key(m) for m in metrics]
     _same(got, _json_matrix(body))
+
+
+# --- points cut at their quotes (matrix._cut), without the CSV reader behind it -------------
+
+TIME = st.one_of(st.integers(0, 10**11), st.sampled_from([1790812800.5, 1790812800.125, 1e9]))
+
+
+def _cut_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CSV reader refuses everything: what read() returns came from _cut."""
+    def refuse(*_: Any) -> Any:
+        raise matrix._Odd
+    monkeypatch.setattr(matrix, "_rows", refuse)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(TIME, VALUE.filter(lambda v: v is not None)), max_size=4),
+                min_size=1, max_size=5))
+def test_points_as_stores_write_them_are_cut_as_json_reads_them(
+        series: list[list[tuple[float, str]]]) -> None:
+    """Entries without points, with one, and with several, between others; times of any width,
+    whole or not; values in every spelling stores write (NaN, +Inf, -Inf, exponents)."""
+    result = [{"metric": {"i": str(i)}, "values": [list(p) for p in points]}
+              for i, points in enumerate(series)]
+    body = _body(result)
+    with pytest.MonkeyPatch.context() as mp:
+        _cut_only(mp)
+        got = matrix.read(body)
+    assert got is not None
+    _same(got, _json_matrix(body))
+
+
+@pytest.mark.parametrize("values", [
+    ['"],[1790816400,"2'], ['1,"2'], ["1]"], ["[1"], ["1,2"], ['"'], ["2", '3"],["4'],
+    [",", "1"], ["1", "],["], ["", "1"],
+])
+def test_values_holding_the_separators_are_not_cut(values: list[str]) -> None:
+    """A value holding a point's separators (json escapes its quotes) is not a number: the
+    answer goes to the json path, which gives NaN; it never becomes points of its own."""
+    body = _body([{"metric": {"a": "1"}, "values": [[1790812800 + i, v]
+                                                    for i, v in enumerate(values)]}])
+    assert matrix.read(body) is None
+    assert np.isnan(_json_matrix(body).v).any()
+
+
+@pytest.mark.parametrize("points", [
+    b'[[1,"2"],,3,"4"][[5,"6"]]', b'[[1,"2"][3,"4"]]', b'[[1,"2"],[3,"4"],]',
+    b'[[1,"2"],[3,"4",]]', b'[[1,"2"] ,[3,"4"]]', b'[[1, "2"]]', b'[[1,"2"]]]',
+    b'[[1,"2"],[,"4"]]', b'[[1,2"],[3,"4"]]', b'[[1,"2"],["3,"4"]]', b'[[1,"2","3"]]',
+    b'[[1,"2"],[3,"4"]', b'[[1,"2"],[[3,"4"]]]', b'[[1"2"]]', b'[[1,,"2"]]',
+])
+def test_points_in_other_layouts_are_not_cut(points: bytes) -> None:
+    """Separators missing, doubled, moved or spaced: _cut refuses (json refuses most of these
+    or reads them otherwise), whatever the CSV reader behind it makes of them."""
+    body = (b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"a":"1"},'
+            b'"values":' + points + b'},{"metric":{"a":"2"},"values":[[7,"8"]]}]}}')
+    with pytest.MonkeyPatch.context() as mp:
+        _cut_only(mp)
+        assert matrix.read(body) is None
+
+
+# Separators' characters and a letter: no digit, so no edit spells a time JSON refuses and
+# Arrow reads (`01`: the scanner reads such times as numbers, as it did before _cut).
+MUTANT = st.text(alphabet='[],":x', min_size=1, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(1, 99), st.integers(1, 99)), min_size=1,
+                         max_size=3), min_size=1, max_size=3),
+       st.data())
+def test_cut_points_text_with_any_edit_is_json_or_refused(
+        series: list[list[tuple[int, int]]], data: st.DataObject) -> None:
+    """Any edit of the points' text by the separators' characters: _cut gives what json gives
+    for the edited answer, or refuses it (always where json refuses it)."""
+    entries = [b'{"metric":{"i":"%d"},"values":[' % i
+               + b",".join(b'[%d,"%d"]' % p for p in points) + b"]}"
+               for i, points in enumerate(series)]
+    text = b",".join(entries)
+    at = data.draw(st.integers(0, len(text)))
+    cut = data.draw(st.integers(0, 2))
+    text = text[:at] + data.draw(MUTANT).encode() + text[at + cut:]
+    body = b'{"status":"success","data":{"resultType":"matrix","result":[' + text + b"]}}"
+    with pytest.MonkeyPatch.context() as mp:
+        _cut_only(mp)
+        got = matrix.read(body)
+    if got is None:
+        return
+    try:
+        want = _json_matrix(body)
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
+        raise AssertionError(f"cut an answer json refuses: {body!r}") from e
+    _same(got, want)
