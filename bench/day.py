@@ -3,7 +3,9 @@ for one UTC day (plus the hour before it) in VictoriaMetrics, then `gpu-ledger m
 --prometheus URL --from DAY --to DAY+1 --cost-model ...` (ingest and pricing in one process),
 with the process's wall, CPU seconds and peak RSS, the store's CPU and the samples it read.
 `--split` also runs the same day as ingest only (`--no-price`) and `--price-only` in two
-more processes, on fresh ledgers, to say which half costs what.
+more processes, on fresh ledgers, to say which half costs what; with `--before DIR`, each
+`--price-only` run is alternated with DIR's code on a copy of the same ledger, and the two
+ledgers' charges, energy_hours and waste_hours are compared row for row.
 
     python -m bench.day --gpus 10000                      # 1/8 of the 80,000-GPU target
     python -m bench.day --gpus 80000 --workdir /tmp/d80k --json d80k.json
@@ -21,10 +23,14 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import duckdb
 
 from bench.common import machine, say, stage_cell, table, write_json
 from bench.scale import GPUS_PER_NODE, Fleet, Victoria, run_stage
@@ -34,22 +40,29 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+@contextmanager
+def _code(before: str | None) -> Iterator[None]:
+    """Children started inside run `before`'s code (a checkout first on their PYTHONPATH)."""
+    saved = os.environ.get("PYTHONPATH")
+    if before:
+        os.environ["PYTHONPATH"] = before
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
 def _meter(vm: Victoria, args: list[str], before: str | None = None) -> dict[str, Any]:
     """One meter run in a child; `before`: a checkout of other code, first on its
     PYTHONPATH."""
     read0 = vm.counter("vm_rows_read_per_query_sum")
     cpu0 = vm.cpu_s()
     load0 = _load()
-    saved = os.environ.get("PYTHONPATH")
-    if before:
-        os.environ["PYTHONPATH"] = before
-    try:
+    with _code(before):
         r = run_stage(["meter", "--prometheus", vm.url, *args, "--verbose"])
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
     r["code"] = before or "this"
     split = [x for x in r["stderr"].splitlines() if x.startswith("meter: queries: ")]
     r["queries"] = split[-1][len("meter: queries: "):] if split else ""
@@ -57,6 +70,39 @@ def _meter(vm: Victoria, args: list[str], before: str | None = None) -> dict[str
     r["vm_samples_read"] = vm.counter("vm_rows_read_per_query_sum") - read0
     r["load_before"], r["load_after"] = load0, _load()
     return r
+
+
+def _price(db: Path, args: list[str], before: str | None = None) -> dict[str, Any]:
+    """`meter --price-only` of the ledger `db` in a child, with `before`'s code or this."""
+    load0 = _load()
+    with _code(before):
+        r = run_stage(["meter", "--price-only", *args, "--db", str(db)])
+    r["code"], r["load_before"], r["load_after"] = before or "this", load0, _load()
+    return r
+
+
+PRICED_TABLES = ("charges", "energy_hours", "waste_hours")
+
+
+def same_rows(a: Path, b: Path) -> dict[str, Any]:
+    """Per priced table of two ledgers: rows, rows of one missing from the other (as
+    multisets, both ways) and an order-free hash of every row, each side."""
+    con = duckdb.connect()
+    try:
+        con.execute(f"ATTACH '{a}' AS a (READ_ONLY)")
+        con.execute(f"ATTACH '{b}' AS b (READ_ONLY)")
+        out: dict[str, Any] = {}
+        for t in PRICED_TABLES:
+            n, ha = con.execute(f"SELECT count(*), sum(hash(x))::HUGEINT FROM a.{t} x").fetchone() \
+                or (0, 0)
+            hb = (con.execute(f"SELECT sum(hash(x))::HUGEINT FROM b.{t} x").fetchone() or (0,))[0]
+            diff = [(con.execute(f"SELECT count(*) FROM (FROM {p}.{t} EXCEPT ALL FROM {q}.{t})"
+                                 ).fetchone() or (0,))[0] for p, q in (("a", "b"), ("b", "a"))]
+            out[t] = {"rows": n, "only_before": diff[0], "only_this": diff[1],
+                      "same": diff == [0, 0] and ha == hb}
+        return out
+    finally:
+        con.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,8 +165,19 @@ def main(argv: list[str] | None = None) -> int:
             db = work / "split.duckdb"
             db.unlink(missing_ok=True)
             res["ingest"] = _meter(vm, [*period, "--db", str(db), "--no-price"])
-            res["price"] = run_stage(["meter", "--price-only", *period, "--db", str(db),
-                                      "--cost-model", cost_model])
+            prices = []
+            for _ in range(args.runs):
+                for code in ([args.before, None] if args.before else [None]):
+                    copy = work / f"price-{'before' if code else 'this'}.duckdb"
+                    shutil.copyfile(db, copy)
+                    r = _price(copy, [*period, "--cost-model", cost_model], code)
+                    say(f"day: {r['code']}: priced in {stage_cell(r)} (load "
+                        f"{r['load_before']} -> {r['load_after']})")
+                    prices.append(r)
+            res["prices"] = prices
+            if args.before:
+                res["same_rows"] = same_rows(work / "price-before.duckdb",
+                                             work / "price-this.duckdb")
         say(report(res))
     finally:
         vm.close()
@@ -143,7 +200,13 @@ def report(res: dict[str, Any]) -> str:
     if "ingest" in res:
         rows.append(["ingest only (`--no-price`): wall / CPU / peak RSS",
                      f"{stage_cell(res['ingest'])}; store {res['ingest']['vm_cpu_s']:.1f} CPU-s"])
-        rows.append(["pricing only (`--price-only`)", stage_cell(res["price"])])
+        for k, r in enumerate(res["prices"]):
+            rows.append([f"pricing only (`--price-only`), run {k + 1} ({r['code']})",
+                         f"{stage_cell(r)}; load {r['load_before']} -> {r['load_after']}"])
+    for t, d in res.get("same_rows", {}).items():
+        rows.append([f"{t}: before vs this, row for row",
+                     f"{d['rows']:,} rows, " + ("the same" if d["same"] else
+                     f"DIFFERENT ({d['only_before']} only before, {d['only_this']} only this)")])
     return table(["quantity", "measured"], rows)
 
 
