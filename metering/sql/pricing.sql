@@ -170,7 +170,7 @@ SELECT u.hour, u.team, u.namespace, u.pod, u.container, u.node, u.uuid, u.mig_uu
        u.used_hours,
        coalesce(t.multiplier, 1.0) * coalesce(e.factor, 1.0)
            * (1 - coalesce(td.discount, 0)) * (1 - u.model_discount) AS mult,
-       u.is_mig, u.slice_frac, u.held_hours, u.share,
+       u.is_mig,
        -- the holder's claim on the device-hour's measured energy, in device-hours (step
        -- energy_insert): exclusive, all of the time it held; MIG, its instance's GPM activity
        -- in device-equivalents, else its slices' share of the time held; time-slicing, MPS,
