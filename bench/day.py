@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Iterator
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", action="store_true",
                    help="also ingest only and price only, each in its own process")
     p.add_argument("--runs", type=int, default=1, help="times to meter the day (fresh ledger)")
+    p.add_argument("--price-runs", type=int,
+                   help="times to run --split's --price-only (default: --runs)")
     p.add_argument("--before", metavar="DIR",
                    help="also meter with the code checked out in DIR (e.g. `git archive REV | "
                         "tar -x -C DIR`), alternating with this checkout, each run")
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             db.unlink(missing_ok=True)
             res["ingest"] = _meter(vm, [*period, "--db", str(db), "--no-price"])
             prices = []
-            for _ in range(args.runs):
+            for _ in range(args.price_runs or args.runs):
                 for code in ([args.before, None] if args.before else [None]):
                     copy = work / f"price-{'before' if code else 'this'}.duckdb"
                     shutil.copyfile(db, copy)
@@ -203,6 +206,12 @@ def report(res: dict[str, Any]) -> str:
         for k, r in enumerate(res["prices"]):
             rows.append([f"pricing only (`--price-only`), run {k + 1} ({r['code']})",
                          f"{stage_cell(r)}; load {r['load_before']} -> {r['load_after']}"])
+        codes = sorted({r["code"] for r in res["prices"]}, key=lambda c: c == "this")
+        if len(codes) > 1:
+            def med(c: str, k: str) -> float:
+                return float(statistics.median([r[k] for r in res["prices"] if r["code"] == c]))
+            rows.append(["pricing only, median of the runs: CPU / wall", ", ".join(
+                f"{c}: {med(c, 'cpu_s'):.2f} CPU-s / {med(c, 'wall_s'):.2f} s" for c in codes)])
     for t, d in res.get("same_rows", {}).items():
         rows.append([f"{t}: before vs this, row for row",
                      f"{d['rows']:,} rows, " + ("the same" if d["same"] else
