@@ -24,8 +24,6 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -41,29 +39,15 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-@contextmanager
-def _code(before: str | None) -> Iterator[None]:
-    """Children started inside run `before`'s code (a checkout first on their PYTHONPATH)."""
-    saved = os.environ.get("PYTHONPATH")
-    if before:
-        os.environ["PYTHONPATH"] = before
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
-
-
 def _meter(vm: Victoria, args: list[str], before: str | None = None) -> dict[str, Any]:
-    """One meter run in a child; `before`: a checkout of other code, first on its
-    PYTHONPATH."""
+    """One meter run in a child; `before`: a checkout of other code, the child's working
+    directory (`python -c` puts it first on the path, ahead of PYTHONPATH: a PYTHONPATH
+    checkout lost to this one when the bench ran from it)."""
     read0 = vm.counter("vm_rows_read_per_query_sum")
     cpu0 = vm.cpu_s()
     load0 = _load()
-    with _code(before):
-        r = run_stage(["meter", "--prometheus", vm.url, *args, "--verbose"])
+    r = run_stage(["meter", "--prometheus", vm.url, *args, "--verbose"],
+                  cwd=Path(before) if before else None)
     r["code"] = before or "this"
     split = [x for x in r["stderr"].splitlines() if x.startswith("meter: queries: ")]
     r["queries"] = split[-1][len("meter: queries: "):] if split else ""
@@ -76,8 +60,8 @@ def _meter(vm: Victoria, args: list[str], before: str | None = None) -> dict[str
 def _price(db: Path, args: list[str], before: str | None = None) -> dict[str, Any]:
     """`meter --price-only` of the ledger `db` in a child, with `before`'s code or this."""
     load0 = _load()
-    with _code(before):
-        r = run_stage(["meter", "--price-only", *args, "--db", str(db)])
+    r = run_stage(["meter", "--price-only", *args, "--db", str(db)],
+                  cwd=Path(before) if before else None)
     r["code"], r["load_before"], r["load_after"] = before or "this", load0, _load()
     return r
 
@@ -127,10 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.reuse and not args.workdir:
         p.error("--reuse needs --workdir")
+    if args.before:
+        args.before = str(Path(args.before).resolve())
 
     start = datetime.fromisoformat(args.day).replace(tzinfo=UTC)
     end = start + timedelta(days=1)
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-ledger-day-"))
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-ledger-day-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     cost_model = str(resources.files("metering") / "data" / "cost-model.yaml")
     res: dict[str, Any] = {"machine": machine(), "gpus": args.gpus, "day": args.day,
