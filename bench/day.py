@@ -3,7 +3,9 @@ for one UTC day (plus the hour before it) in VictoriaMetrics, then `gpu-ledger m
 --prometheus URL --from DAY --to DAY+1 --cost-model ...` (ingest and pricing in one process),
 with the process's wall, CPU seconds and peak RSS, the store's CPU and the samples it read.
 `--split` also runs the same day as ingest only (`--no-price`) and `--price-only` in two
-more processes, on fresh ledgers, to say which half costs what.
+more processes, on fresh ledgers, to say which half costs what; with `--before DIR`, each
+`--price-only` run is alternated with DIR's code on a copy of the same ledger, and the two
+ledgers' charges, energy_hours and waste_hours are compared row for row.
 
     python -m bench.day --gpus 10000                      # 1/8 of the 80,000-GPU target
     python -m bench.day --gpus 80000 --workdir /tmp/d80k --json d80k.json
@@ -26,12 +28,15 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import duckdb
 
 from bench.common import machine, say, stage_cell, table, write_json
 from bench.recorded import replay
@@ -44,22 +49,16 @@ def _load() -> str:
 
 def _meter(vm: Victoria, args: list[str], before: str | None = None,
            read: str | None = None) -> dict[str, Any]:
-    """One meter run in a child; `before`: a checkout of other code, first on its
-    PYTHONPATH; `read`: from the recorded series, read so (--recorded-read), else raw."""
+    """One meter run in a child; `before`: a checkout of other code, the child's working
+    directory (`python -c` puts it first on the path, ahead of PYTHONPATH: a PYTHONPATH
+    checkout lost to this one when the bench ran from it); `read`: from the recorded series,
+    read so (--recorded-read), else raw."""
     read0 = vm.counter("vm_rows_read_per_query_sum")
     cpu0 = vm.cpu_s()
     load0 = _load()
-    saved = os.environ.get("PYTHONPATH")
-    if before:
-        os.environ["PYTHONPATH"] = before
-    try:
-        how = ["--recorded", "only", "--recorded-read", read] if read else ["--recorded", "never"]
-        r = run_stage(["meter", "--prometheus", vm.url, *args, *how, "--verbose"])
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
+    how = ["--recorded", "only", "--recorded-read", read] if read else ["--recorded", "never"]
+    r = run_stage(["meter", "--prometheus", vm.url, *args, *how, "--verbose"],
+                  cwd=Path(before) if before else None)
     r["code"] = (before or "this") + (f", recorded by {read}" if read else "")
     split = [x for x in r["stderr"].splitlines() if x.startswith("meter: queries: ")]
     r["queries"] = split[-1][len("meter: queries: "):] if split else ""
@@ -67,6 +66,39 @@ def _meter(vm: Victoria, args: list[str], before: str | None = None,
     r["vm_samples_read"] = vm.counter("vm_rows_read_per_query_sum") - read0
     r["load_before"], r["load_after"] = load0, _load()
     return r
+
+
+def _price(db: Path, args: list[str], before: str | None = None) -> dict[str, Any]:
+    """`meter --price-only` of the ledger `db` in a child, with `before`'s code or this."""
+    load0 = _load()
+    r = run_stage(["meter", "--price-only", *args, "--db", str(db)],
+                  cwd=Path(before) if before else None)
+    r["code"], r["load_before"], r["load_after"] = before or "this", load0, _load()
+    return r
+
+
+PRICED_TABLES = ("charges", "energy_hours", "waste_hours")
+
+
+def same_rows(a: Path, b: Path) -> dict[str, Any]:
+    """Per priced table of two ledgers: rows, rows of one missing from the other (as
+    multisets, both ways) and an order-free hash of every row, each side."""
+    con = duckdb.connect()
+    try:
+        con.execute(f"ATTACH '{a}' AS a (READ_ONLY)")
+        con.execute(f"ATTACH '{b}' AS b (READ_ONLY)")
+        out: dict[str, Any] = {}
+        for t in PRICED_TABLES:
+            n, ha = con.execute(f"SELECT count(*), sum(hash(x))::HUGEINT FROM a.{t} x").fetchone() \
+                or (0, 0)
+            hb = (con.execute(f"SELECT sum(hash(x))::HUGEINT FROM b.{t} x").fetchone() or (0,))[0]
+            diff = [(con.execute(f"SELECT count(*) FROM (FROM {p}.{t} EXCEPT ALL FROM {q}.{t})"
+                                 ).fetchone() or (0,))[0] for p, q in (("a", "b"), ("b", "a"))]
+            out[t] = {"rows": n, "only_before": diff[0], "only_this": diff[1],
+                      "same": diff == [0, 0] and ha == hb}
+        return out
+    finally:
+        con.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", action="store_true",
                    help="also ingest only and price only, each in its own process")
     p.add_argument("--runs", type=int, default=1, help="times to meter the day (fresh ledger)")
+    p.add_argument("--price-runs", type=int,
+                   help="times to run --split's --price-only (default: --runs)")
     p.add_argument("--before", metavar="DIR",
                    help="also meter with the code checked out in DIR (e.g. `git archive REV | "
                         "tar -x -C DIR`), alternating with this checkout, each run")
@@ -91,10 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.reuse and not args.workdir:
         p.error("--reuse needs --workdir")
+    if args.before:
+        args.before = str(Path(args.before).resolve())
 
     start = datetime.fromisoformat(args.day).replace(tzinfo=UTC)
     end = start + timedelta(days=1)
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-ledger-day-"))
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-ledger-day-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     cost_model = str(resources.files("metering") / "data" / "cost-model.yaml")
     res: dict[str, Any] = {"machine": machine(), "gpus": args.gpus, "day": args.day,
@@ -134,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                         for code in ([args.before, None] if args.before else [None])
                         for read in ([None, args.recorded] if args.recorded else [None])]
             for code, read in variants:
-                db = work / f"day-{k}.duckdb"
+                db = work / f"day-{k}-{'before' if code else 'this'}-{read or 'raw'}.duckdb"
                 db.unlink(missing_ok=True)
                 r = _meter(vm, [*period, "--db", str(db), "--cost-model", cost_model], code,
                            read)
@@ -144,12 +180,26 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['load_after']}); {r['queries']}")
                 runs.append(r)
         res["runs"] = runs
+        if args.recorded and args.runs:
+            res["recorded_same_rows"] = same_rows(work / "day-0-this-raw.duckdb",
+                                                  work / f"day-0-this-{args.recorded}.duckdb")
         if args.split:
             db = work / "split.duckdb"
             db.unlink(missing_ok=True)
             res["ingest"] = _meter(vm, [*period, "--db", str(db), "--no-price"])
-            res["price"] = run_stage(["meter", "--price-only", *period, "--db", str(db),
-                                      "--cost-model", cost_model])
+            prices = []
+            for _ in range(args.price_runs or args.runs):
+                for code in ([args.before, None] if args.before else [None]):
+                    copy = work / f"price-{'before' if code else 'this'}.duckdb"
+                    shutil.copyfile(db, copy)
+                    r = _price(copy, [*period, "--cost-model", cost_model], code)
+                    say(f"day: {r['code']}: priced in {stage_cell(r)} (load "
+                        f"{r['load_before']} -> {r['load_after']})")
+                    prices.append(r)
+            res["prices"] = prices
+            if args.before:
+                res["same_rows"] = same_rows(work / "price-before.duckdb",
+                                             work / "price-this.duckdb")
         say(report(res))
     finally:
         vm.close()
@@ -177,7 +227,22 @@ def report(res: dict[str, Any]) -> str:
     if "ingest" in res:
         rows.append(["ingest only (`--no-price`): wall / CPU / peak RSS",
                      f"{stage_cell(res['ingest'])}; store {res['ingest']['vm_cpu_s']:.1f} CPU-s"])
-        rows.append(["pricing only (`--price-only`)", stage_cell(res["price"])])
+        for k, r in enumerate(res["prices"]):
+            rows.append([f"pricing only (`--price-only`), run {k + 1} ({r['code']})",
+                         f"{stage_cell(r)}; load {r['load_before']} -> {r['load_after']}"])
+        codes = sorted({r["code"] for r in res["prices"]}, key=lambda c: c == "this")
+        if len(codes) > 1:
+            def med(c: str, k: str) -> float:
+                return float(statistics.median([r[k] for r in res["prices"] if r["code"] == c]))
+            rows.append(["pricing only, median of the runs: CPU / wall", ", ".join(
+                f"{c}: {med(c, 'cpu_s'):.2f} CPU-s / {med(c, 'wall_s'):.2f} s" for c in codes)])
+    for key, what, a, b in (("same_rows", "before vs this", "before", "this"),
+                            ("recorded_same_rows", "raw vs recorded (run 1)", "raw",
+                             "recorded")):
+        for t, d in res.get(key, {}).items():
+            rows.append([f"{t}: {what}, row for row",
+                         f"{d['rows']:,} rows, " + ("the same" if d["same"] else
+                         f"DIFFERENT ({d['only_before']} only {a}, {d['only_this']} only {b})")])
     return table(["quantity", "measured"], rows)
 
 

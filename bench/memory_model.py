@@ -47,15 +47,17 @@ UNLIMITED = 1 << 40  # one node group whatever the chunk holds
 def meter(url: str, start: datetime, end: datetime, budget: int,
           before: str | None = None) -> dict[str, Any]:
     """One `meter --no-price` of the window in a child; `before`: a checkout of the code to
-    compare with, put first on the child's PYTHONPATH."""
+    compare with, the child's working directory (`python -c` puts it first on the path,
+    ahead of PYTHONPATH: a PYTHONPATH checkout lost to this one when the bench ran from it)."""
     env = {**os.environ, "PYTHONPATH": before} if before else None
+    cwd = str(Path(before).resolve()) if before else None
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         proc = subprocess.run(
             [sys.executable, "-c", _CHILD, str(budget), "meter", "--prometheus", url,
              "--from", f"{start:%Y-%m-%dT%H:%M:%SZ}", "--to", f"{end:%Y-%m-%dT%H:%M:%SZ}",
              "--db", str(Path(tmp) / "l.duckdb"), "--no-price", "--verbose"],
-            capture_output=True, text=True, check=False, env=env)
+            capture_output=True, text=True, check=False, env=env, cwd=cwd)
         wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"meter failed ({proc.returncode}):\n{proc.stderr[-2000:]}")

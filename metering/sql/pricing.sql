@@ -130,6 +130,11 @@ WITH a AS (
            END AS mig_frac
     FROM a
     LEFT JOIN _p_mig_table t ON a.is_mig AND t.profile = a.profile
+), inst AS (
+    -- each MIG instance's holding in the hour (a grouped sum: a window over every row cost
+    -- more than the rest of this step)
+    SELECT hour, uuid, mig_uuid, sum(share * held_hours) AS held
+    FROM f WHERE is_mig GROUP BY hour, uuid, mig_uuid
 ), g AS (
     SELECT f.*,
            -- the instance's SM capacity in device-equivalents: physical slices, whatever
@@ -138,9 +143,10 @@ WITH a AS (
                 ELSE 1.0 END AS slice_frac,
            -- this container's part of the instance's holding in the hour (several containers
            -- may share an instance, in turn or as replicas): GPM measures the instance.
-           share * held_hours / nullif(sum(share * held_hours)
-               OVER (PARTITION BY hour, uuid, mig_uuid), 0) AS inst_part
+           f.share * f.held_hours / nullif(i.held, 0) AS inst_part
     FROM f
+    LEFT JOIN inst i ON f.is_mig AND i.hour = f.hour AND i.uuid = f.uuid
+                    AND i.mig_uuid = f.mig_uuid
 ), al AS (
     SELECT g.*,
            mig_frac * share * held_hours AS alloc_hours,
@@ -164,7 +170,15 @@ SELECT u.hour, u.team, u.namespace, u.pod, u.container, u.node, u.uuid, u.mig_uu
        u.used_hours,
        coalesce(t.multiplier, 1.0) * coalesce(e.factor, 1.0)
            * (1 - coalesce(td.discount, 0)) * (1 - u.model_discount) AS mult,
-       u.is_mig, u.slice_frac, u.held_hours, u.share
+       u.is_mig,
+       -- the holder's claim on the device-hour's measured energy, in device-hours (step
+       -- energy_insert): exclusive, all of the time it held; MIG, its instance's GPM activity
+       -- in device-equivalents, else its slices' share of the time held; time-slicing, MPS,
+       -- fractional, vGPU, its SM activity (as the usage split measures it), else its held
+       -- share. Summed per device-hour in _idle.
+       CASE WHEN u.is_mig THEN coalesce(u.used_hours, u.slice_frac * u.share * u.held_hours)
+            WHEN u.sharing = 'exclusive' THEN u.alloc_hours
+            ELSE coalesce(u.used_hours, u.alloc_hours) END AS energy_claim
 FROM u
 LEFT JOIN _p_tiers t ON u.util > t.lo AND u.util <= t.hi
 LEFT JOIN _p_eff e ON e.sharing = u.sharing
@@ -216,17 +230,21 @@ SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, shari
        used_hours AS used_gpu_hours,  -- NULL: unknown, reports say so instead of 0%
        floor(rate_micros * fraction)::BIGINT AS list_micros,
        floor(rate_micros * fraction * mult)::BIGINT AS final_micros,
-       hash(namespace, pod, container, uuid, mig_uuid) AS row_key
+       hash(namespace, pod, container, uuid, mig_uuid) AS row_key,
+       energy_claim
 FROM sc;
 
 -- step: idle
--- Per device-hour: down time (never charged to a team) and idle (up, but nobody held it).
+-- Per device-hour: down time (never charged to a team) and idle (up, but nobody held it);
+-- its measured energy and its holders' energy claims (NULL: no holder), for energy_insert.
 CREATE OR REPLACE TEMP TABLE _idle AS
 SELECT d.hour, d.node, d.uuid, d.model, d.rate_micros, d.up_frac,
        d.rate_micros - d.avail_micros AS down_micros,
-       d.avail_micros - coalesce(s.list_micros, 0) AS idle_micros
+       d.avail_micros - coalesce(s.list_micros, 0) AS idle_micros,
+       d.energy_joules, d.energy_estimated, s.claims
 FROM _dev d
-LEFT JOIN (SELECT hour, uuid, sum(list_micros)::BIGINT AS list_micros
+LEFT JOIN (SELECT hour, uuid, sum(list_micros)::BIGINT AS list_micros,
+                  sum(greatest(energy_claim, 0)) AS claims
            FROM _rows GROUP BY hour, uuid) s USING (hour, uuid);
 
 -- step: pools
@@ -356,13 +374,10 @@ DELETE FROM energy_hours WHERE hour >= getvariable('gl_start') AND hour < getvar
 
 -- step: energy_insert
 -- Each device-hour's measured energy split among its holders (docs/cost-model.md, "Energy and
--- carbon"). One statement, no work table: a materialised copy of _alloc per slice raised
--- pricing's peak memory by more than half.
---
--- eshare: each holder's share in device-hours. Exclusive, all of the time it held; MIG, its
--- instance's GPM activity in device-equivalents, else its slices' share of the time held;
--- time-slicing, MPS, fractional, vGPU, its SM activity (as the usage split measures it), else
--- its held share. A device whose holders claim more than its up time is scaled down to it.
+-- carbon"), by their energy_claim (step alloc) summed per device-hour in _idle: a device whose
+-- holders claim more than its up time is scaled down to it. Only device-hours with a measured
+-- energy are read. One statement over the work tables the other steps built: a materialised
+-- copy of _alloc per slice raised pricing's peak memory by more than half.
 --
 -- Then joules in integer millijoules, money in micros, CO2e in milligrams: each holder gets
 -- the floor of its share, `down` the floor of the hour's down time, `idle` exactly what is
@@ -370,30 +385,12 @@ DELETE FROM energy_hours WHERE hour >= getvariable('gl_start') AND hour < getvar
 INSERT INTO energy_hours (hour, team, namespace, pod, container, node, uuid, mig_uuid, model,
                           sharing, profile, rule, fraction, energy_joules, estimated,
                           price_per_kwh, energy_cost, co2e_grams, cost_model_hash, cluster)
-WITH h AS (
-    SELECT a.hour, a.team, a.namespace, a.pod, a.container, a.node, a.uuid, a.mig_uuid,
-           a.model, a.sharing, a.profile, a.up_frac,
-           CASE WHEN a.is_mig THEN coalesce(a.used_hours, a.slice_frac * a.share * a.held_hours)
-                WHEN a.sharing = 'exclusive' THEN a.alloc_hours
-                ELSE coalesce(a.used_hours, a.alloc_hours) END AS eh,
-           CASE WHEN a.is_mig AND a.used_hours IS NOT NULL THEN 'mig-activity'
-                WHEN a.is_mig THEN 'mig-slices'
-                WHEN a.sharing = 'exclusive' THEN 'held'
-                WHEN a.used_hours IS NOT NULL THEN 'sm-share'
-                ELSE 'held (no SM data)' END AS rule
-    FROM _alloc a
-), s AS (SELECT hour, uuid, sum(greatest(eh, 0)) AS total FROM h GROUP BY hour, uuid
-), eshare AS (
-    SELECT h.* EXCLUDE (eh, up_frac),
-           greatest(h.eh, 0) * CASE WHEN s.total > h.up_frac THEN h.up_frac / s.total ELSE 1 END
-               AS w
-    FROM h JOIN s USING (hour, uuid)
-), dv AS (
-    SELECT d.hour, d.node, d.uuid, d.model, d.up_frac, d.energy_estimated AS est,
-           CAST(round(greatest(d.energy_joules, 0) * 1000) AS BIGINT) AS mj,
+WITH dv AS (
+    SELECT i.hour, i.node, i.uuid, i.model, i.up_frac, i.energy_estimated AS est, i.claims,
+           CAST(round(greatest(i.energy_joules, 0) * 1000) AS BIGINT) AS mj,
            pe.price_u, pe.pue_u, pe.gpk_m
-    FROM _dev d JOIN _p_energy pe USING (hour)
-    WHERE d.energy_joules IS NOT NULL AND isfinite(d.energy_joules)
+    FROM _idle i JOIN _p_energy pe USING (hour)
+    WHERE i.energy_joules IS NOT NULL AND isfinite(i.energy_joules)
 ), tot AS (
     -- a kWh is 3.6e9 mJ; PUE and price in millionths, intensity in thousandths: cost in
     -- micros and CO2e in milligrams are the product / 3.6e15, rounded half up
@@ -402,10 +399,20 @@ WITH h AS (
                AS cost_u,
            (CAST(mj AS HUGEINT) * pue_u * gpk_m + 1800000000000000) // 3600000000000000 AS co2_mg
     FROM dv
+), eshare AS (
+    SELECT a.hour, a.team, a.namespace, a.pod, a.container, a.node, a.uuid, a.mig_uuid,
+           a.model, a.sharing, a.profile,
+           CASE WHEN a.is_mig AND a.used_hours IS NOT NULL THEN 'mig-activity'
+                WHEN a.is_mig THEN 'mig-slices'
+                WHEN a.sharing = 'exclusive' THEN 'held'
+                WHEN a.used_hours IS NOT NULL THEN 'sm-share'
+                ELSE 'held (no SM data)' END AS rule,
+           greatest(a.energy_claim, 0)
+               * CASE WHEN t.claims > a.up_frac THEN a.up_frac / t.claims ELSE 1 END AS w,
+           t.est, t.price_u, t.mj AS dev_mj, t.cost_u AS dev_cost, t.co2_mg AS dev_co2
+    FROM _alloc a JOIN tot t USING (hour, uuid)
 ), held AS (
-    SELECT e.*, t.est, t.price_u, t.mj AS dev_mj, t.cost_u AS dev_cost, t.co2_mg AS dev_co2,
-           CAST(floor(t.mj * e.w) AS BIGINT) AS mj_row
-    FROM eshare e JOIN tot t USING (hour, uuid)
+    SELECT *, CAST(floor(dev_mj * w) AS BIGINT) AS mj_row FROM eshare
 ), holders AS (
     -- (0 J: 0, or NULL where not priced)
     SELECT *, CASE WHEN dev_mj > 0 THEN CAST(dev_cost * mj_row AS HUGEINT) // dev_mj
@@ -413,16 +420,19 @@ WITH h AS (
            CASE WHEN dev_mj > 0 THEN CAST(dev_co2 * mj_row AS HUGEINT) // dev_mj
                 ELSE dev_co2 * 0 END AS co2_row
     FROM held
+), hs AS (
+    SELECT hour, uuid, sum(mj_row) AS mj_held, sum(cost_row) AS cost_held,
+           sum(co2_row) AS co2_held
+    FROM holders GROUP BY hour, uuid
 ), down AS (
     SELECT t.*, CAST(floor(t.mj * (1 - t.up_frac)) AS BIGINT) AS mj_down FROM tot t
 ), fleet AS (
     SELECT d.*,
            CASE WHEN d.mj > 0 THEN d.cost_u * d.mj_down // d.mj END AS cost_down,
            CASE WHEN d.mj > 0 THEN d.co2_mg * d.mj_down // d.mj END AS co2_down,
-           coalesce(sum(h.mj_row), 0) AS mj_held, coalesce(sum(h.cost_row), 0) AS cost_held,
-           coalesce(sum(h.co2_row), 0) AS co2_held
-    FROM down d LEFT JOIN holders h USING (hour, uuid)
-    GROUP BY ALL
+           coalesce(h.mj_held, 0) AS mj_held, coalesce(h.cost_held, 0) AS cost_held,
+           coalesce(h.co2_held, 0) AS co2_held
+    FROM down d LEFT JOIN hs h USING (hour, uuid)
 ), erows AS (
     SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing,
            profile, rule, w AS fraction, mj_row AS mj, est, price_u, cost_row AS cost_u,

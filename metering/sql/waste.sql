@@ -31,16 +31,23 @@ WITH a AS (
     LEFT JOIN mig_hours mh ON a.mig_uuid <> '' AND mh.hour = a.hour AND mh.cluster = a.cluster
          AND mh.mig_uuid = a.mig_uuid AND mh.hour >= $start AND mh.hour < $end
     WHERE a.hour >= $start AND a.hour < $end AND a.allocated_seconds > 0
-), c AS (
-    SELECT hour, cluster, namespace, pod, container, uuid, mig_uuid, any_value(team) AS team,
-           sum(cost - idle_share) AS cost
-    FROM charges WHERE hour >= $start AND hour < $end AND pod <> ''
-    GROUP BY hour, cluster, namespace, pod, container, uuid, mig_uuid
-), e AS (
-    -- the holder's share of the device-hour's measured energy (pricing's energy_hours)
+), ce AS (
+    -- per holder: its charges' team and cost, and its share of the device-hour's measured
+    -- energy (pricing's energy_hours); one grouping of both tables' holder rows, NULL where a
+    -- holder has none of the one or the other
     SELECT hour, cluster, namespace, pod, container, uuid, mig_uuid,
-           sum(energy_joules) AS joules, sum(co2e_grams) AS grams
-    FROM energy_hours WHERE hour >= $start AND hour < $end AND pod <> ''
+           any_value(team) FILTER (WHERE charge) AS team,
+           sum(cost) FILTER (WHERE charge) AS cost,
+           sum(joules) FILTER (WHERE NOT charge) AS joules,
+           sum(grams) FILTER (WHERE NOT charge) AS grams
+    FROM (SELECT hour, cluster, namespace, pod, container, uuid, mig_uuid, true AS charge,
+                 team, cost - idle_share AS cost, NULL::DECIMAL(18, 3) AS joules,
+                 NULL::DECIMAL(18, 3) AS grams
+          FROM charges WHERE hour >= $start AND hour < $end AND pod <> ''
+          UNION ALL
+          SELECT hour, cluster, namespace, pod, container, uuid, mig_uuid, false, NULL, NULL,
+                 energy_joules, co2e_grams
+          FROM energy_hours WHERE hour >= $start AND hour < $end AND pod <> '')
     GROUP BY hour, cluster, namespace, pod, container, uuid, mig_uuid
 ), dh AS (
     SELECT a.cluster, a.namespace, a.owner_kind, a.owner_name, a.model, a.sharing, a.profile,
@@ -52,14 +59,11 @@ WITH a AS (
                 WHEN count(a.sm_seconds) = count(*)
                     THEN least(sum(a.sm_seconds) / nullif(max(a.held_s), 0), 1.0) END AS sm,
            max(c.team) AS team, coalesce(sum(c.cost), 0) AS cost,
-           coalesce(sum(e.joules), 0) AS joules, sum(e.grams) AS grams
+           coalesce(sum(c.joules), 0) AS joules, sum(c.grams) AS grams
     FROM a
-    LEFT JOIN c ON c.hour = a.hour AND c.cluster = a.cluster AND c.namespace = a.namespace
+    LEFT JOIN ce c ON c.hour = a.hour AND c.cluster = a.cluster AND c.namespace = a.namespace
          AND c.pod = a.pod AND c.container = a.container AND c.uuid = a.uuid
          AND c.mig_uuid = a.mig_uuid
-    LEFT JOIN e ON e.hour = a.hour AND e.cluster = a.cluster AND e.namespace = a.namespace
-         AND e.pod = a.pod AND e.container = a.container AND e.uuid = a.uuid
-         AND e.mig_uuid = a.mig_uuid
     GROUP BY a.namespace, a.owner_kind, a.owner_name, a.model, a.sharing, a.profile, a.hour,
              a.cluster, a.uuid, a.mig_uuid
 )
