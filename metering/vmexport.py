@@ -50,9 +50,14 @@ HOUR_MS = HOUR_S * 1000
 class RecordedRead(enum.StrEnum):
     """How the recorded hourly series are read."""
 
-    AUTO = "auto"  # /api/v1/export where the store is VictoriaMetrics, else query_range
+    # on VictoriaMetrics /api/v1/export/native where its version is one metering.vmnative was
+    # verified against, else /api/v1/export; query_range on other stores
+    AUTO = "auto"
     QUERY_RANGE = "query_range"  # range queries on every store
     EXPORT = "export"  # /api/v1/export; a store without it is an error
+    # /api/v1/export/native (metering.vmnative), as auto does on a version it was verified
+    # against; on another, checked against the JSON lines on the run's first read
+    NATIVE = "native"
 
 
 class BadExport(ValueError):

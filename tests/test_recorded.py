@@ -123,10 +123,12 @@ def samples(fleet_om_file: Path) -> list[tuple[str, int]]:
 
 def test_victoria_metrics_recorded_series_bill_as_the_raw_ones(
         samples: list[tuple[str, int]], tmp_path: Path) -> None:
-    """Read by VictoriaMetrics' /api/v1/export (its default there) and by range queries:
-    both bill as the raw series. A second evaluator at hh:43 (an HA pair's other member)
-    gives every series-hour two recorded samples."""
-    raw, rec, ranged = (tmp_path / f"{n}.duckdb" for n in ("raw", "recorded", "ranged"))
+    """Read by VictoriaMetrics' /api/v1/export JSON lines (its default on this unreported
+    version), its native form (asked) and by range queries: all bill as the raw series. A
+    second evaluator at hh:43 (an HA pair's other member) gives every series-hour two
+    recorded samples."""
+    raw, rec, ranged, native = (tmp_path / f"{n}.duckdb"
+                                for n in ("raw", "recorded", "ranged", "native"))
     with running_victoria(tmp_path / "vm") as url:
         vm_import(url, _prometheus_text(samples))
         _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
@@ -135,14 +137,22 @@ def test_victoria_metrics_recorded_series_bill_as_the_raw_ones(
         raw_out = _meter(url, raw, "--recorded", "never")
         rec_out = _meter(url, rec, "--recorded", "only")
         ranged_out = _meter(url, ranged, "--recorded", "only", "--recorded-read", "query_range")
+        native_out = _meter(url, native, "--recorded", "only", "--recorded-read", "native")
     n = len(SIGNALS)
     assert f"{n} of {n} signal-chunks from the recorded hourly series" in rec_out, rec_out
-    assert f"{n} of them read by VictoriaMetrics' /api/v1/export" in rec_out, rec_out
+    assert f"{n} of them read by VictoriaMetrics' /api/v1/export\n" in rec_out, rec_out
+    # Debian's build reports no version: auto reads JSON lines and says why, once.
+    said = [ln for ln in rec_out.splitlines() if "/api/v1/export/native was verified" in ln]
+    assert len(said) == 1 and "version unreported" in said[0], rec_out
+    assert f"{n} of them read by VictoriaMetrics' /api/v1/export ({n} as " \
+           "/api/v1/export/native)" in native_out, native_out
+    assert "JSON lines" not in native_out, native_out  # checked against them, and equal
     assert f"{n} of {n} signal-chunks from the recorded" in ranged_out
     assert "/api/v1/export" not in ranged_out and "/api/v1/export" not in raw_out
     assert "recorded hourly series" not in raw_out
     assert _same_ledger(raw, rec) > 400
     assert _same_ledger(raw, ranged) > 400
+    assert _same_ledger(raw, native) > 400
     # The copies were seen, and counted once, on both paths.
     assert "coverage: 0 duplicate" not in raw_out and "coverage: 0 duplicate" not in rec_out
 

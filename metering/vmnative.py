@@ -1,0 +1,406 @@
+"""Recorded hourly series read from VictoriaMetrics' /api/v1/export/native: the blocks the
+store holds, sent as stored (no float formatting, zstd-compressed integers), which costs the
+store ~7x less CPU than the JSON lines of metering.vmexport (docs/performance.md, "Read
+through VictoriaMetrics' export"). The hourly points are then chosen exactly as from the JSON
+lines (metering.vmexport.hourly), and equal them bit for bit (tests/test_vmnative.py).
+
+The format is VictoriaMetrics' internal encoding with no compatibility promise, so it is
+decoded only as the version it was read from and checked against (VERIFIED_VERSIONS); a
+block this decoder does not know is `Unreadable` (the caller reads JSON lines instead), never
+a guess. Read from VictoriaMetrics v1.79.5 (the Debian package 1.79.5+ds1):
+
+- app/vmselect/prometheus/prometheus.go ExportNativeHandler: the answer is the time range
+  (encoding.MarshalInt64 of start and end, ms: 8 bytes big-endian each, zig-zag), then per
+  block a big-endian uint32 length + MetricName.Marshal, a uint32 length + the block's
+  Block.MarshalPortable. Blocks are whole (netstorage.ExportBlocks leaves the time filter to
+  the writer, which does not filter) and come from parallel workers in no fixed order; a
+  series may have several blocks.
+- lib/storage/metric_name.go: the metric name, then key, value, ..., each ended by byte 1,
+  with bytes 0/1/2 escaped as 0 '0' / 0 '1' / 0 '2'.
+- lib/storage/block.go MarshalPortable: varint MinTimestamp, varint FirstValue, uvarint
+  RowsCount, varint Scale (int16), a byte each: timestamps' and values' MarshalType, then
+  uvarint-length-prefixed timestamps data and values data (precision bits 64: lossless).
+- lib/encoding/encoding.go unmarshalInt64Array, nearest_delta.go, nearest_delta2.go,
+  int.go: types 1 zstd(nearest delta2), 2 delta const (one varint), 3 const (no data),
+  4 zstd(nearest delta), 5 nearest delta2, 6 nearest delta; varints are zig-zag LEB128
+  (at most 10 bytes); nearest delta: first + running sum of the n-1 varints; delta2: the
+  deltas are themselves the running sum; sums wrap at 64 bits as Go's int64 does.
+- lib/decimal/decimal.go AppendDecimalToFloat: mantissa v with the block's Scale e is
+  float64(v) (e = 0), float64(v) / Pow10(-e) (e < 0), float64(v) * Pow10(e) (e > 0), a block
+  of zeros is zeros; 1<<63-1 is +Inf, -1<<63 is -Inf, 1<<63-2 the stale NaN
+  (0x7ff0000000000002). Pow10 is Go's math.Pow10: tables 1e0..1e31 and 1e0, 1e32, .. 1e288
+  (and 1e-0 .. 1e-320), multiplied or divided, +Inf above 308 and 0 below -323.
+
+The JSON export (app/vmselect/netstorage mergeSortBlocks) merges a series' blocks by time;
+where two blocks of a series hold different values at one instant its order among them is
+the store's, which a reader of blocks in arrival order cannot know: such an answer is
+Unreadable too (the JSON lines answer it).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from metering import vmexport
+from metering.matrix import Matrix
+from metering.signals import series_key
+
+NATIVE_PATH = "/api/v1/export/native"
+# Versions (vm_app_version's short_version) whose native blocks this decoder was checked
+# against, value for value, beside the JSON export (tests/test_vmnative.py).
+VERIFIED_VERSIONS = frozenset({"v1.79.5"})
+
+
+class Unreadable(ValueError):
+    """The native answer holds what this decoder does not know: str() says what."""
+
+
+_VERSION = re.compile(r'^vm_app_version\{[^}]*short_version="([^"]*)"', re.M)
+
+
+def store_version(metrics_text: str) -> str | None:
+    """The short version VictoriaMetrics reports on /metrics (`vm_app_version`), '' where it
+    reports none (Debian's build), None where there is no such line."""
+    m = _VERSION.search(metrics_text)
+    return m.group(1) if m else None
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Every block's samples, block after block: `labels` and `lengths` per block (its
+    labels without __name__, its sample count), `stamps` (ms) and `values` per sample."""
+
+    start_ms: int
+    end_ms: int
+    labels: list[dict[str, str]]
+    lengths: np.ndarray
+    stamps: np.ndarray
+    values: np.ndarray
+
+
+def read(body: bytes, first: int, last: int) -> Matrix:
+    """The hourly points (time E = each hour start first..last) of a native answer, as
+    metering.vmexport.read gives them from the JSON lines of the same request."""
+    b = decode(body)
+    _check_unambiguous(b)
+    return vmexport.hourly(b.labels, b.lengths, b.values, b.stamps, first, last)
+
+
+_ZSTD = pa.Codec("zstd")
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_ZSTD_TYPES = (1, 4)
+_DELTA2_TYPES = (1, 5)
+_DELTA_TYPES = (4, 6)
+_DELTA_CONST, _CONST = 2, 3
+
+
+def decode(body: bytes) -> Blocks:
+    """Every block of a native answer, samples as VictoriaMetrics reads them (its floats bit
+    for bit); Unreadable on anything else."""
+    if len(body) < 16:
+        raise Unreadable(f"{len(body)} bytes: not VictoriaMetrics' native export")
+    start_ms, end_ms = (_unzigzag(int.from_bytes(body[i:i + 8], "big")) for i in (0, 8))
+    names: dict[bytes, dict[str, str]] = {}
+    labels: list[dict[str, str]] = []
+    rows: list[int] = []
+    firsts: list[tuple[int, int]] = []  # (MinTimestamp, FirstValue)
+    scales: list[int] = []
+    types: list[tuple[int, int]] = []
+    datas: list[bytes] = []  # timestamps data, values data, block after block
+    pos, end = 16, len(body)
+    mv = memoryview(body)
+    while pos < end:
+        if pos + 4 > end:
+            raise Unreadable("truncated after a block")
+        n = int.from_bytes(body[pos:pos + 4], "big")
+        name = body[pos + 4:pos + 4 + n]
+        pos += 4 + n
+        if len(name) != n or pos + 4 > end:
+            raise Unreadable("truncated metric name")
+        n = int.from_bytes(body[pos:pos + 4], "big")
+        pos += 4
+        if pos + n > end:
+            raise Unreadable("truncated block")
+        got = names.get(name)
+        if got is None:
+            got = names[name] = _labels(name)
+        labels.append(got)
+        block = mv[pos:pos + n]
+        pos += n
+        head = _header(block)
+        rows.append(head[2])
+        firsts.append((head[0], head[1]))
+        scales.append(head[3])
+        types.append((head[4], head[5]))
+        datas += [_plain(head[6], head[4], head[2]), _plain(head[7], head[5], head[2])]
+    lengths = np.array(rows, np.int64)
+    if not len(lengths):
+        return Blocks(start_ms, end_ms, [], lengths, np.zeros(0, np.int64), np.zeros(0))
+    ints = _int_arrays(np.repeat(lengths, 2), np.array(firsts, np.int64).ravel(),
+                       np.array(types, np.int64).ravel(), datas)
+    # Blocks' timestamps and values alternate in `ints`: cut them apart again.
+    is_ts = np.repeat(np.arange(2 * len(lengths)) % 2 == 0, np.repeat(lengths, 2))
+    stamps, mantissas = ints[is_ts], ints[~is_ts]
+    values = _floats(mantissas, np.array(scales, np.int64), lengths)
+    return Blocks(start_ms, end_ms, labels, lengths, stamps, values)
+
+
+def _unzigzag(u: int) -> int:
+    return (u >> 1) ^ -(u & 1)
+
+
+def _uvarint(b: memoryview, pos: int) -> tuple[int, int]:
+    """An unsigned LEB128 varint at b[pos]: (value, position after it)."""
+    out = shift = 0
+    for i in range(pos, min(pos + 10, len(b))):
+        c = b[i]
+        out |= (c & 0x7F) << shift
+        if c < 0x80:
+            return out & 0xFFFF_FFFF_FFFF_FFFF, i + 1
+        shift += 7
+    raise Unreadable("a varint is cut or longer than 10 bytes")
+
+
+def _varint(b: memoryview, pos: int) -> tuple[int, int]:
+    u, pos = _uvarint(b, pos)
+    return _unzigzag(u), pos
+
+
+def _header(b: memoryview) -> tuple[int, int, int, int, int, int, bytes, bytes]:
+    """Block.MarshalPortable's fields: MinTimestamp, FirstValue, RowsCount, Scale, the two
+    marshal types, timestamps data, values data."""
+    t0, pos = _varint(b, 0)
+    v0, pos = _varint(b, pos)
+    rows, pos = _uvarint(b, pos)
+    scale, pos = _varint(b, pos)
+    if pos + 2 > len(b):
+        raise Unreadable("a block header is cut")
+    ts_type, v_type = b[pos], b[pos + 1]
+    pos += 2
+    parts: list[bytes] = []
+    for _ in range(2):
+        n, pos = _uvarint(b, pos)
+        if pos + n > len(b):
+            raise Unreadable("a block's data is cut")
+        parts.append(bytes(b[pos:pos + n]))
+        pos += n
+    if pos != len(b):
+        raise Unreadable(f"{len(b) - pos} byte(s) after a block's data")
+    if not 1 <= rows <= 0xFFFF_FFFF or not -32768 <= scale <= 32767:
+        raise Unreadable(f"a block of {rows} rows, scale {scale}")
+    for t in (ts_type, v_type):
+        if not 1 <= t <= 6:
+            raise Unreadable(f"block encoding {t} (known: 1-6)")
+    return t0, v0, rows, scale, ts_type, v_type, parts[0], parts[1]
+
+
+def _plain(data: bytes, kind: int, rows: int) -> bytes:
+    """The varints of a block's part: zstd-decompressed where compressed; checked against
+    the rows it must hold (n-1 deltas, one for delta const, none for const)."""
+    if kind in _ZSTD_TYPES:
+        data = _unzstd(data)
+    if kind == _CONST and data:
+        raise Unreadable("data in a constant block")
+    if kind in _DELTA2_TYPES and rows < 2:
+        raise Unreadable("a delta2 block of one row")
+    return data
+
+
+def _unzstd(data: bytes) -> bytes:
+    """One zstd frame whose header says its decompressed size (VictoriaMetrics writes it;
+    Arrow's codec needs it)."""
+    if len(data) < 6 or data[:4] != _ZSTD_MAGIC:
+        raise Unreadable("a compressed block is not a zstd frame")
+    fhd = data[4]
+    single = fhd >> 5 & 1
+    fcs_size = (1 if single else 0, 2, 4, 8)[fhd >> 6]
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+    if not fcs_size or at + fcs_size > len(data):
+        raise Unreadable("a zstd frame without its decompressed size")
+    size = int.from_bytes(data[at:at + fcs_size], "little") + (256 if fcs_size == 2 else 0)
+    if size > 16 * len(data) + (1 << 20):  # a block is ~8k rows of <= 10 bytes
+        raise Unreadable(f"a zstd frame of {size} bytes")
+    try:
+        out: bytes = _ZSTD.decompress(data, decompressed_size=size, asbytes=True)
+    except (pa.ArrowException, ValueError) as exc:
+        raise Unreadable(f"zstd: {exc}") from None
+    return out
+
+
+def _int_arrays(rows: np.ndarray, firsts: np.ndarray, types: np.ndarray, datas: list[bytes]
+                ) -> np.ndarray:
+    """The int64 arrays of parts with `rows` items each, one after another: all varints
+    decoded at once, then running sums per part (numpy, no Python per item)."""
+    n_var = np.where(types == _CONST, 0, np.where(types == _DELTA_CONST, 1, rows - 1))
+    raw = np.frombuffer(b"".join(datas), np.uint8)
+    sizes = np.fromiter(map(len, datas), np.int64, len(datas))
+    ends = raw < 0x80
+    if len(raw) and not ends[-1]:
+        raise Unreadable("a varint is cut")
+    # Each part must end on a varint's end and hold exactly its count of varints.
+    stops = np.cumsum(sizes)
+    nonempty = sizes > 0
+    if nonempty.any() and not ends[stops[nonempty] - 1].all():
+        raise Unreadable("a block's varints are cut")
+    per_part = np.diff(np.concatenate(([0], np.cumsum(ends)[stops - 1] if len(raw)
+                                       else np.zeros(len(sizes), np.int64))))
+    if not np.array_equal(per_part, n_var):
+        raise Unreadable("a block holds not as many values as rows")
+    decoded = _varints(raw, ends)
+    # Per part: [first, delta, ...] (delta const: its delta repeated; const: zeros), then
+    # one running sum per part gives the items.
+    steps = np.zeros(int(rows.sum()), np.int64)
+    part_start = np.concatenate(([0], np.cumsum(rows)[:-1]))
+    steps[part_start] = firsts
+    var_start = np.concatenate(([0], np.cumsum(n_var)[:-1]))
+    delta = np.isin(types, _DELTA_TYPES + _DELTA2_TYPES)
+    if delta.any():
+        idx = _ranges(part_start[delta] + 1, rows[delta] - 1)
+        src = _ranges(var_start[delta], rows[delta] - 1)
+        d = decoded[src]
+        two = np.repeat(np.isin(types[delta], _DELTA2_TYPES), rows[delta] - 1)
+        if two.any():  # delta2: the deltas are the running sums of the varints
+            d[two] = _segment_cumsum(d[two], (rows[delta] - 1)[np.isin(types[delta],
+                                                                       _DELTA2_TYPES)])
+        steps[idx] = d
+    dc = types == _DELTA_CONST
+    if dc.any():
+        steps[_ranges(part_start[dc] + 1, rows[dc] - 1)] = np.repeat(decoded[var_start[dc]],
+                                                                     rows[dc] - 1)
+    return _segment_cumsum(steps, rows)
+
+
+def _varints(raw: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Zig-zag LEB128 varints (VictoriaMetrics' MarshalVarInt64s) of `raw`, `ends` marking
+    each one's last byte; sums wrap at 64 bits as Go's do."""
+    if not len(raw):
+        return np.zeros(0, np.int64)
+    last = np.flatnonzero(ends)
+    begin = np.concatenate(([0], last[:-1] + 1))
+    if (last - begin).max() >= 10:
+        raise Unreadable("a varint longer than 10 bytes")
+    shift = (np.arange(len(raw)) - np.repeat(begin, last - begin + 1)) * 7
+    u = np.add.reduceat((raw & 0x7F).astype(np.uint64) << shift.astype(np.uint64), begin)
+    out: np.ndarray = ((u >> np.uint64(1)) ^ (np.uint64(0) - (u & np.uint64(1)))).view(np.int64)
+    return out
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """start, start+1, .. start+count-1 of each (start, count), one after another."""
+    total = int(counts.sum())
+    if not total:
+        return np.zeros(0, np.int64)
+    offs = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    out: np.ndarray = np.repeat(starts, counts) + offs
+    return out
+
+
+def _segment_cumsum(a: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Running sums restarting at each segment of `counts` items (int64 sums wrap, and the
+    wrapped differences are exact: arithmetic modulo 2^64)."""
+    with np.errstate(over="ignore"):
+        c = np.cumsum(a)
+        before = np.concatenate(([0], c[np.cumsum(counts)[:-1] - 1])) if len(counts) \
+            else np.zeros(0, np.int64)
+        out: np.ndarray = c - np.repeat(before.astype(np.int64), counts)
+    return out
+
+
+_POW10 = [float(f"1e{i}") for i in range(32)]
+_POW10_32 = [float(f"1e{32 * i}") for i in range(10)]
+_POW10_NEG32 = [float(f"1e-{32 * i}") for i in range(11)]
+_V_INF_POS = (1 << 63) - 1
+_V_STALE_NAN = (1 << 63) - 2
+_V_INF_NEG = -(1 << 63)
+STALE_NAN = struct.unpack("<d", (0x7FF0000000000002).to_bytes(8, "little"))[0]
+
+
+def _go_pow10(n: int) -> float:
+    """Go's math.Pow10, products of its tables (not Python's correctly rounded 10**n)."""
+    if 0 <= n <= 308:
+        return _POW10_32[n // 32] * _POW10[n % 32]
+    if -323 <= n <= 0:
+        return _POW10_NEG32[-n // 32] / _POW10[-n % 32]
+    return float("inf") if n > 0 else 0.0
+
+
+def _floats(mant: np.ndarray, scales: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """decimal.AppendDecimalToFloat block by block, vectorized."""
+    out = mant.astype(np.float64)
+    e = np.repeat(scales, lengths)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        for s in np.unique(scales[scales != 0]).tolist():
+            at = e == s
+            if s < 0:
+                out[at] = out[at] / _go_pow10(-s)
+            else:
+                out[at] = out[at] * _go_pow10(s)
+    # A block of zeros is zeros whatever its scale (0 * Pow10(>308) would be NaN).
+    nonzero = np.add.reduceat((mant != 0).astype(np.int64),
+                              np.concatenate(([0], np.cumsum(lengths)[:-1]))) > 0
+    out[~np.repeat(nonzero, lengths)] = 0.0
+    special = (mant > _V_INF_POS - 3) | (mant < _V_INF_NEG + 1)
+    if special.any():
+        sv = mant[special]
+        out[special] = np.where(sv == _V_INF_POS, np.inf,
+                                np.where(sv == _V_INF_NEG, -np.inf, STALE_NAN))
+    return out
+
+
+def _labels(name: bytes) -> dict[str, str]:
+    """MetricName.Marshal's labels (without the metric name, as series_key leaves it)."""
+    parts = name.split(b"\x01")
+    if len(parts) < 2 or parts[-1] or len(parts) % 2:
+        raise Unreadable("a metric name not as VictoriaMetrics writes it")
+    try:
+        text = [_unescape(p).decode() for p in parts[1:-1]]
+    except UnicodeDecodeError:
+        raise Unreadable("a label not in UTF-8") from None
+    return dict(zip(text[::2], text[1::2], strict=True))
+
+
+def _unescape(b: bytes) -> bytes:
+    if b"\x00" not in b:
+        return b
+    out = bytearray()
+    it = iter(b)
+    for c in it:
+        if c == 0:
+            nxt = next(it, None)
+            if nxt not in (0x30, 0x31, 0x32):
+                raise Unreadable("a bad escape in a metric name")
+            out.append(nxt - 0x30)
+        else:
+            out.append(c)
+    return bytes(out)
+
+
+def _check_unambiguous(b: Blocks) -> None:
+    """Unreadable where two blocks of a series hold different values at one instant (the
+    JSON export's order among them is the store's merge order, not the arrival order)."""
+    if len(b.labels) < 2:
+        return
+    ids: dict[str, int] = {}
+    block_sid = np.fromiter((ids.setdefault(series_key(m), len(ids)) for m in b.labels),
+                            np.int64, len(b.labels))
+    if len(ids) == len(b.labels):
+        return  # one block per series
+    sid = np.repeat(block_sid, b.lengths)
+    blk = np.repeat(np.arange(len(b.labels)), b.lengths)
+    order = np.lexsort((b.stamps, sid))
+    s, t, k = sid[order], b.stamps[order], blk[order]
+    v = b.values[order].view(np.int64)
+    # Groups of samples of one series at one instant: fine unless they span blocks and
+    # differ in value.
+    start = np.flatnonzero(np.concatenate(([True], (s[1:] != s[:-1]) | (t[1:] != t[:-1]))))
+    if len(start) == len(s):
+        return
+    spans = np.minimum.reduceat(k, start) != np.maximum.reduceat(k, start)
+    differ = np.minimum.reduceat(v, start) != np.maximum.reduceat(v, start)
+    if (spans & differ).any():
+        raise Unreadable("two blocks of a series hold different values at one instant")
