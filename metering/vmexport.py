@@ -21,7 +21,9 @@ query_range over a real VictoriaMetrics with recorded series written by vmalert.
 The answer's format (VictoriaMetrics app/vmselect/prometheus/export.qtpl, checked against
 1.79.5, the Debian package): one line per series, `{"metric":{...},"values":[...],
 "timestamps":[...]}`; values are Go's shortest decimal ('f', -1), `+Inf`/`-Inf`/`NaN` bare
-(not JSON); timestamps integer milliseconds. A series may come in several lines; they are
+(not JSON), and a NaN after a line's first value `null` (export.qtpl ExportJSONLine: a
+stale marker a live vmalert wrote when a series ended, tests/test_vmnative.py);
+timestamps integer milliseconds. A series may come in several lines; they are
 joined. Arrow's JSON reader takes the lines into typed columns; an answer it refuses is read
 line by line with Python's json, which names the problem. A truncated or garbled answer is a
 BadExport (one line), never a partial matrix.
@@ -76,8 +78,9 @@ _SCHEMA = pa.schema([("values", pa.list_(pa.float64())),
                      ("timestamps", pa.list_(pa.int64()))])
 _PARSE = pa_json.ParseOptions(explicit_schema=_SCHEMA, unexpected_field_behavior="infer")
 # VictoriaMetrics' spellings of a value (Go's strconv 'f' format, -1 precision).
-_VALUE = re.compile(rb"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?|[+-]Inf|NaN")
-_SPECIAL = {b"+Inf": float("inf"), b"-Inf": float("-inf"), b"NaN": float("nan")}
+_VALUE = re.compile(rb"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?|[+-]Inf|NaN|null")
+_SPECIAL = {b"+Inf": float("inf"), b"-Inf": float("-inf"), b"NaN": float("nan"),
+            b"null": float("nan")}
 
 
 def read(body: bytes, first: int, last: int) -> Matrix:
@@ -135,7 +138,7 @@ def _scan(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np
         if not line.startswith(_HEAD) or mid < 0 or tail < mid or not line.endswith(b"]}"):
             raise _NotArrow
         metrics.append(line[len(_HEAD):mid + 1])
-        vals.append(line[mid + len(_MID):tail])
+        vals.append(line[mid + len(_MID):tail].replace(b"null", b"NaN"))  # no number's text
         stamps.append(line[tail + len(_TAIL):-2])
     lengths = np.array([v.count(b",") + 1 if v else 0 for v in vals], np.int64)
     if [t.count(b",") + 1 if t else 0 for t in stamps] != lengths.tolist():

@@ -146,6 +146,9 @@ def decode(body: bytes) -> Blocks:
     # Blocks' timestamps and values alternate in `ints`: cut them apart again.
     is_ts = np.repeat(np.arange(2 * len(lengths)) % 2 == 0, np.repeat(lengths, 2))
     stamps, mantissas = ints[is_ts], ints[~is_ts]
+    back = np.flatnonzero(np.diff(stamps) < 0) + 1
+    if not np.isin(back, np.cumsum(lengths)).all():  # VictoriaMetrics sorts a block's rows
+        raise Unreadable("a block's timestamps go back")
     values = _floats(mantissas, np.array(scales, np.int64), lengths)
     return Blocks(start_ms, end_ms, labels, lengths, stamps, values)
 
@@ -227,7 +230,7 @@ def _unzstd(data: bytes) -> bytes:
         raise Unreadable(f"a zstd frame of {size} bytes")
     try:
         out: bytes = _ZSTD.decompress(data, decompressed_size=size, asbytes=True)
-    except (pa.ArrowException, ValueError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:  # Arrow: OSError on corruption
         raise Unreadable(f"zstd: {exc}") from None
     return out
 
