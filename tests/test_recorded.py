@@ -345,3 +345,67 @@ def test_a_bad_export_answer_is_one_line_and_writes_nothing(
     assert rc != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "/api/v1/export of 'gpu_ledger:" in err, err
     assert not db.exists()
+
+
+class _Versioned(http.server.BaseHTTPRequestHandler):
+    """Forwards to VictoriaMetrics, its /metrics saying `version` (Debian's build says none);
+    with `damage`, each native export answer's first block of an unknown encoding (7)."""
+
+    upstream = ""
+    version = ""
+    damage = False
+
+    def do_GET(self) -> None:
+        with urllib.request.urlopen(self.upstream + self.path, timeout=60) as r:
+            body, status = r.read(), r.status
+        if self.path == "/metrics":
+            body = body.replace(b'short_version=""', f'short_version="{self.version}"'.encode())
+        if self.damage and self.path.startswith("/api/v1/export/native?") and len(body) > 16:
+            at = 16 + 4 + int.from_bytes(body[16:20], "big") + 4  # the first block
+            for _ in range(4):  # its four varints, then the two encoding bytes
+                while body[at] >= 0x80:
+                    at += 1
+                at += 1
+            body = body[:at + 1] + b"\x07" + body[at + 2:]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("version, damage, said", [
+    ("v1.79.5", False, ""),
+    ("v1.79.5", True, "/api/v1/export/native of 'gpu_ledger:"),
+    ("v1.99.0", False, "version v1.99.0 is not one /api/v1/export/native was verified on"),
+])
+def test_native_reads_on_a_verified_version_else_json_lines_said_once(
+        samples: list[tuple[str, int]], tmp_path: Path, version: str, damage: bool,
+        said: str) -> None:
+    """auto reads VictoriaMetrics' native export where its version is one the decoder was
+    verified on; an unknown version, or a block of an encoding it does not know, reads JSON
+    lines instead, said in one line; the bill is the raw one either way."""
+    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        _meter(url, raw, "--recorded", "never")
+        handler = type("H", (_Versioned,), {"upstream": url, "version": version,
+                                            "damage": damage})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            out = _meter(f"http://127.0.0.1:{server.server_address[1]}", rec,
+                         "--recorded", "only", "--chunk", "12")
+        finally:
+            server.shutdown()
+            server.server_close()
+    fell_back = [ln for ln in out.splitlines() if "recorded series read as JSON lines" in ln]
+    if said:
+        assert len(fell_back) == 1 and said in fell_back[0], out
+    else:
+        assert not fell_back and "as /api/v1/export/native)" in out, out
+    assert "Traceback" not in out
+    assert _same_ledger(raw, rec) > 400
