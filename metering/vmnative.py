@@ -250,8 +250,8 @@ def _int_arrays(rows: np.ndarray, firsts: np.ndarray, types: np.ndarray, datas: 
     nonempty = sizes > 0
     if nonempty.any() and not ends[stops[nonempty] - 1].all():
         raise Unreadable("a block's varints are cut")
-    per_part = np.diff(np.concatenate(([0], np.cumsum(ends)[stops - 1] if len(raw)
-                                       else np.zeros(len(sizes), np.int64))))
+    ends_before = np.concatenate(([0], np.cumsum(ends)))  # varints ended before each byte
+    per_part = ends_before[stops] - ends_before[stops - sizes]
     if not np.array_equal(per_part, n_var):
         raise Unreadable("a block holds not as many values as rows")
     decoded = _varints(raw, ends)
