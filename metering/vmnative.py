@@ -320,6 +320,7 @@ _POW10_NEG32 = [float(f"1e-{32 * i}") for i in range(11)]
 _V_INF_POS = (1 << 63) - 1
 _V_STALE_NAN = (1 << 63) - 2
 _V_INF_NEG = -(1 << 63)
+_V_MAX, _V_MIN = (1 << 63) - 3, -(1 << 63) + 1  # the largest and smallest plain mantissas
 STALE_NAN = struct.unpack("<d", (0x7FF0000000000002).to_bytes(8, "little"))[0]
 
 
@@ -347,7 +348,7 @@ def _floats(mant: np.ndarray, scales: np.ndarray, lengths: np.ndarray) -> np.nda
     nonzero = np.add.reduceat((mant != 0).astype(np.int64),
                               np.concatenate(([0], np.cumsum(lengths)[:-1]))) > 0
     out[~np.repeat(nonzero, lengths)] = 0.0
-    special = (mant > _V_INF_POS - 3) | (mant < _V_INF_NEG + 1)
+    special = (mant > _V_MAX) | (mant < _V_MIN)  # decimal.isSpecialValue
     if special.any():
         sv = mant[special]
         out[special] = np.where(sv == _V_INF_POS, np.inf,

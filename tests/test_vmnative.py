@@ -109,8 +109,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         span = _zigzag64(0) + _zigzag64(2**62)  # the time range the importer keeps
         stream = (span + _native_block(name, [T0 + i * MIN for i in range(5)],
                                               [1, 2, V_STALE, 4, 5])
-                  + _native_block(b"n_stale\x01k\x01t\x01", [T0, T0 + MIN],
-                                  [(1 << 63) - 1, -(1 << 63)]))
+                  + _native_block(b"n_stale\x01k\x01t\x01", [T0 + i * MIN for i in range(5)],
+                                  [(1 << 63) - 1, -(1 << 63), (1 << 63) - 3, -(1 << 63) + 1,
+                                   (1 << 62)]))  # +Inf, -Inf, the largest plain, ...
         req = urllib.request.Request(f"{url}/api/v1/import/native", data=stream,
                                      method="POST")
         with urllib.request.urlopen(req, timeout=60):
@@ -272,3 +273,13 @@ def test_one_instant_with_two_values_in_two_blocks_is_unreadable() -> None:
 def test_the_store_version_from_its_metrics(page: str, version: str | None,
                                             tmp_path: Path) -> None:
     assert vmnative.store_version("go_goroutines 7\n" + page) == version
+
+
+def test_only_the_three_extreme_mantissas_are_special() -> None:
+    """lib/decimal isSpecialValue: above 1<<63-3 or below -1<<63+1; those two are plain."""
+    top, bottom = (1 << 63) - 3, -(1 << 63) + 1
+    mant = np.array([top, top + 1, top + 2, bottom, bottom - 1, 12], np.int64)
+    got = vmnative._floats(mant, np.array([0, -1]), np.array([5, 1]))
+    assert got[[0, 3]].tolist() == [float(top), float(bottom)]
+    assert got.view(np.int64)[1] == 0x7FF0000000000002  # the stale NaN
+    assert got[[2, 4]].tolist() == [np.inf, -np.inf] and got[5] == 12 / 10.0
