@@ -226,9 +226,11 @@ def _shown(text: bytes) -> str:
 
 
 def hourly(lines: list[dict[str, str]], lengths: np.ndarray, values: np.ndarray,
-           stamps: np.ndarray, first: int, last: int) -> Matrix:
+           stamps: np.ndarray, first: int, last: int, keys: list[str] | None = None
+           ) -> Matrix:
     """One point per series and hour E: the last non-NaN sample of [E, E+1h). `lines`: the
-    labels of each line, `lengths` its samples, `values`/`stamps` theirs, line after line."""
+    labels of each line, `lengths` its samples, `values`/`stamps` theirs, line after line;
+    `keys`: each line's series_key where the caller has it (metering.vmnative)."""
     index: dict[str, int] = {}
     labels: list[dict[str, str]] = []
     line_sid = np.empty(len(lines), np.int64)
@@ -236,7 +238,7 @@ def hourly(lines: list[dict[str, str]], lengths: np.ndarray, values: np.ndarray,
         own = metric
         if "__name__" in metric:
             own = {k: v for k, v in metric.items() if k != "__name__"}
-        key = series_key(own)
+        key = series_key(own) if keys is None else keys[i]
         if key not in index:
             index[key] = len(labels)
             labels.append(own)

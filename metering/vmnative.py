@@ -72,12 +72,14 @@ def store_version(metrics_text: str) -> str | None:
 
 @dataclass(frozen=True)
 class Blocks:
-    """Every block's samples, block after block: `labels` and `lengths` per block (its
-    labels without __name__, its sample count), `stamps` (ms) and `values` per sample."""
+    """Every block's samples, block after block: `labels`, `keys` (series_key) and `lengths`
+    per block (its labels without __name__, its sample count), `stamps` (ms) and `values`
+    per sample."""
 
     start_ms: int
     end_ms: int
     labels: list[dict[str, str]]
+    keys: list[str]
     lengths: np.ndarray
     stamps: np.ndarray
     values: np.ndarray
@@ -87,8 +89,8 @@ def read(body: bytes, first: int, last: int) -> Matrix:
     """The hourly points (time E = each hour start first..last) of a native answer, as
     metering.vmexport.read gives them from the JSON lines of the same request."""
     b = decode(body)
-    _check_unambiguous(b)
-    return vmexport.hourly(b.labels, b.lengths, b.values, b.stamps, first, last)
+    _check_unambiguous(b, first * 1000, last * 1000 + vmexport.HOUR_MS)
+    return vmexport.hourly(b.labels, b.lengths, b.values, b.stamps, first, last, b.keys)
 
 
 _ZSTD = pa.Codec("zstd")
@@ -97,121 +99,128 @@ _ZSTD_TYPES = (1, 4)
 _DELTA2_TYPES = (1, 5)
 _DELTA_TYPES = (4, 6)
 _DELTA_CONST, _CONST = 2, 3
+_U32 = struct.Struct(">I").unpack_from
 
 
 def decode(body: bytes) -> Blocks:
     """Every block of a native answer, samples as VictoriaMetrics reads them (its floats bit
-    for bit); Unreadable on anything else."""
+    for bit); Unreadable on anything else. Python walks the blocks' two length prefixes;
+    headers, varints and floats are decoded for all blocks at once (numpy)."""
     if len(body) < 16:
         raise Unreadable(f"{len(body)} bytes: not VictoriaMetrics' native export")
     start_ms, end_ms = (_unzigzag(int.from_bytes(body[i:i + 8], "big")) for i in (0, 8))
-    names: dict[bytes, dict[str, str]] = {}
-    labels: list[dict[str, str]] = []
-    rows: list[int] = []
-    firsts: list[tuple[int, int]] = []  # (MinTimestamp, FirstValue)
-    scales: list[int] = []
-    types: list[tuple[int, int]] = []
-    datas: list[bytes] = []  # timestamps data, values data, block after block
+    names: dict[bytes, int] = {}
+    name_of: list[int] = []
+    block_at: list[int] = []
+    block_end: list[int] = []
     pos, end = 16, len(body)
-    mv = memoryview(body)
-    while pos < end:
-        if pos + 4 > end:
-            raise Unreadable("truncated after a block")
-        n = int.from_bytes(body[pos:pos + 4], "big")
-        name = body[pos + 4:pos + 4 + n]
-        pos += 4 + n
-        if len(name) != n or pos + 4 > end:
-            raise Unreadable("truncated metric name")
-        n = int.from_bytes(body[pos:pos + 4], "big")
-        pos += 4
-        if pos + n > end:
-            raise Unreadable("truncated block")
-        got = names.get(name)
-        if got is None:
-            got = names[name] = _labels(name)
-        labels.append(got)
-        block = mv[pos:pos + n]
-        pos += n
-        head = _header(block)
-        rows.append(head[2])
-        firsts.append((head[0], head[1]))
-        scales.append(head[3])
-        types.append((head[4], head[5]))
-        datas += [_plain(head[6], head[4], head[2]), _plain(head[7], head[5], head[2])]
-    lengths = np.array(rows, np.int64)
-    if not len(lengths):
-        return Blocks(start_ms, end_ms, [], lengths, np.zeros(0, np.int64), np.zeros(0))
-    ints = _int_arrays(np.repeat(lengths, 2), np.array(firsts, np.int64).ravel(),
-                       np.array(types, np.int64).ravel(), datas)
+    try:
+        while pos < end:
+            at = pos + 4 + _U32(body, pos)[0]
+            name = body[pos + 4:at]
+            pos = at + 4 + _U32(body, at)[0]
+            name_of.append(names.setdefault(name, len(names)))
+            block_at.append(at + 4)
+            block_end.append(pos)
+    except struct.error:
+        raise Unreadable("truncated between blocks") from None
+    if pos != end:
+        raise Unreadable("truncated block")
+    named = [_labels(n) for n in names]
+    labels = [named[i][0] for i in name_of]
+    keys = [named[i][1] for i in name_of]
+    if not block_at:
+        return Blocks(start_ms, end_ms, [], [], np.zeros(0, np.int64), np.zeros(0, np.int64),
+                      np.zeros(0))
+    raw = np.frombuffer(body, np.uint8)
+    h = _headers(raw, np.array(block_at, np.int64), np.array(block_end, np.int64))
+    lengths = h["rows"]
+    # Parts (timestamps, values) alternate: their types, firsts, bytes.
+    types = np.stack([h["ts_type"], h["v_type"]], axis=1).ravel()
+    firsts = np.stack([h["t0"], h["v0"]], axis=1).ravel()
+    offs = np.stack([h["ts_at"], h["v_at"]], axis=1).ravel()
+    sizes = np.stack([h["ts_size"], h["v_size"]], axis=1).ravel()
+    rows = np.repeat(lengths, 2)
+    if ((types == _CONST) & (sizes > 0)).any():
+        raise Unreadable("data in a constant block")
+    if (np.isin(types, _DELTA2_TYPES) & (rows < 2)).any():
+        raise Unreadable("a delta2 block of one row")
+    packed = np.flatnonzero(np.isin(types, _ZSTD_TYPES))
+    if len(packed):  # decompressed one by one, after the answer's bytes
+        plain = [_unzstd(body[o:o + n]) for o, n in
+                 zip(offs[packed].tolist(), sizes[packed].tolist(), strict=True)]
+        extra = np.frombuffer(b"".join(plain), np.uint8)
+        offs[packed] = len(raw) + np.concatenate(([0], np.cumsum([len(x) for x in plain])[:-1]))
+        sizes[packed] = [len(x) for x in plain]
+        raw = np.concatenate([raw, extra])
+    data = raw[_ranges(offs, sizes)]
+    ints = _int_arrays(rows, firsts, types, data, sizes)
     # Blocks' timestamps and values alternate in `ints`: cut them apart again.
-    is_ts = np.repeat(np.arange(2 * len(lengths)) % 2 == 0, np.repeat(lengths, 2))
+    is_ts = np.repeat(np.arange(2 * len(lengths)) % 2 == 0, rows)
     stamps, mantissas = ints[is_ts], ints[~is_ts]
     back = np.flatnonzero(np.diff(stamps) < 0) + 1
     if not np.isin(back, np.cumsum(lengths)).all():  # VictoriaMetrics sorts a block's rows
         raise Unreadable("a block's timestamps go back")
-    values = _floats(mantissas, np.array(scales, np.int64), lengths)
-    return Blocks(start_ms, end_ms, labels, lengths, stamps, values)
+    values = _floats(mantissas, h["scale"], lengths)
+    return Blocks(start_ms, end_ms, labels, keys, lengths, stamps, values)
 
 
 def _unzigzag(u: int) -> int:
     return (u >> 1) ^ -(u & 1)
 
 
-def _uvarint(b: memoryview, pos: int) -> tuple[int, int]:
-    """An unsigned LEB128 varint at b[pos]: (value, position after it)."""
-    out = shift = 0
-    for i in range(pos, min(pos + 10, len(b))):
-        c = b[i]
-        out |= (c & 0x7F) << shift
-        if c < 0x80:
-            return out & 0xFFFF_FFFF_FFFF_FFFF, i + 1
-        shift += 7
-    raise Unreadable("a varint is cut or longer than 10 bytes")
+_SHIFTS = (np.arange(10, dtype=np.uint64) * np.uint64(7))
 
 
-def _varint(b: memoryview, pos: int) -> tuple[int, int]:
-    u, pos = _uvarint(b, pos)
-    return _unzigzag(u), pos
+def _uvarints_at(raw: np.ndarray, ends: np.ndarray, at: np.ndarray, stop: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The unsigned LEB128 varint at each position `at` (each before its `stop`), as uint64,
+    and the position after each. `ends`: positions of the bytes < 0x80 in `raw`."""
+    i = np.searchsorted(ends, at)
+    if (i >= len(ends)).any():
+        raise Unreadable("a varint is cut")
+    last = ends[i]
+    n = last - at + 1
+    if (n > 10).any() or (last >= stop).any():
+        raise Unreadable("a block header is cut or holds a varint over 10 bytes")
+    k = np.arange(10)
+    idx = np.minimum(at[:, None] + k, len(raw) - 1)
+    b = (raw[idx] & 0x7F).astype(np.uint64)
+    b[k >= n[:, None]] = 0
+    out: np.ndarray = (b << _SHIFTS).sum(axis=1, dtype=np.uint64)
+    return out, last + 1
 
 
-def _header(b: memoryview) -> tuple[int, int, int, int, int, int, bytes, bytes]:
-    """Block.MarshalPortable's fields: MinTimestamp, FirstValue, RowsCount, Scale, the two
-    marshal types, timestamps data, values data."""
-    t0, pos = _varint(b, 0)
-    v0, pos = _varint(b, pos)
-    rows, pos = _uvarint(b, pos)
-    scale, pos = _varint(b, pos)
-    if pos + 2 > len(b):
+def _headers(raw: np.ndarray, at: np.ndarray, stop: np.ndarray) -> dict[str, np.ndarray]:
+    """Block.MarshalPortable's fields of every block (starting at `at`, ending at `stop`):
+    varint MinTimestamp, varint FirstValue, uvarint RowsCount, varint Scale, the two marshal
+    types, uvarint-prefixed timestamps data and values data (where each starts, its size)."""
+    ends = np.flatnonzero(raw < 0x80)
+    out: dict[str, np.ndarray] = {}
+    pos = at
+    for field, signed in (("t0", True), ("v0", True), ("rows", False), ("scale", True)):
+        u, pos = _uvarints_at(raw, ends, pos, stop)
+        out[field] = _zigzag(u) if signed else u.astype(np.int64)
+    if (pos + 2 > stop).any():
         raise Unreadable("a block header is cut")
-    ts_type, v_type = b[pos], b[pos + 1]
-    pos += 2
-    parts: list[bytes] = []
-    for _ in range(2):
-        n, pos = _uvarint(b, pos)
-        if pos + n > len(b):
+    out["ts_type"], out["v_type"] = raw[pos].astype(np.int64), raw[pos + 1].astype(np.int64)
+    pos = pos + 2
+    for part in ("ts", "v"):
+        u, pos = _uvarints_at(raw, ends, pos, stop)
+        if (u > (stop - pos).astype(np.uint64)).any():
             raise Unreadable("a block's data is cut")
-        parts.append(bytes(b[pos:pos + n]))
-        pos += n
-    if pos != len(b):
-        raise Unreadable(f"{len(b) - pos} byte(s) after a block's data")
-    if not 1 <= rows <= 0xFFFF_FFFF or not -32768 <= scale <= 32767:
-        raise Unreadable(f"a block of {rows} rows, scale {scale}")
-    for t in (ts_type, v_type):
-        if not 1 <= t <= 6:
-            raise Unreadable(f"block encoding {t} (known: 1-6)")
-    return t0, v0, rows, scale, ts_type, v_type, parts[0], parts[1]
-
-
-def _plain(data: bytes, kind: int, rows: int) -> bytes:
-    """The varints of a block's part: zstd-decompressed where compressed; checked against
-    the rows it must hold (n-1 deltas, one for delta const, none for const)."""
-    if kind in _ZSTD_TYPES:
-        data = _unzstd(data)
-    if kind == _CONST and data:
-        raise Unreadable("data in a constant block")
-    if kind in _DELTA2_TYPES and rows < 2:
-        raise Unreadable("a delta2 block of one row")
-    return data
+        out[f"{part}_at"], out[f"{part}_size"] = pos, u.astype(np.int64)
+        pos = pos + out[f"{part}_size"]
+    if (pos != stop).any():
+        raise Unreadable("bytes after a block's data")
+    rows, scale = out["rows"], out["scale"]
+    if (rows < 1).any() or (rows > 0xFFFF_FFFF).any() or (scale < -32768).any() \
+            or (scale > 32767).any():
+        raise Unreadable("a block of no rows, too many, or a scale beyond int16")
+    for t in (out["ts_type"], out["v_type"]):
+        if ((t < 1) | (t > 6)).any():
+            raise Unreadable(f"block encoding {int(t[(t < 1) | (t > 6)][0])} (known: 1-6)")
+    return out
 
 
 def _unzstd(data: bytes) -> bytes:
@@ -235,13 +244,17 @@ def _unzstd(data: bytes) -> bytes:
     return out
 
 
-def _int_arrays(rows: np.ndarray, firsts: np.ndarray, types: np.ndarray, datas: list[bytes]
-                ) -> np.ndarray:
-    """The int64 arrays of parts with `rows` items each, one after another: all varints
-    decoded at once, then running sums per part (numpy, no Python per item)."""
+def _zigzag(u: np.ndarray) -> np.ndarray:
+    out: np.ndarray = ((u >> np.uint64(1)) ^ (np.uint64(0) - (u & np.uint64(1)))).view(np.int64)
+    return out
+
+
+def _int_arrays(rows: np.ndarray, firsts: np.ndarray, types: np.ndarray, raw: np.ndarray,
+                sizes: np.ndarray) -> np.ndarray:
+    """The int64 arrays of parts with `rows` items each, one after another, from their
+    varints (`raw`, `sizes` bytes per part): all varints decoded at once, then running sums
+    per part (numpy, no Python per item)."""
     n_var = np.where(types == _CONST, 0, np.where(types == _DELTA_CONST, 1, rows - 1))
-    raw = np.frombuffer(b"".join(datas), np.uint8)
-    sizes = np.fromiter(map(len, datas), np.int64, len(datas))
     ends = raw < 0x80
     if len(raw) and not ends[-1]:
         raise Unreadable("a varint is cut")
@@ -289,8 +302,7 @@ def _varints(raw: np.ndarray, ends: np.ndarray) -> np.ndarray:
         raise Unreadable("a varint longer than 10 bytes")
     shift = (np.arange(len(raw)) - np.repeat(begin, last - begin + 1)) * 7
     u = np.add.reduceat((raw & 0x7F).astype(np.uint64) << shift.astype(np.uint64), begin)
-    out: np.ndarray = ((u >> np.uint64(1)) ^ (np.uint64(0) - (u & np.uint64(1)))).view(np.int64)
-    return out
+    return _zigzag(u)
 
 
 def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -356,49 +368,59 @@ def _floats(mant: np.ndarray, scales: np.ndarray, lengths: np.ndarray) -> np.nda
     return out
 
 
-def _labels(name: bytes) -> dict[str, str]:
-    """MetricName.Marshal's labels (without the metric name, as series_key leaves it)."""
-    parts = name.split(b"\x01")
-    if len(parts) < 2 or parts[-1] or len(parts) % 2:
-        raise Unreadable("a metric name not as VictoriaMetrics writes it")
+def _labels(name: bytes) -> tuple[dict[str, str], str]:
+    """MetricName.Marshal's labels (without the metric name, as series_key leaves it) and
+    their series_key."""
     try:
-        text = [_unescape(p).decode() for p in parts[1:-1]]
+        text = name.decode()
     except UnicodeDecodeError:
         raise Unreadable("a label not in UTF-8") from None
-    return dict(zip(text[::2], text[1::2], strict=True))
+    parts = text.split("\x01")
+    if len(parts) < 2 or parts[-1] or len(parts) % 2:
+        raise Unreadable("a metric name not as VictoriaMetrics writes it")
+    if "\x00" in text:
+        parts = [_unescape(p) for p in parts]
+    names, values = parts[1:-1:2], parts[2:-1:2]
+    pairs = list(zip(names, values, strict=True))
+    labels = dict(pairs)
+    if len(labels) == len(pairs) and "__name__" not in labels:  # series_key, in C loops
+        return labels, "\x1f".join(map("=".join, sorted(pairs)))
+    return labels, series_key(labels)
 
 
-def _unescape(b: bytes) -> bytes:
-    if b"\x00" not in b:
-        return b
-    out = bytearray()
-    it = iter(b)
-    for c in it:
-        if c == 0:
-            nxt = next(it, None)
-            if nxt not in (0x30, 0x31, 0x32):
-                raise Unreadable("a bad escape in a metric name")
-            out.append(nxt - 0x30)
-        else:
-            out.append(c)
-    return bytes(out)
+def _unescape(text: str) -> str:
+    """Bytes 0, 1, 2 of a label written as 0 '0', 0 '1', 0 '2'."""
+    out, rest = [], text
+    while (i := rest.find("\x00")) >= 0:
+        if i + 1 >= len(rest) or rest[i + 1] not in "012":
+            raise Unreadable("a bad escape in a metric name")
+        out += [rest[:i], chr(ord(rest[i + 1]) - 0x30)]
+        rest = rest[i + 2:]
+    return "".join([*out, rest])
 
 
-def _check_unambiguous(b: Blocks) -> None:
-    """Unreadable where two blocks of a series hold different values at one instant (the
-    JSON export's order among them is the store's merge order, not the arrival order)."""
-    if len(b.labels) < 2:
+def _check_unambiguous(b: Blocks, lo: int = -(1 << 63), hi: int = (1 << 63) - 1) -> None:
+    """Unreadable where two blocks of a series hold different values at one instant in
+    [lo, hi) ms (the JSON export's order among them is the store's merge order, not the
+    arrival order)."""
+    if len(b.keys) < 2:
         return
     ids: dict[str, int] = {}
-    block_sid = np.fromiter((ids.setdefault(series_key(m), len(ids)) for m in b.labels),
-                            np.int64, len(b.labels))
-    if len(ids) == len(b.labels):
+    block_sid = np.fromiter((ids.setdefault(k, len(ids)) for k in b.keys), np.int64,
+                            len(b.keys))
+    if len(ids) == len(b.keys):
         return  # one block per series
-    sid = np.repeat(block_sid, b.lengths)
-    blk = np.repeat(np.arange(len(b.labels)), b.lengths)
-    order = np.lexsort((b.stamps, sid))
-    s, t, k = sid[order], b.stamps[order], blk[order]
-    v = b.values[order].view(np.int64)
+    # Only samples of series with several blocks, in the window, are in question.
+    several = np.repeat(np.bincount(block_sid)[block_sid] > 1, b.lengths)
+    at = np.flatnonzero(several & (b.stamps >= lo) & (b.stamps < hi))
+    sid = np.repeat(block_sid, b.lengths)[at]
+    blk = np.repeat(np.arange(len(b.keys)), b.lengths)[at]
+    stamps = b.stamps[at]
+    order = np.lexsort((stamps, sid))
+    s, t, k = sid[order], stamps[order], blk[order]
+    v = b.values[at][order].view(np.int64)
+    if not len(s):
+        return
     # Groups of samples of one series at one instant: fine unless they span blocks and
     # differ in value.
     start = np.flatnonzero(np.concatenate(([True], (s[1:] != s[:-1]) | (t[1:] != t[:-1]))))

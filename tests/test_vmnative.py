@@ -255,11 +255,11 @@ def test_what_the_decoder_does_not_know_is_unreadable(store: str) -> None:
 
 def test_one_instant_with_two_values_in_two_blocks_is_unreadable() -> None:
     labels = {"k": "x"}
-    blocks = vmnative.Blocks(0, 0, [labels, dict(labels)], np.array([2, 1]),
+    blocks = vmnative.Blocks(0, 0, [labels, dict(labels)], ["k=x", "k=x"], np.array([2, 1]),
                              np.array([T0, T0 + MIN, T0 + MIN]), np.array([1.0, 2.0, 3.0]))
     with pytest.raises(vmnative.Unreadable, match="one instant"):
         vmnative._check_unambiguous(blocks)
-    same = vmnative.Blocks(0, 0, [labels, dict(labels)], np.array([2, 1]),
+    same = vmnative.Blocks(0, 0, [labels, dict(labels)], ["k=x", "k=x"], np.array([2, 1]),
                            np.array([T0, T0 + MIN, T0 + MIN]), np.array([1.0, 2.0, 2.0]))
     vmnative._check_unambiguous(same)  # a copy (an HA pair, a re-import) is no question
 
