@@ -132,6 +132,7 @@ class SplitStats:
     probes: int = 0  # range queries over the recorded series' markers (not in `queries`)
     exported: int = 0  # recorded signal-chunks read by /api/v1/export (metering.vmexport)
     native: int = 0  # of those, by /api/v1/export/native (metering.vmnative)
+    period_reads: int = 0  # native requests of a signal's whole period (QueryPlanner.period)
     native_fallback: str = ""  # why native reads stopped (then JSON lines)
 
     def describe(self) -> str:
@@ -154,7 +155,9 @@ class SplitStats:
             why += f", checked by {self.probes} marker query(ies)"
             why += (f"; {self.exported} of them read by VictoriaMetrics' {EXPORT_PATH}"
                     if self.exported else "")
-            why += (f" ({self.native} as {NATIVE_PATH})" if self.native else "")
+            why += (f" ({self.native} as {NATIVE_PATH}"
+                    + (f", from {self.period_reads} request(s) of a signal's whole period"
+                       if self.period_reads else "") + ")" if self.native else "")
         return (f"{self.queries} range queries for {self.signal_queries} signal-chunks over "
                 f"up to {self.nodes} node(s) per chunk: {split}{extra}{why}")
 
@@ -230,6 +233,14 @@ class QueryPlanner:
         self._export: bool | None = None
         self._native: bool | None = None
         self._native_check = False  # the next native read is checked against JSON lines
+        # Evaluation hours of every chunk of the run (set by the source): a recorded signal
+        # read natively is asked for all of them at once, where that fits the memory budget
+        # (its blocks hold the whole period anyway: per chunk, the store would send and the
+        # client decode them once per chunk); answers and decoded blocks kept until the
+        # period's last chunk is decoded.
+        self.period: tuple[int, int] | None = None
+        self._period: dict[tuple[str, str], Answer] = {}
+        self._period_blocks: dict[int, vmnative.Blocks] = {}
         self._lock = threading.Lock()  # _learned: sent from one thread, decoded in another
         # Chunks fetched in node groups, noted before the first group is sent (ingest stages
         # their facts group by group: metering.facts)
@@ -296,6 +307,34 @@ class QueryPlanner:
                                     f"{version or 'unreported'} is not one {NATIVE_PATH} was "
                                     f"verified on ({known})")
             return self._native
+
+    def _period_answer(self, spec: SignalSpec, selector: str, chunk: Period,
+                       nodes: tuple[str, ...] | None) -> Answer | None:
+        """The native answer of the signal's whole period (`period`), asked once; None where
+        there is no period beyond the chunk, its points would not fit half the memory
+        budget, nodes are unknown, or the store refuses it (then per chunk)."""
+        if self.period is None or nodes is None:
+            return None
+        pf, pl = self.period
+        first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
+        if not pf <= first <= last <= pl or (pf, pl) == (first, last):
+            return None
+        key = (spec.name, selector)
+        with self._lock:
+            cached = self._period.get(key)
+            if cached is not None:
+                return cached
+            steps = (pl - pf) // HOUR_S + 1
+            if sum(self._points_per_step(n) for n in nodes) * steps > \
+                    self._group_points() / 2:
+                return None
+        answer = self.client.export_answer(NATIVE_PATH, vmexport.params(selector, pf, pl))
+        if answer.status != 200:
+            return None  # e.g. over a series limit: the chunk's own request says
+        self.stats.period_reads += 1
+        with self._lock:
+            self._period[key] = answer
+        return answer
 
     def _store_version(self) -> str | None:
         try:
@@ -550,7 +589,12 @@ class QueryPlanner:
             promql = (spec.recorded_selector(match) if exported
                       else self._promql(spec, window, match, recorded, metricsql))
             try:
-                if exported:
+                answer = None
+                if native and group is None and piece == Piece(None, first, last):
+                    answer = self._period_answer(spec, promql, chunk, nodes)
+                if answer is not None:
+                    pass
+                elif exported:
                     answer = self.client.export_answer(
                         path, vmexport.params(promql, piece.first, piece.last))
                     if answer.status != 200:
@@ -630,7 +674,7 @@ class QueryPlanner:
         if not on:
             return None
         try:
-            m = vmnative.read(sent.answer.body, first, last)
+            m = self._native_points(sent)
             if check:
                 same = _same_points(m, vmexport.read(self._json_export(sent).body, first, last))
                 if not same:
@@ -643,6 +687,25 @@ class QueryPlanner:
             with self._lock:
                 self._fall_back(f"{self.client.url}: {NATIVE_PATH} of {sent.promql!r}: {exc}")
             return None
+
+    def _native_points(self, sent: Answered) -> Matrix:
+        """The piece's hourly points of a native answer: of a whole period's, decoded once
+        and kept until the period's last chunk."""
+        first, last = sent.piece.first, sent.piece.last
+        with self._lock:
+            whole = any(a is sent.answer for a in self._period.values())
+            blocks = self._period_blocks.get(id(sent.answer)) if whole else None
+        if not whole:
+            return vmnative.read(sent.answer.body, first, last)
+        if blocks is None:
+            blocks = vmnative.decode(sent.answer.body)
+        with self._lock:
+            if self.period is not None and last >= self.period[1]:  # its last chunk
+                self._period = {k: a for k, a in self._period.items() if a is not sent.answer}
+                self._period_blocks.pop(id(sent.answer), None)
+            elif any(a is sent.answer for a in self._period.values()):
+                self._period_blocks[id(sent.answer)] = blocks
+        return vmnative.points(blocks, first, last)
 
     def _json_export(self, sent: Answered) -> Answer:
         """The JSON lines of a native read (its fallback, or its check)."""

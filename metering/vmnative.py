@@ -88,7 +88,12 @@ class Blocks:
 def read(body: bytes, first: int, last: int) -> Matrix:
     """The hourly points (time E = each hour start first..last) of a native answer, as
     metering.vmexport.read gives them from the JSON lines of the same request."""
-    b = decode(body)
+    return points(decode(body), first, last)
+
+
+def points(b: Blocks, first: int, last: int) -> Matrix:
+    """The hourly points of decoded blocks (of one answer: several windows may be read from
+    one decode)."""
     _check_unambiguous(b, first * 1000, last * 1000 + vmexport.HOUR_MS)
     return vmexport.hourly(b.labels, b.lengths, b.values, b.stamps, first, last, b.keys)
 

@@ -406,6 +406,8 @@ def test_native_reads_on_a_verified_version_else_json_lines_said_once(
     if said:
         assert len(fell_back) == 1 and said in fell_back[0], out
     else:
-        assert not fell_back and "as /api/v1/export/native)" in out, out
+        # Two chunks: each signal's day asked once, both chunks read from it.
+        assert not fell_back and "40 as /api/v1/export/native, from 20 request(s) of a " \
+            "signal's whole period)" in out, out
     assert "Traceback" not in out
     assert _same_ledger(raw, rec) > 400
