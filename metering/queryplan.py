@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from metering import matrix, vmexport, vmnative
-from metering.chunking import DEFAULT_INGEST_BUDGET, points_within
+from metering.chunking import DEFAULT_INGEST_BUDGET, INGEST_BYTES_PER_POINT, points_within
 from metering.matrix import Matrix
 from metering.period import Period
 from metering.promclient import Answer, PromClient, PromError
@@ -133,6 +133,7 @@ class SplitStats:
     exported: int = 0  # recorded signal-chunks read by /api/v1/export (metering.vmexport)
     native: int = 0  # of those, by /api/v1/export/native (metering.vmnative)
     period_reads: int = 0  # native requests of a signal's whole period (QueryPlanner.period)
+    native_too_large: int = 0  # native answers over the memory budget, read as JSON lines
     native_fallback: str = ""  # why native reads stopped (then JSON lines)
 
     def describe(self) -> str:
@@ -157,7 +158,9 @@ class SplitStats:
                     if self.exported else "")
             why += (f" ({self.native} as {NATIVE_PATH}"
                     + (f", from {self.period_reads} request(s) of a signal's whole period"
-                       if self.period_reads else "") + ")" if self.native else "")
+                       if self.period_reads else "")
+                    + (f"; {self.native_too_large} over the memory budget read as JSON lines"
+                       if self.native_too_large else "") + ")" if self.native else "")
         return (f"{self.queries} range queries for {self.signal_queries} signal-chunks over "
                 f"up to {self.nodes} node(s) per chunk: {split}{extra}{why}")
 
@@ -241,6 +244,8 @@ class QueryPlanner:
         self.period: tuple[int, int] | None = None
         self._period: dict[tuple[str, str], Answer] = {}
         self._period_blocks: dict[int, vmnative.Blocks] = {}
+        self._period_bytes = 0  # of the answers and decoded blocks kept
+        self._period_off: set[str] = set()  # signals whose period did not fit: per chunk
         self._lock = threading.Lock()  # _learned: sent from one thread, decoded in another
         # Chunks fetched in node groups, noted before the first group is sent (ingest stages
         # their facts group by group: metering.facts)
@@ -322,19 +327,28 @@ class QueryPlanner:
         key = (spec.name, selector)
         with self._lock:
             cached = self._period.get(key)
-            if cached is not None:
+            if cached is not None or spec.name in self._period_off:
                 return cached
-            steps = (pl - pf) // HOUR_S + 1
-            if sum(self._points_per_step(n) for n in nodes) * steps > \
-                    self._group_points() / 2:
-                return None
         answer = self.client.export_answer(NATIVE_PATH, vmexport.params(selector, pf, pl))
         if answer.status != 200:
             return None  # e.g. over a series limit: the chunk's own request says
         self.stats.period_reads += 1
         with self._lock:
-            self._period[key] = answer
+            if self._period_bytes + len(answer.body) > self._native_bytes() / 4:
+                self._period_off.add(spec.name)  # read for this chunk, not kept
+            else:
+                self._period[key] = answer
+                self._period_bytes += len(answer.body)
         return answer
+
+    def _native_bytes(self) -> float:
+        """Bytes native answers and their decoded blocks may take: the memory budget."""
+        return self._group_points() * INGEST_BYTES_PER_POINT
+
+    def max_native_rows(self) -> int:
+        """Samples one native answer may hold to be decoded (its blocks: whole months, not
+        the hours asked for; ~100 bytes a sample while decoding): more reads JSON lines."""
+        return int(self._native_bytes() / 2 / INGEST_BYTES_PER_POINT)
 
     def _store_version(self) -> str | None:
         try:
@@ -577,7 +591,7 @@ class QueryPlanner:
         self.stats.signal_queries += 1
         self.stats.recorded += recorded
         exported = recorded and self.exports()
-        native = exported and self.native()
+        native = exported and group is None and self.native()  # node groups: JSON lines
         path = NATIVE_PATH if native else EXPORT_PATH
         self.stats.exported += exported
         self.stats.native += native
@@ -683,6 +697,9 @@ class QueryPlanner:
                 with self._lock:
                     self._native_check = False
             return m
+        except vmnative.TooLarge:
+            self.stats.native_too_large += 1
+            return None  # this read's JSON lines: the store filters them to the hours
         except (vmnative.Unreadable, vmexport.BadExport) as exc:
             with self._lock:
                 self._fall_back(f"{self.client.url}: {NATIVE_PATH} of {sent.promql!r}: {exc}")
@@ -696,15 +713,20 @@ class QueryPlanner:
             whole = any(a is sent.answer for a in self._period.values())
             blocks = self._period_blocks.get(id(sent.answer)) if whole else None
         if not whole:
-            return vmnative.read(sent.answer.body, first, last)
+            return vmnative.read(sent.answer.body, first, last, self.max_native_rows())
         if blocks is None:
-            blocks = vmnative.decode(sent.answer.body)
+            blocks = vmnative.decode(sent.answer.body, self.max_native_rows())
+        size = blocks.stamps.nbytes + blocks.values.nbytes
         with self._lock:
             if self.period is not None and last >= self.period[1]:  # its last chunk
                 self._period = {k: a for k, a in self._period.items() if a is not sent.answer}
-                self._period_blocks.pop(id(sent.answer), None)
-            elif any(a is sent.answer for a in self._period.values()):
-                self._period_blocks[id(sent.answer)] = blocks
+                if self._period_blocks.pop(id(sent.answer), None) is not None:
+                    self._period_bytes -= size
+                self._period_bytes -= len(sent.answer.body)
+            elif id(sent.answer) not in self._period_blocks and \
+                    self._period_bytes + size <= self._native_bytes() / 4:
+                self._period_blocks[id(sent.answer)] = blocks  # else decoded per chunk
+                self._period_bytes += size
         return vmnative.points(blocks, first, last)
 
     def _json_export(self, sent: Answered) -> Answer:

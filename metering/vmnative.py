@@ -60,6 +60,11 @@ class Unreadable(ValueError):
     """The native answer holds what this decoder does not know: str() says what."""
 
 
+class TooLarge(ValueError):
+    """The answer's blocks hold more samples than the caller may decode (they are whole
+    blocks, up to a month per series, whatever hours were asked)."""
+
+
 _VERSION = re.compile(r'^vm_app_version\{[^}]*short_version="([^"]*)"', re.M)
 
 
@@ -85,10 +90,10 @@ class Blocks:
     values: np.ndarray
 
 
-def read(body: bytes, first: int, last: int) -> Matrix:
+def read(body: bytes, first: int, last: int, max_rows: int | None = None) -> Matrix:
     """The hourly points (time E = each hour start first..last) of a native answer, as
     metering.vmexport.read gives them from the JSON lines of the same request."""
-    return points(decode(body), first, last)
+    return points(decode(body, max_rows), first, last)
 
 
 def points(b: Blocks, first: int, last: int) -> Matrix:
@@ -107,7 +112,7 @@ _DELTA_CONST, _CONST = 2, 3
 _U32 = struct.Struct(">I").unpack_from
 
 
-def decode(body: bytes) -> Blocks:
+def decode(body: bytes, max_rows: int | None = None) -> Blocks:
     """Every block of a native answer, samples as VictoriaMetrics reads them (its floats bit
     for bit); Unreadable on anything else. Python walks the blocks' two length prefixes;
     headers, varints and floats are decoded for all blocks at once (numpy)."""
@@ -140,6 +145,8 @@ def decode(body: bytes) -> Blocks:
     raw = np.frombuffer(body, np.uint8)
     h = _headers(raw, np.array(block_at, np.int64), np.array(block_end, np.int64))
     lengths = h["rows"]
+    if max_rows is not None and int(lengths.sum()) > max_rows:
+        raise TooLarge(f"{int(lengths.sum()):,} samples")
     # Parts (timestamps, values) alternate: their types, firsts, bytes.
     types = np.stack([h["ts_type"], h["v_type"]], axis=1).ravel()
     firsts = np.stack([h["t0"], h["v0"]], axis=1).ravel()

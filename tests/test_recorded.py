@@ -411,3 +411,22 @@ def test_native_reads_on_a_verified_version_else_json_lines_said_once(
             "signal's whole period)" in out, out
     assert "Traceback" not in out
     assert _same_ledger(raw, rec) > 400
+
+
+def test_a_native_answer_over_the_memory_budget_reads_json_lines(
+        samples: list[tuple[str, int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Native answers hold whole blocks (a month per series), not the hours asked for: one
+    over what the planner lets it decode (here: any) is read as JSON lines, which the store
+    filters to the hours; the bill is the raw one, and native stays on for the rest."""
+    from metering.queryplan import QueryPlanner
+    monkeypatch.setattr(QueryPlanner, "max_native_rows", lambda self: 1)
+    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        _meter(url, raw, "--recorded", "never")
+        out = _meter(url, rec, "--recorded", "only", "--recorded-read", "native")
+    # Every signal with samples (three have none here: no answer holds more than 1).
+    assert "17 over the memory budget read as JSON lines" in out, out
+    assert "recorded series read as JSON lines" not in out, out  # no decoder problem said
+    assert _same_ledger(raw, rec) > 400

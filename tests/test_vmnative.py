@@ -283,3 +283,13 @@ def test_only_the_three_extreme_mantissas_are_special() -> None:
     assert got[[0, 3]].tolist() == [float(top), float(bottom)]
     assert got.view(np.int64)[1] == 0x7FF0000000000002  # the stale NaN
     assert got[[2, 4]].tolist() == [np.inf, -np.inf] and got[5] == 12 / 10.0
+
+
+def test_an_answer_over_the_samples_allowed_is_too_large(store: str) -> None:
+    """Whole blocks come whatever hours were asked: the caller bounds what it decodes."""
+    body = _get(store, vmnative.NATIVE_PATH, '{__name__="n_gauge"}', E, E)
+    total = int(vmnative.decode(body).lengths.sum())
+    assert total == 3020  # both series' every sample, though one hour was asked
+    assert len(vmnative.read(body, E, E, max_rows=total)) == 2
+    with pytest.raises(vmnative.TooLarge, match="3,020 samples"):
+        vmnative.read(body, E, E, max_rows=total - 1)
