@@ -13,14 +13,16 @@ the rules' own evaluation costs beside it:
 3. How the recorded series are read, format by format (each signal's month in one request,
    alternated `--runs` times): a range query (matrix.read), /api/v1/export JSON lines
    (metering.vmexport.read), /api/v1/export/csv (label columns from /api/v1/labels, decoded by
-   Arrow's CSV reader into typed columns, then the same hour selection) and
-   /api/v1/export/native (store CPU and bytes only: not decoded). Store CPU from /proc, client
-   CPU of the decode in this process, answer bytes; every decoded format must give the same
-   points as the range query.
+   Arrow's CSV reader into typed columns, then the same hour selection),
+   /api/v1/export/native (metering.vmnative.read), and the native export again chunk by
+   chunk (`--chunk-hours`, the chunks meter asks for: one request per signal and chunk).
+   Store CPU from /proc, client CPU of the decode in this process, answer bytes; every
+   decoded format must give the same points as the range query.
 4. `gpu-ledger meter --no-price` of the month: raw series (`--recorded never`), recorded
-   series by range queries (`--recorded only --recorded-read query_range`) and by export
-   (`--recorded only --recorded-read export`), alternated `--runs` times: client CPU, store
-   CPU, peak RSS, wall; the facts of every run must be identical (digest).
+   series by range queries (`--recorded only --recorded-read query_range`), by export JSON
+   lines (`--recorded-read export`) and native (`--recorded-read native`), alternated
+   `--runs` times: client CPU, store CPU, peak RSS, wall; the facts of every run must be
+   identical (digest).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import pyarrow.csv as pa_csv
 from alerts.generate import METERING_VM_FILE
 from bench.common import machine, say, table, write_json
 from bench.scale import Fleet, Victoria, run_stage
-from metering import matrix, vmexport
+from metering import matrix, vmexport, vmnative
 from metering.signals import HOUR_S, SIGNALS
 
 # vmalert's remote-write queue: replay pushes a month of every series of a rule at once, and
@@ -126,7 +128,7 @@ def _children_cpu() -> float:
 
 # How each meter run reads the month: --recorded and --recorded-read.
 MODES = {"raw": ("never", "query_range"), "recorded query_range": ("only", "query_range"),
-         "recorded export": ("only", "export")}
+         "recorded export": ("only", "export"), "recorded native": ("only", "native")}
 
 
 def meter(vm: Victoria, month: str, mode: str, work: Path) -> dict[str, Any]:
@@ -180,7 +182,11 @@ def _same(a: matrix.Matrix, b: matrix.Matrix) -> bool:
             and a.v.tobytes() == b.v.tobytes())
 
 
-def formats(vm: Victoria, start: datetime, end: datetime, runs: int) -> dict[str, Any]:
+NATIVE_CHUNKS = "export/native per chunk"
+
+
+def formats(vm: Victoria, start: datetime, end: datetime, runs: int, chunk_h: int
+            ) -> dict[str, Any]:
     """Every recorded signal's month read in each format, alternated `runs` times."""
     first = int(start.timestamp())
     last = int(end.timestamp())  # evaluation hours first..last, as meter reads a chunk
@@ -188,7 +194,7 @@ def formats(vm: Victoria, start: datetime, end: datetime, runs: int) -> dict[str
     refs: dict[str, matrix.Matrix] = {}  # each signal's range query answer, series sorted
     same = True
     for _ in range(runs):
-        for fmt in ("query_range", "export", "export/csv", "export/native"):
+        for fmt in ("query_range", "export", "export/csv", "export/native", NATIVE_CHUNKS):
             store0, client, size = vm.cpu_s(), 0.0, 0
             for spec in SIGNALS:
                 sel = spec.recorded_selector()
@@ -222,8 +228,23 @@ def formats(vm: Victoria, start: datetime, end: datetime, runs: int) -> dict[str
                     c0 = time.process_time()
                     got = _csv_points(body, names, first, last)
                     client += time.process_time() - c0
-                else:
+                elif fmt == "export/native":
                     body = _get(f"{vm.url}/api/v1/export/native?{rng}")
+                    c0 = time.process_time()
+                    got = vmnative.read(body, first, last)
+                    client += time.process_time() - c0
+                else:  # as meter asks: evaluation hours chunk start .. chunk end
+                    parts, body = [], b""
+                    for lo in range(first, last, chunk_h * HOUR_S):
+                        hi = min(lo + chunk_h * HOUR_S, last)
+                        q = urllib.parse.urlencode(vmexport.params(sel, lo, hi))
+                        part = _get(f"{vm.url}/api/v1/export/native?{q}")
+                        c0 = time.process_time()
+                        parts.append(vmnative.read(part, lo, hi))
+                        client += time.process_time() - c0
+                        size += len(part)
+                    # Chunks share their boundary hour (as meter's do): compare point sets.
+                    same = same and _points(parts) == _points([refs[spec.name]])
                     got = None
                 size += len(body)
                 if got is not None and fmt != "query_range":
@@ -233,6 +254,13 @@ def formats(vm: Victoria, start: datetime, end: datetime, runs: int) -> dict[str
             row["client_cpu_s"].append(client)
             row["mib"].append(size / 2**20)
     return {"formats": out, "same_points": same}
+
+
+def _points(parts: list[matrix.Matrix]) -> set[tuple[str, float, int]]:
+    """Every (series, time, value bits) of the matrices."""
+    return {(p.keys[s], t, v) for p in parts
+            for s, t, v in zip(p.sid.tolist(), p.t.tolist(), p.v.view(np.int64).tolist(),
+                               strict=True)}
 
 
 def _sorted(m: matrix.Matrix) -> matrix.Matrix:
@@ -254,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=int, default=300, help="seconds between samples")
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--live-hours", type=int, default=24)
+    p.add_argument("--chunk-hours", type=int, default=72,
+                   help="chunk length of the per-chunk native reads (meter's at this size)")
     p.add_argument("--workdir")
     p.add_argument("--reuse-store", action="store_true",
                    help="the store in --workdir holds the fleet already: no import")
@@ -288,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         res["replay"] = replay(vm, start - timedelta(minutes=43),
                                end + timedelta(minutes=17), work)
         res["live"] = live(vm, start, args.live_hours)
-        res["formats"] = formats(vm, start, end, args.runs)
+        res["formats"] = formats(vm, start, end, args.runs, args.chunk_hours)
         for mode in MODES:
             if mode != "raw":
                 runs[mode] = [meter(vm, args.month, mode, work)]
@@ -313,8 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     fm = res["formats"]["formats"]
     say(table(["recorded month read as", "store CPU-s", "client decode CPU-s", "answer MiB"],
               [[name, ", ".join(f"{x:.2f}" for x in f["store_cpu_s"]),
-                ", ".join(f"{x:.2f}" for x in f["client_cpu_s"]) if name != "export/native"
-                else "not decoded", f"{f['mib'][0]:,.1f}"] for name, f in fm.items()]))
+                ", ".join(f"{x:.2f}" for x in f["client_cpu_s"]), f"{f['mib'][0]:,.1f}"]
+               for name, f in fm.items()]))
     say(f"decoded formats give the range query's points bit for bit: "
         f"{'yes' if res['formats']['same_points'] else '**no**'}")
     raw = min(r["store_cpu_s"] for r in runs["raw"])

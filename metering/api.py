@@ -123,7 +123,8 @@ class MeterSettings:
     jobs: int = 1
     # Read the hourly recording rules where complete for a chunk (metering.recorded).
     recorded: RecordedMode = RecordedMode.AUTO
-    # How they are read: VictoriaMetrics' /api/v1/export where it is one (metering.vmexport).
+    # How they are read: VictoriaMetrics' /api/v1/export (metering.vmexport) or its native
+    # form (metering.vmnative) where it is one.
     recorded_read: RecordedRead = RecordedRead.AUTO
 
 
@@ -152,6 +153,7 @@ def meter(ledger: str | Path, source: Source, period: Period,
             source.planner.recorded_read = s.recorded_read
             if progress is not None:  # recorded or raw, chunk by chunk
                 source.on_recorded = progress.message
+                source.planner.on_fallback = progress.message  # native reads, or not
         fetching: Source | ParallelSource = source
         base = copy.copy(source.planner.stats) if isinstance(source, PrometheusSource) else None
         if s.jobs > 1:

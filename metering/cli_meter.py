@@ -149,10 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "default); raw series only (never); recorded only, a chunk without "
                         "them an error (only). docs/metering.md, \"Recorded hourly series\"")
     p.add_argument("--recorded-read", choices=[m.value for m in RecordedRead], default="auto",
-                   help="how recorded series are read: VictoriaMetrics' /api/v1/export where "
-                        "the store is VictoriaMetrics, else range queries (auto, the default); "
-                        "range queries on any store (query_range); export, an error where the "
-                        "store has none (export). docs/metering.md, \"Recorded hourly series\"")
+                   help="how recorded series are read: on VictoriaMetrics its "
+                        "/api/v1/export/native where its version is one the decoder was "
+                        "verified on, else /api/v1/export JSON lines; range queries on other "
+                        "stores (auto, the default); range queries on any store (query_range); "
+                        "JSON lines export (export) or native export on any version, checked "
+                        "against JSON lines once a run (native), an error where the store has "
+                        "none. docs/metering.md, \"Recorded hourly series\"")
     p.add_argument("--sample-interval", type=float, default=None, metavar="SECONDS",
                    help="seconds between exporter samples (default: detected per node)")
     p.add_argument("--no-price", action="store_true", help="ingest only")

@@ -144,10 +144,15 @@ class PromClient:
 
     def export_answer(self, path: str, params: list[tuple[str, str]]) -> Answer:
         """A bulk export of stored samples (VictoriaMetrics' /api/v1/export,
-        metering.vmexport), its answer undecoded."""
+        metering.vmexport, or /api/v1/export/native, metering.vmnative), undecoded."""
         answer = self._fetch(self._base_path + path + "?" + urllib.parse.urlencode(params))
         self.queries += 1
         return answer
+
+    def page(self, path: str) -> Answer:
+        """A page of the server that is not an API answer (VictoriaMetrics' /metrics, whose
+        vm_app_version says its version: metering.vmnative), undecoded; not a query."""
+        return self._fetch(self._base_path + path)
 
     def matrix(self, answer: Answer, promql: str) -> list[dict[str, Any]]:
         """data.result of an answer decoded by Python's json: the PromError of an answer that

@@ -35,13 +35,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from metering import matrix, vmexport
-from metering.chunking import DEFAULT_INGEST_BUDGET, points_within
+from metering import matrix, vmexport, vmnative
+from metering.chunking import DEFAULT_INGEST_BUDGET, INGEST_BYTES_PER_POINT, points_within
 from metering.matrix import Matrix
 from metering.period import Period
 from metering.promclient import Answer, PromClient, PromError
 from metering.signals import HOUR_S, RECORDED_PREFIX, RECORDED_SUFFIX, SIGNALS, SignalSpec
 from metering.vmexport import EXPORT_PATH, RecordedRead
+from metering.vmnative import NATIVE_PATH
 
 # Prometheus's default --query.max-samples: the smallest default among the stores we target.
 DEFAULT_MAX_SAMPLES = 50_000_000
@@ -130,6 +131,10 @@ class SplitStats:
     recorded_partly: int = 0
     probes: int = 0  # range queries over the recorded series' markers (not in `queries`)
     exported: int = 0  # recorded signal-chunks read by /api/v1/export (metering.vmexport)
+    native: int = 0  # of those, by /api/v1/export/native (metering.vmnative)
+    period_reads: int = 0  # native requests of a signal's whole period (QueryPlanner.period)
+    native_too_large: int = 0  # native answers over the memory budget, read as JSON lines
+    native_fallback: str = ""  # why native reads stopped (then JSON lines)
 
     def describe(self) -> str:
         if self.max_shards == 1 and self.max_time_pieces == 1 and not self.refused:
@@ -151,6 +156,11 @@ class SplitStats:
             why += f", checked by {self.probes} marker query(ies)"
             why += (f"; {self.exported} of them read by VictoriaMetrics' {EXPORT_PATH}"
                     if self.exported else "")
+            why += (f" ({self.native} as {NATIVE_PATH}"
+                    + (f", from {self.period_reads} request(s) of a signal's whole period"
+                       if self.period_reads else "")
+                    + (f"; {self.native_too_large} over the memory budget read as JSON lines"
+                       if self.native_too_large else "") + ")" if self.native else "")
         return (f"{self.queries} range queries for {self.signal_queries} signal-chunks over "
                 f"up to {self.nodes} node(s) per chunk: {split}{extra}{why}")
 
@@ -164,6 +174,7 @@ class Answered:
     promql: str  # the query, or the series selector of an export
     answer: Answer
     exported: bool = False  # an /api/v1/export answer (metering.vmexport), not a matrix
+    native: bool = False  # of /api/v1/export/native (metering.vmnative)
 
 
 @dataclass(frozen=True)
@@ -213,6 +224,8 @@ class QueryPlanner:
         self.limits = limits or Limits()
         self.stats = SplitStats()
         self.on_split = on_split  # told about each split forced by a store error
+        # told why recorded series are read as JSON lines, not native (once a run)
+        self.on_fallback: Callable[[str], None] | None = None
         # Points of answers ingest may hold at once (a chunk's node group; node groups above)
         self.memory_points = memory_points
         self._learned = _Learned()
@@ -221,6 +234,18 @@ class QueryPlanner:
         self._metricsql: bool | None = None
         self.recorded_read = RecordedRead.AUTO
         self._export: bool | None = None
+        self._native: bool | None = None
+        self._native_check = False  # the next native read is checked against JSON lines
+        # Evaluation hours of every chunk of the run (set by the source): a recorded signal
+        # read natively is asked for all of them at once, where that fits the memory budget
+        # (its blocks hold the whole period anyway: per chunk, the store would send and the
+        # client decode them once per chunk); answers and decoded blocks kept until the
+        # period's last chunk is decoded.
+        self.period: tuple[int, int] | None = None
+        self._period: dict[tuple[str, str], Answer] = {}
+        self._period_blocks: dict[int, vmnative.Blocks] = {}
+        self._period_bytes = 0  # of the answers and decoded blocks kept
+        self._period_off: set[str] = set()  # signals whose period did not fit: per chunk
         self._lock = threading.Lock()  # _learned: sent from one thread, decoded in another
         # Chunks fetched in node groups, noted before the first group is sent (ingest stages
         # their facts group by group: metering.facts)
@@ -260,10 +285,87 @@ class QueryPlanner:
                 except (PromError, vmexport.BadExport) as exc:
                     why = str(exc)
             self._export = not why
-            if why and self.recorded_read is RecordedRead.EXPORT:
-                raise PromError(f"{self.client.url}: --recorded-read export: no "
+            if why and self.recorded_read in (RecordedRead.EXPORT, RecordedRead.NATIVE):
+                raise PromError(f"{self.client.url}: --recorded-read {self.recorded_read}: no "
                                 f"VictoriaMetrics {EXPORT_PATH} ({why})")
         return self._export
+
+    def native(self) -> bool:
+        """Whether recorded series read by export are read by /api/v1/export/native
+        (metering.vmnative): ~7x less store CPU than JSON lines, but VictoriaMetrics' internal
+        encoding. With `recorded_read` auto only on a version the decoder was verified
+        against (vm_app_version on /metrics); with native on any, the run's first read then
+        decoded both ways and compared bit for bit. Otherwise, and from the first answer the
+        decoder does not know, JSON lines, said once (`on_fallback`)."""
+        mode = self.recorded_read
+        if mode not in (RecordedRead.AUTO, RecordedRead.NATIVE) or not self.exports():
+            return False
+        with self._lock:
+            if self._native is None:
+                version = self._store_version()
+                self._native = version in vmnative.VERIFIED_VERSIONS or \
+                    mode is RecordedRead.NATIVE
+                self._native_check = self._native and version not in vmnative.VERIFIED_VERSIONS
+                if not self._native:
+                    known = ", ".join(sorted(vmnative.VERIFIED_VERSIONS))
+                    self._fall_back(f"{self.client.url}: VictoriaMetrics version "
+                                    f"{version or 'unreported'} is not one {NATIVE_PATH} was "
+                                    f"verified on ({known})")
+            return self._native
+
+    def _period_answer(self, spec: SignalSpec, selector: str, chunk: Period,
+                       nodes: tuple[str, ...] | None) -> Answer | None:
+        """The native answer of the signal's whole period (`period`), asked once; None where
+        there is no period beyond the chunk, its points would not fit half the memory
+        budget, nodes are unknown, or the store refuses it (then per chunk)."""
+        if self.period is None or nodes is None:
+            return None
+        pf, pl = self.period
+        first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
+        if not pf <= first <= last <= pl or (pf, pl) == (first, last):
+            return None
+        key = (spec.name, selector)
+        with self._lock:
+            cached = self._period.get(key)
+            if cached is not None or spec.name in self._period_off:
+                return cached
+        answer = self.client.export_answer(NATIVE_PATH, vmexport.params(selector, pf, pl))
+        if answer.status != 200:
+            return None  # e.g. over a series limit: the chunk's own request says
+        self.stats.period_reads += 1
+        with self._lock:
+            if self._period_bytes + len(answer.body) > self._native_bytes() / 4:
+                self._period_off.add(spec.name)  # read for this chunk, not kept
+            else:
+                self._period[key] = answer
+                self._period_bytes += len(answer.body)
+        return answer
+
+    def _native_bytes(self) -> float:
+        """Bytes native answers and their decoded blocks may take: the memory budget."""
+        return self._group_points() * INGEST_BYTES_PER_POINT
+
+    def max_native_rows(self) -> int:
+        """Samples one native answer may hold to be decoded (its blocks: whole months, not
+        the hours asked for; ~100 bytes a sample while decoding): more reads JSON lines."""
+        return int(self._native_bytes() / 2 / INGEST_BYTES_PER_POINT)
+
+    def _store_version(self) -> str | None:
+        try:
+            page = self.client.page("/metrics")
+        except PromError:
+            return None
+        if page.status != 200:
+            return None
+        return vmnative.store_version(page.body.decode("utf-8", "replace"))
+
+    def _fall_back(self, why: str) -> None:
+        """Native reads off for the run (under the lock), said once."""
+        self._native = False
+        if not self.stats.native_fallback:
+            self.stats.native_fallback = why
+            if self.on_fallback is not None:
+                self.on_fallback(f"{why}: recorded series read as JSON lines ({EXPORT_PATH})")
 
     # --- nodes ----------------------------------------------------------------------------
 
@@ -489,7 +591,10 @@ class QueryPlanner:
         self.stats.signal_queries += 1
         self.stats.recorded += recorded
         exported = recorded and self.exports()
+        native = exported and group is None and self.native()  # node groups: JSON lines
+        path = NATIVE_PATH if native else EXPORT_PATH
         self.stats.exported += exported
+        self.stats.native += native
         answered: list[Piece] = []
         todo = list(reversed(pieces))
         while todo:
@@ -498,11 +603,16 @@ class QueryPlanner:
             promql = (spec.recorded_selector(match) if exported
                       else self._promql(spec, window, match, recorded, metricsql))
             try:
-                if exported:
+                answer = None
+                if native and group is None and piece == Piece(None, first, last):
+                    answer = self._period_answer(spec, promql, chunk, nodes)
+                if answer is not None:
+                    pass
+                elif exported:
                     answer = self.client.export_answer(
-                        EXPORT_PATH, vmexport.params(promql, piece.first, piece.last))
+                        path, vmexport.params(promql, piece.first, piece.last))
                     if answer.status != 200:
-                        raise PromError(f"{self.client.url}: {EXPORT_PATH} of {promql!r}: "
+                        raise PromError(f"{self.client.url}: {path} of {promql!r}: "
                                         f"HTTP {answer.status}: {_first_line(answer.body)}")
                 else:
                     answer = self.client.query_range_answer(promql, piece.first, piece.last,
@@ -528,7 +638,7 @@ class QueryPlanner:
                 continue
             self.stats.queries += 1
             answered.append(piece)
-            yield Answered(spec, piece, promql, answer, exported)
+            yield Answered(spec, piece, promql, answer, exported, native)
         shards = {p.nodes for p in answered}
         self.stats.max_shards = max(self.stats.max_shards, len(shards))
         self.stats.max_time_pieces = max(
@@ -548,6 +658,11 @@ class QueryPlanner:
     def _decode(self, sent: Answered, seen: matrix.Labels | None) -> Matrix:
         answer = sent.answer
         if sent.exported:
+            if sent.native:
+                m = self._from_native(sent)
+                if m is not None:
+                    return m
+                answer = self._json_export(sent)
             try:
                 return vmexport.read(answer.body, sent.piece.first, sent.piece.last)
             except vmexport.BadExport as exc:
@@ -563,6 +678,65 @@ class QueryPlanner:
         except matrix.NotAMatrix as exc:
             raise PromError(f"{self.client.url}: answer to {sent.promql!r} is not {exc}"
                             ) from None
+
+    def _from_native(self, sent: Answered) -> Matrix | None:
+        """A native answer decoded; None where native reads are off or this one is not
+        understood (then off for the run)."""
+        first, last = sent.piece.first, sent.piece.last
+        with self._lock:
+            on, check = self._native, self._native_check
+        if not on:
+            return None
+        try:
+            m = self._native_points(sent)
+            if check:
+                same = _same_points(m, vmexport.read(self._json_export(sent).body, first, last))
+                if not same:
+                    raise vmnative.Unreadable("its points differ from the JSON lines' (an "
+                                              "unverified version)")
+                with self._lock:
+                    self._native_check = False
+            return m
+        except vmnative.TooLarge:
+            self.stats.native_too_large += 1
+            return None  # this read's JSON lines: the store filters them to the hours
+        except (vmnative.Unreadable, vmexport.BadExport) as exc:
+            with self._lock:
+                self._fall_back(f"{self.client.url}: {NATIVE_PATH} of {sent.promql!r}: {exc}")
+            return None
+
+    def _native_points(self, sent: Answered) -> Matrix:
+        """The piece's hourly points of a native answer: of a whole period's, decoded once
+        and kept until the period's last chunk."""
+        first, last = sent.piece.first, sent.piece.last
+        with self._lock:
+            whole = any(a is sent.answer for a in self._period.values())
+            blocks = self._period_blocks.get(id(sent.answer)) if whole else None
+        if not whole:
+            return vmnative.read(sent.answer.body, first, last, self.max_native_rows())
+        if blocks is None:
+            blocks = vmnative.decode(sent.answer.body, self.max_native_rows())
+        size = blocks.stamps.nbytes + blocks.values.nbytes
+        with self._lock:
+            if self.period is not None and last >= self.period[1]:  # its last chunk
+                self._period = {k: a for k, a in self._period.items() if a is not sent.answer}
+                if self._period_blocks.pop(id(sent.answer), None) is not None:
+                    self._period_bytes -= size
+                self._period_bytes -= len(sent.answer.body)
+            elif id(sent.answer) not in self._period_blocks and \
+                    self._period_bytes + size <= self._native_bytes() / 4:
+                self._period_blocks[id(sent.answer)] = blocks  # else decoded per chunk
+                self._period_bytes += size
+        return vmnative.points(blocks, first, last)
+
+    def _json_export(self, sent: Answered) -> Answer:
+        """The JSON lines of a native read (its fallback, or its check)."""
+        answer = self.client.export_answer(
+            EXPORT_PATH, vmexport.params(sent.promql, sent.piece.first, sent.piece.last))
+        if answer.status != 200:
+            raise PromError(f"{self.client.url}: {EXPORT_PATH} of {sent.promql!r}: "
+                            f"HTTP {answer.status}: {_first_line(answer.body)}")
+        return answer
 
     @staticmethod
     def _promql(spec: SignalSpec, window: str, match: str, recorded: bool,
@@ -638,3 +812,9 @@ def _time_ranges(first: int, last: int, hours: int) -> list[tuple[int, int]]:
 def _describe(piece: Piece) -> str:
     who = "every node" if piece.nodes is None else f"{len([n for n in piece.nodes if n])} node(s)"
     return f"{who}, {piece.steps} hour(s)"
+
+
+def _same_points(a: Matrix, b: Matrix) -> bool:
+    """The same series and points, values bit for bit."""
+    return (a.keys == b.keys and np.array_equal(a.sid, b.sid) and np.array_equal(a.t, b.t)
+            and np.array_equal(a.v.view(np.int64), b.v.view(np.int64)))

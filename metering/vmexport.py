@@ -21,7 +21,9 @@ query_range over a real VictoriaMetrics with recorded series written by vmalert.
 The answer's format (VictoriaMetrics app/vmselect/prometheus/export.qtpl, checked against
 1.79.5, the Debian package): one line per series, `{"metric":{...},"values":[...],
 "timestamps":[...]}`; values are Go's shortest decimal ('f', -1), `+Inf`/`-Inf`/`NaN` bare
-(not JSON); timestamps integer milliseconds. A series may come in several lines; they are
+(not JSON), and a NaN after a line's first value `null` (export.qtpl ExportJSONLine: a
+stale marker a live vmalert wrote when a series ended, tests/test_vmnative.py);
+timestamps integer milliseconds. A series may come in several lines; they are
 joined. Arrow's JSON reader takes the lines into typed columns; an answer it refuses is read
 line by line with Python's json, which names the problem. A truncated or garbled answer is a
 BadExport (one line), never a partial matrix.
@@ -50,9 +52,14 @@ HOUR_MS = HOUR_S * 1000
 class RecordedRead(enum.StrEnum):
     """How the recorded hourly series are read."""
 
-    AUTO = "auto"  # /api/v1/export where the store is VictoriaMetrics, else query_range
+    # on VictoriaMetrics /api/v1/export/native where its version is one metering.vmnative was
+    # verified against, else /api/v1/export; query_range on other stores
+    AUTO = "auto"
     QUERY_RANGE = "query_range"  # range queries on every store
     EXPORT = "export"  # /api/v1/export; a store without it is an error
+    # /api/v1/export/native (metering.vmnative), as auto does on a version it was verified
+    # against; on another, checked against the JSON lines on the run's first read
+    NATIVE = "native"
 
 
 class BadExport(ValueError):
@@ -71,8 +78,9 @@ _SCHEMA = pa.schema([("values", pa.list_(pa.float64())),
                      ("timestamps", pa.list_(pa.int64()))])
 _PARSE = pa_json.ParseOptions(explicit_schema=_SCHEMA, unexpected_field_behavior="infer")
 # VictoriaMetrics' spellings of a value (Go's strconv 'f' format, -1 precision).
-_VALUE = re.compile(rb"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?|[+-]Inf|NaN")
-_SPECIAL = {b"+Inf": float("inf"), b"-Inf": float("-inf"), b"NaN": float("nan")}
+_VALUE = re.compile(rb"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?|[+-]Inf|NaN|null")
+_SPECIAL = {b"+Inf": float("inf"), b"-Inf": float("-inf"), b"NaN": float("nan"),
+            b"null": float("nan")}
 
 
 def read(body: bytes, first: int, last: int) -> Matrix:
@@ -130,7 +138,7 @@ def _scan(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np
         if not line.startswith(_HEAD) or mid < 0 or tail < mid or not line.endswith(b"]}"):
             raise _NotArrow
         metrics.append(line[len(_HEAD):mid + 1])
-        vals.append(line[mid + len(_MID):tail])
+        vals.append(line[mid + len(_MID):tail].replace(b"null", b"NaN"))  # no number's text
         stamps.append(line[tail + len(_TAIL):-2])
     lengths = np.array([v.count(b",") + 1 if v else 0 for v in vals], np.int64)
     if [t.count(b",") + 1 if t else 0 for t in stamps] != lengths.tolist():
@@ -218,9 +226,11 @@ def _shown(text: bytes) -> str:
 
 
 def hourly(lines: list[dict[str, str]], lengths: np.ndarray, values: np.ndarray,
-           stamps: np.ndarray, first: int, last: int) -> Matrix:
+           stamps: np.ndarray, first: int, last: int, keys: list[str] | None = None
+           ) -> Matrix:
     """One point per series and hour E: the last non-NaN sample of [E, E+1h). `lines`: the
-    labels of each line, `lengths` its samples, `values`/`stamps` theirs, line after line."""
+    labels of each line, `lengths` its samples, `values`/`stamps` theirs, line after line;
+    `keys`: each line's series_key where the caller has it (metering.vmnative)."""
     index: dict[str, int] = {}
     labels: list[dict[str, str]] = []
     line_sid = np.empty(len(lines), np.int64)
@@ -228,7 +238,7 @@ def hourly(lines: list[dict[str, str]], lengths: np.ndarray, values: np.ndarray,
         own = metric
         if "__name__" in metric:
             own = {k: v for k, v in metric.items() if k != "__name__"}
-        key = series_key(own)
+        key = series_key(own) if keys is None else keys[i]
         if key not in index:
             index[key] = len(labels)
             labels.append(own)

@@ -123,10 +123,12 @@ def samples(fleet_om_file: Path) -> list[tuple[str, int]]:
 
 def test_victoria_metrics_recorded_series_bill_as_the_raw_ones(
         samples: list[tuple[str, int]], tmp_path: Path) -> None:
-    """Read by VictoriaMetrics' /api/v1/export (its default there) and by range queries:
-    both bill as the raw series. A second evaluator at hh:43 (an HA pair's other member)
-    gives every series-hour two recorded samples."""
-    raw, rec, ranged = (tmp_path / f"{n}.duckdb" for n in ("raw", "recorded", "ranged"))
+    """Read by VictoriaMetrics' /api/v1/export JSON lines (its default on this unreported
+    version), its native form (asked) and by range queries: all bill as the raw series. A
+    second evaluator at hh:43 (an HA pair's other member) gives every series-hour two
+    recorded samples."""
+    raw, rec, ranged, native = (tmp_path / f"{n}.duckdb"
+                                for n in ("raw", "recorded", "ranged", "native"))
     with running_victoria(tmp_path / "vm") as url:
         vm_import(url, _prometheus_text(samples))
         _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
@@ -135,14 +137,22 @@ def test_victoria_metrics_recorded_series_bill_as_the_raw_ones(
         raw_out = _meter(url, raw, "--recorded", "never")
         rec_out = _meter(url, rec, "--recorded", "only")
         ranged_out = _meter(url, ranged, "--recorded", "only", "--recorded-read", "query_range")
+        native_out = _meter(url, native, "--recorded", "only", "--recorded-read", "native")
     n = len(SIGNALS)
     assert f"{n} of {n} signal-chunks from the recorded hourly series" in rec_out, rec_out
-    assert f"{n} of them read by VictoriaMetrics' /api/v1/export" in rec_out, rec_out
+    assert f"{n} of them read by VictoriaMetrics' /api/v1/export\n" in rec_out, rec_out
+    # Debian's build reports no version: auto reads JSON lines and says why, once.
+    said = [ln for ln in rec_out.splitlines() if "/api/v1/export/native was verified" in ln]
+    assert len(said) == 1 and "version unreported" in said[0], rec_out
+    assert f"{n} of them read by VictoriaMetrics' /api/v1/export ({n} as " \
+           "/api/v1/export/native)" in native_out, native_out
+    assert "JSON lines" not in native_out, native_out  # checked against them, and equal
     assert f"{n} of {n} signal-chunks from the recorded" in ranged_out
     assert "/api/v1/export" not in ranged_out and "/api/v1/export" not in raw_out
     assert "recorded hourly series" not in raw_out
     assert _same_ledger(raw, rec) > 400
     assert _same_ledger(raw, ranged) > 400
+    assert _same_ledger(raw, native) > 400
     # The copies were seen, and counted once, on both paths.
     assert "coverage: 0 duplicate" not in raw_out and "coverage: 0 duplicate" not in rec_out
 
@@ -335,3 +345,88 @@ def test_a_bad_export_answer_is_one_line_and_writes_nothing(
     assert rc != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "/api/v1/export of 'gpu_ledger:" in err, err
     assert not db.exists()
+
+
+class _Versioned(http.server.BaseHTTPRequestHandler):
+    """Forwards to VictoriaMetrics, its /metrics saying `version` (Debian's build says none);
+    with `damage`, each native export answer's first block of an unknown encoding (7)."""
+
+    upstream = ""
+    version = ""
+    damage = False
+
+    def do_GET(self) -> None:
+        with urllib.request.urlopen(self.upstream + self.path, timeout=60) as r:
+            body, status = r.read(), r.status
+        if self.path == "/metrics":
+            body = body.replace(b'short_version=""', f'short_version="{self.version}"'.encode())
+        if self.damage and self.path.startswith("/api/v1/export/native?") and len(body) > 16:
+            at = 16 + 4 + int.from_bytes(body[16:20], "big") + 4  # the first block
+            for _ in range(4):  # its four varints, then the two encoding bytes
+                while body[at] >= 0x80:
+                    at += 1
+                at += 1
+            body = body[:at + 1] + b"\x07" + body[at + 2:]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("version, damage, said", [
+    ("v1.79.5", False, ""),
+    ("v1.79.5", True, "/api/v1/export/native of 'gpu_ledger:"),
+    ("v1.99.0", False, "version v1.99.0 is not one /api/v1/export/native was verified on"),
+])
+def test_native_reads_on_a_verified_version_else_json_lines_said_once(
+        samples: list[tuple[str, int]], tmp_path: Path, version: str, damage: bool,
+        said: str) -> None:
+    """auto reads VictoriaMetrics' native export where its version is one the decoder was
+    verified on; an unknown version, or a block of an encoding it does not know, reads JSON
+    lines instead, said in one line; the bill is the raw one either way."""
+    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        _meter(url, raw, "--recorded", "never")
+        handler = type("H", (_Versioned,), {"upstream": url, "version": version,
+                                            "damage": damage})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            out = _meter(f"http://127.0.0.1:{server.server_address[1]}", rec,
+                         "--recorded", "only", "--chunk", "12")
+        finally:
+            server.shutdown()
+            server.server_close()
+    fell_back = [ln for ln in out.splitlines() if "recorded series read as JSON lines" in ln]
+    if said:
+        assert len(fell_back) == 1 and said in fell_back[0], out
+    else:
+        # Two chunks: each signal's day asked once, both chunks read from it.
+        assert not fell_back and "40 as /api/v1/export/native, from 20 request(s) of a " \
+            "signal's whole period)" in out, out
+    assert "Traceback" not in out
+    assert _same_ledger(raw, rec) > 400
+
+
+def test_a_native_answer_over_the_memory_budget_reads_json_lines(
+        samples: list[tuple[str, int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Native answers hold whole blocks (a month per series), not the hours asked for: one
+    over what the planner lets it decode (here: any) is read as JSON lines, which the store
+    filters to the hours; the bill is the raw one, and native stays on for the rest."""
+    from metering.queryplan import QueryPlanner
+    monkeypatch.setattr(QueryPlanner, "max_native_rows", lambda self: 1)
+    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        _meter(url, raw, "--recorded", "never")
+        out = _meter(url, rec, "--recorded", "only", "--recorded-read", "native")
+    # Every signal with samples (three have none here: no answer holds more than 1).
+    assert "17 over the memory budget read as JSON lines" in out, out
+    assert "recorded series read as JSON lines" not in out, out  # no decoder problem said
+    assert _same_ledger(raw, rec) > 400

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from metering.vmexport import BadExport, params, read
+from metering.vmexport import BadExport, _python, params, read
 
 E = 1_791_158_400  # an hour start (2026-10-05T00:00Z)
 H = 3_600_000  # an hour in ms
@@ -67,6 +67,16 @@ def test_values_read_as_python_reads_them_infinities_included() -> None:
     for i, text in enumerate(texts):
         want = float(text.replace("Inf", "inf"))
         assert np.float64(got[f"i={i}"][0][1]).tobytes() == np.float64(want).tobytes()
+
+
+def test_a_stale_marker_written_null_is_no_point() -> None:
+    """VictoriaMetrics 1.79.5 writes a NaN after a line's first value as `null` (a live
+    vmalert's staleness marker): skipped as NaN is, by the scanner and line by line."""
+    ms = E * 1000
+    body = line({"uuid": "a"}, ["7", "null", "NaN"], [ms + 1, ms + 2, ms + 3])
+    assert points(body) == {"uuid=a": [(float(E), 7.0)]}
+    _, _, values, _ = _python(body)  # line by line, where the scanner gives up
+    assert values[0] == 7.0 and np.isnan(values[1:]).all()
 
 
 def test_an_empty_answer_is_no_series() -> None:
