@@ -302,18 +302,17 @@ def test_an_export_over_the_series_limit_is_split_by_node(
     assert _same_ledger(raw, rec) > 400
 
 
-class _Cutting(http.server.BaseHTTPRequestHandler):
-    """Forwards to VictoriaMetrics; an export answer (not the empty probe's) comes back cut
-    mid-line or with garbage after it, with HTTP 200, as a broken proxy would send it."""
+class _Proxy(http.server.BaseHTTPRequestHandler):
+    """Forwards a GET to VictoriaMetrics (`upstream`), its answer changed by `alter`."""
 
     upstream = ""
-    mode = "cut"
+
+    def alter(self, body: bytes) -> bytes:
+        return body
 
     def do_GET(self) -> None:
         with urllib.request.urlopen(self.upstream + self.path, timeout=60) as r:
-            body, status = r.read(), r.status
-        if self.path.startswith("/api/v1/export?") and body:
-            body = body[:len(body) // 2] if self.mode == "cut" else body + b"<html>oops\n"
+            body, status = self.alter(r.read()), r.status
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -321,6 +320,18 @@ class _Cutting(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+class _Cutting(_Proxy):
+    """An export answer (not the empty probe's) comes back cut mid-line or with garbage after
+    it, with HTTP 200, as a broken proxy would send it."""
+
+    mode = "cut"
+
+    def alter(self, body: bytes) -> bytes:
+        if self.path.startswith("/api/v1/export?") and body:
+            return body[:len(body) // 2] if self.mode == "cut" else body + b"<html>oops\n"
+        return body
 
 
 @pytest.mark.parametrize("mode", ["cut", "garbage"])
@@ -347,17 +358,14 @@ def test_a_bad_export_answer_is_one_line_and_writes_nothing(
     assert not db.exists()
 
 
-class _Versioned(http.server.BaseHTTPRequestHandler):
-    """Forwards to VictoriaMetrics, its /metrics saying `version` (Debian's build says none);
-    with `damage`, each native export answer's first block of an unknown encoding (7)."""
+class _Versioned(_Proxy):
+    """/metrics says `version` (Debian's build says none); with `damage`, each native export
+    answer's first block is of an unknown encoding (7)."""
 
-    upstream = ""
     version = ""
     damage = False
 
-    def do_GET(self) -> None:
-        with urllib.request.urlopen(self.upstream + self.path, timeout=60) as r:
-            body, status = r.read(), r.status
+    def alter(self, body: bytes) -> bytes:
         if self.path == "/metrics":
             body = body.replace(b'short_version=""', f'short_version="{self.version}"'.encode())
         if self.damage and self.path.startswith("/api/v1/export/native?") and len(body) > 16:
@@ -367,13 +375,7 @@ class _Versioned(http.server.BaseHTTPRequestHandler):
                     at += 1
                 at += 1
             body = body[:at + 1] + b"\x07" + body[at + 2:]
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        return body
 
 
 @pytest.mark.parametrize("version, damage, said", [
