@@ -293,3 +293,34 @@ def test_an_answer_over_the_samples_allowed_is_too_large(store: str) -> None:
     assert len(vmnative.read(body, E, E, max_rows=total)) == 2
     with pytest.raises(vmnative.TooLarge, match="3,020 samples"):
         vmnative.read(body, E, E, max_rows=total - 1)
+
+
+def test_any_damage_is_unreadable_or_a_decoded_answer(store: str) -> None:
+    """Bytes of a real answer flipped, dropped or cut at random places (seeded): the decoder
+    either decodes the bytes or refuses them as Unreadable / TooLarge; nothing else escapes
+    (the caller then reads JSON lines: metering.queryplan)."""
+    body = _get(store, vmnative.NATIVE_PATH, '{__name__=~"n_.*"}', E - 86_400,
+                E + 40 * 86_400)
+    rng = random.Random(27)
+    outcomes = {"decoded": 0, "refused": 0}
+    for _ in range(400):
+        damaged = bytearray(body)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(damaged))
+            how = rng.choice(("flip", "drop", "cut", "byte"))
+            if how == "flip":
+                damaged[at] ^= 1 << rng.randrange(8)
+            elif how == "drop":
+                del damaged[at]
+            elif how == "cut":
+                del damaged[at:]
+            else:
+                damaged[at] = rng.randrange(256)
+            if not damaged:
+                break
+        try:
+            vmnative.read(bytes(damaged), E, E + 86_400)
+            outcomes["decoded"] += 1
+        except (vmnative.Unreadable, vmnative.TooLarge):
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 0, outcomes
