@@ -39,6 +39,13 @@ DAY_ARGS = ["--from", "2026-10-05", "--to", "2026-10-06"]
 FACTS = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours")
 # Evaluations at hh:17 from the hour before the day to the hour after it.
 REPLAY_FROM, REPLAY_TO = "2026-10-04T23:17:00Z", "2026-10-06T00:59:00Z"
+# promtool's rule backfill (v2.42 cmd/promtool/rules.go) evaluates a group at the minute its
+# name and *file path* hash to (rules.Group.EvalTimestamp), so each test run's tmp path gives
+# another minute; it walks 2-hour blocks and stops at the first whose aligned evaluation is
+# past the block's end. From a 2-hour boundary to an hour past the last hour needed, every
+# minute gives each hour of the day (the hh:17 range above lost the day for ~18 minutes of 60:
+# the whole replay for minutes before :17, the last hour for minutes after :59).
+PROMTOOL_FROM, PROMTOOL_TO = "2026-10-04T22:00:00Z", "2026-10-06T01:59:00Z"
 HA_HOURS = range(3, 9)  # node-b scraped twice from 03:00 to 09:00
 
 
@@ -208,7 +215,8 @@ def test_a_store_without_the_rules_bills_and_says_as_before(
 def test_prometheus_rules_backfilled_by_promtool_bill_as_the_raw_series(
         samples: list[tuple[str, int]], tmp_path: Path) -> None:
     """The shipped rules (Prometheus dialect) backfilled with `promtool tsdb
-    create-blocks-from rules`, evaluated hourly at hh:17 by the group's interval."""
+    create-blocks-from rules`, evaluated hourly by the group's interval, at the minute the
+    group hashes to (PROMTOOL_FROM)."""
     data = tmp_path / "data"
     backfill(_openmetrics(samples), data)
     rules = tmp_path / "metering.yml"
@@ -218,7 +226,7 @@ def test_prometheus_rules_backfilled_by_promtool_bill_as_the_raw_series(
     blocks.mkdir()
     with running_prometheus(data) as url:
         subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--url={url}",
-                        f"--start={REPLAY_FROM}", f"--end={REPLAY_TO}",
+                        f"--start={PROMTOOL_FROM}", f"--end={PROMTOOL_TO}",
                         f"--output-dir={blocks}", "-q", str(rules)],
                        check=True, capture_output=True, timeout=300)
         raw_out = _meter(url, tmp_path / "raw.duckdb", "--recorded", "never")
