@@ -19,6 +19,7 @@ from metering.period import resolve
 from metering.promclient import PromClient, PromError
 from metering.queryplan import (
     HOUR_S,
+    PRIOR_SERIES_PER_NODE,
     Answered,
     Limits,
     Piece,
@@ -214,13 +215,31 @@ def test_first_node_group_is_a_probe_until_answers_tell_what_nodes_hold() -> Non
     first = next(groups)
     assert first is not None and first[0] == "" and len(first) == 1 + 25
     # Its answers: every node holds 4x the prior in every family.
-    planner._learned.series = {s.family: {n: 32 for n in first if n} for s in SIGNALS}
+    for family in {s.family for s in SIGNALS}:
+        planner._learned.learn(family, {n: 32 for n in first if n}, {})
     rest = list(groups)
     assert rest and all(g is not None and len(g) == 25 for g in rest)
     assert sorted(n for g in (first, *rest) if g for n in g if n) == list(nodes)
     # Once learned, a chunk that fits is fetched whole.
     planner.memory_points = 32.0 * len(SIGNALS) * 73 * len(nodes)
     assert list(planner.groups(chunk)) == [None]
+
+
+def test_an_unseen_node_is_estimated_from_every_answer_learned() -> None:
+    """A node no answer has shown costs the mean series per node of its family and the
+    largest samples per series-hour seen so far, however the answers arrived."""
+    planner = QueryPlanner(PromClient("http://127.0.0.1:1"))
+    spec = next(s for s in SIGNALS if s.func != "tlast")  # tlast may hold a subquery's points
+    assert planner._series(spec.family, "new") == PRIOR_SERIES_PER_NODE
+    planner._learned.learn(spec.family, {"a": 2, "b": 4}, {"a": 12.0})
+    assert planner._series(spec.family, "new") == 3.0
+    assert planner._series(spec.family, "a") == 2.0
+    planner._learned.learn(spec.family, {"b": 10, "c": 6}, {"b": 30.0, "a": 1.0})
+    assert planner._series(spec.family, "new") == (2 + 10 + 6) / 3
+    assert planner._per_step(spec, "new") == 30.0
+    assert planner._per_step(spec, "a") == 12.0  # a node's largest rate is kept
+    other = next(s for s in SIGNALS if s.family != spec.family)
+    assert planner._series(other.family, "a") == PRIOR_SERIES_PER_NODE
 
 
 def test_a_series_starting_on_the_range_end_is_answered(tmp_path: Path) -> None:
