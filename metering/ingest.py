@@ -62,6 +62,10 @@ class Source(Protocol):
         """A context in which `fetch` is called for `chunks`, in order: the source may read
         ahead."""
 
+    def grouped(self, chunk: Period) -> bool:
+        """Whether `fetch` gives the chunk in several node groups (known once its first
+        group is read): its facts are then staged group by group (metering.facts)."""
+
     def close(self) -> None:
         """Release what the source holds (connections, parsed samples); idempotent."""
 
@@ -145,7 +149,7 @@ def ingest(con: Any, source: Source | ParallelSource, period: Period,
                     # time in memory (metering.queryplan, "node groups").
                     groups = _tables(source, chunk)
                     counts = write_facts(con, groups, start, end, sample_interval, clusters,
-                                         staged=partial(_in_groups, source, chunk))
+                                         staged=partial(source.grouped, chunk))
                     dropped = {utc_naive(datetime.fromtimestamp(h, UTC)): n for h, n in
                                source.screened.dropped_in(first,
                                                           int(chunk.end.timestamp())).items()}
@@ -230,13 +234,6 @@ def _tables(source: Source | ParallelSource, chunk: Period) -> Iterator[dict[str
         return source.tables(chunk)
     return ({spec.name: signal_table(spec, m) for spec, m in group}
             for group in source.fetch(chunk))
-
-
-def _in_groups(source: Source | ParallelSource, chunk: Period) -> bool:
-    """Whether the chunk is fetched in several node groups (its facts are then staged group by
-    group, metering.facts): what the source's query planner decided, where it has one."""
-    planner = getattr(source, "planner", None)
-    return chunk in getattr(planner, "grouped", ())
 
 
 class _Empty(Exception):

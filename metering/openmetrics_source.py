@@ -183,6 +183,9 @@ class OpenMetricsSource:
         node group: the file is in memory already."""
         yield list(self._signals(chunk))
 
+    def grouped(self, chunk: Period) -> bool:
+        return False  # one group: the file is read whole
+
     def _signals(self, chunk: Period) -> Iterator[tuple[SignalSpec, Matrix]]:
         lo = int(chunk.start.timestamp() * 1000) - 3_600_000
         hi = int(chunk.end.timestamp() * 1000)

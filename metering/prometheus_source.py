@@ -93,6 +93,10 @@ class PrometheusSource:
     def close(self) -> None:
         """Nothing to release: each query opens and closes its connection."""
 
+    def grouped(self, chunk: Period) -> bool:
+        """What the query planner decided when it sent the chunk's first group."""
+        return chunk in self.planner.grouped
+
     def _points(self, m: Matrix, spec: SignalSpec, chunk: Period
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(series index, time, value) of the answer's points whose value is plausible. A point

@@ -168,6 +168,12 @@ class ParallelSource:
     def close(self) -> None:
         self.inner.close()
 
+    def grouped(self, chunk: Period) -> bool:
+        """False: a worker has fetched every group of the chunk before the writer sees
+        it, so the facts are written as one group's are (the worker, not the writer, held
+        the answers)."""
+        return False
+
     @contextmanager
     def prefetching(self, chunks: Sequence[Period]) -> Iterator[None]:
         global _SOURCE
