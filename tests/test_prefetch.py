@@ -48,6 +48,27 @@ def test_the_producer_runs_at_most_depth_items_ahead() -> None:
     assert list(it) == []
 
 
+def test_the_producer_runs_at_most_max_bytes_ahead_but_one_item_always_passes() -> None:
+    made: list[int] = []
+
+    def produce() -> Generator[int, None, None]:
+        for size in (40, 50, 30, 500, 10, 10):
+            made.append(size)
+            yield size
+
+    it = Prefetcher(produce(), depth=10, max_bytes=100, size=lambda n: n)
+    wait_until(lambda: len(made) >= 3, "the producer to fill the queue")
+    time.sleep(0.3)
+    assert len(made) == 3  # 40 + 50 queued; 30 made, over 100 bytes, waits
+    assert next(it) == 40
+    wait_until(lambda: len(made) == 4, "the 30 to be queued and the 500 made")
+    time.sleep(0.3)
+    assert len(made) == 4  # 50 + 30 queued, the 500 waits until the queue is empty
+    assert [next(it), next(it)] == [50, 30]
+    assert list(it) == [500, 10, 10]  # alone in the queue, the 500 passes
+    it.close()
+
+
 def test_close_stops_a_producer_waiting_on_a_full_queue() -> None:
     cleaned = threading.Event()
 
