@@ -16,6 +16,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -228,7 +229,7 @@ def read(body: bytes, seen: Labels | None = None) -> Matrix | None:
     return Matrix(labels, keys, sid, t, v)
 
 
-def _marks(a: np.ndarray, at: np.ndarray, mark: bytes) -> np.ndarray:
+def marks(a: np.ndarray, at: np.ndarray, mark: bytes) -> np.ndarray:
     """The positions in `at` where `mark` starts in the answer's bytes `a`."""
     at = at[at + len(mark) <= len(a)]
     window = a[at[:, None] + np.arange(len(mark))]
@@ -247,8 +248,8 @@ def _entries(body: bytes, pos: int) -> tuple[_Entries, int]:
     a = np.frombuffer(body, np.uint8)
     braces = np.flatnonzero(a == ord("}"))
     braces = braces[braces > pos]
-    values = _marks(a, braces, _VALUES)
-    nexts = _marks(a, braces - 1, _NEXT)
+    values = marks(a, braces, _VALUES)
+    nexts = marks(a, braces - 1, _NEXT)
     n = len(values)
     # The last entry's points end at the first `]}` (a `]}` inside a value ends them early;
     # then what follows is not the envelope's end, or the points fail the parse).
@@ -276,13 +277,13 @@ def _labels(body: bytes, e: _Entries, seen: Labels) -> tuple[list[dict[str, str]
         decoded = json.loads(b"[" + joined + b"]")
         if len(decoded) != len(new):
             raise _Odd
-        plain = _all_text(joined, decoded)
+        plain = all_text(joined, decoded)
         if not plain:
             for m in decoded:
                 if not isinstance(m, dict) or not all(isinstance(v, str) for v in m.values()):
                     raise _Odd
         keys = _keys(joined, decoded) if plain else None
-        seen.update(zip(new, zip(decoded, keys or map(series_key, decoded), strict=True),
+        seen.update(zip(new, zip(decoded, keys or series_keys(decoded), strict=True),
                         strict=True))
     got = list(map(seen.__getitem__, metrics))
     return [m for m, _ in got], [k for _, k in got]
@@ -308,7 +309,30 @@ def _keys(joined: bytes, decoded: list[dict[str, str]]) -> list[str] | None:
     return keys if len(keys) == len(decoded) else None
 
 
-def _all_text(joined: bytes, decoded: list[Any]) -> bool:
+def series_keys(maps: list[dict[str, str]]) -> list[str]:
+    """series_key of each label map (text values), the same text at less cost where many
+    maps have the same names in the same order (an answer's series mostly do): the sort and
+    the `name=` prefixes done once per such order, each map's key one %-format of its values
+    in name order."""
+    orders = list(map(tuple, maps))
+    forms = {o: _form(o) for o in set(orders)}
+    if len(forms) == 1:
+        return list(map(forms[orders[0]], maps))
+    return [forms[o](m) for o, m in zip(orders, maps, strict=True)]
+
+
+def _form(order: tuple[str, ...]) -> Callable[[dict[str, str]], str]:
+    """series_key of a map with the label names `order` (as series_key: by name, no
+    __name__, `name=value` joined by 0x1f)."""
+    names = sorted(n for n in order if n != "__name__")
+    if len(names) < 2:  # itemgetter of one name gives the value, not a tuple
+        return series_key
+    text = "\x1f".join(f"{n.replace('%', '%%')}=%s" for n in names)
+    values = itemgetter(*names)
+    return lambda m: text % values(m)
+
+
+def all_text(joined: bytes, decoded: list[Any]) -> bool:
     """Whether the label maps (each text begins with `{`: objects) hold only text values,
     told from their text at once where it has no backslash (no `"` inside a name or value):
     each name's closing `"` is followed by `:`, so as many `":` as names (no name or value

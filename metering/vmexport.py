@@ -42,8 +42,8 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
-from metering.matrix import Matrix
-from metering.signals import HOUR_S, series_key
+from metering.matrix import Matrix, all_text, marks, series_keys
+from metering.signals import HOUR_S
 
 EXPORT_PATH = "/api/v1/export"
 HOUR_MS = HOUR_S * 1000
@@ -112,13 +112,13 @@ _AS_INT = pa_csv.ConvertOptions(column_types={"x": pa.int64()}, null_values=[],
 _NO_QUOTES = pa_csv.ParseOptions(quote_char=False, escape_char=False)
 
 
-def _column(texts: list[bytes], convert: pa_csv.ConvertOptions, n: int) -> np.ndarray:
-    """The comma-separated numbers of `texts` as one typed column; _NotArrow unless `n`."""
+def _column(rows: bytes, convert: pa_csv.ConvertOptions, n: int) -> np.ndarray:
+    """The numbers of `rows` (separated by `,` or newlines) as one typed column; _NotArrow
+    unless `n`."""
     if not n:
         return np.zeros(0, np.float64 if convert is _AS_FLOAT else np.int64)
-    rows = b"\n".join(texts).replace(b",", b"\n") + b"\n"
-    col = pa_csv.read_csv(io.BytesIO(rows), read_options=_COLUMN, parse_options=_NO_QUOTES,
-                          convert_options=convert).column("x")
+    col = pa_csv.read_csv(io.BytesIO(rows.replace(b",", b"\n") + b"\n"), read_options=_COLUMN,
+                          parse_options=_NO_QUOTES, convert_options=convert).column("x")
     if len(col) != n or col.null_count:  # an empty number is an empty row, skipped
         raise _NotArrow
     out: np.ndarray = col.to_numpy()
@@ -126,31 +126,52 @@ def _column(texts: list[bytes], convert: pa_csv.ConvertOptions, n: int) -> np.nd
 
 
 def _scan(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:
-    """VictoriaMetrics' layout exactly (no whitespace; metric, values, timestamps): the lines
-    cut at their markers, the label maps by one json call, the numbers by Arrow's CSV reader
-    into typed columns (it reads the spellings Python's float reads, to the same value;
-    tests/test_vmexport.py). Any other layout: _NotArrow (the JSON readers take it)."""
-    metrics: list[bytes] = []
-    vals: list[bytes] = []
-    stamps: list[bytes] = []
-    for line in body.split(b"\n")[:-1]:
-        mid, tail = line.find(_MID), line.rfind(_TAIL)
-        if not line.startswith(_HEAD) or mid < 0 or tail < mid or not line.endswith(b"]}"):
-            raise _NotArrow
-        metrics.append(line[len(_HEAD):mid + 1])
-        vals.append(line[mid + len(_MID):tail].replace(b"null", b"NaN"))  # no number's text
-        stamps.append(line[tail + len(_TAIL):-2])
-    lengths = np.array([v.count(b",") + 1 if v else 0 for v in vals], np.int64)
-    if [t.count(b",") + 1 if t else 0 for t in stamps] != lengths.tolist():
+    """VictoriaMetrics' layout exactly (no whitespace; metric, values, timestamps), with no
+    Python per line: the lines cut at their markers, found by numpy over the whole answer
+    (each line holds each marker once: `},"values":[` and `],"timestamps":[` hold a `"` after
+    another character, so cannot lie inside a JSON string, and the number lists hold no `"`);
+    the label maps by one json call, checked over their text (matrix.all_text); the numbers
+    by Arrow's CSV reader into typed columns (it reads the spellings Python's float reads, to
+    the same value; tests/test_vmexport.py). Any other layout: _NotArrow (the JSON readers
+    take it)."""
+    a = np.frombuffer(body, np.uint8)
+    ends = np.flatnonzero(a == ord("\n"))  # the body ends with one (read)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    mid = marks(a, np.flatnonzero(a == ord("}")), _MID)
+    tail = marks(a, np.flatnonzero(a == ord("]")), _TAIL)
+    n = len(ends)
+    if len(marks(a, starts, _HEAD)) != n or len(mid) != n or len(tail) != n \
+            or not ((starts < mid) & (mid < tail) & (tail < ends - 2)).all() \
+            or not ((a[ends - 2] == ord("]")) & (a[ends - 1] == ord("}"))).all() \
+            or not (mid[:-1] < starts[1:]).all() or not (tail[:-1] < starts[1:]).all():
         raise _NotArrow
-    labels = json.loads(b"[" + b",".join(metrics) + b"]")
-    if len(labels) != len(metrics) or not all(
-            isinstance(m, dict) and all(isinstance(v, str) for v in m.values())
-            for m in labels):
+    first = starts + len(_HEAD)
+    if not (a[first] == ord("{")).all():  # each label map an object (matrix.all_text)
         raise _NotArrow
-    n = int(lengths.sum())
-    return (labels, lengths, _column([v for v in vals if v], _AS_FLOAT, n),
-            _column([t for t in stamps if t], _AS_INT, n))
+    metrics = b",".join(map(body.__getitem__, map(slice, first.tolist(), (mid + 1).tolist())))
+    v_at, v_end = mid + len(_MID), tail
+    t_at, t_end = tail + len(_TAIL), ends - 2
+    commas = np.flatnonzero(a == ord(","))
+    lengths = np.where(v_end > v_at, np.searchsorted(commas, v_end)
+                       - np.searchsorted(commas, v_at) + 1, 0)
+    if not np.array_equal(lengths, np.where(t_end > t_at, np.searchsorted(commas, t_end)
+                                            - np.searchsorted(commas, t_at) + 1, 0)):
+        raise _NotArrow
+    labels = json.loads(b"[" + metrics + b"]")
+    if len(labels) != n:
+        raise _NotArrow
+    if set(map(type, labels)) != {dict} or (not all_text(metrics, labels) and not all(
+            isinstance(v, str) for m in labels for v in m.values())):
+        raise _NotArrow
+    for m in labels:  # our own maps: hourly keeps them as the series' labels
+        m.pop("__name__", None)
+    total = int(lengths.sum())
+    # An empty list gives an empty row, which the reader skips. `null` is no number's text.
+    values = b"\n".join(map(body.__getitem__, map(slice, v_at.tolist(), v_end.tolist())))
+    stamps = b"\n".join(map(body.__getitem__, map(slice, t_at.tolist(), t_end.tolist())))
+    return (labels, lengths.astype(np.int64),
+            _column(values.replace(b"null", b"NaN"), _AS_FLOAT, total),
+            _column(stamps, _AS_INT, total))
 
 
 def _arrow(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:
@@ -231,18 +252,23 @@ def hourly(lines: list[dict[str, str]], lengths: np.ndarray, values: np.ndarray,
     """One point per series and hour E: the last non-NaN sample of [E, E+1h). `lines`: the
     labels of each line, `lengths` its samples, `values`/`stamps` theirs, line after line;
     `keys`: each line's series_key where the caller has it (metering.vmnative)."""
-    index: dict[str, int] = {}
-    labels: list[dict[str, str]] = []
-    line_sid = np.empty(len(lines), np.int64)
-    for i, metric in enumerate(lines):
-        own = metric
-        if "__name__" in metric:
-            own = {k: v for k, v in metric.items() if k != "__name__"}
-        key = series_key(own) if keys is None else keys[i]
-        if key not in index:
-            index[key] = len(labels)
-            labels.append(own)
-        line_sid[i] = index[key]
+    if keys is None:
+        keys = series_keys(lines)
+    index = dict.fromkeys(keys, 0)
+    if len(index) == len(lines):  # one line per series: VictoriaMetrics' usual answer
+        line_sid = np.arange(len(lines), dtype=np.int64)
+        labels = lines
+        if any("__name__" in m for m in lines):
+            labels = [{k: v for k, v in m.items() if k != "__name__"} for m in lines]
+    else:
+        index.clear()
+        labels = []
+        line_sid = np.empty(len(lines), np.int64)
+        for i, (key, metric) in enumerate(zip(keys, lines, strict=True)):
+            if key not in index:
+                index[key] = len(labels)
+                labels.append({k: v for k, v in metric.items() if k != "__name__"})
+            line_sid[i] = index[key]
     sid = np.repeat(line_sid, lengths)
     lo, hi = first * 1000, (last + HOUR_S) * 1000
     keep = np.flatnonzero((stamps >= lo) & (stamps < hi) & ~np.isnan(values))

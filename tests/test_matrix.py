@@ -253,7 +253,7 @@ def test_keys_cut_from_plain_label_text_are_series_keys(metrics: list[dict[str, 
     joined = b",".join(json.dumps(m, separators=(",", ":"), ensure_ascii=False,
                                   sort_keys=True).encode() for m in metrics)
     decoded = [dict(sorted(m.items())) for m in metrics]
-    keys = matrix._keys(joined, decoded) if matrix._all_text(joined, decoded) else None
+    keys = matrix._keys(joined, decoded) if matrix.all_text(joined, decoded) else None
     want = [series_key(m) for m in metrics]
     assert keys in ([want, None] if cut is None else [want] if cut else [None])
     got = matrix.read(body)
