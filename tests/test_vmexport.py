@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from metering.vmexport import BadExport, _python, params, read
+from metering.signals import series_key
+from metering.vmexport import BadExport, _NotArrow, _python, _scan, hourly, params, read
 
 E = 1_791_158_400  # an hour start (2026-10-05T00:00Z)
 H = 3_600_000  # an hour in ms
@@ -111,3 +116,62 @@ def test_series_in_key_order_each_with_its_hours() -> None:
             + line({"uuid": "b"}, ["NaN"], [ms]))
     assert points(body) == {"uuid=a": [(float(E), 4.0), (float(E + 3600), 5.0)],
                             "uuid=c": [(float(E), 1.0), (float(E + 3600), 3.0)]}
+
+
+# Lines as VictoriaMetrics writes them and with hostile label text: the numpy-marker scanner
+# (_scan) reads what it takes exactly as Python's json line by line (_python) reads it, and
+# what it does not take goes on to the other readers, which end in the same matrix or error.
+NAMES = st.sampled_from(["__name__", "uuid", "node", "a", "é", "%s", "{}", "x y", "", "="])
+TEXT = st.one_of(st.sampled_from(['},"values":[', '],"timestamps":[', '"', "\\", "\n", "null",
+                                  "NaN", "%", "名", "\x1f", "}", "]", ","]),
+                 st.text(max_size=6))
+NUMBER = st.sampled_from(["1", "0.5", "-2", "1e+06", "NaN", "+Inf", "-Inf", "null",
+                          "123456789.98765433"])
+
+
+@st.composite
+def export_line(draw: st.DrawFn) -> bytes:
+    pairs = draw(st.lists(st.tuples(NAMES, TEXT), max_size=4))
+    # json.dumps per pair keeps a name given twice (json keeps the last)
+    metric = "{" + ",".join(f"{json.dumps(k)}:{json.dumps(v, ensure_ascii=False)}"
+                            for k, v in pairs) + "}"
+    values = draw(st.lists(NUMBER, max_size=4))
+    stamps = draw(st.lists(st.integers(E * 1000 - H, E * 1000 + 3 * H), min_size=len(values),
+                           max_size=len(values)))
+    return (b'{"metric":' + metric.encode() + b',"values":[' + ",".join(values).encode()
+            + b'],"timestamps":[' + ",".join(map(str, stamps)).encode() + b"]}\n")
+
+
+def _as_json_reads(body: bytes) -> tuple[Any, ...]:
+    labels, lengths, values, stamps = _python(body)
+    return ([{k: v for k, v in m.items() if k != "__name__"} for m in labels], lengths.tolist(),
+            values.tobytes(), stamps.tolist())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(export_line(), min_size=1, max_size=6))
+def test_the_scanner_reads_lines_as_json_does(lines: list[bytes]) -> None:
+    body = b"".join(lines)
+    want = _as_json_reads(body)
+    try:
+        labels, lengths, values, stamps = _scan(body)
+    except (_NotArrow, ValueError, pa.ArrowInvalid):
+        pass  # another reader's (below: the same matrix)
+    else:
+        assert (labels, lengths.tolist(), values.tobytes(), stamps.tolist()) == want
+    m = read(body, E, E + 3600)
+    ref = hourly(*_python(body), E, E + 3600)
+    assert m.labels == ref.labels and m.keys == ref.keys == [series_key(x) for x in m.labels]
+    assert np.array_equal(m.sid, ref.sid) and np.array_equal(m.t, ref.t)
+    assert m.v.tobytes() == ref.v.tobytes()
+
+
+def test_the_scanner_takes_what_victoriametrics_writes() -> None:
+    """No hostile text: the scanner itself reads it (not a fallback)."""
+    ms = E * 1000
+    body = (line({"__name__": "m", "uuid": "b", "node": "n%s"}, ["1", "null", "+Inf"],
+                 [ms, ms + 1, ms + H])
+            + line({"__name__": "m", "uuid": "a", "node": "é"}, [], [])
+            + line({"uuid": "c"}, ["0.25"], [ms + 2]))
+    assert _as_json_reads(body) == (lambda r: (r[0], r[1].tolist(), r[2].tobytes(),
+                                               r[3].tolist()))(_scan(body))
