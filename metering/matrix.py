@@ -282,28 +282,30 @@ def _labels(body: bytes, e: _Entries, seen: Labels) -> tuple[list[dict[str, str]
             for m in decoded:
                 if not isinstance(m, dict) or not all(isinstance(v, str) for v in m.values()):
                     raise _Odd
-        keys = _keys(joined, decoded) if plain else None
-        seen.update(zip(new, zip(decoded, keys or series_keys(decoded), strict=True),
-                        strict=True))
+        keys = (_keys(joined, decoded) if plain else None) or series_keys(decoded)
+        seen.update(zip(new, zip(decoded, keys, strict=True), strict=True))
+        if len(new) == len(metrics):  # each map new and once (a fresh answer): as decoded
+            return decoded, keys
     got = list(map(seen.__getitem__, metrics))
     return [m for m, _ in got], [k for _, k in got]
 
 
 def _keys(joined: bytes, decoded: list[dict[str, str]]) -> list[str] | None:
-    """series_key of each label map, cut from their joined text at once, where _all_text
+    """series_key of each label map, cut from their joined text at once, where all_text
     holds: no name or value holds a `"` (no backslash), so every `"` opens or closes a string,
     and as many `":` as names (none begins with `:`, so none is `:`). Replacing `":"` (a
     name's end and its value's start) by `=` and then `","` (a value's end and the next
     name's start) by 0x1f, and splitting at `"},{"` (two maps), gives the keys: a string
     that is `,` or `},{` has lost a quote to an earlier replacement by then (tests/
     test_matrix.py tries such texts). Only if each map's names are in order (as stores write
-    them) and none is __name__, and no whitespace lies between the strings (as many `","`
+    them; checked once per distinct order) and none is __name__, and no whitespace lies
+    between the strings (as many `","`
     and `"},{"` as labels and maps); None otherwise (series_key of each map then)."""
     labels = sum(map(len, decoded))
     if joined[:2] != b'{"' or joined[-2:] != b'"}' or b"{}" in joined \
             or joined.count(b'","') != labels - len(decoded) \
             or joined.count(b'"},{"') != len(decoded) - 1 or b'"__name__":' in joined \
-            or not all([list(m) == sorted(m) for m in decoded]):
+            or not all(list(o) == sorted(o) for o in set(map(tuple, decoded))):
         return None
     keys = joined[2:-2].decode().replace('":"', "=").replace('","', "\x1f").split('"},{"')
     return keys if len(keys) == len(decoded) else None
