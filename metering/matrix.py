@@ -315,23 +315,33 @@ def series_keys(maps: list[dict[str, str]]) -> list[str]:
     """series_key of each label map (text values), the same text at less cost where many
     maps have the same names in the same order (an answer's series mostly do): the sort and
     the `name=` prefixes done once per such order, each map's key one %-format of its values
-    in name order."""
+    in name order, with no Python call per map."""
     orders = list(map(tuple, maps))
-    forms = {o: _form(o) for o in set(orders)}
+    forms = {o: _form(o) for o in dict.fromkeys(orders)}
     if len(forms) == 1:
-        return list(map(forms[orders[0]], maps))
-    return [forms[o](m) for o, m in zip(orders, maps, strict=True)]
+        return _keyed(maps, *forms[orders[0]])
+    # Maps of each order together, keyed, and put back in place.
+    ids = {o: i for i, o in enumerate(forms)}
+    which = np.fromiter(map(ids.__getitem__, orders), np.int64, len(orders))
+    out = np.empty(len(maps), object)
+    for i, form in enumerate(forms.values()):
+        at = np.flatnonzero(which == i)
+        out[at] = _keyed(list(map(maps.__getitem__, at.tolist())), *form)
+    keys: list[str] = out.tolist()
+    return keys
 
 
-def _form(order: tuple[str, ...]) -> Callable[[dict[str, str]], str]:
-    """series_key of a map with the label names `order` (as series_key: by name, no
-    __name__, `name=value` joined by 0x1f)."""
-    names = sorted(n for n in order if n != "__name__")
+def _keyed(maps: list[dict[str, str]], text: str, names: tuple[str, ...]) -> list[str]:
     if len(names) < 2:  # itemgetter of one name gives the value, not a tuple
-        return series_key
-    text = "\x1f".join(f"{n.replace('%', '%%')}=%s" for n in names)
-    values = itemgetter(*names)
-    return lambda m: text % values(m)
+        return list(map(series_key, maps))
+    return list(map(text.__mod__, map(itemgetter(*names), maps)))
+
+
+def _form(order: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """The %-format of series_key for maps with the label names `order` (by name, no
+    __name__, `name=value` joined by 0x1f) and the names its values are in."""
+    names = tuple(sorted(n for n in order if n != "__name__"))
+    return "\x1f".join(f"{n.replace('%', '%%')}=%s" for n in names), names
 
 
 def all_text(joined: bytes, decoded: list[Any]) -> bool:
