@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import enum
 import io
+import itertools
 import json
+import operator
 import re
 from typing import Any
 
@@ -258,7 +260,7 @@ def hourly(lines: list[dict[str, str]], lengths: np.ndarray, values: np.ndarray,
     if len(index) == len(lines):  # one line per series: VictoriaMetrics' usual answer
         line_sid = np.arange(len(lines), dtype=np.int64)
         labels = lines
-        if any("__name__" in m for m in lines):
+        if any(map(operator.contains, lines, itertools.repeat("__name__"))):
             labels = [{k: v for k, v in m.items() if k != "__name__"} for m in lines]
     else:
         index.clear()
