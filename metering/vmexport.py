@@ -127,6 +127,23 @@ def _column(rows: bytes, convert: pa_csv.ConvertOptions, n: int) -> np.ndarray:
     return out
 
 
+_POW13 = 10 ** np.arange(12, -1, -1, dtype=np.int64)
+
+
+def _stamps(rows: bytes, n: int) -> np.ndarray:
+    """The `n` timestamps of `rows` (separated by `,` or newlines). Milliseconds of every
+    time from 2001-09-09 to 2286 have 13 digits: where each is 13 digits and a separator,
+    numpy reads them from their digits (what Arrow reads them as, no faster); else Arrow."""
+    if n and len(rows) == 14 * n - 1:
+        cells = np.frombuffer(rows + b",", np.uint8).reshape(n, 14)
+        digits = cells[:, :13] - np.uint8(ord("0"))  # a byte that is not a digit wraps past 9
+        if (digits < 10).all() and ((cells[:, 13] == ord(",")) | (cells[:, 13] == ord("\n"))
+                                    ).all():
+            out: np.ndarray = digits.astype(np.int64) @ _POW13
+            return out
+    return _column(rows, _AS_INT, n)
+
+
 def _scan(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:
     """VictoriaMetrics' layout exactly (no whitespace; metric, values, timestamps), with no
     Python per line: the lines cut at their markers, found by numpy over the whole answer
@@ -173,7 +190,7 @@ def _scan(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np
     stamps = b"\n".join(map(body.__getitem__, map(slice, t_at.tolist(), t_end.tolist())))
     return (labels, lengths.astype(np.int64),
             _column(values.replace(b"null", b"NaN"), _AS_FLOAT, total),
-            _column(stamps, _AS_INT, total))
+            _stamps(stamps, total))
 
 
 def _arrow(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:

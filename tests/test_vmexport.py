@@ -13,7 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metering.signals import series_key
-from metering.vmexport import BadExport, _NotArrow, _python, _scan, hourly, params, read
+from metering.vmexport import (
+    _AS_INT,
+    BadExport,
+    _column,
+    _NotArrow,
+    _python,
+    _scan,
+    _stamps,
+    hourly,
+    params,
+    read,
+)
 
 E = 1_791_158_400  # an hour start (2026-10-05T00:00Z)
 H = 3_600_000  # an hour in ms
@@ -184,3 +195,22 @@ def test_the_scanner_takes_what_victoriametrics_writes() -> None:
             + line({"uuid": "c"}, ["0.25"], [ms + 2]))
     assert _as_json_reads(body) == (lambda r: (r[0], r[1].tolist(), r[2].tobytes(),
                                                r[3].tolist()))(_scan(body))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(10**12, 10**13 - 1).map(str),
+                          st.text("0123456789-+ ./:e\n,", min_size=12, max_size=14)),
+                min_size=1, max_size=5),
+       st.sampled_from([",", "\n"]))
+def test_timestamps_read_from_their_digits_as_arrow_reads_them(texts: list[str],
+                                                                sep: str) -> None:
+    """13-digit milliseconds are read by numpy from their digits: the same numbers as
+    Arrow's CSV reader gives, and what it refuses is refused."""
+    rows = sep.join(texts).encode()
+    try:
+        want = _column(rows, _AS_INT, len(texts)).tolist()
+    except (_NotArrow, pa.ArrowInvalid):
+        with pytest.raises((_NotArrow, pa.ArrowInvalid)):
+            _stamps(rows, len(texts))
+        return
+    assert _stamps(rows, len(texts)).tolist() == want
