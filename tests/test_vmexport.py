@@ -197,8 +197,12 @@ def test_the_scanner_takes_what_victoriametrics_writes() -> None:
                                                r[3].tolist()))(_scan(body))
 
 
+MS = st.integers(10**12, 10**13 - 1).map(str)  # milliseconds, 2001-09-09 to 2286
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(st.integers(10**12, 10**13 - 1).map(str),
+@given(st.lists(st.one_of(MS, st.builds(lambda d, i, c: d[:i] + c + d[i + 1:], MS,
+                                        st.integers(0, 12), st.sampled_from("-+ ./:e\n,a")),
                           st.text("0123456789-+ ./:e\n,", min_size=12, max_size=14)),
                 min_size=1, max_size=5),
        st.sampled_from([",", "\n"]))
