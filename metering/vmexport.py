@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
-from metering.matrix import Matrix, all_text, marks, series_keys
+from metering.matrix import Labels, Matrix, all_text, marks, series_keys
 from metering.signals import HOUR_S
 
 EXPORT_PATH = "/api/v1/export"
@@ -85,21 +85,24 @@ _SPECIAL = {b"+Inf": float("inf"), b"-Inf": float("-inf"), b"NaN": float("nan"),
             b"null": float("nan")}
 
 
-def read(body: bytes, first: int, last: int) -> Matrix:
+def read(body: bytes, first: int, last: int, seen: Labels | None = None) -> Matrix:
     """The hourly points (time E = each hour start first..last) of an export answer, one
-    per series and hour as the module docstring defines; series in series_key order."""
+    per series and hour as the module docstring defines; series in series_key order.
+    `seen`: label maps decoded before (the caller's, e.g. for one chunk, as for
+    metering.matrix.read), added to."""
     if not body:
         return Matrix.empty()
     if not body.endswith(b"\n"):
         raise BadExport("the answer does not end with a whole line (truncated?)")
+    keys = None
     try:
-        metrics, lengths, values, stamps = _scan(body)
+        metrics, lengths, values, stamps, keys = _scan(body, seen)
     except (pa.ArrowInvalid, _NotArrow, ValueError):
         try:
             metrics, lengths, values, stamps = _arrow(body)
         except (pa.ArrowInvalid, _NotArrow):
             metrics, lengths, values, stamps = _python(body)
-    return hourly(metrics, lengths, values, stamps, first, last)
+    return hourly(metrics, lengths, values, stamps, first, last, keys)
 
 
 class _NotArrow(Exception):
@@ -144,15 +147,15 @@ def _stamps(rows: bytes, n: int) -> np.ndarray:
     return _column(rows, _AS_INT, n)
 
 
-def _scan(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:
+def _scan(body: bytes, seen: Labels | None = None
+          ) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray, list[str] | None]:
     """VictoriaMetrics' layout exactly (no whitespace; metric, values, timestamps), with no
     Python per line: the lines cut at their markers, found by numpy over the whole answer
     (each line holds each marker once: `},"values":[` and `],"timestamps":[` hold a `"` after
     another character, so cannot lie inside a JSON string, and the number lists hold no `"`);
-    the label maps by one json call, checked over their text (matrix.all_text); the numbers
-    by Arrow's CSV reader into typed columns (it reads the spellings Python's float reads, to
-    the same value; tests/test_vmexport.py). Any other layout: _NotArrow (the JSON readers
-    take it)."""
+    the label maps by _label_maps; the numbers by Arrow's CSV reader into typed columns (it
+    reads the spellings Python's float reads, to the same value; tests/test_vmexport.py), the
+    timestamps by _stamps. Any other layout: _NotArrow (the JSON readers take it)."""
     a = np.frombuffer(body, np.uint8)
     ends = np.flatnonzero(a == ord("\n"))  # the body ends with one (read)
     starts = np.concatenate(([0], ends[:-1] + 1))
@@ -167,7 +170,6 @@ def _scan(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np
     first = starts + len(_HEAD)
     if not (a[first] == ord("{")).all():  # each label map an object (matrix.all_text)
         raise _NotArrow
-    metrics = b",".join(map(body.__getitem__, map(slice, first.tolist(), (mid + 1).tolist())))
     v_at, v_end = mid + len(_MID), tail
     t_at, t_end = tail + len(_TAIL), ends - 2
     commas = np.flatnonzero(a == ord(","))
@@ -176,21 +178,48 @@ def _scan(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np
     if not np.array_equal(lengths, np.where(t_end > t_at, np.searchsorted(commas, t_end)
                                             - np.searchsorted(commas, t_at) + 1, 0)):
         raise _NotArrow
-    labels = json.loads(b"[" + metrics + b"]")
-    if len(labels) != n:
-        raise _NotArrow
-    if set(map(type, labels)) != {dict} or (not all_text(metrics, labels) and not all(
-            isinstance(v, str) for m in labels for v in m.values())):
-        raise _NotArrow
-    for m in labels:  # our own maps: hourly keeps them as the series' labels
-        m.pop("__name__", None)
+    labels, keys = _label_maps(body, a, first, mid + 1, {} if seen is None else seen)
     total = int(lengths.sum())
     # An empty list gives an empty row, which the reader skips. `null` is no number's text.
     values = b"\n".join(map(body.__getitem__, map(slice, v_at.tolist(), v_end.tolist())))
     stamps = b"\n".join(map(body.__getitem__, map(slice, t_at.tolist(), t_end.tolist())))
     return (labels, lengths.astype(np.int64),
             _column(values.replace(b"null", b"NaN"), _AS_FLOAT, total),
-            _stamps(stamps, total))
+            _stamps(stamps, total), keys)
+
+
+def _label_maps(body: bytes, a: np.ndarray, at: np.ndarray, end: np.ndarray, seen: Labels
+                ) -> tuple[list[dict[str, str]], list[str] | None]:
+    """Each line's labels (body[at[i]:end[i]], `{...}`) without __name__, and their
+    series_keys where known: by one json call, checked over their text (matrix.all_text).
+    Where every line begins with one `{"__name__":"<name>",` (an export of one recorded
+    series), the text after it is the series' identity: its labels and key are taken from
+    `seen` or added to it, so the family's other signals (the same series under another name)
+    decode no label map twice. That text never begins with `{`, so it is never a range
+    query's label map (metering.matrix.read's key in a shared `seen`). _NotArrow unless each
+    is an object of text values."""
+    head = body[at[0]:end[0]]
+    cut = head.find(b'",', len(_NAME)) + 2 if head.startswith(_NAME) else 1
+    if cut == 1 or b"\\" in head[:cut] or len(marks(a, at, head[:cut])) != len(at):
+        cut = 0  # no name, or not one name: the whole map, no cache
+    texts = list(map(body.__getitem__, map(slice, (at + cut).tolist(), end.tolist())))
+    new = [t for t in dict.fromkeys(texts) if t not in seen] if cut else texts
+    joined = (b"{" if cut else b"") + (b",{" if cut else b",").join(new)
+    decoded = json.loads(b"[" + joined + b"]") if new else []
+    if len(decoded) != len(new) or set(map(type, decoded)) - {dict} or (
+            new and not all_text(joined, decoded)
+            and not all(isinstance(v, str) for m in decoded for v in m.values())):
+        raise _NotArrow
+    if not cut:
+        for m in decoded:  # our own maps: hourly keeps them as the series' labels
+            m.pop("__name__", None)
+        return decoded, None
+    keys = series_keys(decoded)
+    seen.update(zip(new, zip(decoded, keys, strict=True), strict=True))
+    if len(new) == len(texts):  # each map new and once: as decoded
+        return decoded, keys
+    got = list(map(seen.__getitem__, texts))
+    return [m for m, _ in got], [k for _, k in got]
 
 
 def _arrow(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:
@@ -222,6 +251,7 @@ def _arrow(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, n
 
 
 _HEAD = b'{"metric":'
+_NAME = b'{"__name__":"'
 _MID = b'},"values":['
 _TAIL = b'],"timestamps":['
 

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from metering.matrix import Labels
 from metering.signals import series_key
 from metering.vmexport import (
     _AS_INT,
@@ -218,3 +219,26 @@ def test_timestamps_read_from_their_digits_as_arrow_reads_them(texts: list[str],
             _stamps(rows, len(texts))
         return
     assert _stamps(rows, len(texts)).tolist() == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(export_line(), min_size=1, max_size=6), st.sampled_from(["m", "n:x:hour", 'q"',
+                                                                         "é", ""]))
+def test_a_familys_signals_share_decoded_labels(lines: list[bytes], name: str) -> None:
+    """The family's signals (the same series under other names) read with one `seen`: each
+    gives what Python's json gives line by line, as a fresh read does."""
+    seen: Labels = {}
+    for own in (name, name + "2", name, None):  # None: the names of lines differ
+        body = b"".join(line.replace(b'{"metric":{', b'{"metric":{"__name__":' + json.dumps(
+            f"{name}{i}" if own is None else own, ensure_ascii=False).encode() + b",", 1)
+                        .replace(b",}", b"}") for i, line in enumerate(lines))
+        try:
+            ref = hourly(*_python(body), E, E + 3600)
+        except BadExport:
+            return
+        m = read(body, E, E + 3600, seen)
+        assert m.labels == ref.labels and m.keys == ref.keys
+        assert np.array_equal(m.sid, ref.sid) and m.v.tobytes() == ref.v.tobytes()
+    if '"' not in name and all(b"\\" not in line and b'"__name__"' not in line
+                               and b'{"metric":{}' not in line for line in lines):
+        assert seen  # the scanner took them and kept their labels
