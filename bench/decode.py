@@ -254,9 +254,13 @@ def export_main(args: argparse.Namespace) -> int:
     n = args.series * args.points
     first, last = 1_790_812_800, 1_790_812_800 + (args.points - 1) * 3600
     reference = vmexport.hourly(*vmexport._python(body), first, last)
+    seen: matrix.Labels = {}  # as the family's first signal (another name) left it
+    vmexport.read(body.replace(b":alloc_sum:", b":alloc_count:"), first, last, seen)
     decoders: dict[str, Callable[[], Any]] = {
         "numpy markers + Arrow CSV columns (metering.vmexport.read)":
             lambda: vmexport.read(body, first, last),
+        "same, a family's second signal (labels decoded before: vmexport.read(seen))":
+            lambda: vmexport.read(body, first, last, seen),
         "json line by line (vmexport._python + hourly)":
             lambda: vmexport.hourly(*vmexport._python(body), first, last),
     }
