@@ -100,7 +100,7 @@ def read(body: bytes, first: int, last: int, seen: Labels | None = None) -> Matr
     except (pa.ArrowInvalid, _NotArrow, ValueError):
         try:
             metrics, lengths, values, stamps = _arrow(body)
-        except (pa.ArrowInvalid, _NotArrow):
+        except (pa.ArrowInvalid, _NotArrow, UnicodeDecodeError):  # Arrow reads bytes as text
             metrics, lengths, values, stamps = _python(body)
     return hourly(metrics, lengths, values, stamps, first, last, keys)
 
@@ -200,7 +200,8 @@ def _label_maps(body: bytes, a: np.ndarray, at: np.ndarray, end: np.ndarray, see
     is an object of text values."""
     head = body[at[0]:end[0]]
     cut = head.find(b'",', len(_NAME)) + 2 if head.startswith(_NAME) else 1
-    if cut == 1 or b"\\" in head[:cut] or len(marks(a, at, head[:cut])) != len(at):
+    if cut == 1 or b"\\" in head[:cut] or len(marks(a, at, head[:cut])) != len(at) \
+            or not (a[at + cut] == ord('"')).all() or not _one_name(head[:cut - 1] + b"}"):
         cut = 0  # no name, or not one name: the whole map, no cache
     texts = list(map(body.__getitem__, map(slice, (at + cut).tolist(), end.tolist())))
     new = [t for t in dict.fromkeys(texts) if t not in seen] if cut else texts
@@ -220,6 +221,17 @@ def _label_maps(body: bytes, a: np.ndarray, at: np.ndarray, end: np.ndarray, see
         return decoded, keys
     got = list(map(seen.__getitem__, texts))
     return [m for m, _ in got], [k for _, k in got]
+
+
+def _one_name(text: bytes) -> bool:
+    """Whether `text` is JSON `{"__name__": <text>}`: the part of every line _label_maps
+    does not give json (what json would refuse there is refused)."""
+    try:
+        name = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(name, dict) and list(name) == ["__name__"] \
+        and isinstance(name["__name__"], str)
 
 
 def _arrow(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:

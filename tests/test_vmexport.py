@@ -107,6 +107,10 @@ def test_an_empty_answer_is_no_series() -> None:
     (line({"a": "x"}, ["1_0"], [E * 1000]), "not a number"),
     (line({"a": "x"}, ["+Inf"], [E * 1000]).replace(b'"x"', b"1"), "not text"),
     (b"<html>bad gateway</html>\n", "not a series"),
+    (line({"__name__": "x", "a": "b"}, ["1"], [E * 1000]).replace(b'"x"', b'"\xff"'), "not JSON"),
+    (line({"__name__": "x", "a": "b"}, ["1"], [E * 1000]).replace(b'"x"', b'"x\tz"'),
+     "not JSON"),
+    (line({"__name__": "x", "a": "b"}, ["1"], [E * 1000]).replace(b'"a":"b"', b""), "not JSON"),
     (line({"a": "x"}, ["+Inf"], [E * 1000]).replace(b"timestamps\":[", b"timestamps\":[1.5,"),
      "timestamps"),
 ])
