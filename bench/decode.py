@@ -3,6 +3,8 @@
 
     python -m bench.decode                     # 2,500 series x 73 points, like a 72-h chunk
     python -m bench.decode --series 20000 --json out.json
+    python -m bench.decode --series 4000 --points 25 --old 6196fcc    # a day's fresh series
+    python -m bench.decode --series 4000 --points 25 --export         # the same, JSON lines
 
 Decoders on the same answer bytes: metering.matrix.read (the scanner: markers found by numpy
 over the whole answer, points parsed by Arrow's CSV reader into typed columns), the scanners
@@ -40,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import machine, say, table, write_json
-from metering import matrix
+from metering import matrix, vmexport
 from metering.promclient import PromClient
 
 # Scanners to compare: per-point RE2 checks (before issue 27); typed Arrow columns with the
@@ -48,6 +50,8 @@ from metering.promclient import PromClient
 # the vectorised scan with series_key per label map (before keys were cut from the text); the
 # CSV reader for every point (before points were cut at their quotes).
 OLD_REVS = ("e4e6bbb", "fbb0257", "4d5eca1", "7547511")
+# vmexport before its lines were cut by numpy markers and keyed per label order
+OLD_EXPORT_REV = "6196fcc"
 
 
 def answer(series: int, points: int, seed: int = 7) -> bytes:
@@ -75,19 +79,40 @@ def answer(series: int, points: int, seed: int = 7) -> bytes:
             + ",".join(parts) + "]}}").encode()
 
 
-def old_matrix(rev: str) -> ModuleType | None:
-    """metering/matrix.py as of `rev`, imported under another name (None without git)."""
-    name = f"old_matrix_{rev}"
+def export_answer(series: int, points: int) -> bytes:
+    """The same series as recorded hourly series read from VictoriaMetrics' /api/v1/export:
+    one JSON line each, __name__ first and the other names in the store's order (not
+    sorted), `points` samples stamped at hh:17, integer values (a sum of 12 samples)."""
+    rng = random.Random(7)
+    t0 = 1_790_812_800 * 1000 + 17 * 60_000
+    lines = []
+    for i in range(series):
+        metric = {"__name__": "gpu_ledger:alloc_sum:hour", "namespace": f"team-{i % 20:02d}",
+                  "pod": f"job-{i}", "node": f"node-{i // 40:05d}", "container": "main",
+                  "label_team": f"t{i % 20:02d}", "owner_kind": "Job", "owner_name": f"job-{i}",
+                  "replicas": "1", "resource": "nvidia.com/gpu", "sharing": "exclusive",
+                  "uuid": f"GPU-{i // 5:05d}-{i % 8}"}
+        values = ",".join(str(rng.choice((12, 12, 6, 3))) for _ in range(points))
+        stamps = ",".join(str(t0 + 3_600_000 * k) for k in range(points))
+        lines.append('{"metric":' + json.dumps(metric, separators=(",", ":"))
+                     + f',"values":[{values}],"timestamps":[{stamps}]}}\n')
+    return "".join(lines).encode()
+
+
+def old_matrix(rev: str, path: str = "metering/matrix.py") -> ModuleType | None:
+    """`path` (metering/matrix.py) as of `rev`, imported under another name (None without
+    git)."""
+    name = f"old_{Path(path).stem}_{rev}"
     try:
-        text = subprocess.run(["git", "show", f"{rev}:metering/matrix.py"], check=True,
+        text = subprocess.run(["git", "show", f"{rev}:{path}"], check=True,
                               capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     text = text.replace("from metering.facts import series_key",
                         "from metering.signals import series_key")
-    path = Path(tempfile.mkdtemp()) / f"{name}.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(name, path)
+    file = Path(tempfile.mkdtemp()) / f"{name}.py"
+    file.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up
@@ -136,9 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--old", action="append",
                    help=f"git revision of a scanner to compare (repeatable; default "
                         f"{', '.join(OLD_REVS)})")
+    p.add_argument("--export", action="store_true",
+                   help="decode the same series as /api/v1/export JSON lines (recorded hourly "
+                        "series, metering.vmexport) instead of a range query's answer")
+    p.add_argument("--old-export", action="append",
+                   help=f"with --export: git revision of a vmexport to compare (repeatable; "
+                        f"default {OLD_EXPORT_REV})")
     p.add_argument("--json", help="write the figures as JSON too")
     args = p.parse_args(argv)
 
+    if args.export:
+        return export_main(args)
     body = answer(args.series, args.points)
     n = args.series * args.points
     res: dict[str, Any] = {"machine": machine(), "series": args.series, "points": n,
@@ -210,6 +243,48 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.shutdown()
         server.server_close()
+    write_json(args.json, res)
+    return 0
+
+
+def export_main(args: argparse.Namespace) -> int:
+    """--export: vmexport.read of this tree beside older revisions' and Python's json line
+    by line (the path of answers the scanner refuses), round-robin, least CPU of the rounds."""
+    body = export_answer(args.series, args.points)
+    n = args.series * args.points
+    first, last = 1_790_812_800, 1_790_812_800 + (args.points - 1) * 3600
+    reference = vmexport.hourly(*vmexport._python(body), first, last)
+    seen: matrix.Labels = {}  # as the family's first signal (another name) left it
+    vmexport.read(body.replace(b":alloc_sum:", b":alloc_count:"), first, last, seen)
+    decoders: dict[str, Callable[[], Any]] = {
+        "numpy markers + Arrow CSV columns (metering.vmexport.read)":
+            lambda: vmexport.read(body, first, last),
+        "same, a family's second signal (labels decoded before: vmexport.read(seen))":
+            lambda: vmexport.read(body, first, last, seen),
+        "json line by line (vmexport._python + hourly)":
+            lambda: vmexport.hourly(*vmexport._python(body), first, last),
+    }
+    for rev in args.old_export or (OLD_EXPORT_REV,):
+        old = old_matrix(rev, "metering/vmexport.py")
+        if old is not None:
+            decoders[f"vmexport of {rev}"] = functools.partial(old.read, body, first, last)
+    least = dict.fromkeys(decoders, float("inf"))
+    outs: dict[str, Any] = {}
+    for _ in range(args.repeat):
+        for name, fn in decoders.items():
+            s, outs[name] = cpu(fn, 1)
+            least[name] = min(least[name], s)
+    res: dict[str, Any] = {"machine": machine(), "series": args.series, "points": n,
+                           "bytes": len(body), "decode": {}}
+    rows = []
+    for name, s in least.items():
+        ok = same(outs[name], reference)
+        res["decode"][name] = {"cpu_s": s, "points_per_cpu_s": n / s, "same": ok}
+        rows.append([name, f"{s * 1e3:.0f} ms", f"{n / s / 1e6:.2f} M",
+                     "yes" if ok else "**no**"])
+    say(f"decode export: {args.series:,} series x {args.points} hourly samples ({n:,} points, "
+        f"{len(body) / 2**20:.1f} MiB)")
+    say(table(["decoder", "CPU", "points per CPU-s", "same matrix as json's path"], rows))
     write_json(args.json, res)
     return 0
 

@@ -16,6 +16,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -228,7 +229,7 @@ def read(body: bytes, seen: Labels | None = None) -> Matrix | None:
     return Matrix(labels, keys, sid, t, v)
 
 
-def _marks(a: np.ndarray, at: np.ndarray, mark: bytes) -> np.ndarray:
+def marks(a: np.ndarray, at: np.ndarray, mark: bytes) -> np.ndarray:
     """The positions in `at` where `mark` starts in the answer's bytes `a`."""
     at = at[at + len(mark) <= len(a)]
     window = a[at[:, None] + np.arange(len(mark))]
@@ -247,8 +248,8 @@ def _entries(body: bytes, pos: int) -> tuple[_Entries, int]:
     a = np.frombuffer(body, np.uint8)
     braces = np.flatnonzero(a == ord("}"))
     braces = braces[braces > pos]
-    values = _marks(a, braces, _VALUES)
-    nexts = _marks(a, braces - 1, _NEXT)
+    values = marks(a, braces, _VALUES)
+    nexts = marks(a, braces - 1, _NEXT)
     n = len(values)
     # The last entry's points end at the first `]}` (a `]}` inside a value ends them early;
     # then what follows is not the envelope's end, or the points fail the parse).
@@ -276,39 +277,74 @@ def _labels(body: bytes, e: _Entries, seen: Labels) -> tuple[list[dict[str, str]
         decoded = json.loads(b"[" + joined + b"]")
         if len(decoded) != len(new):
             raise _Odd
-        plain = _all_text(joined, decoded)
+        plain = all_text(joined, decoded)
         if not plain:
             for m in decoded:
                 if not isinstance(m, dict) or not all(isinstance(v, str) for v in m.values()):
                     raise _Odd
-        keys = _keys(joined, decoded) if plain else None
-        seen.update(zip(new, zip(decoded, keys or map(series_key, decoded), strict=True),
-                        strict=True))
+        keys = (_keys(joined, decoded) if plain else None) or series_keys(decoded)
+        seen.update(zip(new, zip(decoded, keys, strict=True), strict=True))
+        if len(new) == len(metrics):  # each map new and once (a fresh answer): as decoded
+            return decoded, keys
     got = list(map(seen.__getitem__, metrics))
     return [m for m, _ in got], [k for _, k in got]
 
 
 def _keys(joined: bytes, decoded: list[dict[str, str]]) -> list[str] | None:
-    """series_key of each label map, cut from their joined text at once, where _all_text
+    """series_key of each label map, cut from their joined text at once, where all_text
     holds: no name or value holds a `"` (no backslash), so every `"` opens or closes a string,
     and as many `":` as names (none begins with `:`, so none is `:`). Replacing `":"` (a
     name's end and its value's start) by `=` and then `","` (a value's end and the next
     name's start) by 0x1f, and splitting at `"},{"` (two maps), gives the keys: a string
     that is `,` or `},{` has lost a quote to an earlier replacement by then (tests/
     test_matrix.py tries such texts). Only if each map's names are in order (as stores write
-    them) and none is __name__, and no whitespace lies between the strings (as many `","`
+    them; checked once per distinct order) and none is __name__, and no whitespace lies
+    between the strings (as many `","`
     and `"},{"` as labels and maps); None otherwise (series_key of each map then)."""
     labels = sum(map(len, decoded))
     if joined[:2] != b'{"' or joined[-2:] != b'"}' or b"{}" in joined \
             or joined.count(b'","') != labels - len(decoded) \
             or joined.count(b'"},{"') != len(decoded) - 1 or b'"__name__":' in joined \
-            or not all([list(m) == sorted(m) for m in decoded]):
+            or not all(list(o) == sorted(o) for o in set(map(tuple, decoded))):
         return None
     keys = joined[2:-2].decode().replace('":"', "=").replace('","', "\x1f").split('"},{"')
     return keys if len(keys) == len(decoded) else None
 
 
-def _all_text(joined: bytes, decoded: list[Any]) -> bool:
+def series_keys(maps: list[dict[str, str]]) -> list[str]:
+    """series_key of each label map (text values), the same text at less cost where many
+    maps have the same names in the same order (an answer's series mostly do): the sort and
+    the `name=` prefixes done once per such order, each map's key one %-format of its values
+    in name order, with no Python call per map."""
+    orders = list(map(tuple, maps))
+    forms = {o: _form(o) for o in dict.fromkeys(orders)}
+    if len(forms) == 1:
+        return _keyed(maps, *forms[orders[0]])
+    # Maps of each order together, keyed, and put back in place.
+    ids = {o: i for i, o in enumerate(forms)}
+    which = np.fromiter(map(ids.__getitem__, orders), np.int64, len(orders))
+    out = np.empty(len(maps), object)
+    for i, form in enumerate(forms.values()):
+        at = np.flatnonzero(which == i)
+        out[at] = _keyed(list(map(maps.__getitem__, at.tolist())), *form)
+    keys: list[str] = out.tolist()
+    return keys
+
+
+def _keyed(maps: list[dict[str, str]], text: str, names: tuple[str, ...]) -> list[str]:
+    if len(names) < 2:  # itemgetter of one name gives the value, not a tuple
+        return list(map(series_key, maps))
+    return list(map(text.__mod__, map(itemgetter(*names), maps)))
+
+
+def _form(order: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """The %-format of series_key for maps with the label names `order` (by name, no
+    __name__, `name=value` joined by 0x1f) and the names its values are in."""
+    names = tuple(sorted(n for n in order if n != "__name__"))
+    return "\x1f".join(f"{n.replace('%', '%%')}=%s" for n in names), names
+
+
+def all_text(joined: bytes, decoded: list[Any]) -> bool:
     """Whether the label maps (each text begins with `{`: objects) hold only text values,
     told from their text at once where it has no backslash (no `"` inside a name or value):
     each name's closing `"` is followed by `:`, so as many `":` as names (no name or value

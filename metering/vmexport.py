@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import enum
 import io
+import itertools
 import json
+import operator
 import re
 from typing import Any
 
@@ -42,8 +44,8 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
-from metering.matrix import Matrix
-from metering.signals import HOUR_S, series_key
+from metering.matrix import Labels, Matrix, all_text, marks, series_keys
+from metering.signals import HOUR_S
 
 EXPORT_PATH = "/api/v1/export"
 HOUR_MS = HOUR_S * 1000
@@ -83,21 +85,24 @@ _SPECIAL = {b"+Inf": float("inf"), b"-Inf": float("-inf"), b"NaN": float("nan"),
             b"null": float("nan")}
 
 
-def read(body: bytes, first: int, last: int) -> Matrix:
+def read(body: bytes, first: int, last: int, seen: Labels | None = None) -> Matrix:
     """The hourly points (time E = each hour start first..last) of an export answer, one
-    per series and hour as the module docstring defines; series in series_key order."""
+    per series and hour as the module docstring defines; series in series_key order.
+    `seen`: label maps decoded before (the caller's, e.g. for one chunk, as for
+    metering.matrix.read), added to."""
     if not body:
         return Matrix.empty()
     if not body.endswith(b"\n"):
         raise BadExport("the answer does not end with a whole line (truncated?)")
+    keys = None
     try:
-        metrics, lengths, values, stamps = _scan(body)
+        metrics, lengths, values, stamps, keys = _scan(body, seen)
     except (pa.ArrowInvalid, _NotArrow, ValueError):
         try:
             metrics, lengths, values, stamps = _arrow(body)
-        except (pa.ArrowInvalid, _NotArrow):
+        except (pa.ArrowInvalid, _NotArrow, UnicodeDecodeError):  # Arrow reads bytes as text
             metrics, lengths, values, stamps = _python(body)
-    return hourly(metrics, lengths, values, stamps, first, last)
+    return hourly(metrics, lengths, values, stamps, first, last, keys)
 
 
 class _NotArrow(Exception):
@@ -112,45 +117,121 @@ _AS_INT = pa_csv.ConvertOptions(column_types={"x": pa.int64()}, null_values=[],
 _NO_QUOTES = pa_csv.ParseOptions(quote_char=False, escape_char=False)
 
 
-def _column(texts: list[bytes], convert: pa_csv.ConvertOptions, n: int) -> np.ndarray:
-    """The comma-separated numbers of `texts` as one typed column; _NotArrow unless `n`."""
+def _column(rows: bytes, convert: pa_csv.ConvertOptions, n: int) -> np.ndarray:
+    """The numbers of `rows` (separated by `,` or newlines) as one typed column; _NotArrow
+    unless `n`."""
     if not n:
         return np.zeros(0, np.float64 if convert is _AS_FLOAT else np.int64)
-    rows = b"\n".join(texts).replace(b",", b"\n") + b"\n"
-    col = pa_csv.read_csv(io.BytesIO(rows), read_options=_COLUMN, parse_options=_NO_QUOTES,
-                          convert_options=convert).column("x")
+    col = pa_csv.read_csv(io.BytesIO(rows.replace(b",", b"\n") + b"\n"), read_options=_COLUMN,
+                          parse_options=_NO_QUOTES, convert_options=convert).column("x")
     if len(col) != n or col.null_count:  # an empty number is an empty row, skipped
         raise _NotArrow
     out: np.ndarray = col.to_numpy()
     return out
 
 
-def _scan(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:
-    """VictoriaMetrics' layout exactly (no whitespace; metric, values, timestamps): the lines
-    cut at their markers, the label maps by one json call, the numbers by Arrow's CSV reader
-    into typed columns (it reads the spellings Python's float reads, to the same value;
-    tests/test_vmexport.py). Any other layout: _NotArrow (the JSON readers take it)."""
-    metrics: list[bytes] = []
-    vals: list[bytes] = []
-    stamps: list[bytes] = []
-    for line in body.split(b"\n")[:-1]:
-        mid, tail = line.find(_MID), line.rfind(_TAIL)
-        if not line.startswith(_HEAD) or mid < 0 or tail < mid or not line.endswith(b"]}"):
-            raise _NotArrow
-        metrics.append(line[len(_HEAD):mid + 1])
-        vals.append(line[mid + len(_MID):tail].replace(b"null", b"NaN"))  # no number's text
-        stamps.append(line[tail + len(_TAIL):-2])
-    lengths = np.array([v.count(b",") + 1 if v else 0 for v in vals], np.int64)
-    if [t.count(b",") + 1 if t else 0 for t in stamps] != lengths.tolist():
+_POW13 = 10 ** np.arange(12, -1, -1, dtype=np.int64)
+
+
+def _stamps(rows: bytes, n: int) -> np.ndarray:
+    """The `n` timestamps of `rows` (separated by `,` or newlines). Milliseconds of every
+    time from 2001-09-09 to 2286 have 13 digits: where each is 13 digits and a separator,
+    numpy reads them from their digits (what Arrow reads them as, no faster); else Arrow."""
+    if n and len(rows) == 14 * n - 1:
+        cells = np.frombuffer(rows + b",", np.uint8).reshape(n, 14)
+        digits = cells[:, :13] - np.uint8(ord("0"))  # a byte that is not a digit wraps past 9
+        if (digits < 10).all() and ((cells[:, 13] == ord(",")) | (cells[:, 13] == ord("\n"))
+                                    ).all():
+            out: np.ndarray = digits.astype(np.int64) @ _POW13
+            return out
+    return _column(rows, _AS_INT, n)
+
+
+def _scan(body: bytes, seen: Labels | None = None
+          ) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray, list[str] | None]:
+    """VictoriaMetrics' layout exactly (no whitespace; metric, values, timestamps), with no
+    Python per line: the lines cut at their markers, found by numpy over the whole answer
+    (each line holds each marker once: `},"values":[` and `],"timestamps":[` hold a `"` after
+    another character, so cannot lie inside a JSON string, and the number lists hold no `"`);
+    the label maps by _label_maps; the numbers by Arrow's CSV reader into typed columns (it
+    reads the spellings Python's float reads, to the same value; tests/test_vmexport.py), the
+    timestamps by _stamps. Any other layout: _NotArrow (the JSON readers take it)."""
+    a = np.frombuffer(body, np.uint8)
+    ends = np.flatnonzero(a == ord("\n"))  # the body ends with one (read)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    mid = marks(a, np.flatnonzero(a == ord("}")), _MID)
+    tail = marks(a, np.flatnonzero(a == ord("]")), _TAIL)
+    n = len(ends)
+    if len(marks(a, starts, _HEAD)) != n or len(mid) != n or len(tail) != n \
+            or not ((starts < mid) & (mid < tail) & (tail < ends - 2)).all() \
+            or not ((a[ends - 2] == ord("]")) & (a[ends - 1] == ord("}"))).all() \
+            or not (mid[:-1] < starts[1:]).all() or not (tail[:-1] < starts[1:]).all():
         raise _NotArrow
-    labels = json.loads(b"[" + b",".join(metrics) + b"]")
-    if len(labels) != len(metrics) or not all(
-            isinstance(m, dict) and all(isinstance(v, str) for v in m.values())
-            for m in labels):
+    first = starts + len(_HEAD)
+    if not (a[first] == ord("{")).all():  # each label map an object (matrix.all_text)
         raise _NotArrow
-    n = int(lengths.sum())
-    return (labels, lengths, _column([v for v in vals if v], _AS_FLOAT, n),
-            _column([t for t in stamps if t], _AS_INT, n))
+    v_at, v_end = mid + len(_MID), tail
+    t_at, t_end = tail + len(_TAIL), ends - 2
+    commas = np.flatnonzero(a == ord(","))
+    lengths = np.where(v_end > v_at, np.searchsorted(commas, v_end)
+                       - np.searchsorted(commas, v_at) + 1, 0)
+    if not np.array_equal(lengths, np.where(t_end > t_at, np.searchsorted(commas, t_end)
+                                            - np.searchsorted(commas, t_at) + 1, 0)):
+        raise _NotArrow
+    labels, keys = _label_maps(body, a, first, mid + 1, {} if seen is None else seen)
+    total = int(lengths.sum())
+    # An empty list gives an empty row, which the reader skips. `null` is no number's text.
+    values = b"\n".join(map(body.__getitem__, map(slice, v_at.tolist(), v_end.tolist())))
+    stamps = b"\n".join(map(body.__getitem__, map(slice, t_at.tolist(), t_end.tolist())))
+    return (labels, lengths.astype(np.int64),
+            _column(values.replace(b"null", b"NaN"), _AS_FLOAT, total),
+            _stamps(stamps, total), keys)
+
+
+def _label_maps(body: bytes, a: np.ndarray, at: np.ndarray, end: np.ndarray, seen: Labels
+                ) -> tuple[list[dict[str, str]], list[str] | None]:
+    """Each line's labels (body[at[i]:end[i]], `{...}`) without __name__, and their
+    series_keys where known: by one json call, checked over their text (matrix.all_text).
+    Where every line begins with one `{"__name__":"<name>",` (an export of one recorded
+    series), the text after it is the series' identity: its labels and key are taken from
+    `seen` or added to it, so the family's other signals (the same series under another name)
+    decode no label map twice. That text never begins with `{`, so it is never a range
+    query's label map (metering.matrix.read's key in a shared `seen`). _NotArrow unless each
+    is an object of text values."""
+    head = body[at[0]:end[0]]
+    cut = head.find(b'",', len(_NAME)) + 2 if head.startswith(_NAME) else 1
+    if cut == 1 or b"\\" in head[:cut] or len(marks(a, at, head[:cut])) != len(at) \
+            or not (a[at + cut] == ord('"')).all() or not _one_name(head[:cut - 1] + b"}"):
+        cut = 0  # no name, or not one name: the whole map, no cache
+    texts = list(map(body.__getitem__, map(slice, (at + cut).tolist(), end.tolist())))
+    new = [t for t in dict.fromkeys(texts) if t not in seen] if cut else texts
+    joined = (b"{" if cut else b"") + (b",{" if cut else b",").join(new)
+    decoded = json.loads(b"[" + joined + b"]") if new else []
+    if len(decoded) != len(new) or set(map(type, decoded)) - {dict} or (
+            new and not all_text(joined, decoded)
+            and not all(isinstance(v, str) for m in decoded for v in m.values())):
+        raise _NotArrow
+    if not cut:
+        for m in decoded:  # our own maps: hourly keeps them as the series' labels
+            m.pop("__name__", None)
+        return decoded, None
+    keys = series_keys(decoded)
+    seen.update(zip(new, zip(decoded, keys, strict=True), strict=True))
+    if len(new) == len(texts):  # each map new and once: as decoded
+        return decoded, keys
+    got = list(map(seen.__getitem__, texts))
+    return [m for m, _ in got], [k for _, k in got]
+
+
+def _one_name(text: bytes) -> bool:
+    """Whether `text` is JSON `{"__name__": <text>}`: the part of every line _label_maps
+    does not give json (what json would refuse there is refused)."""
+    try:
+        name = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(name, dict) and list(name) == ["__name__"] \
+        and isinstance(name["__name__"], str)
 
 
 def _arrow(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, np.ndarray]:
@@ -182,6 +263,7 @@ def _arrow(body: bytes) -> tuple[list[dict[str, str]], np.ndarray, np.ndarray, n
 
 
 _HEAD = b'{"metric":'
+_NAME = b'{"__name__":"'
 _MID = b'},"values":['
 _TAIL = b'],"timestamps":['
 
@@ -231,18 +313,23 @@ def hourly(lines: list[dict[str, str]], lengths: np.ndarray, values: np.ndarray,
     """One point per series and hour E: the last non-NaN sample of [E, E+1h). `lines`: the
     labels of each line, `lengths` its samples, `values`/`stamps` theirs, line after line;
     `keys`: each line's series_key where the caller has it (metering.vmnative)."""
-    index: dict[str, int] = {}
-    labels: list[dict[str, str]] = []
-    line_sid = np.empty(len(lines), np.int64)
-    for i, metric in enumerate(lines):
-        own = metric
-        if "__name__" in metric:
-            own = {k: v for k, v in metric.items() if k != "__name__"}
-        key = series_key(own) if keys is None else keys[i]
-        if key not in index:
-            index[key] = len(labels)
-            labels.append(own)
-        line_sid[i] = index[key]
+    if keys is None:
+        keys = series_keys(lines)
+    index = dict.fromkeys(keys, 0)
+    if len(index) == len(lines):  # one line per series: VictoriaMetrics' usual answer
+        line_sid = np.arange(len(lines), dtype=np.int64)
+        labels = lines
+        if any(map(operator.contains, lines, itertools.repeat("__name__"))):
+            labels = [{k: v for k, v in m.items() if k != "__name__"} for m in lines]
+    else:
+        index.clear()
+        labels = []
+        line_sid = np.empty(len(lines), np.int64)
+        for i, (key, metric) in enumerate(zip(keys, lines, strict=True)):
+            if key not in index:
+                index[key] = len(labels)
+                labels.append({k: v for k, v in metric.items() if k != "__name__"})
+            line_sid[i] = index[key]
     sid = np.repeat(line_sid, lengths)
     lo, hi = first * 1000, (last + HOUR_S) * 1000
     keep = np.flatnonzero((stamps >= lo) & (stamps < hi) & ~np.isnan(values))

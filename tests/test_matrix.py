@@ -253,7 +253,7 @@ def test_keys_cut_from_plain_label_text_are_series_keys(metrics: list[dict[str, 
     joined = b",".join(json.dumps(m, separators=(",", ":"), ensure_ascii=False,
                                   sort_keys=True).encode() for m in metrics)
     decoded = [dict(sorted(m.items())) for m in metrics]
-    keys = matrix._keys(joined, decoded) if matrix._all_text(joined, decoded) else None
+    keys = matrix._keys(joined, decoded) if matrix.all_text(joined, decoded) else None
     want = [series_key(m) for m in metrics]
     assert keys in ([want, None] if cut is None else [want] if cut else [None])
     got = matrix.read(body)
@@ -381,3 +381,24 @@ def test_cut_points_text_with_any_edit_is_json_or_refused(
     except (ValueError, TypeError, AttributeError, KeyError) as e:
         raise AssertionError(f"cut an answer json refuses: {body!r}") from e
     _same(got, want)
+
+
+# Label names and values that a %-format, a str.format or the key's own separators could
+# misread; maps sharing a name order (the fast case) and of other orders, __name__ anywhere.
+HOSTILE = st.sampled_from(["%", "%s", "%%", "%(a)s", "{}", "{0}", "=", "a=b", "\x1f", "é", "名",
+                           "__name__", "a", "b", "", " ", "\\", '"', "z" * 9])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "__name__", "%", "é", "{x}", "="]), max_size=5,
+                unique=True),
+       st.lists(st.tuples(st.booleans(), st.dictionaries(st.one_of(HOSTILE, LABEL),
+                                                         st.one_of(HOSTILE, LABEL), max_size=5),
+                          st.lists(st.one_of(HOSTILE, LABEL), min_size=5, max_size=5)),
+                max_size=8))
+def test_series_keys_are_series_key(order: list[str],
+                                    maps: list[tuple[bool, dict[str, str], list[str]]]) -> None:
+    """matrix.series_keys gives series_key's text for every map, whether it shares a name
+    order with others (formatted once per order) or not."""
+    got = [dict(zip(order, values, strict=False)) if shared else m for shared, m, values in maps]
+    assert matrix.series_keys(got) == [series_key(m) for m in got]
