@@ -669,7 +669,7 @@ class QueryPlanner:
     def decode(self, sent: Answered, seen: matrix.Labels | None = None) -> Matrix:
         """One answer in columns (metering.matrix's scanner), or by Python's json where it is
         not a well-formed matrix (then its problem is a PromError naming the query); learned
-        from. `seen`: label maps the scanner decoded before (metering.matrix.read)."""
+        from. `seen`: label maps decoded before (metering.matrix.read, vmexport.read)."""
         m = self._decode(sent, seen)
         with self._lock:
             self._learn(sent.spec, m)
@@ -684,7 +684,7 @@ class QueryPlanner:
                     return m
                 answer = self._json_export(sent)
             try:
-                return vmexport.read(answer.body, sent.piece.first, sent.piece.last)
+                return vmexport.read(answer.body, sent.piece.first, sent.piece.last, seen)
             except vmexport.BadExport as exc:
                 raise PromError(f"{self.client.url}: {EXPORT_PATH} of {sent.promql!r}: {exc}"
                                 ) from None
