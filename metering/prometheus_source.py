@@ -32,9 +32,9 @@ from metering.signals import FAMILIES, HOUR_S, SIGNALS, SignalSpec, plausible
 
 # Answers sent ahead of the one being decoded (metering.prefetch): enough to keep the store
 # busy while a node group's facts are written (two answers ahead, it idled through them: the
-# 80,000-GPU day's ingest waited 15 s of 54 on it, 8 s of 43 with eight), few enough that
-# their bodies stay small beside a node group's points: at most PREFETCH_SHARE of the bytes
-# the planner lets a group's points take.
+# 80,000-GPU day's ingest waited 15 s of 54 on it, 8 s of 43 with eight, at load ~2), few
+# enough that their bodies stay small beside a node group's points: at most PREFETCH_SHARE of
+# the bytes the planner lets a group's points take.
 PREFETCH_ANSWERS = 16
 PREFETCH_SHARE = 1 / 16
 
