@@ -120,6 +120,19 @@ def old_matrix(rev: str, path: str = "metering/matrix.py") -> ModuleType | None:
     return module
 
 
+def round_robin(decoders: dict[str, Any], repeat: int) -> tuple[dict[str, float], dict[str, Any]]:
+    """Each decoder once per round, `repeat` rounds, so load that comes and goes on the shared
+    box falls on all of them alike: the least CPU of the rounds (each one's cost) and the
+    last output, per decoder."""
+    least = dict.fromkeys(decoders, float("inf"))
+    outs: dict[str, Any] = {}
+    for _ in range(repeat):
+        for name, fn in decoders.items():
+            s, outs[name] = cpu(fn, 1)
+            least[name] = min(least[name], s)
+    return least, outs
+
+
 def cpu(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     """Least CPU seconds of `repeat` calls (the box is shared: the least is the cost)."""
     best, out = float("inf"), None
@@ -199,14 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 functools.partial(old.read, body, old_seen)
     rows = []
     res["decode"] = {}
-    # Round-robin: each decoder once per round, so load that comes and goes on the shared box
-    # falls on all of them alike; the least CPU of the rounds is each one's cost.
-    least = dict.fromkeys(decoders, float("inf"))
-    outs: dict[str, Any] = {}
-    for _ in range(args.repeat):
-        for name, fn in decoders.items():
-            s, outs[name] = cpu(fn, 1)
-            least[name] = min(least[name], s)
+    least, outs = round_robin(decoders, args.repeat)
     for name in decoders:
         s, out = least[name], outs[name]
         ok = same(out, reference) if hasattr(out, "sid") else None
@@ -268,12 +274,7 @@ def export_main(args: argparse.Namespace) -> int:
         old = old_matrix(rev, "metering/vmexport.py")
         if old is not None:
             decoders[f"vmexport of {rev}"] = functools.partial(old.read, body, first, last)
-    least = dict.fromkeys(decoders, float("inf"))
-    outs: dict[str, Any] = {}
-    for _ in range(args.repeat):
-        for name, fn in decoders.items():
-            s, outs[name] = cpu(fn, 1)
-            least[name] = min(least[name], s)
+    least, outs = round_robin(decoders, args.repeat)
     res: dict[str, Any] = {"machine": machine(), "series": args.series, "points": n,
                            "bytes": len(body), "decode": {}}
     rows = []
