@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recorded", metavar="READ", choices=("query_range", "export", "native"),
                    help="also replay the recording rules over the day and meter it from the "
                         "recorded series read so, alternating with the raw series")
+    p.add_argument("--jobs", default="1", help="meter's --jobs in every run (default 1)")
     p.add_argument("--json", help="write the figures as JSON too")
     args = p.parse_args(argv)
     if args.reuse and not args.workdir:
@@ -172,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             for code, read in variants:
                 db = work / f"day-{k}-{'before' if code else 'this'}-{read or 'raw'}.duckdb"
                 db.unlink(missing_ok=True)
-                r = _meter(vm, [*period, "--db", str(db), "--cost-model", cost_model], code,
-                           read)
+                r = _meter(vm, [*period, "--db", str(db), "--cost-model", cost_model,
+                                "--jobs", args.jobs], code, read)
                 say(f"day: {r['code']}: metered and priced in {r['wall_s']:.1f} s wall, "
                     f"{r['cpu_s']:.1f} CPU-s, {r['maxrss_mib']:,.0f} MiB; store "
                     f"{r['vm_cpu_s']:.1f} CPU-s (load {r['load_before']} -> "
@@ -186,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.split:
             db = work / "split.duckdb"
             db.unlink(missing_ok=True)
-            res["ingest"] = _meter(vm, [*period, "--db", str(db), "--no-price"])
+            res["ingest"] = _meter(vm, [*period, "--db", str(db), "--no-price",
+                                        "--jobs", args.jobs])
             prices = []
             for _ in range(args.price_runs or args.runs):
                 for code in ([args.before, None] if args.before else [None]):

@@ -3,6 +3,7 @@ VictoriaMetrics (bench.scale's fleet and store): wall time, CPU seconds and peak
 metering process and of its worker processes, and whether both ledgers hold the same facts.
 
     python -m bench.jobs --gpus 1000 --jobs 2
+    python -m bench.jobs --gpus 1000 --jobs 4 8 16 --json out.json   # several counts, one store
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.common import machine, write_json
 from bench.scale import Fleet, Victoria
 from metering.db import connect
 
@@ -58,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", type=int, default=1000)
     p.add_argument("--month", default="2026-10")
     p.add_argument("--interval", type=int, default=300)
-    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--jobs", type=int, nargs="+", default=[2],
+                   help="worker counts to compare with --jobs 1 (default 2)")
+    p.add_argument("--json", help="also write the figures here")
     args = p.parse_args(argv)
     year, month = map(int, args.month.split("-"))
     start = datetime(year, month, 1, tzinfo=UTC)
@@ -72,16 +76,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.gpus} GPUs, {args.month}, {fleet.samples:,} samples, "
               f"{fleet.series:,} series; {resource.getpagesize()} B pages", flush=True)
         facts = {}
-        for jobs in (1, args.jobs):
+        runs: dict[int, dict[str, float]] = {}
+        for jobs in dict.fromkeys([1, *args.jobs]):
             db = work / f"j{jobs}.duckdb"
-            r = _meter(vm.url, db, args.month, jobs)
+            r = runs[jobs] = _meter(vm.url, db, args.month, jobs)
             facts[jobs] = _facts(db)
             print(f"--jobs {jobs}: wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} s "
                   f"(writer {r['parent_cpu_s']:.1f} + workers {r['workers_cpu_s']:.1f}), "
                   f"peak RSS writer {r['parent_rss_mib']:.0f} MiB, largest worker "
                   f"{r['worker_rss_mib']:.0f} MiB", flush=True)
-        print("same facts" if facts[1] == facts[args.jobs] else
-              f"DIFFERENT facts: {facts}")
+        same = all(f == facts[1] for f in facts.values())
+        print("same facts" if same else f"DIFFERENT facts: {facts}")
+        if args.json:
+            write_json(args.json, {"machine": machine(), "gpus": args.gpus,
+                                   "samples": fleet.samples, "series": fleet.series,
+                                   "same_facts": same,
+                                   "runs": {str(j): r for j, r in runs.items()}})
     finally:
         vm.close()
         shutil.rmtree(work, ignore_errors=True)
