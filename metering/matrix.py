@@ -299,8 +299,8 @@ def _keys(joined: bytes, decoded: list[dict[str, str]]) -> list[str] | None:
     that is `,` or `},{` has lost a quote to an earlier replacement by then (tests/
     test_matrix.py tries such texts). Only if each map's names are in order (as stores write
     them; checked once per distinct order) and none is __name__, and no whitespace lies
-    between the strings (as many `","`
-    and `"},{"` as labels and maps); None otherwise (series_key of each map then)."""
+    between the strings (as many `","` and `"},{"` as labels and maps); None otherwise
+    (series_key of each map then)."""
     labels = sum(map(len, decoded))
     if joined[:2] != b'{"' or joined[-2:] != b'"}' or b"{}" in joined \
             or joined.count(b'","') != labels - len(decoded) \
