@@ -208,6 +208,11 @@ def choose_slice(con: duckdb.DuckDBPyConnection, start: datetime, end: datetime,
     return SliceChoice(chosen, per_hour)
 
 
+def _holders_unique(con: duckdb.DuckDBPyConnection, query: str) -> bool:
+    row = con.execute(query).fetchone()
+    return row is not None and bool(row[0])
+
+
 def clusters_in(con: duckdb.DuckDBPyConnection, start: datetime, end: datetime) -> list[str]:
     """Clusters with facts or charges in [start, end): what pricing the period rebuilds."""
     rows = con.execute(
@@ -284,8 +289,7 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                     orphan_row = con.execute(sql.query("orphans")).fetchone()
                     assert orphan_row is not None
                     orphans += int(orphan_row[0])
-                    unique = con.execute(sql.query("holders_unique")).fetchone()
-                    if freeze is None and unique is not None and unique[0]:
+                    if freeze is None and _holders_unique(con, sql.query("holders_unique")):
                         con.execute(sql.query("waste_rows"))
                     else:
                         by_query.append((cluster, lo, hi))
