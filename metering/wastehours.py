@@ -14,8 +14,8 @@ them. A stored hour is therefore what the query gives from the facts and charges
 
 How pricing computes them: from its own work tables, which already joined each allocation fact
 with its device and MIG facts and hold its team, cost and energy (pricing.sql `waste_rows`;
-the same rows, tests/test_waste_stored.py), else (a closed month's charges restored over the
-priced ones, a holder key seen twice) with the query (`compute`).
+the same rows: tests/test_waste_from_pricing.py), else (a closed month's charges restored
+over the priced ones, a holder key seen twice) with the query (`compute`).
 """
 
 from __future__ import annotations

@@ -516,9 +516,9 @@ SELECT count(*) = 0 FROM (SELECT hour, row_key FROM _rows GROUP BY ALL HAVING co
 -- that already joined each allocation fact with its device and MIG facts and hold its team,
 -- cost and energy, instead of joining the facts with `charges` and `energy_hours` again. The
 -- same rows when each holder has one _rows row (holders_unique): its charge row's cost less
--- idle share is its final_micros, its energy row its _eheld row (tests/test_waste_stored.py
--- compares them with the query's). Run while no closed hour's charges are restored over the
--- slice's (metering/closes.py), i.e. without a freeze.
+-- idle share is its final_micros, its energy row its _eheld row
+-- (tests/test_waste_from_pricing.py compares them with the query's). Run while no closed
+-- hour's charges are restored over the slice's (metering/closes.py), i.e. without a freeze.
 INSERT INTO waste_hours
 WITH a AS (
     SELECT a.namespace,
