@@ -45,11 +45,16 @@ _CONFIG_TABLES: Final = {
     # and intensity NULL where the cost model has no `energy:` / `carbon:`
     "_p_energy": "hour TIMESTAMP, price_u BIGINT, pue_u BIGINT, gpk_m BIGINT",
 }
-_WORK_TABLES: Final = ("_dev", "_alloc", "_rows", "_idle", "_pool", "_share")
-# Integer micros -> DECIMAL(18, 6) without passing through a float.
-_MONEY_MACRO: Final = ("CREATE OR REPLACE TEMP MACRO gl_money(m) AS "
-                       "(CAST(m AS DECIMAL(18, 0)) * CAST(0.000001 AS DECIMAL(18, 6)))"
-                       "::DECIMAL(18, 6)")
+_WORK_TABLES: Final = ("_dev", "_alloc", "_rows", "_idle", "_pool", "_share", "_eheld")
+_WORK_VIEWS: Final = ("_etot",)
+# Integer micros -> DECIMAL(18, 6), integer thousandths (millijoules, milligrams) ->
+# DECIMAL(18, 3), without passing through a float.
+_MACROS: Final = (
+    "CREATE OR REPLACE TEMP MACRO gl_money(m) AS "
+    "(CAST(m AS DECIMAL(18, 0)) * CAST(0.000001 AS DECIMAL(18, 6)))::DECIMAL(18, 6)",
+    "CREATE OR REPLACE TEMP MACRO gl_milli(m) AS "
+    "(CAST(m AS DECIMAL(18, 0)) * CAST(0.001 AS DECIMAL(18, 3)))::DECIMAL(18, 3)",
+)
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,8 @@ def _load_config(con: duckdb.DuckDBPyConnection, model: CostModel,
     }
     for name, value in variables.items():
         con.execute(f"SET VARIABLE {name} = ?", [value])
-    con.execute(_MONEY_MACRO)
+    for macro in _MACROS:
+        con.execute(macro)
     return tuple(sorted(defaults))
 
 
@@ -202,6 +208,11 @@ def choose_slice(con: duckdb.DuckDBPyConnection, start: datetime, end: datetime,
     return SliceChoice(chosen, per_hour)
 
 
+def _holders_unique(con: duckdb.DuckDBPyConnection, query: str) -> bool:
+    row = con.execute(query).fetchone()
+    return row is not None and bool(row[0])
+
+
 def clusters_in(con: duckdb.DuckDBPyConnection, start: datetime, end: datetime) -> list[str]:
     """Clusters with facts or charges in [start, end): what pricing the period rebuilds."""
     rows = con.execute(
@@ -257,6 +268,11 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                 progress.total = len(slices) * len(names)
             if freeze is not None:
                 freeze.before(con, start, end, names)
+            # The waste device-hours of what is priced (metering/wastehours.py): from the work
+            # tables where they give the query's rows, else with the query once charges are
+            # final (closed hours' restored, by freeze.after).
+            wastehours.forget(con, start, end, names)
+            by_query: list[tuple[str, datetime, datetime]] = []
             for cluster in names:
                 defaults.update(_load_config(con, model.for_cluster(cluster), start, end,
                                              cluster))
@@ -273,15 +289,21 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                     orphan_row = con.execute(sql.query("orphans")).fetchone()
                     assert orphan_row is not None
                     orphans += int(orphan_row[0])
+                    if freeze is None and _holders_unique(con, sql.query("holders_unique")):
+                        con.execute(sql.query("waste_rows"))
+                    else:
+                        by_query.append((cluster, lo, hi))
                     if progress is not None:
                         where = "" if names == [DEFAULT_CLUSTER] else f"{cluster} "
                         progress.chunk_done(where + piece.label(), f"{int(row[9])} charge rows",
                                             int(row[9]), "charge rows")
             posted = 0 if freeze is None else freeze.after(con, start, end, names, model.hash)
-            # The waste device-hours of what was priced, from the charges as they now are
-            # (closed hours' restored): the month-end report reads them (metering/wastehours.py).
-            wastehours.store(con, start, end, names, utc_naive(datetime.now(UTC)))
+            for cluster, lo, hi in by_query:
+                wastehours.compute(con, lo, hi, cluster)
+            wastehours.mark(con, start, end, names, utc_naive(datetime.now(UTC)))
     finally:
+        for view in _WORK_VIEWS:  # before the tables they read
+            con.execute(f"DROP VIEW IF EXISTS {view}")
         for table in (*_WORK_TABLES, *_CONFIG_TABLES):
             con.execute(f"DROP TABLE IF EXISTS {table}")
         con.execute(f"SET preserve_insertion_order = {str(keep_order).lower()}")

@@ -11,6 +11,11 @@ Who keeps them true: pricing replaces the rows of the hours x clusters it prices
 transaction, after closed hours' charges are restored (metering/closes.py); rewriting facts
 (metering/facts.py `delete_hours`) and merging a cluster-month (metering/export.py) delete
 them. A stored hour is therefore what the query gives from the facts and charges as they are.
+
+How pricing computes them: from its own work tables, which already joined each allocation fact
+with its device and MIG facts and hold its team, cost and energy (pricing.sql `waste_rows`;
+the same rows: tests/test_waste_from_pricing.py), else (a closed month's charges restored
+over the priced ones, a holder key seen twice) with the query (`compute`).
 """
 
 from __future__ import annotations
@@ -47,19 +52,30 @@ def store(con: Any, start: datetime, end: datetime, clusters: Iterable[str],
           now: datetime) -> int:
     """Replace the stored rows of hours [start, end) (naive UTC) of `clusters` with what the
     query gives now; inside the caller's transaction. Returns the rows stored."""
-    sql, n = query(), 0
-    for cluster in clusters:
-        scope = {"s": start, "e": end, "c": cluster}
-        _delete(con, "hour >= $s AND hour < $e AND cluster = $c", scope)
-        for lo, hi in slices(start, end):
-            # One cluster's rows: the query joins and groups by cluster, so they are the
-            # same rows as the fleet's query gives for it.
-            row = con.execute(f"INSERT INTO {ROWS} SELECT * FROM ({sql}) WHERE cluster = $c",
-                              {"start": lo, "end": hi, "c": cluster}).fetchone()
-            n += int(row[0]) if row else 0
-        con.execute(f"INSERT INTO {STORED} SELECT unnest(generate_series($s, $e - INTERVAL 1 "
-                    "HOUR, INTERVAL 1 HOUR)), $c, $now", {**scope, "now": now})
+    names = list(clusters)
+    forget(con, start, end, names)
+    n = sum(compute(con, lo, hi, cluster) for cluster in names for lo, hi in slices(start, end))
+    mark(con, start, end, names, now)
     return n
+
+
+def compute(con: Any, start: datetime, end: datetime, cluster: str) -> int:
+    """Insert the query's rows of [start, end) of `cluster` (none stored there). Pricing
+    inserts the same rows from its work tables (pricing.sql `waste_rows`) where it can."""
+    # One cluster's rows: the query joins and groups by cluster, so they are the same rows as
+    # the fleet's query gives for it.
+    row = con.execute(f"INSERT INTO {ROWS} SELECT * FROM ({query()}) WHERE cluster = $c",
+                      {"start": start, "end": end, "c": cluster}).fetchone()
+    return int(row[0]) if row else 0
+
+
+def mark(con: Any, start: datetime, end: datetime, clusters: Iterable[str],
+         now: datetime) -> None:
+    """Record every hour of [start, end) x `clusters` as stored (their rows, or none, are)."""
+    for cluster in clusters:
+        con.execute(f"INSERT INTO {STORED} SELECT unnest(generate_series($s, $e - INTERVAL 1 "
+                    "HOUR, INTERVAL 1 HOUR)), $c, $now",
+                    {"s": start, "e": end, "c": cluster, "now": now})
 
 
 def forget(con: Any, start: datetime, end: datetime, clusters: Iterable[str]) -> None:

@@ -85,7 +85,11 @@ WITH a AS (
                              AS INTEGER),
                     CASE WHEN pp.parts IS NOT NULL THEN 1 END) AS slices,
            coalesce(mh.parent_slices, pp.parts, 7) AS parent_slices,
-           d.memory_gb
+           d.memory_gb,
+           -- as waste.sql `device_hours` reads them (step waste_rows)
+           least(a.allocated_seconds, 3600) AS waste_held_s, a.sm_seconds AS waste_sm_s,
+           coalesce(mh.profile, '') AS waste_profile,
+           mh.sm_active_seconds / nullif(mh.observed_seconds, 0) AS waste_inst_sm
     FROM allocation_hours a
     JOIN _dev d ON d.hour = a.hour AND d.uuid = a.uuid
     LEFT JOIN _p_ns ns ON ns.namespace = a.namespace
@@ -178,7 +182,8 @@ SELECT u.hour, u.team, u.namespace, u.pod, u.container, u.node, u.uuid, u.mig_uu
        -- share. Summed per device-hour in _idle.
        CASE WHEN u.is_mig THEN coalesce(u.used_hours, u.slice_frac * u.share * u.held_hours)
             WHEN u.sharing = 'exclusive' THEN u.alloc_hours
-            ELSE coalesce(u.used_hours, u.alloc_hours) END AS energy_claim
+            ELSE coalesce(u.used_hours, u.alloc_hours) END AS energy_claim,
+       u.waste_held_s, u.waste_sm_s, u.waste_profile, u.waste_inst_sm
 FROM u
 LEFT JOIN _p_tiers t ON u.util > t.lo AND u.util <= t.hi
 LEFT JOIN _p_eff e ON e.sharing = u.sharing
@@ -195,7 +200,7 @@ WITH inst AS (
     WHERE shared AND getvariable('gl_split') <> 'replicas'
     GROUP BY hour, uuid, mig_uuid
 ), sp AS (
-    SELECT a.*,
+    SELECT a.*, a.rowid AS aid,
            CASE WHEN i.w > 0 THEN i.held * a.split_w / i.w ELSE a.alloc_hours END AS split_hours
     FROM _alloc a
     LEFT JOIN inst i ON a.shared AND i.hour = a.hour AND i.uuid = a.uuid
@@ -215,12 +220,17 @@ WITH inst AS (
     FROM sp
 ), dev AS (
     -- Never charge more of a device than it was up: scale a device's rows down when the facts
-    -- claim more (overlapping pods in one hour, more shares than replicas).
-    SELECT hour, uuid, any_value(up_frac) / sum(charge_hours) AS scale
+    -- claim more (overlapping pods in one hour, more shares than replicas). And the devices
+    -- held by more than one row (step waste_rows groups only their rows).
+    SELECT hour, uuid,
+           CASE WHEN sum(charge_hours) > any_value(up_frac)
+                THEN any_value(up_frac) / sum(charge_hours) END AS scale,
+           count(*) AS holders
     FROM b GROUP BY hour, uuid
-    HAVING sum(charge_hours) > any_value(up_frac)
+    HAVING sum(charge_hours) > any_value(up_frac) OR count(*) > 1
 ), sc AS (
-    SELECT b.*, charge_hours * coalesce(dev.scale, 1.0) AS fraction
+    SELECT b.*, charge_hours * coalesce(dev.scale, 1.0) AS fraction,
+           coalesce(dev.holders, 1) AS device_holders
     FROM b LEFT JOIN dev USING (hour, uuid)
 )
 SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing, profile,
@@ -231,7 +241,9 @@ SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, shari
        floor(rate_micros * fraction)::BIGINT AS list_micros,
        floor(rate_micros * fraction * mult)::BIGINT AS final_micros,
        hash(namespace, pod, container, uuid, mig_uuid) AS row_key,
-       energy_claim
+       energy_claim,
+       aid,  -- its _alloc row (rowid)
+       device_holders  -- rows of the device-hour
 FROM sc;
 
 -- step: idle
@@ -372,60 +384,72 @@ HAVING sum(list_micros - final_micros) <> 0;
 DELETE FROM energy_hours WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
   AND cluster = getvariable('gl_cluster');
 
--- step: energy_insert
+-- step: energy_devices
 -- Each device-hour's measured energy split among its holders (docs/cost-model.md, "Energy and
 -- carbon"), by their energy_claim (step alloc) summed per device-hour in _idle: a device whose
 -- holders claim more than its up time is scaled down to it. Only device-hours with a measured
--- energy are read. One statement over the work tables the other steps built: a materialised
--- copy of _alloc per slice raised pricing's peak memory by more than half.
---
--- Then joules in integer millijoules, money in micros, CO2e in milligrams: each holder gets
--- the floor of its share, `down` the floor of the hour's down time, `idle` exactly what is
--- left, so the rows of a device-hour add up to its energy, cost and CO2e with nothing lost.
-INSERT INTO energy_hours (hour, team, namespace, pod, container, node, uuid, mig_uuid, model,
-                          sharing, profile, rule, fraction, energy_joules, estimated,
-                          price_per_kwh, energy_cost, co2e_grams, cost_model_hash, cluster)
+-- energy are read. Joules in integer millijoules, money in micros, CO2e in milligrams: each
+-- holder gets the floor of its share, `down` the floor of the hour's down time, `idle` exactly
+-- what is left, so the rows of a device-hour add up to its energy, cost and CO2e with nothing
+-- lost. This view: the device-hours with their energy's cost and CO2e.
+CREATE OR REPLACE TEMP VIEW _etot AS
 WITH dv AS (
     SELECT i.hour, i.node, i.uuid, i.model, i.up_frac, i.energy_estimated AS est, i.claims,
            CAST(round(greatest(i.energy_joules, 0) * 1000) AS BIGINT) AS mj,
            pe.price_u, pe.pue_u, pe.gpk_m
     FROM _idle i JOIN _p_energy pe USING (hour)
     WHERE i.energy_joules IS NOT NULL AND isfinite(i.energy_joules)
-), tot AS (
-    -- a kWh is 3.6e9 mJ; PUE and price in millionths, intensity in thousandths: cost in
-    -- micros and CO2e in milligrams are the product / 3.6e15, rounded half up
-    SELECT dv.*,
-           (CAST(mj AS HUGEINT) * pue_u * price_u + 1800000000000000) // 3600000000000000
-               AS cost_u,
-           (CAST(mj AS HUGEINT) * pue_u * gpk_m + 1800000000000000) // 3600000000000000 AS co2_mg
-    FROM dv
-), eshare AS (
-    SELECT a.hour, a.team, a.namespace, a.pod, a.container, a.node, a.uuid, a.mig_uuid,
+)
+-- a kWh is 3.6e9 mJ; PUE and price in millionths, intensity in thousandths: cost in micros
+-- and CO2e in milligrams are the product / 3.6e15, rounded half up
+SELECT dv.*,
+       (CAST(mj AS HUGEINT) * pue_u * price_u + 1800000000000000) // 3600000000000000
+           AS cost_u,
+       (CAST(mj AS HUGEINT) * pue_u * gpk_m + 1800000000000000) // 3600000000000000 AS co2_mg
+FROM dv;
+
+-- step: energy_holders
+-- Each holder's share of its device-hour's energy, per _alloc row (aid: its rowid). Only the
+-- figures: the row's names are _alloc's (a materialised copy of _alloc per slice raised
+-- pricing's peak memory by more than half). Read by energy_insert and by waste_rows.
+CREATE OR REPLACE TEMP TABLE _eheld AS
+WITH eshare AS (
+    SELECT a.rowid AS aid, a.hour, a.uuid,
+           greatest(a.energy_claim, 0)
+               * CASE WHEN t.claims > a.up_frac THEN a.up_frac / t.claims ELSE 1 END AS w,
+           t.est, t.price_u, t.mj AS dev_mj, t.cost_u AS dev_cost, t.co2_mg AS dev_co2
+    FROM _alloc a JOIN _etot t USING (hour, uuid)
+), held AS (
+    SELECT *, CAST(floor(dev_mj * w) AS BIGINT) AS mj_row FROM eshare
+)
+-- (0 J: 0, or NULL where not priced)
+SELECT aid, hour, uuid, w, est, price_u, mj_row,
+       CASE WHEN dev_mj > 0 THEN CAST(dev_cost * mj_row AS HUGEINT) // dev_mj
+            ELSE dev_cost * 0 END AS cost_row,
+       CASE WHEN dev_mj > 0 THEN CAST(dev_co2 * mj_row AS HUGEINT) // dev_mj
+            ELSE dev_co2 * 0 END AS co2_row
+FROM held;
+
+-- step: energy_insert
+INSERT INTO energy_hours (hour, team, namespace, pod, container, node, uuid, mig_uuid, model,
+                          sharing, profile, rule, fraction, energy_joules, estimated,
+                          price_per_kwh, energy_cost, co2e_grams, cost_model_hash, cluster)
+WITH holders AS (
+    SELECT e.hour, a.team, a.namespace, a.pod, a.container, a.node, e.uuid, a.mig_uuid,
            a.model, a.sharing, a.profile,
            CASE WHEN a.is_mig AND a.used_hours IS NOT NULL THEN 'mig-activity'
                 WHEN a.is_mig THEN 'mig-slices'
                 WHEN a.sharing = 'exclusive' THEN 'held'
                 WHEN a.used_hours IS NOT NULL THEN 'sm-share'
                 ELSE 'held (no SM data)' END AS rule,
-           greatest(a.energy_claim, 0)
-               * CASE WHEN t.claims > a.up_frac THEN a.up_frac / t.claims ELSE 1 END AS w,
-           t.est, t.price_u, t.mj AS dev_mj, t.cost_u AS dev_cost, t.co2_mg AS dev_co2
-    FROM _alloc a JOIN tot t USING (hour, uuid)
-), held AS (
-    SELECT *, CAST(floor(dev_mj * w) AS BIGINT) AS mj_row FROM eshare
-), holders AS (
-    -- (0 J: 0, or NULL where not priced)
-    SELECT *, CASE WHEN dev_mj > 0 THEN CAST(dev_cost * mj_row AS HUGEINT) // dev_mj
-                   ELSE dev_cost * 0 END AS cost_row,
-           CASE WHEN dev_mj > 0 THEN CAST(dev_co2 * mj_row AS HUGEINT) // dev_mj
-                ELSE dev_co2 * 0 END AS co2_row
-    FROM held
+           e.w, e.est, e.price_u, e.mj_row, e.cost_row, e.co2_row
+    FROM _eheld e JOIN _alloc a ON a.rowid = e.aid
 ), hs AS (
     SELECT hour, uuid, sum(mj_row) AS mj_held, sum(cost_row) AS cost_held,
            sum(co2_row) AS co2_held
-    FROM holders GROUP BY hour, uuid
+    FROM _eheld GROUP BY hour, uuid
 ), down AS (
-    SELECT t.*, CAST(floor(t.mj * (1 - t.up_frac)) AS BIGINT) AS mj_down FROM tot t
+    SELECT t.*, CAST(floor(t.mj * (1 - t.up_frac)) AS BIGINT) AS mj_down FROM _etot t
 ), fleet AS (
     SELECT d.*,
            CASE WHEN d.mj > 0 THEN d.cost_u * d.mj_down // d.mj END AS cost_down,
@@ -451,9 +475,7 @@ WITH dv AS (
     WHERE mj - mj_down - mj_held <> 0 OR cost_u - coalesce(cost_down, 0) - cost_held <> 0
 )
 SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing, profile,
-       rule, fraction, (CAST(mj AS DECIMAL(18, 0)) * CAST(0.001 AS DECIMAL(18, 3)))::DECIMAL(18, 3),
-       est, gl_money(price_u), gl_money(cost_u),
-       (CAST(co2_mg AS DECIMAL(18, 0)) * CAST(0.001 AS DECIMAL(18, 3)))::DECIMAL(18, 3),
+       rule, fraction, gl_milli(mj), est, gl_money(price_u), gl_money(cost_u), gl_milli(co2_mg),
        getvariable('gl_hash'), getvariable('gl_cluster')
 FROM erows;
 
@@ -482,3 +504,67 @@ SELECT (SELECT count(*) FROM allocation_hours
         WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
           AND cluster = getvariable('gl_cluster'))
        - (SELECT count(*) FROM _alloc);
+
+-- query: holders_unique
+-- Whether each holder (hour x namespace x pod x container x device x MIG instance, the key of
+-- allocation_hours) has one _rows row: the facts' keys are unique (ingest groups by them), so
+-- it has; waste_rows relies on it. A hash collision says false: the slower, exact way is taken.
+SELECT count(*) = 0 FROM (SELECT hour, row_key FROM _rows GROUP BY ALL HAVING count(*) > 1);
+
+-- query: waste_rows
+-- The slice's rows of waste.sql `device_hours` (metering/wastehours.py), from the work tables
+-- that already joined each allocation fact with its device and MIG facts and hold its team,
+-- cost and energy, instead of joining the facts with `charges` and `energy_hours` again. The
+-- same rows when each holder has one _rows row (holders_unique): its charge row's cost less
+-- idle share is its final_micros, its energy row its _eheld row
+-- (tests/test_waste_from_pricing.py compares them with the query's). Run while no closed
+-- hour's charges are restored over the slice's (metering/closes.py), i.e. without a freeze.
+INSERT INTO waste_hours
+WITH a AS (
+    SELECT a.namespace,
+           coalesce(nullif(w.owner_kind, ''), 'Pod') AS owner_kind,
+           coalesce(nullif(w.owner_name, ''), a.pod) AS owner_name,
+           a.model, a.sharing, a.waste_profile AS profile, a.hour, a.uuid, a.mig_uuid,
+           a.waste_held_s AS held_s, a.waste_sm_s AS sm_seconds, w.memory_max_bytes AS mem_max,
+           a.waste_inst_sm AS inst_sm,
+           -- the query reads holders' charge and energy rows where pod <> ''
+           CASE WHEN a.pod <> '' THEN r.team END AS team,
+           CASE WHEN a.pod <> '' THEN gl_money(r.final_micros) END AS cost,
+           CASE WHEN a.pod <> '' THEN gl_milli(e.mj_row) END AS joules,
+           CASE WHEN a.pod <> '' THEN gl_milli(e.co2_row) END AS grams,
+           r.device_holders > 1 AS grouped
+    FROM _rows r
+    JOIN _alloc a ON a.rowid = r.aid
+    LEFT JOIN _eheld e ON e.aid = r.aid
+    LEFT JOIN workload_hours w ON w.hour = a.hour AND w.cluster = getvariable('gl_cluster')
+         AND w.namespace = a.namespace AND w.pod = a.pod AND w.container = a.container
+         AND w.uuid = a.uuid AND w.mig_uuid = a.mig_uuid
+         AND w.hour >= getvariable('gl_start') AND w.hour < getvariable('gl_end')
+    WHERE a.waste_held_s > 0
+), dh AS (
+    -- the query's grouping, over the rows of devices with more than one holder
+    SELECT namespace, owner_kind, owner_name, model, sharing, profile, hour,
+           max(held_s) / 3600.0 AS held_h,
+           CASE WHEN count(mem_max) = count(*) THEN sum(mem_max) END AS mem_max,
+           CASE WHEN mig_uuid <> '' THEN any_value(inst_sm)
+                WHEN count(sm_seconds) = count(*)
+                    THEN least(sum(sm_seconds) / nullif(max(held_s), 0), 1.0) END AS sm,
+           max(team) AS team, coalesce(sum(cost), 0) AS cost,
+           coalesce(sum(joules), 0) AS joules, sum(grams) AS grams
+    FROM a WHERE grouped
+    GROUP BY namespace, owner_kind, owner_name, model, sharing, profile, hour, uuid, mig_uuid
+    UNION ALL
+    -- the same figures of a group of one row, without grouping: a sum of one value x is
+    -- 0 + x (the same double: -0.0 becomes 0.0 as in sum())
+    SELECT namespace, owner_kind, owner_name, model, sharing, profile, hour,
+           held_s / 3600.0, mem_max + 0.0,
+           CASE WHEN mig_uuid <> '' THEN inst_sm
+                WHEN sm_seconds IS NOT NULL
+                    THEN least((sm_seconds + 0.0) / nullif(held_s, 0), 1.0) END,
+           team, coalesce(cost, 0), coalesce(joules, 0), grams
+    FROM a WHERE NOT grouped
+)
+SELECT getvariable('gl_cluster'), namespace, owner_kind, owner_name, model, sharing, profile,
+       hour, held_h, mem_max, sm, team, cost,
+       coalesce(mem_max = 0 AND coalesce(sm, 0) = 0, false) AS idle, joules, grams
+FROM dh;
