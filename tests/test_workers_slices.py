@@ -1,0 +1,146 @@
+"""`meter --jobs N` on one chunk (issue 27, item 4): the chunk's nodes are cut into slices
+fetched by several worker processes at once, written as node groups in slice order. The facts
+and the bill are the same as with one job; a slice failing writes nothing for the chunk; at
+most N slices are in flight, each within its share of the memory budget."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import conftest_prom
+import pytest
+
+from metering import api
+from metering.cli_meter import main
+from metering.db import connect
+from metering.errors import MeteringError
+from metering.facts import STAGING
+from metering.matrix import Matrix
+from metering.period import Period, resolve
+from metering.promclient import PromClient
+from metering.prometheus_source import PrometheusSource
+from metering.queryplan import QueryPlanner
+from metering.signals import SIGNALS, SignalSpec, series_labels
+from metering.workers import ParallelSource
+
+fleet_om_file = conftest_prom.fleet_om_file  # session fixtures
+fleet_prom_url = conftest_prom.fleet_prom_url
+ONE_CHUNK = ["--from", "2026-10-05", "--to", "2026-10-06", "--chunk", "24"]
+TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours",
+          "coverage", "charges")
+
+
+def _ledger(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the fact tables, coverage and charges (less when they were written)."""
+    out = {}
+    with connect(db, read_only=True) as con:
+        for t in TABLES:
+            cols = [c for (c,) in con.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+                "AND column_name NOT IN ('ingested_at', 'priced_at') ORDER BY ordinal_position",
+                [t]).fetchall()]
+            out[t] = sorted(con.execute(f"SELECT {', '.join(cols)} FROM {t}").fetchall(),
+                            key=repr)
+    return out
+
+
+def test_one_chunk_with_three_jobs_is_fetched_by_several_workers_and_the_same(
+        fleet_prom_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ledgers = {}
+    for jobs in (1, 3):
+        db = tmp_path / f"j{jobs}.duckdb"
+        rc = main(["--prometheus", fleet_prom_url, *ONE_CHUNK, "--db", str(db), "--jobs",
+                   str(jobs), "--verbose"])
+        err = capsys.readouterr().err
+        assert rc == 0, err
+        assert "Traceback" not in err
+        ledgers[jobs] = _ledger(db)
+        if jobs == 1:
+            continue
+        # Two nodes in the fleet: two slices of the one chunk, each fetched by a worker.
+        found = re.search(r"1 chunk\(s\) \(2 node slices\) fetched by (\d) worker "
+                          r"process\(es\) of 3 \(pids ([\d, ]+)\)", err)
+        assert found is not None, err
+        assert found.group(1) == "2", err
+    for t in ("device_hours", "mig_hours", "allocation_hours", "coverage", "charges"):
+        assert ledgers[1][t], f"{t}: empty"  # (the fleet has no workload or grant series)
+    assert ledgers[1] == ledgers[3]
+
+
+class _Sliced(PrometheusSource):
+    """Slice 0 (the one with series without a node) answered last; a slice holding `fail`
+    fails with a bug's exception."""
+
+    fail: str | None = None
+
+    def fetch_part(self, chunk: Period, part: tuple[str, ...] | None,
+                   nodes: tuple[str, ...] | None, recorded: frozenset[str]
+                   ) -> Iterator[list[tuple[SignalSpec, Matrix]]]:
+        if part is not None and "" in part:
+            time.sleep(1.0)
+        if part is not None and self.fail in part:
+            raise ValueError("boom\nsecond line")
+        return super().fetch_part(chunk, part, nodes, recorded)
+
+
+def _nodes(group: dict[str, Any]) -> set[str]:
+    return {series_labels(k).get("node", "") for t in group.values()
+            for k in t.column("series").to_pylist()}
+
+
+def test_slices_are_given_in_order_with_at_most_jobs_in_flight(fleet_prom_url: str) -> None:
+    source = _Sliced(PromClient(fleet_prom_url))
+    source.window()
+    chunk = resolve(None, "2026-10-05", "2026-10-06")
+    parallel = ParallelSource(source, 2)
+    seen: list[set[str]] = []
+    with parallel.prefetching([chunk]):
+        for group in parallel.tables(chunk):
+            assert len(parallel._pending) <= 2
+            seen.append(_nodes(group))
+        assert parallel.grouped(chunk)  # staged by the writer, group by group
+    assert seen == [{"node-a"}, {"node-b"}], seen  # slice 0 first though answered last
+    assert len(set(parallel.fetched_by[chunk])) == 2
+
+
+def test_a_slice_failing_writes_nothing_for_the_chunk(fleet_prom_url: str,
+                                                      tmp_path: Path) -> None:
+    db = tmp_path / "m.duckdb"
+    assert main(["--prometheus", fleet_prom_url, *ONE_CHUNK, "--db", str(db), "--quiet"]) == 0
+    before = _ledger(db)
+    source = _Sliced(PromClient(fleet_prom_url))
+    source.fail = "node-b"  # the second slice, after the first was staged
+    period = resolve(None, "2026-10-05", "2026-10-06")
+    with pytest.raises(MeteringError) as failed:
+        api.meter(db, source, period, api.MeterSettings(chunk_hours=24, jobs=2))
+    message = str(failed.value)
+    assert re.fullmatch(r"chunk 2026-10-05T00:00Z \.\. 2026-10-06T00:00Z: worker process \d+ "
+                        r"failed: ValueError: boom second line", message), message
+    assert _ledger(db) == before
+    with connect(db, read_only=True) as con:
+        assert not con.execute("SELECT count(*) FROM information_schema.schemata WHERE "
+                               "schema_name = ?", [STAGING]).fetchone()[0]
+
+
+def test_slices_cut_the_nodes_in_order_within_their_share() -> None:
+    planner = QueryPlanner(PromClient("http://127.0.0.1:9"))  # never asked: nodes known
+    chunk = resolve(None, "2026-10-05", "2026-10-06")
+    nodes = tuple(f"n{i:02}" for i in range(10))
+    planner.know_nodes(chunk, nodes)
+    per_node = sum(planner._series(s.family, "n00") for s in SIGNALS) * (chunk.hours + 1)
+    for least, most, want in ((3, 1e18, 3), (1, 1e18, None), (1, per_node * 2, 5),
+                              (4, per_node * 3, 4), (20, 1e18, 10)):
+        got = planner.slices(chunk, least, most)
+        if want is None:
+            assert got is None
+            continue
+        assert got is not None and len(got) == want, (least, most, got)
+        assert got[0][0] == ""  # series without a node: in the first slice only
+        assert [n for s in got for n in s if n] == list(nodes)  # contiguous, each once
+        assert all(len([n for n in s if n]) * per_node <= max(most, per_node) for s in got)
+    planner.know_nodes(chunk, None)
+    assert planner.slices(chunk, 3, 1.0) is None  # nodes not listed: every series at once
