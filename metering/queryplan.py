@@ -508,6 +508,16 @@ class QueryPlanner:
         out.append(tuple(taken))
         return out
 
+    def fits(self, chunk: Period) -> bool:
+        """Whether the chunk's series fit one node group (`groups` gives None): its facts
+        need not be staged group by group, however many processes fetch it."""
+        nodes = self.nodes(chunk)
+        if not nodes:
+            return True
+        with self._lock:
+            total = sum(self._points_per_step(n) for n in nodes) * (chunk.hours + 1)
+            return total <= self._group_points()
+
     def know_nodes(self, chunk: Period, nodes: tuple[str, ...] | None) -> None:
         """The chunk's node names as another process's planner listed them (`nodes`)."""
         self._chunk, self._nodes = chunk, nodes

@@ -92,9 +92,13 @@ def _nodes(group: dict[str, Any]) -> set[str]:
             for k in t.column("series").to_pylist()}
 
 
-def test_slices_are_given_in_order_with_at_most_jobs_in_flight(fleet_prom_url: str) -> None:
+@pytest.mark.parametrize("memory_points", [None, 1.0])
+def test_slices_are_given_in_order_with_at_most_jobs_in_flight(
+        fleet_prom_url: str, memory_points: float | None) -> None:
     source = _Sliced(PromClient(fleet_prom_url))
     source.window()
+    if memory_points is not None:  # a chunk over the memory budget: its groups are staged
+        source.planner.memory_points = memory_points
     chunk = resolve(None, "2026-10-05", "2026-10-06")
     parallel = ParallelSource(source, 2)
     seen: list[set[str]] = []
@@ -102,18 +106,22 @@ def test_slices_are_given_in_order_with_at_most_jobs_in_flight(fleet_prom_url: s
         for group in parallel.tables(chunk):
             assert len(parallel._pending) <= 2
             seen.append(_nodes(group))
-        assert parallel.grouped(chunk)  # staged by the writer, group by group
+        # Staged where one process would have fetched the chunk in node groups too.
+        assert parallel.grouped(chunk) == (memory_points is not None)
     assert seen == [{"node-a"}, {"node-b"}], seen  # slice 0 first though answered last
     assert len(set(parallel.fetched_by[chunk])) == 2
 
 
-def test_a_slice_failing_writes_nothing_for_the_chunk(fleet_prom_url: str,
-                                                      tmp_path: Path) -> None:
+@pytest.mark.parametrize("memory_points", [None, 1.0])
+def test_a_slice_failing_writes_nothing_for_the_chunk(
+        fleet_prom_url: str, tmp_path: Path, memory_points: float | None) -> None:
     db = tmp_path / "m.duckdb"
     assert main(["--prometheus", fleet_prom_url, *ONE_CHUNK, "--db", str(db), "--quiet"]) == 0
     before = _ledger(db)
     source = _Sliced(PromClient(fleet_prom_url))
-    source.fail = "node-b"  # the second slice, after the first was staged
+    if memory_points is not None:  # staged: the first slice's facts committed to staging
+        source.planner.memory_points = memory_points
+    source.fail = "node-b"  # the second slice, after the first was written
     period = resolve(None, "2026-10-05", "2026-10-06")
     with pytest.raises(MeteringError) as failed:
         api.meter(db, source, period, api.MeterSettings(chunk_hours=24, jobs=2))
