@@ -256,7 +256,10 @@ def report(res: dict[str, Any]) -> str:
                      f"vmalert {rp['vmalert_cpu_s']:.1f} CPU-s"])
     for k, r in enumerate(res["runs"]):
         rows.append([f"run {k + 1} ({r['code']}): meter + price one day: wall / CPU / peak RSS",
-                     f"{stage_cell(r)}; store {r['vm_cpu_s']:.1f} CPU-s, "
+                     f"{stage_cell(r)}"
+                     + (f" (workers {r['workers_cpu_s']:.1f} CPU-s, largest worker "
+                        f"{r['worker_maxrss_mib']:,.0f} MiB)" if r.get("workers_cpu_s") else "")
+                     + f"; store {r['vm_cpu_s']:.1f} CPU-s, "
                      f"{r['vm_samples_read']:,.0f} samples read; load {r['load_before']} -> "
                      f"{r['load_after']}"])
     if "ingest" in res:
