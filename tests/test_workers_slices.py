@@ -13,6 +13,7 @@ from typing import Any
 
 import conftest_prom
 import pytest
+from promtools import backfill, running_prometheus
 
 from metering import api
 from metering.cli_meter import main
@@ -152,3 +153,53 @@ def test_slices_cut_the_nodes_in_order_within_their_share() -> None:
         assert all(len([n for n in s if n]) * per_node <= max(most, per_node) for s in got)
     planner.know_nodes(chunk, None)
     assert planner.slices(chunk, 3, 1.0) is None  # nodes not listed: every series at once
+
+
+def _lines(name: str, labels: dict[str, str]) -> list[str]:
+    body = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return [f"{name}{{{body}}} 1 {T0 + t}" for t in range(60, 3 * 3600 + 1, 60)]
+
+
+T0 = 1791158400  # 2026-10-05T00:00Z
+
+
+def test_series_outside_the_selector_are_reported_as_with_one_job(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A chunk in three slices: the series outside the selector (listed by the writer's
+    process, once per chunk) are reported once and counted once, not billed; the facts as
+    with one job."""
+    exporter = {"job": "gpu-ledger-exporter", "instance": "10.0.0.1:9847"}
+    rogue = {"job": "kubernetes-pods", "instance": "10.9.9.9:8080"}
+    lines: list[str] = []
+    for node in ("n1", "n2", "n3"):
+        lines += _lines("gpu_up", {"node": node, "gpu": "0", "uuid": f"GPU-{node}",
+                                   "model": "NVIDIA H100 80GB HBM3", **exporter})
+        lines += _lines("gpu_info", {"node": node, "uuid": f"GPU-{node}",
+                                     "mig_mode": "disabled", **exporter})
+    lines += _lines("gpu_up", {"node": "n2", "gpu": "9", "uuid": "GPU-FAKE",
+                               "model": "NVIDIA H100 80GB HBM3", **rogue})
+    text, last = "", ""
+    for ln in sorted(lines, key=lambda x: (x.split("{")[0], x)):
+        name = ln.split("{")[0]
+        if name != last:
+            text, last = text + f"# TYPE {name} gauge\n", name
+        text += ln + "\n"
+    backfill(text + "# EOF\n", tmp_path / "prom")
+    ledgers, errs = {}, {}
+    with running_prometheus(tmp_path / "prom") as url:
+        for jobs in (1, 3):
+            db = tmp_path / f"j{jobs}.duckdb"
+            rc = main(["--prometheus", url, "--from", "2026-10-05T00:00", "--to",
+                       "2026-10-05T03:00", "--chunk", "3", "--db", str(db), "--jobs",
+                       str(jobs), "--verbose"])
+            errs[jobs] = capsys.readouterr().err
+            assert rc == 0, errs[jobs]
+            ledgers[jobs] = _ledger(db)
+    assert "1 chunk(s) (3 node slices) fetched by" in errs[3], errs[3]
+    for err in errs.values():
+        warned = [x for x in err.splitlines() if "were not metered" in x]
+        assert len(warned) == 1, err
+        assert 'gpu_up from job="kubernetes-pods" instance="10.9.9.9:8080" (1 series)' \
+            in warned[0], warned
+    assert len(ledgers[1]["device_hours"]) == 9  # 3 GPUs x 3 hours, the rogue not billed
+    assert ledgers[1] == ledgers[3]
