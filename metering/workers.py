@@ -143,12 +143,21 @@ def _fetch(part: Part) -> Fetched | _Failure:
         return Fetched(groups, dropped, dict(s.foreign), s.unchecked, source.queries - before,
                        os.getpid(), None if planner is None else copy.copy(planner.stats),
                        planner is not None and part.chunk in planner.grouped,
-                       {} if planner is None else planner.learned_series())
+                       {} if planner is None else _of_part(planner.learned_series(), part))
     except MeteringError as exc:
         return _Failure(type(exc), _one_line(str(exc)), int(exc.code), os.getpid())
     except Exception as exc:  # one line for the parent, not a traceback
         return _Failure(None, _one_line(f"{type(exc).__name__}: {exc}"),
                         int(ExitCode.FAILED), os.getpid())
+
+
+def _of_part(series: dict[str, dict[str, int]], part: Part) -> dict[str, dict[str, int]]:
+    """The series per node learned of the part's nodes (a worker's planner keeps those of
+    every part it fetched: the writer needs each node once, not 80,000 GPUs' per slice)."""
+    if part.nodes is None:
+        return series
+    mine = set(part.nodes)
+    return {f: {n: k for n, k in per.items() if n in mine} for f, per in series.items()}
 
 
 def _one_line(text: str) -> str:
