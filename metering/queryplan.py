@@ -446,15 +446,10 @@ class QueryPlanner:
         node too), given whole where they fit."""
         nodes = self.nodes(chunk) if within is None else tuple(n for n in within if n)
         steps = chunk.hours + 1
-        if not nodes:
+        if self._fit(nodes, steps):
             yield within
             return
-        with self._lock:
-            total = sum(self._points_per_step(n) for n in nodes) * steps
-            limit = self._group_points()
-        if total <= limit:
-            yield within
-            return
+        assert nodes is not None  # unknown nodes fit: nothing to group them by
         self.grouped.add(chunk)
         rest = list(nodes)
         head: tuple[str, ...] = ("",) if within is None or "" in within else ()
@@ -511,12 +506,15 @@ class QueryPlanner:
     def fits(self, chunk: Period) -> bool:
         """Whether the chunk's series fit one node group (`groups` gives None): its facts
         need not be staged group by group, however many processes fetch it."""
-        nodes = self.nodes(chunk)
+        return self._fit(self.nodes(chunk), chunk.hours + 1)
+
+    def _fit(self, nodes: Sequence[str] | None, steps: int) -> bool:
+        """Whether `steps` evaluation hours of the nodes' series fit one node group (no or
+        unknown nodes: nothing to group by)."""
         if not nodes:
             return True
         with self._lock:
-            total = sum(self._points_per_step(n) for n in nodes) * (chunk.hours + 1)
-            return total <= self._group_points()
+            return sum(self._points_per_step(n) for n in nodes) * steps <= self._group_points()
 
     def know_nodes(self, chunk: Period, nodes: tuple[str, ...] | None) -> None:
         """The chunk's node names as another process's planner listed them (`nodes`)."""

@@ -22,9 +22,10 @@ from metering.errors import MeteringError
 from metering.facts import STAGING
 from metering.matrix import Matrix
 from metering.period import Period, resolve
-from metering.promclient import PromClient
+from metering.promclient import PromClient, PromError
 from metering.prometheus_source import PrometheusSource
 from metering.queryplan import QueryPlanner
+from metering.recorded import Choice
 from metering.signals import SIGNALS, SignalSpec, series_labels
 from metering.workers import ParallelSource
 
@@ -208,3 +209,27 @@ def test_series_outside_the_selector_are_reported_as_with_one_job(
             in warned[0], warned
     assert len(ledgers[1]["device_hours"]) == 9  # 3 GPUs x 3 hours, the rogue not billed
     assert ledgers[1] == ledgers[3]
+
+
+class _Unbegun(PrometheusSource):
+    """The store fails while the writer's process begins the second chunk."""
+
+    def begin_chunk(self, chunk: Period) -> tuple[Choice, int]:
+        if chunk.start.hour == 12:
+            raise PromError(f"{self.client.url}: node names not listed (HTTP 503)")
+        return super().begin_chunk(chunk)
+
+
+def test_a_chunk_failing_as_it_is_begun_fails_in_its_turn(fleet_prom_url: str,
+                                                          tmp_path: Path) -> None:
+    db = tmp_path / "m.duckdb"
+    period = resolve(None, "2026-10-05", "2026-10-06")
+    with pytest.raises(MeteringError) as failed:
+        api.meter(db, _Unbegun(PromClient(fleet_prom_url)), period,
+                  api.MeterSettings(chunk_hours=12, jobs=2))
+    assert str(failed.value) == (
+        f"chunk 2/2 (2026-10-05T12:00Z .. 2026-10-06T00:00Z): {fleet_prom_url}: node names "
+        "not listed (HTTP 503); nothing written for this chunk, 1 earlier chunk(s) kept")
+    with connect(db, read_only=True) as con:
+        hours = con.execute("SELECT DISTINCT hour(hour) FROM device_hours ORDER BY 1").fetchall()
+    assert [h for (h,) in hours] == list(range(12))  # the first chunk is kept
