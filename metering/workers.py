@@ -83,6 +83,7 @@ class Part:
     # None: every series
     listed: tuple[str, ...] | None = None  # the chunk's nodes as the parent listed them
     recorded: frozenset[str] | None = None  # signals read from recorded series
+    failed: _Failure | None = None  # the parent could not begin the chunk: not sent
 
 
 @dataclass(frozen=True)
@@ -248,6 +249,10 @@ class ParallelSource:
         ctx = multiprocessing.get_context("fork")  # workers inherit the source as it is
         ok = False
         try:
+            # Chunks begun (their nodes listed: queries that may wait on the store) before
+            # SIGINT is blocked, enough to give every worker a part.
+            while len(self._parts) < self.jobs and self._todo:
+                self._begin(self._todo.popleft())
             # SIGINT blocked while forking: a child never runs the parent's handler (one
             # that arrives meanwhile is raised once unblocked, inside this try). Garbage
             # collected first and the rest frozen while forking: a worker never collects
@@ -281,10 +286,8 @@ class ParallelSource:
         try:
             choice, probes = inner.begin_chunk(chunk)
         except MeteringError as exc:  # the chunk's failure, said when it is written
-            failed: Future[Fetched | _Failure] = Future()
-            failed.set_result(_Failure(type(exc), _one_line(str(exc)), int(exc.code),
-                                       os.getpid()))
-            self._pending.append((Part(chunk), failed))
+            self._parts.append(Part(chunk, failed=_Failure(
+                type(exc), _one_line(str(exc)), int(exc.code), os.getpid())))
             return
         finally:
             self._queries += inner.client.queries - asked
@@ -305,7 +308,12 @@ class ParallelSource:
             self._begin(self._todo.popleft())
         if self._parts:
             part = self._parts.popleft()
-            self._pending.append((part, self._pool.submit(_fetch, part)))
+            if part.failed is None:
+                self._pending.append((part, self._pool.submit(_fetch, part)))
+                return
+            failed: Future[Fetched | _Failure] = Future()
+            failed.set_result(part.failed)
+            self._pending.append((part, failed))
 
     def _stop(self, finished: bool) -> None:
         pool, self._pool = self._pool, None
