@@ -51,21 +51,30 @@ def cpu_seconds(pid: int | str = "self") -> float:
 def child_program(prelude: str = "") -> str:
     """A `python -c` program that runs `gpu-ledger` (its arguments) after `prelude` (a bench's
     patch, reading its own leading arguments) and writes its peak RSS and CPU seconds to stderr
-    for `child_usage`: a child's own figures, not the parent's high-water mark."""
+    for `child_usage`: a child's own figures, not the parent's high-water mark, and those of
+    its worker processes (`meter --jobs`; waited for, so counted in RUSAGE_CHILDREN)."""
     return ("import resource, sys\n" + prelude + "from gpu_ledger.cli import main\n"
             "try:\n    rc = main()\n"
             "finally:\n    u = resource.getrusage(resource.RUSAGE_SELF)\n"
-            "    sys.stderr.write('\\nBENCH_MAXRSS_KIB %d\\nBENCH_CPU_S %.2f\\n' % "
-            "(u.ru_maxrss, u.ru_utime + u.ru_stime))\n"
+            "    c = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+            "    sys.stderr.write('\\nBENCH_MAXRSS_KIB %d\\nBENCH_CPU_S %.2f\\n"
+            "BENCH_WORKERS %d %.2f\\n' % (u.ru_maxrss, u.ru_utime + u.ru_stime, "
+            "c.ru_maxrss, c.ru_utime + c.ru_stime))\n"
             "raise SystemExit(rc)\n")
 
 
 def child_usage(stderr: str) -> dict[str, float]:
-    """`cpu_s` and `maxrss_mib` a `child_program` wrote (NaN where it did not get to)."""
+    """`cpu_s` (with its worker processes') and `maxrss_mib` (its own) a `child_program`
+    wrote, and its workers' `workers_cpu_s` and `worker_maxrss_mib` (the largest one's; 0
+    without workers); NaN where it did not get to."""
     rss = re.search(r"BENCH_MAXRSS_KIB (\d+)", stderr)
     cpu = re.search(r"BENCH_CPU_S ([\d.]+)", stderr)
-    return {"cpu_s": float(cpu.group(1)) if cpu else float("nan"),
-            "maxrss_mib": int(rss.group(1)) / 1024 if rss else float("nan")}
+    workers = re.search(r"BENCH_WORKERS (\d+) ([\d.]+)", stderr)
+    w_rss, w_cpu = (int(workers.group(1)) / 1024, float(workers.group(2))) if workers \
+        else (0.0, 0.0)
+    return {"cpu_s": float(cpu.group(1)) + w_cpu if cpu else float("nan"),
+            "maxrss_mib": int(rss.group(1)) / 1024 if rss else float("nan"),
+            "workers_cpu_s": w_cpu, "worker_maxrss_mib": w_rss}
 
 
 def machine() -> dict[str, Any]:

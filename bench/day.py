@@ -78,22 +78,34 @@ def _price(db: Path, args: list[str], before: str | None = None) -> dict[str, An
 
 
 PRICED_TABLES = ("charges", "energy_hours", "waste_hours")
+# What `--jobs` must not change: the facts, their coverage (less when it was written) and the
+# bill (less when it was priced).
+JOBS_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours",
+               "grant_hours", "coverage EXCLUDE (ingested_at)", *PRICED_TABLES)
 
 
-def same_rows(a: Path, b: Path) -> dict[str, Any]:
-    """Per priced table of two ledgers: rows, rows of one missing from the other (as
-    multisets, both ways) and an order-free hash of every row, each side."""
+def _jobs_tag(all_jobs: list[str], jobs: str) -> str:
+    return f"-j{jobs}" if len(all_jobs) > 1 else ""
+
+
+def same_rows(a: Path, b: Path, tables: tuple[str, ...] = PRICED_TABLES) -> dict[str, Any]:
+    """Per table (default: the priced ones) of two ledgers: rows, rows of one missing from
+    the other (as multisets, both ways) and an order-free hash of every row, each side. A
+    table may be written `name EXCLUDE (column, ...)`."""
     con = duckdb.connect()
     try:
         con.execute(f"ATTACH '{a}' AS a (READ_ONLY)")
         con.execute(f"ATTACH '{b}' AS b (READ_ONLY)")
         out: dict[str, Any] = {}
-        for t in PRICED_TABLES:
-            n, ha = con.execute(f"SELECT count(*), sum(hash(x))::HUGEINT FROM a.{t} x").fetchone() \
-                or (0, 0)
-            hb = (con.execute(f"SELECT sum(hash(x))::HUGEINT FROM b.{t} x").fetchone() or (0,))[0]
-            diff = [(con.execute(f"SELECT count(*) FROM (FROM {p}.{t} EXCEPT ALL FROM {q}.{t})"
-                                 ).fetchone() or (0,))[0] for p, q in (("a", "b"), ("b", "a"))]
+        for spec in tables:
+            t, _, rest = spec.partition(" ")
+            a_t, b_t = (f"(SELECT * {rest} FROM {side}.{t})" for side in ("a", "b"))
+            n, ha = con.execute(f"SELECT count(*), sum(hash(x))::HUGEINT FROM {a_t} x"
+                                ).fetchone() or (0, 0)
+            hb = (con.execute(f"SELECT sum(hash(x))::HUGEINT FROM {b_t} x").fetchone()
+                  or (0,))[0]
+            diff = [(con.execute(f"SELECT count(*) FROM (FROM {p} EXCEPT ALL FROM {q})"
+                                 ).fetchone() or (0,))[0] for p, q in ((a_t, b_t), (b_t, a_t))]
             out[t] = {"rows": n, "only_before": diff[0], "only_this": diff[1],
                       "same": diff == [0, 0] and ha == hb}
         return out
@@ -121,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recorded", metavar="READ", choices=("query_range", "export", "native"),
                    help="also replay the recording rules over the day and meter it from the "
                         "recorded series read so, alternating with the raw series")
-    p.add_argument("--jobs", default="1", help="meter's --jobs in every run (default 1)")
+    p.add_argument("--jobs", nargs="+", default=["1"],
+                   help="meter's --jobs in every run (default 1); several (`--jobs 1 16`): "
+                        "each run meters the day with each, alternating, and the first run's "
+                        "ledgers are compared row for row (facts, coverage and bill)")
     p.add_argument("--json", help="write the figures as JSON too")
     args = p.parse_args(argv)
     if args.reuse and not args.workdir:
@@ -167,23 +182,41 @@ def main(argv: list[str] | None = None) -> int:
         period = ["--from", f"{start:%Y-%m-%dT%H:%MZ}", "--to", f"{end:%Y-%m-%dT%H:%MZ}"]
         runs = []
         for k in range(args.runs):
-            variants = [(code, read)
+            variants = [(code, read, jobs)
                         for code in ([args.before, None] if args.before else [None])
-                        for read in ([None, args.recorded] if args.recorded else [None])]
-            for code, read in variants:
-                db = work / f"day-{k}-{'before' if code else 'this'}-{read or 'raw'}.duckdb"
+                        for read in ([None, args.recorded] if args.recorded else [None])
+                        for jobs in args.jobs]
+            for code, read, jobs in variants:
+                db = work / (f"day-{k}-{'before' if code else 'this'}-{read or 'raw'}"
+                             f"{_jobs_tag(args.jobs, jobs)}.duckdb")
                 db.unlink(missing_ok=True)
                 r = _meter(vm, [*period, "--db", str(db), "--cost-model", cost_model,
-                                "--jobs", args.jobs], code, read)
+                                "--jobs", jobs], code, read)
+                r["jobs"] = jobs
+                if len(args.jobs) > 1:
+                    r["code"] += f", --jobs {jobs}"
                 say(f"day: {r['code']}: metered and priced in {r['wall_s']:.1f} s wall, "
-                    f"{r['cpu_s']:.1f} CPU-s, {r['maxrss_mib']:,.0f} MiB; store "
-                    f"{r['vm_cpu_s']:.1f} CPU-s (load {r['load_before']} -> "
+                    f"{r['cpu_s']:.1f} CPU-s (workers {r['workers_cpu_s']:.1f}), "
+                    f"{r['maxrss_mib']:,.0f} MiB (largest worker {r['worker_maxrss_mib']:,.0f}); "
+                    f"store {r['vm_cpu_s']:.1f} CPU-s (load {r['load_before']} -> "
                     f"{r['load_after']}); {r['queries']}")
                 runs.append(r)
         res["runs"] = runs
+        tag = _jobs_tag(args.jobs, args.jobs[0])
         if args.recorded and args.runs:
-            res["recorded_same_rows"] = same_rows(work / "day-0-this-raw.duckdb",
-                                                  work / f"day-0-this-{args.recorded}.duckdb")
+            res["recorded_same_rows"] = same_rows(work / f"day-0-this-raw{tag}.duckdb",
+                                                  work / f"day-0-this-{args.recorded}{tag}"
+                                                  ".duckdb")
+        if len(args.jobs) > 1 and args.runs:
+            res["jobs_same_rows"] = {
+                jobs: same_rows(work / f"day-0-this-raw{tag}.duckdb",
+                                work / f"day-0-this-raw{_jobs_tag(args.jobs, jobs)}.duckdb",
+                                JOBS_TABLES)
+                for jobs in args.jobs[1:]}
+            for jobs, same in res["jobs_same_rows"].items():
+                say(f"day: --jobs {jobs} against --jobs {args.jobs[0]}: " + ", ".join(
+                    f"{t} {v['rows']:,} rows {'same' if v['same'] else 'DIFFERENT'}"
+                    for t, v in same.items()))
         if args.split:
             db = work / "split.duckdb"
             db.unlink(missing_ok=True)
@@ -223,7 +256,10 @@ def report(res: dict[str, Any]) -> str:
                      f"vmalert {rp['vmalert_cpu_s']:.1f} CPU-s"])
     for k, r in enumerate(res["runs"]):
         rows.append([f"run {k + 1} ({r['code']}): meter + price one day: wall / CPU / peak RSS",
-                     f"{stage_cell(r)}; store {r['vm_cpu_s']:.1f} CPU-s, "
+                     f"{stage_cell(r)}"
+                     + (f" (workers {r['workers_cpu_s']:.1f} CPU-s, largest worker "
+                        f"{r['worker_maxrss_mib']:,.0f} MiB)" if r.get("workers_cpu_s") else "")
+                     + f"; store {r['vm_cpu_s']:.1f} CPU-s, "
                      f"{r['vm_samples_read']:,.0f} samples read; load {r['load_before']} -> "
                      f"{r['load_after']}"])
     if "ingest" in res:
@@ -245,6 +281,12 @@ def report(res: dict[str, Any]) -> str:
             rows.append([f"{t}: {what}, row for row",
                          f"{d['rows']:,} rows, " + ("the same" if d["same"] else
                          f"DIFFERENT ({d['only_before']} only {a}, {d['only_this']} only {b})")])
+    for jobs, same in res.get("jobs_same_rows", {}).items():
+        for t, d in same.items():
+            rows.append([f"{t}: --jobs {res['runs'][0]['jobs']} vs --jobs {jobs} (run 1), row "
+                         "for row", f"{d['rows']:,} rows, " + ("the same" if d["same"] else
+                         f"DIFFERENT ({d['only_before']} only --jobs "
+                         f"{res['runs'][0]['jobs']}, {d['only_this']} only --jobs {jobs})")])
     return table(["quantity", "measured"], rows)
 
 

@@ -11,7 +11,6 @@ status it maps to. Sources are opened by the caller and closed by it (they follo
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -155,7 +154,6 @@ def meter(ledger: str | Path, source: Source, period: Period,
                 source.on_recorded = progress.message
                 source.planner.on_fallback = progress.message  # native reads, or not
         fetching: Source | ParallelSource = source
-        base = copy.copy(source.planner.stats) if isinstance(source, PrometheusSource) else None
         if s.jobs > 1:
             if isinstance(source, PrometheusSource):
                 source.window()  # asked once here, not by every worker
@@ -166,12 +164,10 @@ def meter(ledger: str | Path, source: Source, period: Period,
         rows = ", ".join(f"{n} {t}" for t, n in result.rows.items())
         say(f"meter: {result.chunks} chunks, {result.queries} queries, {rows}")
         if isinstance(fetching, ParallelSource) and verbose:
-            pids = sorted(set(fetching.fetched_by))
-            say(f"meter: {len(fetching.fetched_by)} chunk(s) fetched by {len(pids)} worker "
-                f"process(es) of {s.jobs} (pids {', '.join(map(str, pids))})")
+            say(f"meter: {fetching.describe()}")
         if isinstance(source, PrometheusSource):
             if isinstance(fetching, ParallelSource):  # the workers planned the queries
-                source.planner.stats = fetching.merged_stats(base)
+                source.planner.stats = fetching.merged_stats()
             say(f"meter: queries: {source.planner.stats.describe()}")
         say(f"meter: coverage: {result.duplicate_seconds:,.0f} duplicate sample-seconds counted "
             f"once (overlapping series of one GPU, MIG instance or container), "

@@ -177,21 +177,54 @@ class PrometheusSource:
                                    int(max(c.end for c in chunks).timestamp()))
         for chunk in chunks:
             before = self.client.queries
-            self._check_foreign(chunk)
-            nodes = self.planner.nodes(chunk)
-            probing = self.client.queries
-            choice = self.recorded.choose(chunk, nodes)
-            probes = self.client.queries - probing  # not the signals' queries: said apart
-            before += probes
-            self.planner.stats.probes += probes
-            self.planner.stats.recorded_partly += 0 < len(choice.recorded) < len(SIGNALS)
+            choice, probes = self.begin_chunk(chunk)
+            before += probes  # not the signals' queries: said apart
             yield Chosen(chunk, choice)
-            for group in self.planner.groups(chunk):
-                for spec in SIGNALS:
-                    yield from self.planner.send(spec, window, chunk, group,
-                                                 recorded=spec.name in choice.recorded)
-                yield GroupSent()
-            yield ChunkSent(chunk, self.client.queries - before)
+            yield from self._send_groups(chunk, self.planner.groups(chunk), choice.recorded,
+                                         window, before)
+
+    def begin_chunk(self, chunk: Period) -> tuple[Choice, int]:
+        """What is done once per chunk before its signals are asked: series outside the
+        selector listed, node names listed, recorded or raw chosen (and the probes that took,
+        counted apart from the signals' queries)."""
+        self._check_foreign(chunk)
+        nodes = self.planner.nodes(chunk)
+        probing = self.client.queries
+        choice = self.recorded.choose(chunk, nodes)
+        probes = self.client.queries - probing
+        self.planner.stats.probes += probes
+        self.planner.stats.recorded_partly += 0 < len(choice.recorded) < len(SIGNALS)
+        return choice, probes
+
+    def _send_groups(self, chunk: Period, groups: Iterator[tuple[str, ...] | None],
+                     recorded: frozenset[str], window: str, before: int
+                     ) -> Generator[Sent | GroupSent | ChunkSent, None, None]:
+        for group in groups:
+            for spec in SIGNALS:
+                yield from self.planner.send(spec, window, chunk, group,
+                                             recorded=spec.name in recorded)
+            yield GroupSent()
+        yield ChunkSent(chunk, self.client.queries - before)
+
+    def fetch_part(self, chunk: Period, part: tuple[str, ...] | None,
+                   nodes: tuple[str, ...] | None, recorded: frozenset[str]
+                   ) -> Iterator[list[tuple[SignalSpec, Matrix]]]:
+        """As `fetch`, for a worker process (metering.workers): only the series of the node
+        slice `part` (None: every series), whose chunk was begun (`begin_chunk`) by the
+        parent, which listed `nodes` and chose `recorded`."""
+        if self._stream is not None:
+            raise RuntimeError("PrometheusSource: already prefetching")
+        self.planner.know_nodes(chunk, nodes)
+        room = int(self.planner.memory_points * INGEST_BYTES_PER_POINT * PREFETCH_SHARE)
+        groups = self.planner.groups(chunk, part)
+        self._stream = Prefetcher(
+            self._send_groups(chunk, groups, recorded, self.window(), self.client.queries),
+            depth=PREFETCH_ANSWERS, max_bytes=room, size=_body_bytes)
+        try:
+            yield from self.fetch(chunk)
+        finally:
+            self._stream.close()
+            self._stream = None
 
     def fetch(self, chunk: Period) -> Iterator[list[tuple[SignalSpec, Matrix]]]:
         """The chunk's signals in node groups (metering.queryplan: each group's points fit
@@ -221,7 +254,7 @@ class PrometheusSource:
                 out, group, seen = group, [], {}
                 yield out
             elif isinstance(sent, Chosen):
-                self._say_choice(sent)
+                self.say_choice(sent.chunk, sent.choice)
             else:
                 if sent.chunk != chunk:
                     raise RuntimeError(f"fetch({chunk.label()}) out of the prefetched order "
@@ -231,10 +264,10 @@ class PrometheusSource:
         raise RuntimeError(f"fetch({chunk.label()}): not among the prefetched chunks")
 
 
-    def _say_choice(self, chosen: Chosen) -> None:
+    def say_choice(self, chunk: Period, choice: Choice) -> None:
         """Tell `on_recorded` how each chunk is read, unless the store has no recorded series
         at all or they are not wanted (then the run says what it said before the rules)."""
-        choice, label = chosen.choice, f"meter: {chosen.chunk.label()}"
+        label = f"meter: {chunk.label()}"
         if self.on_recorded is None or choice.none_deployed:
             return
         if len(choice.recorded) == len(SIGNALS):

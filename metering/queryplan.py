@@ -438,23 +438,21 @@ class QueryPlanner:
     # next is read. A group's size comes from the series per node the answers so far held
     # (the priors before the first), so it is planned when its queries are sent.
 
-    def groups(self, chunk: Period) -> Iterator[tuple[str, ...] | None]:
+    def groups(self, chunk: Period, within: tuple[str, ...] | None = None
+               ) -> Iterator[tuple[str, ...] | None]:
         """The chunk's node groups, in node name order: None (every series) when the whole
-        chunk fits; else tuples of node names, the first with "" (series without a node)."""
-        nodes = self.nodes(chunk)
+        chunk fits; else tuples of node names, the first with "" (series without a node).
+        `within`: only these nodes (a worker's slice, `slices`; with "", series without a
+        node too), given whole where they fit."""
+        nodes = self.nodes(chunk) if within is None else tuple(n for n in within if n)
         steps = chunk.hours + 1
-        if not nodes:
-            yield None
+        if self._fit(nodes, steps):
+            yield within
             return
-        with self._lock:
-            total = sum(self._points_per_step(n) for n in nodes) * steps
-            limit = self._group_points()
-        if total <= limit:
-            yield None
-            return
+        assert nodes is not None  # unknown nodes fit: nothing to group them by
         self.grouped.add(chunk)
         rest = list(nodes)
-        head: tuple[str, ...] = ("",)
+        head: tuple[str, ...] = ("",) if within is None or "" in within else ()
         while rest:
             taken: list[str] = []
             points = 0.0
@@ -471,6 +469,67 @@ class QueryPlanner:
             self.stats.max_group_nodes = max(self.stats.max_group_nodes, len(taken))
             yield (*head, *taken)
             head = ()
+
+    def slices(self, chunk: Period, least: int, most_points: float
+               ) -> list[tuple[str, ...]] | None:
+        """The chunk's nodes cut, in name order, into contiguous slices for worker processes
+        (metering.workers), at least `least` (fewer where there are fewer nodes) and each of
+        at most `most_points` estimated points where that takes more; the first with ""
+        (series without a node). None: one slice of every series (nodes not listed, or a
+        single slice)."""
+        nodes = self.nodes(chunk)
+        if not nodes:
+            return None
+        steps = chunk.hours + 1
+        with self._lock:
+            cost = [self._points_per_step(n) * steps for n in nodes]
+        total = sum(cost)
+        count = min(len(nodes), max(least, -int(-total // max(most_points, 1.0))))
+        if count <= 1:
+            return None
+        out: list[tuple[str, ...]] = []
+        taken: list[str] = [""]
+        points = 0.0
+        for i, (node, c) in enumerate(zip(nodes, cost, strict=True)):
+            # Cut where the running total passes the next share, leaving a node for each
+            # slice still to come.
+            if any(taken) and (
+                    points + c / 2 > total * (len(out) + 1) / count
+                    or len(nodes) - i <= count - len(out) - 1):
+                out.append(tuple(taken))
+                taken = []
+            taken.append(node)
+            points += c
+        out.append(tuple(taken))
+        return out
+
+    def fits(self, chunk: Period) -> bool:
+        """Whether the chunk's series fit one node group (`groups` gives None): its facts
+        need not be staged group by group, however many processes fetch it."""
+        return self._fit(self.nodes(chunk), chunk.hours + 1)
+
+    def _fit(self, nodes: Sequence[str] | None, steps: int) -> bool:
+        """Whether `steps` evaluation hours of the nodes' series fit one node group (no or
+        unknown nodes: nothing to group by)."""
+        if not nodes:
+            return True
+        with self._lock:
+            return sum(self._points_per_step(n) for n in nodes) * steps <= self._group_points()
+
+    def know_nodes(self, chunk: Period, nodes: tuple[str, ...] | None) -> None:
+        """The chunk's node names as another process's planner listed them (`nodes`)."""
+        self._chunk, self._nodes = chunk, nodes
+
+    def learned_series(self) -> dict[str, dict[str, int]]:
+        """Series per node and family that answers showed (to pass to another planner)."""
+        with self._lock:
+            return {f: dict(per) for f, per in self._learned.series.items()}
+
+    def learn_series(self, series: Mapping[str, Mapping[str, int]]) -> None:
+        """Series per node and family that another planner's answers showed."""
+        with self._lock:
+            for family, per_node in series.items():
+                self._learned.learn(family, per_node, {})
 
     def _group_points(self) -> float:
         """Points a group may hold: `memory_points`, or a PROBE_SHARE of it while no answer
