@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             db = work / "split.duckdb"
             db.unlink(missing_ok=True)
             res["ingest"] = _meter(vm, [*period, "--db", str(db), "--no-price",
-                                        "--jobs", args.jobs])
+                                        "--jobs", args.jobs[0]])
             prices = []
             for _ in range(args.price_runs or args.runs):
                 for code in ([args.before, None] if args.before else [None]):

@@ -48,7 +48,9 @@ import pyarrow as pa
 
 from metering.errors import ExitCode, MeteringError
 from metering.facts import signal_table
+from metering.openmetrics_source import OpenMetricsSource
 from metering.period import Period
+from metering.prometheus_source import PrometheusSource
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -119,12 +121,10 @@ def _start_worker() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:  # the parent died before prctl took effect
         os._exit(1)
-    after_fork = getattr(_SOURCE, "after_fork", None)
-    if after_fork is not None:
-        after_fork()
-    planner = getattr(_SOURCE, "planner", None)
-    if planner is not None:  # a worker's statistics count its own queries only
-        planner.stats = type(planner.stats)()
+    if isinstance(_SOURCE, OpenMetricsSource):
+        _SOURCE.after_fork()
+    if isinstance(_SOURCE, PrometheusSource):  # a worker's statistics count its own queries
+        _SOURCE.planner.stats = type(_SOURCE.planner.stats)()
 
 
 def _fetch(part: Part) -> Fetched | _Failure:
@@ -140,7 +140,7 @@ def _fetch(part: Part) -> Fetched | _Failure:
                   for group in fetched]
         dropped = {h: n - had.get(h, 0) for h, n in s.dropped_in(first, last).items()
                    if n > had.get(h, 0)}
-        planner = getattr(source, "planner", None)
+        planner = source.planner if isinstance(source, PrometheusSource) else None
         return Fetched(groups, dropped, dict(s.foreign), s.unchecked, source.queries - before,
                        os.getpid(), None if planner is None else copy.copy(planner.stats),
                        planner is not None and part.chunk in planner.grouped,
@@ -279,7 +279,7 @@ class ParallelSource:
         here (metering.prometheus_source `begin_chunk`) and the chunk's nodes cut into
         slices; else the whole chunk."""
         inner = self.inner
-        if getattr(inner, "begin_chunk", None) is None:
+        if not isinstance(inner, PrometheusSource):  # an OpenMetrics file: whole chunks
             self._parts.append(Part(chunk))
             return
         asked = inner.client.queries
@@ -298,8 +298,8 @@ class ParallelSource:
         listed = planner.nodes(chunk)
         if not planner.fits(chunk):
             self._staged.add(chunk)
-        self._parts.extend(Part(chunk, nodes, listed, choice.recorded)
-                           for nodes in slices or [None])
+        cuts: list[tuple[str, ...] | None] = list(slices) if slices else [None]
+        self._parts.extend(Part(chunk, nodes, listed, choice.recorded) for nodes in cuts)
 
     def _submit(self) -> None:
         if self._pool is None:
