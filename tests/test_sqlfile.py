@@ -26,8 +26,9 @@ def test_the_packaged_files_parse() -> None:
         "workload_hours", "grant_hours"]
     pricing = sqlfile.load("pricing.sql")
     names = [name for name, _ in pricing.steps]
-    assert names[:2] == ["macros", "devices"] and names[-2:] == ["energy_delete", "energy_insert"]
-    assert set(pricing.queries) == {"totals", "orphans"}
+    assert names[:2] == ["macros", "devices"] and names[-4:] == [
+        "energy_delete", "energy_devices", "energy_holders", "energy_insert"]
+    assert set(pricing.queries) == {"totals", "orphans", "holders_unique", "waste_rows"}
     report = sqlfile.load("report.sql")
     assert report.steps == () and {"sections", "capacity", "charge_days"} <= set(report.queries)
     waste = sqlfile.load("waste.sql")
