@@ -289,9 +289,12 @@ def test_an_answer_over_the_samples_allowed_is_too_large(store: str) -> None:
     """Whole blocks come whatever hours were asked: the caller bounds what it decodes."""
     body = _get(store, vmnative.NATIVE_PATH, '{__name__="n_gauge"}', E, E)
     total = int(vmnative.decode(body).lengths.sum())
-    assert total == 3020  # both series' every sample, though one hour was asked
+    # More than the instant asked (one sample a series): the blocks that hold it, whole (all
+    # 3,020 samples of both series once the store has merged its parts; 533 in one CI run on
+    # a loaded machine, before the merge).
+    assert 2 < total <= 3020
     assert len(vmnative.read(body, E, E, max_rows=total)) == 2
-    with pytest.raises(vmnative.TooLarge, match="3,020 samples"):
+    with pytest.raises(vmnative.TooLarge, match=f"{total:,} samples"):
         vmnative.read(body, E, E, max_rows=total - 1)
 
 
