@@ -136,6 +136,8 @@ class SplitStats:
     period_reads: int = 0  # native requests of a signal's whole period (QueryPlanner.period)
     native_too_large: int = 0  # native answers over the memory budget, read as JSON lines
     native_fallback: str = ""  # why native reads stopped (then JSON lines)
+    # signal-chunks whose export the store refused even for one node-hour: range queries
+    export_refused: int = 0
 
     def describe(self) -> str:
         if self.max_shards == 1 and self.max_time_pieces == 1 and not self.refused:
@@ -162,6 +164,8 @@ class SplitStats:
                        if self.period_reads else "")
                     + (f"; {self.native_too_large} over the memory budget read as JSON lines"
                        if self.native_too_large else "") + ")" if self.native else "")
+            why += (f"; {self.export_refused} whose export the store refused even for one "
+                    "node-hour, read by range queries" if self.export_refused else "")
         return (f"{self.queries} range queries for {self.signal_queries} signal-chunks over "
                 f"up to {self.nodes} node(s) per chunk: {split}{extra}{why}")
 
@@ -671,6 +675,7 @@ class QueryPlanner:
         self.stats.recorded += recorded
         exported = recorded and self.exports()
         native = exported and group is None and self.native()  # node groups: JSON lines
+        native_planned = int(native)
         path = NATIVE_PATH if native else EXPORT_PATH
         self.stats.exported += exported
         self.stats.native += native
@@ -702,6 +707,20 @@ class QueryPlanner:
                 if not is_limit_error(exc):
                     raise
                 halves = self._halve(piece, nodes)
+                if halves is None and exported:
+                    # VictoriaMetrics orders its index filters by measured cost, so a small
+                    # -search.maxExportSeries can trip on the name alone, whatever the node
+                    # matcher: the rest of this signal-chunk is read by range queries over
+                    # the same recorded series (the same points, another limit).
+                    exported = native = False
+                    self.stats.exported -= 1
+                    self.stats.native -= native_planned
+                    self.stats.export_refused += 1
+                    yield Refusal(f"{spec.name}: the store refused its export even for "
+                                  f"{_describe(piece)}; reading the recorded series by "
+                                  "range queries instead")
+                    todo.append(piece)
+                    continue
                 if halves is None:
                     raise QueryLimitError(
                         f"{exc} (one node-hour of {spec.name} is over the store's limit: "
