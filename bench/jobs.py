@@ -9,6 +9,7 @@ metering process and of its worker processes, and whether both ledgers hold the 
 from __future__ import annotations
 
 import argparse
+import math
 import resource
 import shutil
 import subprocess
@@ -18,34 +19,24 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.common import machine, write_json
+from bench.common import child_program, child_usage, machine, write_json
 from bench.scale import Fleet, Victoria
 from metering.db import connect
-
-# The stage in a child process: its own and its (waited-for) workers' CPU and peak RSS.
-_CHILD = ("import resource, sys\n"
-          "from gpu_ledger.cli import main\n"
-          "try:\n    rc = main()\n"
-          "finally:\n    s = resource.getrusage(resource.RUSAGE_SELF)\n"
-          "    c = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
-          "    sys.stderr.write('BENCH %d %d %.2f %.2f\\n' % (s.ru_maxrss, c.ru_maxrss,\n"
-          "        s.ru_utime + s.ru_stime, c.ru_utime + c.ru_stime))\n"
-          "raise SystemExit(rc)\n")
 
 
 def _meter(url: str, db: Path, month: str, jobs: int) -> dict[str, float]:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _CHILD, "meter", "--prometheus", url,
+    proc = subprocess.run([sys.executable, "-c", child_program(), "meter", "--prometheus", url,
                            "--month", month, "--db", str(db), "--no-price", "--quiet",
                            "--jobs", str(jobs)], capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
-    line = [x for x in proc.stderr.splitlines() if x.startswith("BENCH ")]
-    if proc.returncode != 0 or not line:
+    usage = child_usage(proc.stderr)
+    if proc.returncode != 0 or math.isnan(usage["cpu_s"]):  # NaN: it did not get there
         raise SystemExit(f"meter --jobs {jobs} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    self_kib, child_kib, self_cpu, child_cpu = line[-1].split()[1:]
-    return {"wall_s": wall, "cpu_s": float(self_cpu) + float(child_cpu),
-            "parent_cpu_s": float(self_cpu), "workers_cpu_s": float(child_cpu),
-            "parent_rss_mib": int(self_kib) / 1024, "worker_rss_mib": int(child_kib) / 1024}
+    return {"wall_s": wall, "cpu_s": usage["cpu_s"],
+            "parent_cpu_s": usage["cpu_s"] - usage["workers_cpu_s"],
+            "workers_cpu_s": usage["workers_cpu_s"], "parent_rss_mib": usage["maxrss_mib"],
+            "worker_rss_mib": usage["worker_maxrss_mib"]}
 
 
 def _facts(db: Path) -> list[tuple[object, ...]]:

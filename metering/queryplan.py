@@ -450,10 +450,9 @@ class QueryPlanner:
         node too), given whole where they fit."""
         nodes = self.nodes(chunk) if within is None else tuple(n for n in within if n)
         steps = chunk.hours + 1
-        if self._fit(nodes, steps):
+        if not nodes or self._fit(nodes, steps):  # unknown nodes: nothing to group them by
             yield within
             return
-        assert nodes is not None  # unknown nodes fit: nothing to group them by
         self.grouped.add(chunk)
         rest = list(nodes)
         head: tuple[str, ...] = ("",) if within is None or "" in within else ()
