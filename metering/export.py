@@ -207,7 +207,7 @@ def merge_ledgers(target: str | Path, sources: Sequence[str | Path],
         raise  # another process writes it: its own exit status
     except db.DatabaseError as e:
         raise MergeError(str(e), ExitCode.BAD_INPUT) from None
-    con = duckdb.connect(":memory:", config=db.engine_config(db.spill_dir()))
+    con = db.engine(":memory:", spill=db.spill_dir())
     result = MergeResult()
     try:
         owner: dict[Partition, str] = {}

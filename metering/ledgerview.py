@@ -66,7 +66,7 @@ def _scoped(source: str, cluster: str | None) -> str:
 def open_ledger(path: str | Path, cluster: str | None = None) -> duckdb.DuckDBPyConnection:
     """A read-only view of the ledger at `path` (DuckDB file or Parquet export directory);
     with `cluster`, that cluster's rows only."""
-    con = duckdb.connect(":memory:", config=db.engine_config(db.spill_dir()))
+    con = db.engine(":memory:", spill=db.spill_dir())
     try:
         attach_ledger(con, Path(path), "main", cluster)
     except BaseException:
