@@ -99,11 +99,17 @@ class Plan:
 
 def plan(con: Any, start: datetime, end: datetime) -> Plan:
     """A slice is read from the stored rows when every hour x cluster of it with allocation
-    facts has them; otherwise it is computed from the facts, as a whole."""
+    facts has them, stored no earlier than that hour's facts were ingested; otherwise it is
+    computed from the facts, as a whole. (This version's ingest forgets the rows of what it
+    rewrites; an earlier version's, e.g. after an image rollback, left them: their hours'
+    coverage says they were ingested after the rows were stored.)"""
     missing = {r[0] for r in con.execute(
         f"SELECT DISTINCT hour FROM (SELECT hour, cluster FROM allocation_hours WHERE "
-        f"hour >= $s AND hour < $e EXCEPT SELECT hour, cluster FROM {STORED} WHERE hour >= $s "
-        "AND hour < $e)", {"s": start, "e": end}).fetchall()}
+        f"hour >= $s AND hour < $e EXCEPT SELECT s.hour, s.cluster FROM {STORED} s "
+        "LEFT JOIN coverage c ON c.hour = s.hour AND c.cluster = s.cluster "
+        "WHERE s.hour >= $s AND s.hour < $e "
+        "AND (c.ingested_at IS NULL OR s.stored_at >= c.ingested_at))",
+        {"s": start, "e": end}).fetchall()}
     stored: list[tuple[datetime, datetime]] = []
     computed: list[tuple[datetime, datetime]] = []
     for lo, hi in slices(start, end):

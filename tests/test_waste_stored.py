@@ -156,6 +156,40 @@ def test_re_metered_hours_are_computed_until_priced_again(tmp_path: Path) -> Non
         con.close()
 
 
+def test_hours_an_earlier_version_re_metered_are_computed(tmp_path: Path) -> None:
+    """An earlier version's ingest (an image rolled back) rewrites a day's facts and coverage
+    but not the stored rows: the coverage's ingest time, later than the rows', has the day
+    computed from the new facts, not read from the stale rows."""
+    db = tmp_path / "m.duckdb"
+    con, cm = _facts(db, FLEET)
+    try:
+        day = T0 + timedelta(days=3)
+        span = [day, day + timedelta(days=1)]
+        stale = _stored(con, *span)
+        # Priced an hour ago; then what that version did half an hour ago: facts and coverage
+        # rewritten, the waste tables untouched.
+        con.execute(f"UPDATE {wastehours.STORED} SET stored_at = stored_at - INTERVAL 1 HOUR")
+        con.execute("UPDATE workload_hours SET memory_max_bytes = memory_max_bytes * 2 "
+                    "WHERE hour >= ? AND hour < ? AND cluster = 'default'", span)
+        con.execute("UPDATE coverage SET ingested_at = (SELECT max(stored_at) FROM "
+                    f"{wastehours.STORED}) + INTERVAL 30 MINUTE WHERE hour >= ? AND hour < ? "
+                    "AND cluster = 'default'", span)
+        fresh = _computed(con, *span)
+        assert fresh != stale  # the rows the stale ones would have hidden
+        assert wastehours.plan(con, MONTH.start, MONTH.end).computed == (tuple(span),)
+        said: list[str] = []
+        recs = recommend(con, MONTH.start, MONTH.end, mig_fraction(cm), note=said.append)
+        assert said and said[0].startswith("waste: 1 of 31 day(s) computed from the facts "
+                                           "(from 2026-10-04 00:00 UTC)")
+        # the same recommendations as from rows stored from the new facts
+        price_period(con, cm, span[0], span[1])
+        assert wastehours.plan(con, MONTH.start, MONTH.end).computed == ()
+        assert _stored(con, *span) == fresh
+        assert recommend(con, MONTH.start, MONTH.end, mig_fraction(cm)) == recs
+    finally:
+        con.close()
+
+
 def test_a_closed_months_stored_hours_keep_its_closed_charges(tmp_path: Path) -> None:
     """Re-metering a closed month with adjustments: the facts are new, the charges the
     closed ones; the stored rows are what the report would compute from both."""
