@@ -172,9 +172,7 @@ class PrometheusSource:
         """Every query of the chunks, chunk by chunk, node group by node group and signal by
         signal (the producer)."""
         window = self.window()
-        if chunks:  # recorded signals read natively ask once for all the chunks' hours
-            self.planner.period = (int(min(c.start for c in chunks).timestamp()),
-                                   int(max(c.end for c in chunks).timestamp()))
+        self.planner.plan_period(chunks)
         for chunk in chunks:
             before = self.client.queries
             choice, probes = self.begin_chunk(chunk)

@@ -260,7 +260,7 @@ class QueryPlanner:
         self._export: bool | None = None
         self._native: bool | None = None
         self._native_check = False  # the next native read is checked against JSON lines
-        # Evaluation hours of every chunk of the run (set by the source): a recorded signal
+        # Evaluation hours of every chunk of the run (`plan_period`): a recorded signal
         # read natively is asked for all of them at once, where that fits the memory budget
         # (its blocks hold the whole period anyway: per chunk, the store would send and the
         # client decode them once per chunk); answers and decoded blocks kept until the
@@ -336,6 +336,13 @@ class QueryPlanner:
                                     f"{version or 'unreported'} is not one {NATIVE_PATH} was "
                                     f"verified on ({known})")
             return self._native
+
+    def plan_period(self, chunks: Sequence[Period]) -> None:
+        """The run's chunks, before their queries are sent: a recorded signal read natively
+        is asked once for all their evaluation hours (`period`)."""
+        if chunks:
+            self.period = (int(min(c.start for c in chunks).timestamp()),
+                           int(max(c.end for c in chunks).timestamp()))
 
     def _period_answer(self, spec: SignalSpec, selector: str, chunk: Period,
                        nodes: tuple[str, ...] | None) -> Answer | None:
