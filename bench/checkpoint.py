@@ -17,13 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench.common import child_program, child_usage, cpu_seconds, machine, table, write_json
 from bench.scale import Fleet, Victoria
 from metering.db import CHECKPOINT_THRESHOLD, connect
+from metering.period import Month
 
 DUCKDB_DEFAULT = "16MiB"
 # The child sets the threshold before metering.db is used: its first argument.
@@ -63,9 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                    "as it is; else a temporary store is imported and removed")
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args(argv)
-    year, month = map(int, args.month.split("-"))
-    start = datetime(year, month, 1, tzinfo=UTC)
-    end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+    span = Month.parse(args.month).period()  # aware UTC bounds
+    start, end = span.start, span.end
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gl-ckpt-"))
     reuse = (work / "vm-data").is_dir()
     vm = Victoria(work / "vm-data")

@@ -29,7 +29,7 @@ import multiprocessing
 import shutil
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ import pyarrow as pa
 from bench.common import machine, say, stage_cell, table, write_json
 from bench.scale import GPUS_PER_NODE, Fleet, run_stage
 from metering import api
+from metering.period import Month
 
 FACT_TABLES = ("device_hours", "allocation_hours", "workload_hours", "coverage")
 
@@ -168,9 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep and not args.workdir:
         p.error("--keep needs --workdir")
 
-    year, month = map(int, args.month.split("-"))
-    start = datetime(year, month, 1, tzinfo=UTC)
-    end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+    span = Month.parse(args.month).period()  # aware UTC bounds
+    start, end = span.start, span.end
     work = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-ledger-close-"))
     work.mkdir(parents=True, exist_ok=True)
     db, out = work / "ledger.duckdb", work / "report"

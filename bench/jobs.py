@@ -16,12 +16,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.common import child_program, child_usage, machine, write_json
 from bench.scale import Fleet, Victoria
 from metering.db import connect
+from metering.period import Month
 
 
 def _meter(url: str, db: Path, month: str, jobs: int) -> dict[str, float]:
@@ -55,9 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="worker counts to compare with --jobs 1 (default 2)")
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args(argv)
-    year, month = map(int, args.month.split("-"))
-    start = datetime(year, month, 1, tzinfo=UTC)
-    end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+    span = Month.parse(args.month).period()  # aware UTC bounds
+    start, end = span.start, span.end
     work = Path(tempfile.mkdtemp(prefix="gpu-ledger-jobs-"))
     vm = Victoria(work / "vm-data")
     try:

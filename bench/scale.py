@@ -34,13 +34,14 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from bench.common import child_program, child_usage, machine, say, table, write_json
 from gpu_ledger.procutil import stop
 from gpu_ledger.promserver import free_port
+from metering.period import Month
 
 GPUS_PER_NODE = 8
 SLOTS = ([8], [4, 4], [2, 2, 4], [1, 1, 2, 4])
@@ -319,9 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the figures as JSON too")
     args = p.parse_args(argv)
 
-    year, month = map(int, args.month.split("-"))
-    start = datetime(year, month, 1, tzinfo=UTC)
-    end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+    span = Month.parse(args.month).period()  # aware UTC bounds
+    start, end = span.start, span.end
     work = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-ledger-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"machine": machine(), "gpus": args.gpus, "month": args.month,
