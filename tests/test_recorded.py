@@ -278,17 +278,26 @@ def test_recorded_series_that_cannot_stand_for_the_raw_ones_are_not_read(
     assert _same_ledger(raw, mixed) > 400
 
 
+def _raw_then_recorded(samples: list[tuple[str, int]], tmp_path: Path, flag: str,
+                       *recorded: str) -> tuple[Path, Path, str]:
+    """The day imported, the rules replayed, into VictoriaMetrics run with `flag`; metered
+    from the raw series, then with `recorded` (meter's own choice where none): both ledgers
+    and the second run's output."""
+    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    with running_victoria(tmp_path / "vm", flag) as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        _meter(url, raw, "--recorded", "never")
+        out = _meter(url, rec, *recorded)
+    return raw, rec, out
+
+
 def test_recorded_nodes_listed_family_by_family_under_a_series_limit(
         samples: list[tuple[str, int]], tmp_path: Path) -> None:
     """VictoriaMetrics refuses to list the recorded series' nodes all at once under
     -search.maxUniqueTimeseries=25 (the families hold more together, each fewer): they are
     listed one family at a time, and the day is still read recorded."""
-    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
-    with running_victoria(tmp_path / "vm", "-search.maxUniqueTimeseries=25") as url:
-        vm_import(url, _prometheus_text(samples))
-        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
-        _meter(url, raw, "--recorded", "never")
-        out = _meter(url, rec)
+    raw, rec, out = _raw_then_recorded(samples, tmp_path, "-search.maxUniqueTimeseries=25")
     n = len(SIGNALS)
     assert f"{n} of {n} signal-chunks from the recorded hourly series" in out, out
     assert _same_ledger(raw, rec) > 400
@@ -299,12 +308,8 @@ def test_an_export_over_the_series_limit_is_split_by_node(
     """Under -search.maxExportSeries=7 VictoriaMetrics refuses the export of a signal whose
     series on both nodes are more (HTTP 400, "the number of matching timeseries exceeds 7"):
     the export is split by node as a range query is, and the bill is still the raw one."""
-    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
-    with running_victoria(tmp_path / "vm", "-search.maxExportSeries=7") as url:
-        vm_import(url, _prometheus_text(samples))
-        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
-        _meter(url, raw, "--recorded", "never")
-        out = _meter(url, rec, "--recorded", "only")
+    raw, rec, out = _raw_then_recorded(samples, tmp_path, "-search.maxExportSeries=7",
+                                       "--recorded", "only")
     # Every signal-chunk is read by export, or, where the store's adaptive filter order made
     # even a one-node export trip the limit, by range queries over the recorded series.
     n = len(SIGNALS)
@@ -321,12 +326,8 @@ def test_an_export_refused_even_for_one_node_hour_is_read_by_range_queries(
     """Under -search.maxExportSeries=1 the store refuses the export of any signal with two
     series on one node, whatever the split: those signal-chunks are read by range queries
     over the same recorded series (another limit), said once, and the bill is the raw one."""
-    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
-    with running_victoria(tmp_path / "vm", "-search.maxExportSeries=1") as url:
-        vm_import(url, _prometheus_text(samples))
-        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
-        _meter(url, raw, "--recorded", "never")
-        out = _meter(url, rec, "--recorded", "only")
+    raw, rec, out = _raw_then_recorded(samples, tmp_path, "-search.maxExportSeries=1",
+                                       "--recorded", "only")
     fell = re.search(r"; (\d+) whose export the store refused even for one node-hour, "
                      r"read by range queries", out)
     assert fell is not None and int(fell[1]) > 0, out
