@@ -498,6 +498,23 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
               "Team {{ $labels.team }} has spent {{ $value | printf \"%.2f\" }} "
               "{{ $labels.currency }} over all clusters in {{ $labels.month }}, more than its "
               "budget, though no one cluster's share is."),
+        # The same for the forecast: a cluster's forecast extrapolates its own share, so the
+        # clusters' forecasts add up to the team's fleet forecast, heading over from the
+        # pushed budget x warn_at. Not where a cluster's status already says so, nor where
+        # the spend alone is over (the alert above).
+        Alert("GpuLedgerBudgetHeadingOverAcrossClusters", "warning",
+              f"sum by (team, month, currency) (gpu_ledger_team_forecast_month_end{{{M}}})\n"
+              f"  >= max by (team, month, currency) (gpu_ledger_team_budget_warn_from{{{M}}})\n"
+              "unless on (team, month)\n"
+              f'  gpu_ledger_team_budget_status{{{M}, status=~"heading_over|over"}} == 1\n'
+              "unless on (team, month)\n"
+              f"  sum by (team, month) (gpu_ledger_team_spend_month_to_date{{{M}}})\n"
+              f"  > max by (team, month) (gpu_ledger_team_budget{{{M}}})",
+              T.budget_heading_over_for,
+              "A team's forecast over all clusters is heading over its GPU budget",
+              "Team {{ $labels.team }}'s forecast over all clusters for {{ $labels.month }} is "
+              "{{ $value | printf \"%.2f\" }} {{ $labels.currency }}, heading over its budget, "
+              "though no one cluster's forecast is."),
         Alert("GpuLedgerMeteringStale", "warning",
               f"time() - gpu_ledger_meter_last_success_timestamp_seconds{{{M}}}\n"
               f"  > {T.metering_stale_hours} * 3600", T.metering_stale_for,

@@ -472,6 +472,22 @@ def vgpu_row(b: Board) -> None:
                                "GpuVgpuUnlicensed).")
 
 
+def budget_status(sel: str) -> str:
+    """Each team's budget status over the clusters `sel` selects, one series of value 1 with
+    its `status` label: the report's rule (metering.report.model.BudgetLine.status) applied
+    to the pushed figures summed over clusters, since each cluster pushes its own share and
+    a per-cluster status misses a team that only the sum puts over."""
+    def state(name: str, expr: str) -> str:
+        return f'label_replace({expr}, "status", "{name}", "", "") * 0 + 1'
+    return "\nor on (team, month)\n".join((
+        state("over", f"sum by (team, month) (gpu_ledger_team_spend_month_to_date{{{sel}}}) "
+                      f"> max by (team, month) (gpu_ledger_team_budget{{{sel}}})"),
+        state("heading_over",
+              f"sum by (team, month) (gpu_ledger_team_forecast_month_end{{{sel}}}) "
+              f">= max by (team, month) (gpu_ledger_team_budget_warn_from{{{sel}}})"),
+        state("within", f"max by (team, month) (gpu_ledger_team_budget{{{sel}}})")))
+
+
 def cost() -> Board:
     b = Board("gpu-ledger-cost", "GPU Ledger / Cost (live showback)",
               "Live showback at example hourly rates per GPU model (recording rules "
@@ -562,13 +578,15 @@ def cost() -> Board:
           [(f"sum by (team, month) (gpu_ledger_team_spend_month_to_date{{{CL}}})", ""),
            (f"max by (team, month) (gpu_ledger_team_budget{{{CL}}})", ""),
            (f"sum by (team, month) (gpu_ledger_team_forecast_month_end{{{CL}}})", ""),
-           (f"max by (team, month, status) "
-            f"(gpu_ledger_team_budget_status{{{CL}}} == 1)", "")],
+           (budget_status(CL), "")],
           width=18, description="From the last metering run: A: spend so far this month "
           "(the team's bill: compute, energy line and adjustments billed in the month), "
           "B: monthly budget, C: forecast to month end (usage so far extrapolated "
-          "linearly plus adjustments, as in the report), D: status (alert "
-          "GpuLedgerBudgetHeadingOver).")
+          "linearly plus adjustments, as in the report), D: status of the selected "
+          "clusters together, as the report decides it: over once A is over B, "
+          "heading_over once C reaches B x budgets.warn_at (alerts "
+          "GpuLedgerBudgetHeadingOver, GpuLedgerBudgetOverAcrossClusters, "
+          "GpuLedgerBudgetHeadingOverAcrossClusters).")
     b.add(tab("Team energy and CO2e this month (from metering)", merge=True),
           [(f"sum by (team, month) ({TEAM_ENERGY_KWH}{{{CL}}})", ""),
            (f"sum by (team, month) ({TEAM_CARBON_KG}{{{CL}}})", "")],

@@ -3,8 +3,8 @@
 A CronJob is gone before Prometheus could scrape it, so, as the Prometheus docs advise for
 batch jobs, it pushes its state to a Pushgateway after each successful run: month-to-date
 spend (the team's bill so far in the run's cluster: compute + energy line + adjustments billed
-in the month; clusters add up to the fleet),
-budget, forecast and budget status per team (the report's one definition,
+in the month; clusters add up to the fleet), budget, the forecast from which it is heading
+over, forecast and budget status per team (the report's one definition,
 `metering.report.model.team_bills` and `budget_lines`, read through `make_report`) and the
 run's last success time. The push is a PUT to `/metrics/job/<JOB>/cluster/<cluster>`
 (Pushgateway README, prometheus/pushgateway v1.x, "Use it"): it replaces every metric of
@@ -35,6 +35,10 @@ TIMEOUT_SECONDS = 10.0
 # Metric names: the alert rules (alerts/generate.py) and the cost dashboard read these.
 SPEND = "gpu_ledger_team_spend_month_to_date"
 BUDGET = "gpu_ledger_team_budget"
+# budget x budgets.warn_at: the forecast from which the team is heading over. The forecasts of
+# a team's clusters add up to its fleet forecast, which the alert
+# GpuLedgerBudgetHeadingOverAcrossClusters compares with this.
+WARN_FROM = "gpu_ledger_team_budget_warn_from"
 FORECAST = "gpu_ledger_team_forecast_month_end"
 STATUS = "gpu_ledger_team_budget_status"
 LAST_SUCCESS = "gpu_ledger_meter_last_success_timestamp_seconds"
@@ -47,8 +51,8 @@ CO2E = "gpu_ledger_team_co2e_kg_month_to_date"
 # The cluster's carbon intensity now (the cost model's `carbon:`, the CSV's hour where it has
 # one): the live carbon estimate of the recording rules multiplies the last hour's energy by it.
 CARBON_INTENSITY = "gpu_ledger_carbon_intensity_grams_per_kwh"
-METRICS = (SPEND, BUDGET, FORECAST, STATUS, LAST_SUCCESS, HOURS, THROUGH, ENERGY, CO2E,
-           CARBON_INTENSITY)
+METRICS = (SPEND, BUDGET, WARN_FROM, FORECAST, STATUS, LAST_SUCCESS, HOURS, THROUGH, ENERGY,
+           CO2E, CARBON_INTENSITY)
 
 # status label values, one series per state (1 for the team's state, 0 for the others).
 STATUS_LABEL = {BudgetStatus.WITHIN: "within", BudgetStatus.HEADING_OVER: "heading_over",
@@ -116,6 +120,10 @@ def exposition(state: RunState) -> str:
                          [_sample(SPEND, team(b), float(b.spend)) for b in state.budgets])
         lines += _family(BUDGET, "Team's monthly budget (cost model budgets.monthly).",
                          [_sample(BUDGET, team(b), float(b.budget)) for b in state.budgets])
+        lines += _family(WARN_FROM, "Forecast from which the team is heading over its budget: "
+                         "budget x budgets.warn_at (cost model currency).",
+                         [_sample(WARN_FROM, team(b), float(b.warn_from))
+                          for b in state.budgets])
         lines += _family(FORECAST, "Usage so far extrapolated linearly to the month's end, "
                          "plus the adjustments billed in the month.",
                          [_sample(FORECAST, team(b), float(b.forecast))

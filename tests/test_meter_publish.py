@@ -70,8 +70,10 @@ def test_push_publishes_the_reports_budget_figures(
     # one team far over its budget, one far within, one with no spend at all
     budgets = {teams[0]: 0.01, teams[1]: 1_000_000, "idle-team": 5}
     model = tmp_path / "cm.yaml"
-    model.write_text(PACKAGED.read_text().replace(
-        "  monthly: {}", "  monthly: " + json.dumps(budgets), 1))
+    model_warn_at = Decimal("0.8")
+    text = PACKAGED.read_text().replace("  monthly: {}", "  monthly: " + json.dumps(budgets), 1)
+    assert "  warn_at: 1.0\n" in text
+    model.write_text(text.replace("  warn_at: 1.0\n", f"  warn_at: {model_warn_at}\n", 1))
     before = time.time()
     run = _meter("--openmetrics", str(fleet_om_file), "--db", str(db), *DAY,
                  "--cost-model", str(model), "--cluster", "eu-west", "--pushgateway", gateway)
@@ -86,10 +88,12 @@ def test_push_publishes_the_reports_budget_figures(
     spend = _values(group, publish.SPEND)
     budget = _values(group, publish.BUDGET)
     status = _values(group, publish.STATUS)
+    warn_from = _values(group, publish.WARN_FROM)
     for b in report.budgets:
         key = (("currency", report.cost_model.currency), ("month", "2026-10"), ("team", b.team))
         assert Decimal(str(spend[key])) == b.spend.quantize(Decimal("0.000001"))
         assert budget[key] == float(b.budget)
+        assert warn_from[key] == float(b.budget * model_warn_at)
         for state, label in publish.STATUS_LABEL.items():
             want = 1.0 if b.status is state else 0.0
             assert status[tuple(sorted((*key, ("status", label))))] == want

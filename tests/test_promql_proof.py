@@ -248,8 +248,8 @@ def _metering_state() -> publish.RunState:
     today = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     period = Period(today - timedelta(days=1), today)
     month = Month(today.year, today.month)
-    line = BudgetLine("nlp", Decimal(1000), Decimal(600), Decimal(1500),
-                      BudgetStatus.HEADING_OVER)
+    line = BudgetLine("nlp", Decimal(1000), Decimal("0.9"), Decimal(600), Decimal(1500))
+    assert line.status is BudgetStatus.HEADING_OVER
     # with measured energy and a carbon intensity (issue 28): the live carbon rules and the
     # team energy table read them
     return publish.RunState(CLUSTER, period, 24, now - 3 * 86400, month, "USD", (line,),

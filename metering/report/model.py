@@ -248,10 +248,26 @@ class BudgetLine:
 
     team: str
     budget: Decimal
+    warn_at: Decimal  # budgets.warn_at: heading over from this share of the budget
     spend: Decimal
     forecast: Decimal | None  # None: the month is closed, or no hour of it has data yet
-    status: BudgetStatus
     bill: TeamBill | None = None  # the parts of `spend`
+
+    @property
+    def warn_from(self) -> Decimal:
+        """The forecast from which the team is heading over: budget x warn_at. Pushed for
+        Prometheus, where the forecasts of a team's clusters are summed against it."""
+        return self.budget * self.warn_at
+
+    @property
+    def status(self) -> BudgetStatus:
+        """Over once the spend exceeds the budget; else heading over once the forecast
+        reaches warn_from; else within."""
+        if self.spend > self.budget:
+            return BudgetStatus.OVER
+        if self.forecast is not None and self.forecast >= self.warn_from:
+            return BudgetStatus.HEADING_OVER
+        return BudgetStatus.WITHIN
 
     @property
     def used(self) -> Decimal:
@@ -274,13 +290,7 @@ def budget_lines(
         if elapsed_hours and not closed:
             usage = bill.compute + bill.energy
             forecast = (usage * month_hours / elapsed_hours + bill.adjustments).quantize(_Q6)
-        if cost > budget:
-            status = BudgetStatus.OVER
-        elif forecast is not None and forecast >= budget * warn_at:
-            status = BudgetStatus.HEADING_OVER
-        else:
-            status = BudgetStatus.WITHIN
-        out.append(BudgetLine(team, budget, cost, forecast, status, bill))
+        out.append(BudgetLine(team, budget, warn_at, cost, forecast, bill))
     return out
 
 
