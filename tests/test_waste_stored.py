@@ -119,6 +119,7 @@ def test_re_metered_hours_are_computed_until_priced_again(tmp_path: Path) -> Non
     db = tmp_path / "m.duckdb"
     con, cm = _facts(db, FLEET)
     try:
+        first = recommend(con, MONTH.start, MONTH.end, mig_fraction(cm))
         day = T0 + timedelta(days=3)
         # ingest rewrites a day of cluster default (delete_hours), its facts now differ:
         # peak memory of infer-1 doubled
@@ -141,12 +142,15 @@ def test_re_metered_hours_are_computed_until_priced_again(tmp_path: Path) -> Non
         assert _stored(con, day, day + timedelta(days=1)) == {
             r for r in _computed(con, day, day + timedelta(days=1)) if r[0] == "east"}
         said: list[str] = []
-        recommend(con, MONTH.start, MONTH.end, mig_fraction(cm), note=said.append)
+        mixed = recommend(con, MONTH.start, MONTH.end, mig_fraction(cm), note=said.append)
         assert said and said[0].startswith("waste: 1 of 31 day(s) computed from the facts "
                                            "(from 2026-10-04 00:00 UTC)")
         # priced again: stored again, from the new facts
         price_period(con, cm, day, day + timedelta(days=1))
         assert wastehours.plan(con, MONTH.start, MONTH.end).computed == ()
+        # 30 days read in place and one computed gave what 31 stored days give
+        assert mixed and recommend(con, MONTH.start, MONTH.end, mig_fraction(cm)) == mixed
+        assert mixed != first  # the new facts' figures, not those stored before
         assert _stored(con, MONTH.start, MONTH.end) == _computed(con, MONTH.start, MONTH.end)
         # re-pricing one cluster replaces that cluster's rows only
         before = _stored(con, MONTH.start, MONTH.end)

@@ -161,7 +161,7 @@ class Recommendation:
         return f"{self.cluster}/{self.namespace}/{self.owner_kind}/{self.owner_name}"
 
 
-_TABLE = "waste_device_hours"  # working tables of metering/sql/waste.sql (temporary)
+_TABLE = "waste_device_hours"  # working view and table of metering/sql/waste.sql (temporary)
 _P95_TABLE = "waste_p95"
 
 
@@ -212,16 +212,15 @@ def _dec(value: Any, q: Decimal = _Q6) -> Decimal | None:
 
 def _groups(con: Any, start: datetime, end: datetime,
             note: Callable[[str], None] | None = None) -> list[_Group]:
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {_TABLE} AS {wastehours.query()} LIMIT 0",
-                {"start": start, "end": start})
     try:
-        done = wastehours.fill(con, _TABLE, start, end)
+        done = wastehours.expose(con, _TABLE, start, end)
         if done.computed and note is not None:
             note(_computed_note(done))
         con.execute(_sql("p95"))
         rows = con.execute(_sql("workloads")).fetchall()
     finally:
-        con.execute(f"DROP TABLE IF EXISTS {_TABLE}")
+        con.execute(f"DROP VIEW IF EXISTS {_TABLE}")
+        con.execute(f"DROP TABLE IF EXISTS {wastehours.computed_table(_TABLE)}")
         con.execute(f"DROP TABLE IF EXISTS {_P95_TABLE}")
     out = []
     for (cluster, ns, okind, oname, model, sharing, profile, team, hours, dev_h, peak, p95m, p95s,

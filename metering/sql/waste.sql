@@ -10,9 +10,10 @@
 -- Per device-hour (one hour, device or MIG instance a workload held) of one slice [$start,
 -- $end) of the facts and charges: the workload's containers there are summed (peak memory
 -- adds up: an upper bound of the unit's peak). Pricing stores its hours' rows in the ledger's
--- waste_hours (metering/wastehours.py); the report reads those, and inserts the rest a day at
--- a time into the temporary table waste_device_hours, so the joins' working set is a day's
--- rows whatever the month's size. Every row is one hour of one cluster.
+-- waste_hours (metering/wastehours.py); the report reads those in place and inserts the rest a
+-- day at a time into a temporary table, so the joins' working set is a day's rows whatever
+-- the month's size; the temporary view waste_device_hours is both. Every row is one hour of
+-- one cluster.
 WITH a AS (
     SELECT a.hour, a.cluster, a.namespace, a.pod, a.container, a.uuid, a.mig_uuid, a.sharing,
            coalesce(nullif(w.owner_kind, ''), 'Pod') AS owner_kind,
