@@ -218,6 +218,17 @@ def test_a_report_is_refused_when_charges_exceed_capacity(
     assert rc == 4 and "2 device facts for ~1 GPUs" in err, err
 
 
+def test_a_report_is_refused_when_a_cluster_has_facts_and_no_charges(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cluster metered after the month was priced: its facts have no charges, and the
+    fleet's totals would leave it out; refused, naming it (the first in name order)."""
+    db = cluster_ledger(tmp_path, "fleet.duckdb", ("east", "north", "west"))
+    with connect(db) as con:
+        con.execute("DELETE FROM charges WHERE cluster IN ('west', 'north')")
+    rc, err = _report(db, tmp_path, capsys)
+    assert rc == 4 and "cluster north has facts but no charges for the month" in err, err
+
+
 def test_a_partial_export_keeps_the_other_partitions_in_the_manifest(
         exported: tuple[Path, Path], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

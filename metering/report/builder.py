@@ -250,7 +250,13 @@ def _capacity(
     con: Any, month: Month, models: list[Line], prices: PriceLookup | None
 ) -> list[ModelCapacity]:
     """Per GPU model: the device-hours the fleet owned, with the model rows' hours."""
-    rows = con.execute(_sql("capacity"), _month(month)).fetchall()
+    devices = dict(con.execute(_sql("capacity_devices"), _month(month)).fetchall())
+    hours: dict[str, int] = {}
+    for day in month.period().chunks(24):  # a day's union at a time: bounded memory
+        lo, hi = day.naive()
+        for model, n in con.execute(_sql("capacity_hours"), {"start": lo, "end": hi}
+                                    ).fetchall():
+            hours[model] = hours.get(model, 0) + int(n)
     allocated: dict[str, Decimal] = {}
     down: dict[str, Decimal] = {}
     used: dict[str, Decimal] = {}
@@ -264,15 +270,15 @@ def _capacity(
     return [
         ModelCapacity(
             model=str(model),
-            devices=int(devices),
-            capacity_gpu_hours=Decimal(int(hours)),
+            devices=int(devices[model]),
+            capacity_gpu_hours=Decimal(hours.get(model, 0)),
             allocated_gpu_hours=allocated.get(model, _ZERO),
             down_gpu_hours=down.get(model, _ZERO),
             price=prices(model) if prices is not None else None,
             used_gpu_hours=used.get(model, _ZERO),
             sm_unknown_gpu_hours=unknown.get(model, _ZERO),
         )
-        for model, devices, hours in rows
+        for model in sorted(devices)
     ]
 
 

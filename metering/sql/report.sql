@@ -113,12 +113,23 @@ SELECT max(h) FROM (
     SELECT max(hour) AS h FROM coverage WHERE hour >= $start AND hour < $end AND devices > 0
     UNION ALL SELECT max(hour) FROM charges WHERE hour >= $start AND hour < $end);
 
--- query: capacity
--- Per GPU model: the devices and device-hours the fleet owned. A device-hour is counted when
--- ingest saw the device or pricing charged it (a ledger may hold charges only).
--- UNION removes the duplicates: a DISTINCT on each side would hash every row twice (half
--- this query's time at 2,500 GPUs, docs/performance.md).
-SELECT model, count(DISTINCT (cluster, uuid)), count(*) FROM (
+-- query: capacity_devices
+-- Per GPU model: the devices the fleet owned in [$start, $end). A device is counted when
+-- ingest saw it or pricing charged it (a ledger may hold charges only). Each side is
+-- grouped to its devices first (as many groups as GPUs), so nothing hashes a month of rows.
+SELECT model, count(*) FROM (
+    SELECT model, cluster, uuid FROM device_hours
+    WHERE hour >= $start AND hour < $end GROUP BY ALL
+    UNION SELECT model, cluster, uuid FROM charges
+    WHERE hour >= $start AND hour < $end AND uuid <> '' GROUP BY ALL)
+GROUP BY model ORDER BY model;
+
+-- query: capacity_hours
+-- Per GPU model: the device-hours of [$start, $end), seen by ingest or charged by pricing,
+-- each once. Run a day at a time (metering/report/builder.py): a month's union, 115M rows at
+-- 80,000 GPUs, ran out of memory under the 1.5GB cap. UNION removes the duplicates: a
+-- DISTINCT on each side would hash every row twice (docs/performance.md).
+SELECT model, count(*) FROM (
     SELECT hour, cluster, uuid, model FROM device_hours
     WHERE hour >= $start AND hour < $end
     UNION SELECT hour, cluster, uuid, model FROM charges
