@@ -312,7 +312,7 @@ _ARROW = {
 
 
 # Rows per Parquet row group: the rows are turned into columns a batch at a time (a month of
-# 80,000 GPUs, ~1.2M charge days, held as row dicts at once took ~3 GB).
+# 80,000 GPUs, ~1.1M charge days, held as row dicts at once took ~2.3 GB).
 PARQUET_BATCH = 100_000
 
 

@@ -403,7 +403,7 @@ class Report:
         return "no idle cost in this period"
 
 
-@dataclass(frozen=True, slots=True)  # a month of 80,000 GPUs holds ~1.1M
+@dataclass(frozen=True, slots=True)  # a month of 80,000 GPUs holds ~1.1M of them
 class ChargeDay:
     """Charges summed per UTC day x team x namespace x pod x GPU model x sharing x profile x
     cluster: the grain of the FOCUS export."""
