@@ -147,6 +147,19 @@ METERING_ENERGY_PUSHES = (CARBON_INTENSITY, TEAM_ENERGY_KWH, TEAM_CARBON_KG)
 JOULES_PER_KWH = 3.6e6
 
 
+# The report's budget rule (metering.report.model.BudgetLine.status) over the teams' figures
+# summed across the clusters `sel` selects, each cluster pushing its own share: the fleet
+# alerts and the Cost dashboard's status column read these. `by`: the grouping labels.
+def fleet_over_budget(sel: str, by: str) -> str:
+    return (f"sum by ({by}) ({publish.SPEND}{{{sel}}})\n"
+            f"  > max by ({by}) ({publish.BUDGET}{{{sel}}})")
+
+
+def fleet_heading_over(sel: str, by: str) -> str:
+    return (f"sum by ({by}) ({publish.FORECAST}{{{sel}}})\n"
+            f"  >= max by ({by}) ({publish.WARN_FROM}{{{sel}}})")
+
+
 def xid_regex(codes: tuple[int, ...]) -> str:
     return "|".join(str(c) for c in codes)
 
@@ -489,9 +502,7 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
         # Each cluster pushes its own share of a team's bill (metering/publish.py), so the
         # per-cluster status above misses a team that only the sum puts over its budget.
         Alert("GpuLedgerBudgetOverAcrossClusters", "warning",
-              f"sum by (team, month, currency) (gpu_ledger_team_spend_month_to_date{{{M}}})\n"
-              f"  > max by (team, month, currency) (gpu_ledger_team_budget{{{M}}})\n"
-              "unless on (team, month)\n"
+              fleet_over_budget(M, "team, month, currency") + "\nunless on (team, month)\n"
               f'  gpu_ledger_team_budget_status{{{M}, status="over"}} == 1',
               T.budget_heading_over_for,
               "A team's spend over all clusters is over its GPU budget",
@@ -503,13 +514,9 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
         # pushed budget x warn_at. Not where a cluster's status already says so, nor where
         # the spend alone is over (the alert above).
         Alert("GpuLedgerBudgetHeadingOverAcrossClusters", "warning",
-              f"sum by (team, month, currency) (gpu_ledger_team_forecast_month_end{{{M}}})\n"
-              f"  >= max by (team, month, currency) (gpu_ledger_team_budget_warn_from{{{M}}})\n"
-              "unless on (team, month)\n"
+              fleet_heading_over(M, "team, month, currency") + "\nunless on (team, month)\n"
               f'  gpu_ledger_team_budget_status{{{M}, status=~"heading_over|over"}} == 1\n'
-              "unless on (team, month)\n"
-              f"  sum by (team, month) (gpu_ledger_team_spend_month_to_date{{{M}}})\n"
-              f"  > max by (team, month) (gpu_ledger_team_budget{{{M}}})",
+              "unless on (team, month)\n  " + fleet_over_budget(M, "team, month"),
               T.budget_heading_over_for,
               "A team's forecast over all clusters is heading over its GPU budget",
               "Team {{ $labels.team }}'s forecast over all clusters for {{ $labels.month }} is "

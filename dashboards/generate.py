@@ -42,7 +42,13 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from alerts.generate import JOULES_PER_KWH, TEAM_CARBON_KG, TEAM_ENERGY_KWH
+from alerts.generate import (
+    JOULES_PER_KWH,
+    TEAM_CARBON_KG,
+    TEAM_ENERGY_KWH,
+    fleet_heading_over,
+    fleet_over_budget,
+)
 from gpu_ledger.generated import sync
 from gpu_ledger.sharing import SharingMode
 
@@ -480,11 +486,8 @@ def budget_status(sel: str) -> str:
     def state(name: str, expr: str) -> str:
         return f'label_replace({expr}, "status", "{name}", "", "") * 0 + 1'
     return "\nor on (team, month)\n".join((
-        state("over", f"sum by (team, month) (gpu_ledger_team_spend_month_to_date{{{sel}}}) "
-                      f"> max by (team, month) (gpu_ledger_team_budget{{{sel}}})"),
-        state("heading_over",
-              f"sum by (team, month) (gpu_ledger_team_forecast_month_end{{{sel}}}) "
-              f">= max by (team, month) (gpu_ledger_team_budget_warn_from{{{sel}}})"),
+        state("over", fleet_over_budget(sel, "team, month")),
+        state("heading_over", fleet_heading_over(sel, "team, month")),
         state("within", f"max by (team, month) (gpu_ledger_team_budget{{{sel}}})")))
 
 

@@ -307,20 +307,13 @@ def _maturity(now: list[ModelCapacity], before: list[ModelCapacity] | None) -> l
 
 def read_charge_days(con: Any, month: Month) -> list[ChargeDay]:
     """The month's charges at the FOCUS export's grain (model.ChargeDay)."""
-    cur = con.execute(_sql("charge_days"), _month(month))
-    out: list[ChargeDay] = []
-    # A batch of rows at a time: a month of 80,000 GPUs is ~1.1M charge days, whose tuples
-    # and objects held at once took ~1 GB more than the objects alone.
-    while rows := cur.fetchmany(_FETCH_ROWS):
-        out.extend(
-            ChargeDay(day, team, ns, pod, mdl, sharing, profile, kind, _q6(charged), _q6(alloc),
-                      None if used is None else _q6(used), Decimal(cost), Decimal(idle), cluster)
-            for day, team, ns, pod, mdl, sharing, profile, kind, cluster, charged, alloc, used,
-            cost, idle in rows)
-    return out
-
-
-_FETCH_ROWS = 50_000
+    rows = con.execute(_sql("charge_days"), _month(month)).fetchall()
+    return [
+        ChargeDay(day, team, ns, pod, mdl, sharing, profile, kind, _q6(charged), _q6(alloc),
+                  None if used is None else _q6(used), Decimal(cost), Decimal(idle), cluster)
+        for day, team, ns, pod, mdl, sharing, profile, kind, cluster, charged, alloc, used, cost,
+        idle in rows
+    ]
 
 
 def read_energy_days(con: Any, month: Month) -> list[EnergyDay]:

@@ -403,7 +403,7 @@ class Report:
         return "no idle cost in this period"
 
 
-@dataclass(frozen=True, slots=True)  # a month of 80,000 GPUs holds ~1.1M of them
+@dataclass(frozen=True)
 class ChargeDay:
     """Charges summed per UTC day x team x namespace x pod x GPU model x sharing x profile x
     cluster: the grain of the FOCUS export."""
@@ -424,7 +424,7 @@ class ChargeDay:
     cluster: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class EnergyDay:
     """Energy summed at the FOCUS grain (as ChargeDay): one FOCUS row of its own, billed as
     the energy line (docs/reports.md, "FOCUS export")."""
