@@ -129,7 +129,16 @@ def read_sections(con: Any, month: Month) -> Sections:
     """Every table's sums for `month`, by section and key; {} sections when it has no
     charges."""
     out: Sections = {name: {} for name in SECTION_KEYS}
-    for row in con.execute(_sql("sections"), _month(month)).fetchall():
+    con.execute(_sql("report_charges"))
+    con.execute(_sql("idle_fleet_table"))
+    try:
+        for day in month.period().chunks(24):  # a device-hour's rows lie in one day
+            lo, hi = day.naive()
+            con.execute(_sql("idle_fleet_hours"), {"start": lo, "end": hi})
+        rows = con.execute(_sql("sections"), _month(month)).fetchall()
+    finally:
+        con.execute("DROP TABLE IF EXISTS _gl_idle_fleet")
+    for row in rows:
         section, values = str(row[0]), dict(zip(_COLUMNS, row[1:10], strict=True))
         alloc, used, cost, idle, unknown, fleet_hours, unknown_mig = row[11:]
         keys = SECTION_KEYS[section]

@@ -6,6 +6,38 @@
 -- depend on the order DuckDB's parallel aggregation adds rows in: the same ledger gives the
 -- same report, byte for byte, on every run.
 
+-- query: report_charges
+-- The month's (or a day's) charge rows as the sections read them: `kind` splits fleet rows
+-- (idle, down, adjustment) from charged rows, `down_hours` is a down row's device-hours.
+CREATE OR REPLACE TEMP MACRO gl_report_charges(lo, hi) AS TABLE
+SELECT *, CAST(allocated_gpu_hours AS DECIMAL(38, 9)) AS alloc,
+       CASE WHEN team = sharing AND team IN ('idle', 'down', 'adjustment') THEN team
+            ELSE '' END AS kind,
+       CASE WHEN team = sharing AND team = 'down' THEN CAST(fraction AS DECIMAL(38, 9))
+            ELSE 0 END AS down_hours
+FROM charges WHERE hour >= lo AND hour < hi;
+
+-- query: idle_fleet_table
+CREATE OR REPLACE TEMP TABLE _gl_idle_fleet (
+    cluster VARCHAR, team VARCHAR, namespace VARCHAR, pod VARCHAR, model VARCHAR,
+    sharing VARCHAR, profile VARCHAR, day VARCHAR, kind VARCHAR, fleet_hours DECIMAL(38, 9));
+
+-- query: idle_fleet_hours
+-- An idle row stands for the device-hour's time nobody held: what is left of it after the
+-- down time and the allocated GPU-hours, so that allocated + idle + down is the device-hour
+-- exactly (its `fraction` is derived from money rounded to the micro, which left totals a few
+-- millionths of an hour off the capacity). Summed per key of the idle rows, for the hours
+-- [$start, $end): run a day at a time, since each device-hour lies in one day (the window over
+-- a month of charges spilled: 75 against 20 s at 80,000 GPUs, docs/performance.md).
+INSERT INTO _gl_idle_fleet
+SELECT cluster, team, namespace, pod, model, sharing, profile,
+       CAST(CAST(hour AS DATE) AS VARCHAR) AS day, kind, sum(fleet_hours)
+FROM (SELECT *, greatest(1 - sum(down_hours + alloc) OVER (PARTITION BY cluster, hour, uuid),
+                         0) AS fleet_hours
+      FROM gl_report_charges($start, $end))
+WHERE kind = 'idle'
+GROUP BY ALL;
+
 -- query: sections
 -- Every table of the report in one pass over the month's charges: one row per group of each
 -- grouping set, named by `section`. Every grouping but `fleet` and `clusters` also splits
@@ -15,30 +47,23 @@
 -- allocated hours of the unknown ones are summed apart (sm_unknown), so efficiency compares
 -- like with like. fleet_hours: the device-hours idle and down rows stand for (a team's
 -- 'idle-share' row under policy weights carries a weight in its fraction, not hours, and is
--- not a fleet row).
-WITH r AS (
-    SELECT *, CAST(allocated_gpu_hours AS DECIMAL(38, 9)) AS alloc,
-           CASE WHEN team = sharing AND team IN ('idle', 'down', 'adjustment') THEN team
-                ELSE '' END AS kind,
-           CASE WHEN team = sharing AND team = 'down' THEN CAST(fraction AS DECIMAL(38, 9))
-                ELSE 0 END AS down_hours
-    FROM charges WHERE hour >= $start AND hour < $end
-), c AS (
-    SELECT cluster, team, namespace, pod, model, sharing, profile,
+-- not a fleet row): a down row's own, and the idle rows' from _gl_idle_fleet (filled by
+-- idle_fleet_hours for the month), added as rows of their keys that count no charge (n = 0)
+-- and hold nothing else (NULL: SUM skips them).
+WITH c AS (
+    SELECT 1 AS n, cluster, team, namespace, pod, model, sharing, profile,
            CAST(CAST(hour AS DATE) AS VARCHAR) AS day, kind, alloc,
            CAST(used_gpu_hours AS DECIMAL(38, 9)) AS used,
            cost, idle_share,
            CASE WHEN used_gpu_hours IS NULL THEN alloc ELSE 0 END AS sm_unknown,
            CASE WHEN used_gpu_hours IS NULL AND mig_uuid <> '' THEN alloc ELSE 0 END
                AS sm_unknown_mig,
-           -- An idle row stands for the device-hour's time nobody held: what is left of it
-           -- after the down time and the allocated GPU-hours, so that allocated + idle + down
-           -- is the device-hour exactly (its `fraction` is derived from money rounded to the
-           -- micro, which left totals a few millionths of an hour off the capacity).
-           CASE WHEN kind = 'idle' THEN greatest(1 - sum(down_hours + alloc) OVER device, 0)
-                WHEN kind = 'down' THEN down_hours ELSE 0 END AS fleet_hours
-    FROM r
-    WINDOW device AS (PARTITION BY cluster, hour, uuid)
+           CASE WHEN kind = 'down' THEN down_hours ELSE 0 END AS fleet_hours
+    FROM gl_report_charges($start, $end)
+    UNION ALL
+    SELECT 0, cluster, team, namespace, pod, model, sharing, profile, day, kind, NULL, NULL,
+           NULL, NULL, NULL, NULL, fleet_hours
+    FROM _gl_idle_fleet
 )
 SELECT CASE WHEN grouping(day) = 0 THEN 'team_days'
             WHEN grouping(pod) = 0 THEN 'pods'
@@ -51,14 +76,14 @@ SELECT CASE WHEN grouping(day) = 0 THEN 'team_days'
        coalesce(namespace, '') AS namespace, coalesce(pod, '') AS pod,
        coalesce(model, '') AS model, coalesce(sharing, '') AS sharing,
        coalesce(profile, '') AS profile, coalesce(day, '') AS day, coalesce(kind, '') AS kind,
-       count(*) AS charge_rows, SUM(alloc), SUM(used), SUM(cost), SUM(idle_share),
+       sum(n) AS charge_rows, SUM(alloc), SUM(used), SUM(cost), SUM(idle_share),
        SUM(sm_unknown), SUM(fleet_hours), SUM(sm_unknown_mig)
 FROM c
 GROUP BY GROUPING SETS ((), (cluster), (team, kind), (namespace, kind),
                         (team, namespace, pod, kind), (model, sharing, profile, kind),
                         (day, team, kind))
 -- an empty month still has its (empty) fleet row: drop it, a month without charges has none
-HAVING count(*) > 0;
+HAVING sum(n) > 0;
 
 -- query: energy_reported
 -- Whether the month's energy was priced or carbon reported: then every output shows energy
