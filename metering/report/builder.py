@@ -9,11 +9,12 @@ and replaces the files all at once. `gpu-ledger report` (cli.py) and `metering.a
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import duckdb
 
@@ -49,7 +50,7 @@ from metering.report.model import (
     utilisation,
 )
 from metering.report.parquetout import render_parquet
-from metering.report.writer import write_files
+from metering.report.writer import Content, write_files
 
 PACKAGED_MODEL = "cost-model.yaml (packaged default)"
 _Q6 = Decimal("0.000001")
@@ -62,9 +63,9 @@ FORMATS: dict[str, tuple[str, Callable[[Report], bytes]]] = {
     "md": ("md", lambda r: render_markdown(r).encode("utf-8")),
     "html": ("html", lambda r: render_html(r).encode("utf-8")),
 }
-# Formats only written when asked for: format -> files (extension, renderer).
-ON_REQUEST: dict[str, list[tuple[str, Callable[[Report], bytes]]]] = {
-    "focus": [("focus.csv", focus.render_csv), ("focus.parquet", focus.render_parquet)],
+# Formats only written when asked for: format -> files (extension, writer into the open file).
+ON_REQUEST: dict[str, list[tuple[str, Callable[[Report, BinaryIO], None]]]] = {
+    "focus": [("focus.csv", focus.write_csv), ("focus.parquet", focus.write_parquet)],
 }
 
 
@@ -394,7 +395,7 @@ def build_report(
     if has_previous:
         prev_models = _lines(SECTION_KEYS["models"], before["models"], None, _ZERO)
         capacity_before = _capacity(con, prev_month, prev_models, None)
-    return Report(
+    report = Report(
         month=month,
         cost_model=cost_model,
         tool_version=tool_version,
@@ -420,15 +421,23 @@ def build_report(
                           adjustments_in=adjustments_in),
         elapsed_hours=elapsed,
         closed=closed,
-        charge_days=list(days or []),
-        energy_days=list(energy_days or []) if fleet_line.energy is not None else [],
         cluster=cluster,
         clusters=section("clusters"),
-        cluster_prices=dict(cluster_prices or {}),
         closed_at=closed_at,
         adjustments_out=list(adjustments_out),
         adjustments_in=list(adjustments_in),
     )
+    return with_days(report, days or [], energy_days or [], cluster_prices or {})
+
+
+def with_days(report: Report, days: Sequence[ChargeDay], energy_days: Sequence[EnergyDay],
+              cluster_prices: Mapping[str, Mapping[str, ModelPrice]]) -> Report:
+    """`report` with the month's charge and energy days (the FOCUS export's rows) and the
+    per-cluster prices they are billed at; energy days only where the report shows energy."""
+    return dataclasses.replace(
+        report, charge_days=list(days),
+        energy_days=list(energy_days) if report.fleet.energy is not None else [],
+        cluster_prices=dict(cluster_prices))
 
 
 # --- the cost model the charges were priced with ---------------------------------------
@@ -570,31 +579,34 @@ def make_report(
             cm = cm.for_cluster(cluster)  # the prices and rules that cluster was priced with
         # Prices per GPU model are one figure only where every cluster has the same ones.
         uniform = cluster is not None or not (set(cm.clusters) & set(clusters_in(con, month)))
-        days = read_charge_days(con, month) if charge_days else []
-        edays = read_energy_days(con, month) if charge_days else []
-        by_cluster: dict[str, dict[str, ModelPrice]] = {}
-        if same and days:
-            gpu_models = sorted({cd.model for cd in days if cd.model})
-            for name in sorted({cd.cluster for cd in days}):
-                lookup = price_lookup(cm.for_cluster(name))
-                by_cluster[name] = {m: lookup(m) for m in gpu_models}
         warnings, default_priced = price_warnings(con, month, cm) if same else ([], [])
         recs = waste.recommend(con, month.start, month.end, waste.mig_fraction(cm),
                                settings or waste.Settings(), note) if same else None
         budgets = cm.budgets if same else None
-        return build_report(
+        report = build_report(
             con, month, info, metering.__version__, top,
             price_lookup(cm) if same and uniform else None,
             budgets.monthly if budgets else None,
             budgets.warn_at if budgets else Decimal(1),
-            cluster or "", savings=recs, days=days, energy_days=edays,
-            cluster_prices=by_cluster,
+            cluster or "", savings=recs,
             notes=warnings, default_priced=default_priced,
             # the close and its adjustments (metering/closes.py)
             closed_at=closes.closed_months(con).get(month),
             adjustments_out=closes.adjustments(con, for_month=month),
             adjustments_in=closes.adjustments(con, posted_month=month),
         )
+        if not charge_days:
+            return report
+        # Read last: a month of 80,000 GPUs is ~1.1M charge days, which held while the
+        # sections and waste queries ran (DuckDB at its cap) made the FOCUS export's peak.
+        days = read_charge_days(con, month)
+        by_cluster: dict[str, dict[str, ModelPrice]] = {}
+        if same and days:
+            gpu_models = sorted({cd.model for cd in days if cd.model})
+            for name in sorted({cd.cluster for cd in days}):
+                lookup = price_lookup(cm.for_cluster(name))
+                by_cluster[name] = {m: lookup(m) for m in gpu_models}
+        return with_days(report, days, read_energy_days(con, month), by_cluster)
     finally:
         con.close()
 
@@ -617,18 +629,27 @@ def parse_formats(values: list[str] | None) -> list[str]:
     return chosen
 
 
-def render(report: Report, chosen: list[str]) -> dict[str, bytes]:
-    files: dict[str, bytes] = {}
+def render(report: Report, chosen: list[str]) -> dict[str, Content]:
+    """Each chosen format's files: the report formats rendered, the on-request ones as
+    functions that write them when write_files opens their file (UsageError from there when
+    the export cannot be made)."""
+    files: dict[str, Content] = {}
     for f in chosen:
         if f in FORMATS:
             files[file_name(report.month, f)] = FORMATS[f][1](report)
             continue
-        for ext, renderer in ON_REQUEST[f]:
-            try:
-                files[f"chargeback-{report.month}.{ext}"] = renderer(report)
-            except focus.FocusError as e:
-                raise UsageError(f"--format {f}: {e}") from None
+        for ext, writer in ON_REQUEST[f]:
+            files[f"chargeback-{report.month}.{ext}"] = functools.partial(
+                _export, f, writer, report)
     return files
+
+
+def _export(fmt: str, writer: Callable[[Report, BinaryIO], None], report: Report,
+            out: BinaryIO) -> None:
+    try:
+        writer(report, out)
+    except focus.FocusError as e:
+        raise UsageError(f"--format {fmt}: {e}") from None
 
 
 @dataclasses.dataclass(frozen=True)

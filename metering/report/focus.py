@@ -25,7 +25,7 @@ from decimal import Decimal
 from functools import cache
 from importlib import resources
 from itertools import islice
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -289,17 +289,22 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def render_csv(report: Report) -> bytes:
-    # Encoded as written: a month of 80,000 GPUs is ~0.9 GB of CSV, held once, not as text and
-    # again as bytes.
-    buf = io.BytesIO()
-    text = io.TextIOWrapper(buf, encoding="utf-8", newline="")
+def write_csv(report: Report, out: BinaryIO) -> None:
+    """The CSV file into `out`, encoded as it is written: a month of 80,000 GPUs is ~0.9 GB
+    of CSV, streamed to the file rather than held (docs/performance.md)."""
+    text = io.TextIOWrapper(out, encoding="utf-8", newline="")
     writer = csv.writer(text, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
     names = [name for name, _ in column_types(report)]
     writer.writerow(names)
     for row in rows(report):
         writer.writerow(_text(row[name]) for name in names)
     text.flush()
+    text.detach()  # `out` stays the caller's
+
+
+def render_csv(report: Report) -> bytes:
+    buf = io.BytesIO()
+    write_csv(report, buf)
     return buf.getvalue()
 
 
@@ -316,20 +321,25 @@ _ARROW = {
 PARQUET_BATCH = 100_000
 
 
-def render_parquet(report: Report) -> bytes:
+def write_parquet(report: Report, out: BinaryIO) -> None:
+    """The Parquet file into `out`, a row group of PARQUET_BATCH rows at a time."""
     types = column_types(report)
     fields = [pa.field(name, _ARROW[kind]) for name, kind in types]
     metadata = {"focus_version": spec().version, "gpu_ledger.period": str(report.month),
                 "gpu_ledger.cost_model_hash": report.cost_model.hash}
     schema = pa.schema(fields, metadata=metadata)
-    sink = pa.BufferOutputStream()
     it = rows(report)
-    with pq.ParquetWriter(sink, schema, version="2.6", compression="zstd",
+    with pq.ParquetWriter(out, schema, version="2.6", compression="zstd",
                           compression_level=3, use_dictionary=False, data_page_version="1.0",
-                          store_schema=True) as out:
+                          store_schema=True) as writer:
         first = True
         while (batch := list(islice(it, PARQUET_BATCH))) or first:  # a month of none: one
-            out.write_table(pa.table({name: [r[name] for r in batch] for name, _ in types},
-                                     schema=schema))
+            writer.write_table(pa.table({name: [r[name] for r in batch] for name, _ in types},
+                                        schema=schema))
             first = False
-    return bytes(sink.getvalue().to_pybytes())
+
+
+def render_parquet(report: Report) -> bytes:
+    buf = io.BytesIO()
+    write_parquet(report, buf)
+    return buf.getvalue()

@@ -7,22 +7,30 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
+
+# A file's contents: its bytes, or a function writing them into the open file (a file too big
+# to hold twice, the FOCUS export at fleet size).
+Content = bytes | Callable[[BinaryIO], None]
 
 
-def _write_new(path: Path, data: bytes) -> None:
+def _write_new(path: Path, data: Content) -> None:
     # O_EXCL: never write through a file (or link) someone else put at the temporary name.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     with os.fdopen(fd, "wb") as f:
-        f.write(data)
+        if isinstance(data, bytes):
+            f.write(data)
+        else:
+            data(f)
         f.flush()
         os.fsync(f.fileno())
 
 
-def write_files(out_dir: Path, files: Mapping[str, bytes]) -> list[Path]:
-    """Write name -> bytes under out_dir; returns the final paths. Raises OSError on failure,
-    after removing any temporary file it made."""
+def write_files(out_dir: Path, files: Mapping[str, Content]) -> list[Path]:
+    """Write name -> contents under out_dir; returns the final paths. Raises OSError (or what
+    a writing function raised) on failure, after removing any temporary file it made."""
     out_dir.mkdir(parents=True, exist_ok=True)
     staged: list[tuple[Path, Path]] = []
     try:
