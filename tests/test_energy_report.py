@@ -41,6 +41,11 @@ TEAMS = {"science": ("1.400000", "0.504000", "0.672000", "2.500000"),
 
 @pytest.fixture
 def report(tmp_path: Path) -> Report:
+    db, path = _priced(tmp_path)
+    return make_report(str(db), MONTH, str(path), 20, charge_days=True)
+
+
+def _priced(tmp_path: Path) -> tuple[Path, Path]:
     path = tmp_path / "cost-model.yaml"
     path.write_text(BASE + ENERGY)
     db = tmp_path / "m.duckdb"
@@ -57,7 +62,27 @@ def report(tmp_path: Path) -> Report:
     from metering.costmodel import load_cost_model
     price_period(con, load_cost_model(path), MONTH.start, MONTH.end)
     con.close()
-    return make_report(str(db), MONTH, str(path), 20, charge_days=True)
+    return db, path
+
+
+def test_streamed_focus_export_has_the_energy_rows(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`report --format focus` streams the energy days from the ledger as it writes (one row
+    per fetch here): the same files as rendered from the whole report, energy rows included."""
+    from metering.report import builder
+    from metering.report.cli import main as report_main
+    db, path = _priced(tmp_path)
+    report = make_report(str(db), MONTH, str(path), 20, charge_days=True)
+    assert list(report.energy_days)
+    monkeypatch.setattr(builder, "DAY_BATCH", 1)
+    out = tmp_path / "out"
+    assert report_main(["--month", "2026-10", "--db", str(db), "--cost-model", str(path),
+                        "--out", str(out), "--format", "focus"]) == 0
+    csv_bytes = (out / "chargeback-2026-10.focus.csv").read_bytes()
+    assert csv_bytes == focus.render_csv(report)
+    assert b"energy" in csv_bytes.lower()
+    assert (out / "chargeback-2026-10.focus.parquet").read_bytes() == \
+        focus.render_parquet(report)
 
 
 def test_tidy_csv_and_parquet_carry_each_teams_energy_and_carbon(report: Report) -> None:

@@ -261,3 +261,23 @@ def test_focus_rows_are_per_cluster(tmp_path: Path) -> None:
               for r in table.to_pylist() if r["ListUnitPrice"] is not None}
     # each cluster's rows at the price that cluster was priced with
     assert listed == {("east", Decimal("4.000000")), ("west", Decimal("3.000000"))}
+
+
+def test_focus_files_streamed_from_the_ledger_are_the_rendered_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`report --format focus` reads the charge days from the ledger while it writes the two
+    files (a fetch of one row at a time here, so every batch boundary is crossed), with the
+    per-cluster prices from the month's charges: the same bytes as the export rendered from
+    the report make_report reads whole, per cluster price included."""
+    from metering.report import builder, focus
+    db = cluster_ledger(tmp_path, "fleet.duckdb", ("east", "west"))
+    cm = str(tmp_path / "cost-model.yaml")
+    report = make_report(str(db), OCT, cm, 20, charge_days=True)
+    assert len(list(report.charge_days)) > 2
+    monkeypatch.setattr(builder, "DAY_BATCH", 1)
+    out = tmp_path / "out"
+    assert report_main(["--month", "2026-10", "--db", str(db), "--cost-model", cm,
+                        "--out", str(out), "--format", "focus"]) == 0
+    assert (out / "chargeback-2026-10.focus.csv").read_bytes() == focus.render_csv(report)
+    assert (out / "chargeback-2026-10.focus.parquet").read_bytes() == \
+        focus.render_parquet(report)

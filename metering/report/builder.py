@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Generic, TypeVar
 
 import duckdb
 
@@ -315,26 +315,50 @@ def _maturity(now: list[ModelCapacity], before: list[ModelCapacity] | None) -> l
     return out
 
 
-def read_charge_days(con: Any, month: Month) -> list[ChargeDay]:
-    """The month's charges at the FOCUS export's grain (model.ChargeDay)."""
-    rows = con.execute(_sql("charge_days"), _month(month)).fetchall()
-    return [
-        ChargeDay(day, team, ns, pod, mdl, sharing, profile, kind, _q6(charged), _q6(alloc),
-                  None if used is None else _q6(used), Decimal(cost), Decimal(idle), cluster)
-        for day, team, ns, pod, mdl, sharing, profile, kind, cluster, charged, alloc, used, cost,
-        idle in rows
-    ]
+T = TypeVar("T")
+
+# Rows per fetch of the FOCUS export's days: a month of 80,000 GPUs is ~1.1M charge days, held
+# as objects at once 1-1.5 GB (docs/performance.md).
+DAY_BATCH = 50_000
 
 
-def read_energy_days(con: Any, month: Month) -> list[EnergyDay]:
-    """The month's energy at the FOCUS export's grain (model.EnergyDay)."""
-    return [
-        EnergyDay(day, team, ns, pod, mdl, sharing, profile, kind, cluster, _kwh(joules),
-                  None if cost is None else Decimal(cost),
-                  None if grams is None else (Decimal(grams) / 1000).quantize(_Q6))
-        for day, team, ns, pod, mdl, sharing, profile, kind, cluster, joules, cost, grams
-        in con.execute(_sql("energy_days"), _month(month)).fetchall()
-    ]
+def read_charge_days(con: Any, month: Month) -> Iterator[ChargeDay]:
+    """The month's charges at the FOCUS export's grain (model.ChargeDay), read DAY_BATCH rows
+    at a time: `con` runs nothing else until they are all read."""
+    con.execute(_sql("charge_days"), _month(month))
+    while rows := con.fetchmany(DAY_BATCH):
+        for (day, team, ns, pod, mdl, sharing, profile, kind, cluster, charged, alloc, used,
+             cost, idle) in rows:
+            yield ChargeDay(day, team, ns, pod, mdl, sharing, profile, kind, _q6(charged),
+                            _q6(alloc), None if used is None else _q6(used), Decimal(cost),
+                            Decimal(idle), cluster)
+
+
+def read_energy_days(con: Any, month: Month) -> Iterator[EnergyDay]:
+    """The month's energy at the FOCUS export's grain (model.EnergyDay), as read_charge_days."""
+    con.execute(_sql("energy_days"), _month(month))
+    while rows := con.fetchmany(DAY_BATCH):
+        for day, team, ns, pod, mdl, sharing, profile, kind, cluster, joules, cost, grams in rows:
+            yield EnergyDay(day, team, ns, pod, mdl, sharing, profile, kind, cluster,
+                            _kwh(joules), None if cost is None else Decimal(cost),
+                            None if grams is None else (Decimal(grams) / 1000).quantize(_Q6))
+
+
+def charged_models(con: Any, month: Month) -> tuple[list[str], list[str]]:
+    """The clusters and the GPU models (not '') the month's charges name."""
+    rows = con.execute(_sql("charged_models"), _month(month)).fetchall()
+    return sorted({c for c, _ in rows}), sorted({m for _, m in rows if m})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Streamed(Generic[T]):
+    """Rows read again from the ledger each time they are iterated (the FOCUS export's two
+    files), while the connection `read` uses is open (write_report holds it)."""
+
+    read: Callable[[], Iterator[T]]
+
+    def __iter__(self) -> Iterator[T]:
+        return self.read()
 
 
 def build_report(
@@ -427,16 +451,17 @@ def build_report(
         adjustments_out=list(adjustments_out),
         adjustments_in=list(adjustments_in),
     )
-    return with_days(report, days or [], energy_days or [], cluster_prices or {})
+    return with_days(report, list(days or []), list(energy_days or []),
+                     cluster_prices or {})
 
 
-def with_days(report: Report, days: Sequence[ChargeDay], energy_days: Sequence[EnergyDay],
+def with_days(report: Report, days: Iterable[ChargeDay], energy_days: Iterable[EnergyDay],
               cluster_prices: Mapping[str, Mapping[str, ModelPrice]]) -> Report:
     """`report` with the month's charge and energy days (the FOCUS export's rows) and the
     per-cluster prices they are billed at; energy days only where the report shows energy."""
     return dataclasses.replace(
-        report, charge_days=list(days),
-        energy_days=list(energy_days) if report.fleet.energy is not None else [],
+        report, charge_days=days,
+        energy_days=energy_days if report.fleet.energy is not None else [],
         cluster_prices=dict(cluster_prices))
 
 
@@ -555,60 +580,74 @@ def make_report(
     """The report of `month` from the ledger at `db_path` (DuckDB file or export directory),
     read-only. RefusedError when the month is not metered or not priced as stated. `note` is
     told what the log should say (waste device-hours computed instead of read as stored)."""
-    given = load_cost_model(cost_model_path) if cost_model_path is not None else None
     con = _open(db_path, cluster)
     try:
-        hashes = priced_hashes(con, month)
-        # The report only reads: pricing is the explicit `meter --price-only` step.
-        if not hashes and has_facts(con, month):
-            raise RefusedError(
-                f"{db_path}: {month} has GPU usage but no charges (it was ingested, not "
-                f"priced); price it first: {meter_command(month, db_path, cost_model_path)}"
-            )
-        if not hashes:
-            raise RefusedError(
-                f"{db_path}: no metered data for {month}; meter it first: gpu-ledger meter "
-                f"--prometheus URL --month {month} --db {db_path}"
-            )
-        cm = given or _ledger_cost_model(con, hashes) or load_cost_model(None)
-        info = _cost_model_info(month, hashes, cost_model_path, cm, db_path)
-        crosscheck.check_month(con, month, db_path)  # no doubled or orphaned device-hours
-        # Figures that need the cost model are left out when the charges carry another one.
-        same = info.hash == cm.hash
-        if same and cluster is not None:
-            cm = cm.for_cluster(cluster)  # the prices and rules that cluster was priced with
-        # Prices per GPU model are one figure only where every cluster has the same ones.
-        uniform = cluster is not None or not (set(cm.clusters) & set(clusters_in(con, month)))
-        warnings, default_priced = price_warnings(con, month, cm) if same else ([], [])
-        recs = waste.recommend(con, month.start, month.end, waste.mig_fraction(cm),
-                               settings or waste.Settings(), note) if same else None
-        budgets = cm.budgets if same else None
-        report = build_report(
-            con, month, info, metering.__version__, top,
-            price_lookup(cm) if same and uniform else None,
-            budgets.monthly if budgets else None,
-            budgets.warn_at if budgets else Decimal(1),
-            cluster or "", savings=recs,
-            notes=warnings, default_priced=default_priced,
-            # the close and its adjustments (metering/closes.py)
-            closed_at=closes.closed_months(con).get(month),
-            adjustments_out=closes.adjustments(con, for_month=month),
-            adjustments_in=closes.adjustments(con, posted_month=month),
-        )
-        if not charge_days:
-            return report
-        # Read last: a month of 80,000 GPUs is ~1.1M charge days, which held while the
-        # sections and waste queries ran (DuckDB at its cap) made the FOCUS export's peak.
-        days = read_charge_days(con, month)
-        by_cluster: dict[str, dict[str, ModelPrice]] = {}
-        if same and days:
-            gpu_models = sorted({cd.model for cd in days if cd.model})
-            for name in sorted({cd.cluster for cd in days}):
-                lookup = price_lookup(cm.for_cluster(name))
-                by_cluster[name] = {m: lookup(m) for m in gpu_models}
-        return with_days(report, days, read_energy_days(con, month), by_cluster)
+        report = _report(con, db_path, month, cost_model_path, top, charge_days, settings,
+                         cluster, note)
+        # Read now, the connection closes here.
+        return with_days(report, list(report.charge_days), list(report.energy_days),
+                         report.cluster_prices)
     finally:
         con.close()
+
+
+def _report(
+    con: Any, db_path: str, month: Month, cost_model_path: str | None, top: int,
+    charge_days: bool, settings: waste.Settings | None, cluster: str | None,
+    note: Callable[[str], None] | None,
+) -> Report:
+    """make_report's report from the open ledger `con`; the charge and energy days (with
+    `charge_days`) read from `con` when they are iterated."""
+    given = load_cost_model(cost_model_path) if cost_model_path is not None else None
+    hashes = priced_hashes(con, month)
+    # The report only reads: pricing is the explicit `meter --price-only` step.
+    if not hashes and has_facts(con, month):
+        raise RefusedError(
+            f"{db_path}: {month} has GPU usage but no charges (it was ingested, not "
+            f"priced); price it first: {meter_command(month, db_path, cost_model_path)}"
+        )
+    if not hashes:
+        raise RefusedError(
+            f"{db_path}: no metered data for {month}; meter it first: gpu-ledger meter "
+            f"--prometheus URL --month {month} --db {db_path}"
+        )
+    cm = given or _ledger_cost_model(con, hashes) or load_cost_model(None)
+    info = _cost_model_info(month, hashes, cost_model_path, cm, db_path)
+    crosscheck.check_month(con, month, db_path)  # no doubled or orphaned device-hours
+    # Figures that need the cost model are left out when the charges carry another one.
+    same = info.hash == cm.hash
+    if same and cluster is not None:
+        cm = cm.for_cluster(cluster)  # the prices and rules that cluster was priced with
+    # Prices per GPU model are one figure only where every cluster has the same ones.
+    uniform = cluster is not None or not (set(cm.clusters) & set(clusters_in(con, month)))
+    warnings, default_priced = price_warnings(con, month, cm) if same else ([], [])
+    recs = waste.recommend(con, month.start, month.end, waste.mig_fraction(cm),
+                           settings or waste.Settings(), note) if same else None
+    budgets = cm.budgets if same else None
+    report = build_report(
+        con, month, info, metering.__version__, top,
+        price_lookup(cm) if same and uniform else None,
+        budgets.monthly if budgets else None,
+        budgets.warn_at if budgets else Decimal(1),
+        cluster or "", savings=recs,
+        notes=warnings, default_priced=default_priced,
+        # the close and its adjustments (metering/closes.py)
+        closed_at=closes.closed_months(con).get(month),
+        adjustments_out=closes.adjustments(con, for_month=month),
+        adjustments_in=closes.adjustments(con, posted_month=month),
+    )
+    if not charge_days:
+        return report
+    # The days are read after the report's queries and streamed: a month of 80,000 GPUs
+    # is ~1.1M charge days, which held through those queries made the FOCUS export's peak.
+    by_cluster: dict[str, dict[str, ModelPrice]] = {}
+    if same:
+        clusters, models = charged_models(con, month)
+        for name in clusters:
+            lookup = price_lookup(cm.for_cluster(name))
+            by_cluster[name] = {m: lookup(m) for m in models}
+    return with_days(report, _Streamed(lambda: read_charge_days(con, month)),
+                     _Streamed(lambda: read_energy_days(con, month)), by_cluster)
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -671,21 +710,28 @@ def write_report(db_path: str | Path, month: Month, out: str | Path, *,
     a MeteringError (not metered or not priced: RefusedError; files not written: exit 1)."""
     chosen = parse_formats(formats)
     with db.memory_cap(memory_limit, f"{db_path}: reporting {month}"):
-        report = make_report(str(db_path), month, cost_model_path, top, "focus" in chosen,
-                             settings, cluster, note)
-    if progress is not None:
-        progress.chunk_done("read the ledger")
-    files = render(report, chosen)
-    if progress is not None:
-        progress.chunk_done("rendered", amount=len(files), what="files")
-    try:
-        written = write_files(Path(out), files)
-    except OSError as e:
-        raise MeteringError(
-            f"{out}: cannot write the report ({e.strerror or e}); previous report files are "
-            "unchanged"
-        ) from None
+        # One read-only connection until every file is written: the FOCUS export's days are
+        # read from it as they are written, from the ledger the report was made of.
+        con = _open(str(db_path), cluster)
+        try:
+            report = _report(con, str(db_path), month, cost_model_path, top,
+                             "focus" in chosen, settings, cluster, note)
+            if progress is not None:
+                progress.chunk_done("read the ledger")
+            files = render(report, chosen)
+            if progress is not None:
+                progress.chunk_done("rendered", amount=len(files), what="files")
+            try:
+                written = write_files(Path(out), files)
+            except OSError as e:
+                raise MeteringError(
+                    f"{out}: cannot write the report ({e.strerror or e}); previous report "
+                    "files are unchanged"
+                ) from None
+        finally:
+            con.close()
     if progress is not None:
         progress.chunk_done("written")
-    return Written(report, written)
+    # The days were streamed into the files; the connection they were read from is closed.
+    return Written(with_days(report, [], [], report.cluster_prices), written)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -327,9 +327,10 @@ class Report:
     elapsed_hours: int = 0  # hours of the month so far (through the last hour with data)
     # The month had ended when the report was made: budgets show actuals, no forecast.
     closed: bool = True
-    # Filled only for the FOCUS export (metering/report/focus.py).
-    charge_days: list[ChargeDay] = field(default_factory=list)
-    energy_days: list[EnergyDay] = field(default_factory=list)  # FOCUS too, when energy_shown
+    # Filled only for the FOCUS export (metering/report/focus.py): lists, or (while
+    # write_report writes the files) rows read from the ledger each time they are iterated.
+    charge_days: Iterable[ChargeDay] = field(default_factory=list)
+    energy_days: Iterable[EnergyDay] = field(default_factory=list)  # FOCUS, when energy_shown
     # The cluster this report is about; '' for the fleet view over every cluster.
     cluster: str = ""
     # One row per cluster with charges in the month (or the one cluster of a per-cluster

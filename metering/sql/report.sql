@@ -189,6 +189,10 @@ SELECT CAST(CAST(hour AS DATE) AS TIMESTAMP), team, namespace, pod, model, shari
        SUM(CAST(used_gpu_hours AS DECIMAL(38, 9))), SUM(cost), SUM(idle_share)
 FROM charges WHERE hour >= $start AND hour < $end GROUP BY ALL ORDER BY ALL;
 
+-- query: charged_models
+-- The clusters and GPU models of the month's charges (the FOCUS export's per-cluster prices).
+SELECT DISTINCT cluster, model FROM charges WHERE hour >= $start AND hour < $end;
+
 -- query: cluster_models
 -- The GPU models of each cluster in the month, as ingest saw them or pricing charged them,
 -- with their vendor where the facts say (a model two vendors share: one of them).
