@@ -293,13 +293,14 @@ def write_csv(report: Report, out: BinaryIO) -> None:
     """The CSV file into `out`, encoded as it is written: a month of 80,000 GPUs is ~0.9 GB
     of CSV, streamed to the file rather than held (docs/performance.md)."""
     text = io.TextIOWrapper(out, encoding="utf-8", newline="")
-    writer = csv.writer(text, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
-    names = [name for name, _ in column_types(report)]
-    writer.writerow(names)
-    for row in rows(report):
-        writer.writerow(_text(row[name]) for name in names)
-    text.flush()
-    text.detach()  # `out` stays the caller's
+    try:
+        writer = csv.writer(text, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+        names = [name for name, _ in column_types(report)]
+        writer.writerow(names)
+        for row in rows(report):
+            writer.writerow(_text(row[name]) for name in names)
+    finally:
+        text.detach()  # flushed; `out` stays the caller's (closing the wrapper would close it)
 
 
 def render_csv(report: Report) -> bytes:
