@@ -373,9 +373,6 @@ def build_report(
     cluster: str = "",
     *,
     savings: list[waste.Recommendation] | None = None,
-    days: list[ChargeDay] | None = None,
-    energy_days: list[EnergyDay] | None = None,
-    cluster_prices: Mapping[str, Mapping[str, ModelPrice]] | None = None,
     notes: Sequence[str] = (),
     default_priced: Sequence[str] = (),
     now: datetime | None = None,
@@ -384,10 +381,11 @@ def build_report(
     adjustments_in: Sequence[Adjustment] = (),
 ) -> Report:
     """Read the month's charges (and the previous month's, for the change) into the report's
-    tables, and construct the Report with what the caller computed apart (savings, FOCUS
-    rows, per-cluster prices). `con` sees the ledger the report is about (metering.
-    ledgerview: the whole fleet, or one cluster's rows, named by `cluster`). `now` (default:
-    the clock) tells a closed month, whose budgets show actuals, from an open one."""
+    tables, and construct the Report with what the caller computed apart (savings; the FOCUS
+    rows and per-cluster prices are added by with_days). `con` sees the ledger the report is
+    about (metering.ledgerview: the whole fleet, or one cluster's rows, named by `cluster`).
+    `now` (default: the clock) tells a closed month, whose budgets show actuals, from an open
+    one."""
     closed = month.end <= utc_naive(now or datetime.now(UTC))
     covered = covered_hours(con, month)
     every_hour = (month.start + i * HOUR for i in range(month.hours))
@@ -419,7 +417,7 @@ def build_report(
     if has_previous:
         prev_models = _lines(SECTION_KEYS["models"], before["models"], None, _ZERO)
         capacity_before = _capacity(con, prev_month, prev_models, None)
-    report = Report(
+    return Report(
         month=month,
         cost_model=cost_model,
         tool_version=tool_version,
@@ -451,8 +449,6 @@ def build_report(
         adjustments_out=list(adjustments_out),
         adjustments_in=list(adjustments_in),
     )
-    return with_days(report, list(days or []), list(energy_days or []),
-                     cluster_prices or {})
 
 
 def with_days(report: Report, days: Iterable[ChargeDay], energy_days: Iterable[EnergyDay],
