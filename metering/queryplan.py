@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -263,13 +264,19 @@ class QueryPlanner:
         # Evaluation hours of every chunk of the run (`plan_period`): a recorded signal
         # read natively is asked for all of them at once, where that fits the memory budget
         # (its blocks hold the whole period anyway: per chunk, the store would send and the
-        # client decode them once per chunk); answers and decoded blocks kept until the
+        # client decode them once per chunk); answers and their hourly points kept until the
         # period's last chunk is decoded.
         self.period: tuple[int, int] | None = None
         self._period: dict[tuple[str, str], Answer] = {}
-        self._period_blocks: dict[int, vmnative.Blocks] = {}
-        self._period_bytes = 0  # of the answers and decoded blocks kept
-        self._period_off: set[str] = set()  # signals whose period did not fit: per chunk
+        # per kept answer (id): its hourly points, decoded once
+        self._period_hours: dict[int, vmnative.Hours] = {}
+        # answers dropped because their points did not fit (id: the answer while it lives):
+        # the chunks sent with one before that read JSON lines
+        self._period_dropped: dict[int, weakref.ref[Answer]] = {}
+        self._period_bytes = 0  # of the answers and hourly points kept
+        # Signals whose period did not fit: their chunks read JSON lines (the store filters
+        # them to the hours), not native answers of whole blocks again
+        self._period_off: set[str] = set()
         self._lock = threading.Lock()  # _learned: sent from one thread, decoded in another
         # Chunks fetched in node groups, noted before the first group is sent (ingest stages
         # their facts group by group: metering.facts)
@@ -353,12 +360,13 @@ class QueryPlanner:
             return None
         pf, pl = self.period
         first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
-        if not pf <= first <= last <= pl or (pf, pl) == (first, last):
+        if not pf <= first <= last <= pl or (pf, pl) == (first, last) or \
+                (first - pf) % HOUR_S:
             return None
         key = (spec.name, selector)
         with self._lock:
             cached = self._period.get(key)
-            if cached is not None or spec.name in self._period_off:
+            if cached is not None:
                 return cached
         answer = self.client.export_answer(NATIVE_PATH, vmexport.params(selector, pf, pl))
         if answer.status != 200:
@@ -371,6 +379,15 @@ class QueryPlanner:
                 self._period[key] = answer
                 self._period_bytes += len(answer.body)
         return answer
+
+    def reads_native(self, spec: SignalSpec) -> bool:
+        """Whether the signal's recorded series are read natively (`native`), unless its
+        period did not fit the memory budget: a native answer of one chunk holds the same
+        whole blocks as the period's, so the chunks then read JSON lines."""
+        if not self.native():
+            return False
+        with self._lock:
+            return spec.name not in self._period_off
 
     def _native_bytes(self) -> float:
         """Bytes native answers and their decoded blocks may take: the memory budget."""
@@ -680,7 +697,7 @@ class QueryPlanner:
         self.stats.signal_queries += 1
         self.stats.recorded += recorded
         exported = recorded and self.exports()
-        native = exported and group is None and self.native()  # node groups: JSON lines
+        native = exported and group is None and self.reads_native(spec)  # groups: JSON lines
         native_planned = int(native)
         path = NATIVE_PATH if native else EXPORT_PATH
         self.stats.exported += exported
@@ -811,27 +828,50 @@ class QueryPlanner:
 
     def _native_points(self, sent: Answered) -> Matrix:
         """The piece's hourly points of a native answer: of a whole period's, decoded once
-        and kept until the period's last chunk."""
+        into the period's hourly points, kept until the period's last chunk where they fit
+        the memory budget; where they do not, the signal's other chunks read JSON lines
+        (`TooLarge` for those already sent with this answer)."""
         first, last = sent.piece.first, sent.piece.last
+        key = id(sent.answer)
         with self._lock:
-            whole = any(a is sent.answer for a in self._period.values())
-            blocks = self._period_blocks.get(id(sent.answer)) if whole else None
-        if not whole:
+            dropped = self._period_dropped.get(key)
+            if dropped is not None and dropped() is sent.answer:
+                raise vmnative.TooLarge("the period's hourly points are over the memory budget")
+            name = next((n for (n, _), a in self._period.items() if a is sent.answer), None)
+            hours = self._period_hours.get(key)
+        if name is None or self.period is None:
             return vmnative.read(sent.answer.body, first, last, self.max_native_rows())
-        if blocks is None:
-            blocks = vmnative.decode(sent.answer.body, self.max_native_rows())
-        size = blocks.stamps.nbytes + blocks.values.nbytes
+        last_chunk = last >= self.period[1]
+        if hours is None:
+            try:
+                hours = vmnative.hours(vmnative.decode(sent.answer.body, self.max_native_rows()),
+                                       *self.period)
+            except vmnative.TooLarge:
+                self._drop_period(sent.answer, name, off=True)
+                raise
+            if not last_chunk:
+                with self._lock:
+                    fits = self._period_bytes + hours.nbytes <= self._native_bytes() / 4
+                    if fits:
+                        self._period_hours[key] = hours
+                        self._period_bytes += hours.nbytes
+                if not fits:
+                    self._drop_period(sent.answer, name, off=True)
+        if last_chunk:
+            self._drop_period(sent.answer, name, off=False)
+        return hours.window(first, last)
+
+    def _drop_period(self, answer: Answer, name: str, off: bool) -> None:
+        """A period answer, and its hourly points, no longer kept: its last chunk is read,
+        or (`off`) its points do not fit the memory budget, and the signal's other chunks
+        read JSON lines (those sent with this answer already: `TooLarge`)."""
         with self._lock:
-            if self.period is not None and last >= self.period[1]:  # its last chunk
-                self._period = {k: a for k, a in self._period.items() if a is not sent.answer}
-                if self._period_blocks.pop(id(sent.answer), None) is not None:
-                    self._period_bytes -= size
-                self._period_bytes -= len(sent.answer.body)
-            elif id(sent.answer) not in self._period_blocks and \
-                    self._period_bytes + size <= self._native_bytes() / 4:
-                self._period_blocks[id(sent.answer)] = blocks  # else decoded per chunk
-                self._period_bytes += size
-        return vmnative.points(blocks, first, last)
+            self._period = {k: a for k, a in self._period.items() if a is not answer}
+            hours = self._period_hours.pop(id(answer), None)
+            self._period_bytes -= len(answer.body) + (hours.nbytes if hours else 0)
+            if off:
+                self._period_off.add(name)
+                self._period_dropped[id(answer)] = weakref.ref(answer)
 
     def _json_export(self, sent: Answered) -> Answer:
         """The JSON lines of a native read (its fallback, or its check)."""

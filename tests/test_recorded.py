@@ -30,6 +30,7 @@ from promtools import backfill, running_prometheus, running_victoria, vm_import
 
 from alerts.generate import METERING_GROUP, METERING_VM_FILE, metering_group
 from bench.recorded import REPLAY_LOST, REPLAY_WRITE
+from metering import vmnative
 from metering.cli_meter import main
 from metering.db import connect
 from metering.signals import SIGNALS
@@ -463,5 +464,36 @@ def test_a_native_answer_over_the_memory_budget_reads_json_lines(
         out = _meter(url, rec, "--recorded", "only", "--recorded-read", "native")
     # Every signal with samples (three have none here: no answer holds more than 1).
     assert "17 over the memory budget read as JSON lines" in out, out
+    assert "recorded series read as JSON lines" not in out, out  # no decoder problem said
+    assert _same_ledger(raw, rec) > 400
+
+
+def test_a_period_whose_hourly_points_do_not_fit_is_decoded_once_then_json_lines(
+        samples: list[tuple[str, int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signal's whole-period native answer is decoded once; where its hourly points do not
+    fit the memory budget (here: none does) the first chunk reads them from that decode and
+    the signal's later chunks read JSON lines (the store filters them to the hours), instead
+    of decoding the period's blocks again for each chunk. The bill is the raw one."""
+    decoded: list[int] = []
+    decode = vmnative.decode
+
+    def counted(body: bytes, max_rows: int | None = None) -> vmnative.Blocks:
+        decoded.append(len(body))
+        return decode(body, max_rows)
+
+    monkeypatch.setattr(vmnative, "decode", counted)
+    monkeypatch.setattr(vmnative.Hours, "nbytes", property(lambda self: 1 << 60))
+    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, REPLAY_TO, tmp_path / "replay.log")
+        _meter(url, raw, "--recorded", "never")
+        out = _meter(url, rec, "--recorded", "only", "--recorded-read", "native",
+                     "--chunk", "8")
+    summary = next(ln for ln in out.splitlines() if ln.startswith("meter: queries:"))
+    # Three chunks, 20 signals: each period asked and decoded once; the later chunks read
+    # JSON lines, those prefetched with the period's answer counted as over the budget.
+    assert "from 20 request(s) of a signal's whole period" in summary, summary
+    assert len(decoded) == 20, decoded
     assert "recorded series read as JSON lines" not in out, out  # no decoder problem said
     assert _same_ledger(raw, rec) > 400

@@ -179,6 +179,26 @@ def test_hourly_points_equal_the_json_exports(store: str, first: int, hours: int
         assert native.v.tobytes() == lines.v.tobytes()
 
 
+def test_windows_of_a_period_equal_each_window_read_on_its_own(store: str) -> None:
+    """A period's hourly points kept once (`hours`) give each chunk's window exactly as
+    choosing them from the blocks for that window: the same series (those with a point in
+    it, in series_key order), times and value bits; windows sharing their edge hour too."""
+    first, last = E - 86_400, E + 30 * 86_400
+    for sel in ('{__name__=~"n_.*"}', '{__name__="n_counter"}', '{__name__="nothing"}'):
+        blocks = vmnative.decode(_get(store, vmnative.NATIVE_PATH, sel, first, last))
+        kept = vmnative.hours(blocks, first, last)
+        for f, hours in [(first, 1), (first, 72), (E - 3600, 2), (E, 25), (E + 86_400, 24 * 12),
+                         (last, 1), (E + 3 * 86_400, 24 * 27 + 1)]:
+            lo, hi = f, min(f + (hours - 1) * 3600, last)
+            want, got = vmnative.points(blocks, lo, hi), kept.window(lo, hi)
+            assert got.keys == want.keys and got.labels == want.labels, (sel, f, hours)
+            assert got.sid.dtype == want.sid.dtype and np.array_equal(got.sid, want.sid)
+            assert got.t.tobytes() == want.t.tobytes() and got.v.tobytes() == want.v.tobytes()
+        assert sel == '{__name__="nothing"}' or len(kept.keys) > 0
+    with pytest.raises(ValueError, match="not a whole hour"):
+        kept.window(first + 60, last)
+
+
 def test_a_block_of_one_row_first_in_the_answer(store: str) -> None:
     """A one-row block has no data; first in the answer, its empty parts are the first of
     all parts (this once counted another part's varints). The store sends blocks in no fixed
