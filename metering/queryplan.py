@@ -44,7 +44,7 @@ from metering.period import Period
 from metering.promclient import Answer, PromClient, PromError
 from metering.signals import HOUR_S, RECORDED_PREFIX, RECORDED_SUFFIX, SIGNALS, SignalSpec
 from metering.vmexport import EXPORT_PATH, RecordedRead
-from metering.vmnative import NATIVE_PATH
+from metering.vmnative import HOURS_BYTES_PER_POINT, NATIVE_PATH
 
 # Prometheus's default --query.max-samples: the smallest default among the stores we target.
 DEFAULT_MAX_SAMPLES = 50_000_000
@@ -354,8 +354,9 @@ class QueryPlanner:
     def _period_answer(self, spec: SignalSpec, selector: str, chunk: Period,
                        nodes: tuple[str, ...] | None) -> Answer | None:
         """The native answer of the signal's whole period (`period`), asked once; None where
-        there is no period beyond the chunk, its points would not fit half the memory
-        budget, nodes are unknown, or the store refuses it (then per chunk)."""
+        there is no period beyond the chunk, nodes are unknown, or the store refuses it (then
+        per chunk), or where the answer does not fit the memory budget (then the signal's
+        chunks read JSON lines: `reads_native`)."""
         if self.period is None or nodes is None:
             return None
         pf, pl = self.period
@@ -374,10 +375,10 @@ class QueryPlanner:
         self.stats.period_reads += 1
         with self._lock:
             if self._period_bytes + len(answer.body) > self._native_bytes() / 4:
-                self._period_off.add(spec.name)  # read for this chunk, not kept
-            else:
-                self._period[key] = answer
-                self._period_bytes += len(answer.body)
+                self._period_off.add(spec.name)  # JSON lines: the store filters those
+                return None
+            self._period[key] = answer
+            self._period_bytes += len(answer.body)
         return answer
 
     def reads_native(self, spec: SignalSpec) -> bool:
@@ -713,6 +714,10 @@ class QueryPlanner:
                 answer = None
                 if native and group is None and piece == Piece(None, first, last):
                     answer = self._period_answer(spec, promql, chunk, nodes)
+                    if answer is None and not self.reads_native(spec):  # did not fit
+                        native, path = False, EXPORT_PATH
+                        self.stats.native -= native_planned
+                        native_planned = 0
                 if answer is not None:
                     pass
                 elif exported:
@@ -843,9 +848,14 @@ class QueryPlanner:
             return vmnative.read(sent.answer.body, first, last, self.max_native_rows())
         last_chunk = last >= self.period[1]
         if hours is None:
+            # Not decoded where its points could not be kept: samples of a recorded series
+            # are its hourly points.
+            with self._lock:
+                room = (self._native_bytes() / 4 - self._period_bytes) / HOURS_BYTES_PER_POINT
+            rows = self.max_native_rows() if last_chunk else min(self.max_native_rows(),
+                                                                   max(int(room), 0))
             try:
-                hours = vmnative.hours(vmnative.decode(sent.answer.body, self.max_native_rows()),
-                                       *self.period)
+                hours = vmnative.hours(vmnative.decode(sent.answer.body, rows), *self.period)
             except vmnative.TooLarge:
                 self._drop_period(sent.answer, name, off=True)
                 raise

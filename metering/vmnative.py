@@ -103,6 +103,9 @@ def points(b: Blocks, first: int, last: int) -> Matrix:
     return vmexport.hourly(b.labels, b.lengths, b.values, b.stamps, first, last, b.keys)
 
 
+HOURS_BYTES_PER_POINT = 16  # of `Hours`: an int32 series, an int32 hour, a float64 value
+
+
 @dataclass(frozen=True)
 class Hours:
     """The hourly points of a whole period (evaluation hours first..), kept to cut each

@@ -468,12 +468,16 @@ def test_a_native_answer_over_the_memory_budget_reads_json_lines(
     assert _same_ledger(raw, rec) > 400
 
 
+@pytest.mark.parametrize("short", ["hours", "room"])
 def test_a_period_whose_hourly_points_do_not_fit_is_decoded_once_then_json_lines(
-        samples: list[tuple[str, int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A signal's whole-period native answer is decoded once; where its hourly points do not
-    fit the memory budget (here: none does) the first chunk reads them from that decode and
-    the signal's later chunks read JSON lines (the store filters them to the hours), instead
-    of decoding the period's blocks again for each chunk. The bill is the raw one."""
+        samples: list[tuple[str, int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        short: str) -> None:
+    """A signal's whole-period native answer is decoded at most once. Where its hourly
+    points do not fit the memory budget (`hours`: found after decoding; `room`: the samples
+    its headers count are over what is left, found before decoding them) the signal reads
+    JSON lines (the store filters them to the hours), instead of decoding the period's blocks
+    again for each chunk. The bill is the raw one."""
+    import metering.queryplan
     decoded: list[int] = []
     decode = vmnative.decode
 
@@ -482,7 +486,10 @@ def test_a_period_whose_hourly_points_do_not_fit_is_decoded_once_then_json_lines
         return decode(body, max_rows)
 
     monkeypatch.setattr(vmnative, "decode", counted)
-    monkeypatch.setattr(vmnative.Hours, "nbytes", property(lambda self: 1 << 60))
+    if short == "hours":
+        monkeypatch.setattr(vmnative.Hours, "nbytes", property(lambda self: 1 << 60))
+    else:
+        monkeypatch.setattr(metering.queryplan, "HOURS_BYTES_PER_POINT", 1 << 60)
     raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
     with running_victoria(tmp_path / "vm") as url:
         vm_import(url, _prometheus_text(samples))
@@ -491,9 +498,10 @@ def test_a_period_whose_hourly_points_do_not_fit_is_decoded_once_then_json_lines
         out = _meter(url, rec, "--recorded", "only", "--recorded-read", "native",
                      "--chunk", "8")
     summary = next(ln for ln in out.splitlines() if ln.startswith("meter: queries:"))
-    # Three chunks, 20 signals: each period asked and decoded once; the later chunks read
-    # JSON lines, those prefetched with the period's answer counted as over the budget.
+    # Three chunks, 20 signals: each period asked and decoded (or refused) once.
     assert "from 20 request(s) of a signal's whole period" in summary, summary
     assert len(decoded) == 20, decoded
+    # `room`: the signals with samples are refused before their samples are decoded
+    assert short == "hours" or "over the memory budget read as JSON lines" in summary, summary
     assert "recorded series read as JSON lines" not in out, out  # no decoder problem said
     assert _same_ledger(raw, rec) > 400
