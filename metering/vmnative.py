@@ -111,7 +111,7 @@ class Hours:
     """The hourly points of a whole period (evaluation hours first..), kept to cut each
     chunk's points from (`window`) instead of choosing them from every block again per chunk:
     a native answer holds whole blocks, so each chunk's choice went over the period's samples
-    (at 10,000 GPUs a month, 11 chunks, 3.2x the client CPU of range queries;
+    (a 10,000-GPU month in 11 chunks: about 3x the client CPU of range queries;
     docs/performance.md). Series in series_key order, each one's points in time order."""
 
     first: int
