@@ -391,7 +391,8 @@ class QueryPlanner:
             return spec.name not in self._period_off
 
     def _native_bytes(self) -> float:
-        """Bytes native answers and their decoded blocks may take: the memory budget."""
+        """Bytes native answers and the hourly points decoded from them may take: the memory
+        budget."""
         return self._group_points() * INGEST_BYTES_PER_POINT
 
     def max_native_rows(self) -> int:
