@@ -174,11 +174,13 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str,
 
 # Hours priced per pass. Every figure in pricing.sql is per hour (device-hours, idle pools
 # and shares per hour x model), so pricing a period slice by slice gives the same rows as
-# pricing it at once; a slice bounds the work tables (temporary tables DuckDB keeps in
-# memory), which held a 1,000-node month at once and took the process past 2 GB. The slice
-# is the longest of SLICE_LADDER whose allocation rows fit the memory cap at
-# PRICING_BYTES_PER_ROW: a week up to ~10,000 GPUs; at 40,000 GPUs a week's 7M rows ran out
-# of memory under the 1.5GB cap, a day's 1M did not (docs/performance.md).
+# pricing it at once; a slice bounds the memory each statement works in (the month at once
+# took a 1,000-node month's process past 2 GB). It does not bound the transaction: DuckDB
+# keeps each slice's replaced work tables until the period commits, spilled beyond the cap
+# (27 GB re-pricing an 80,000-GPU month; docs/performance.md). The slice is the longest of
+# SLICE_LADDER whose allocation rows fit the memory cap at PRICING_BYTES_PER_ROW: a week up
+# to ~9,000 GPUs; at 40,000 GPUs a week's 7M rows ran out of memory under the 1.5GB cap, a
+# day's 1M did not.
 SLICE_LADDER: Final = (168, 72, 48, 24, 12, 6, 3, 1)
 PRICING_BYTES_PER_ROW: Final = 1_000
 

@@ -1,0 +1,149 @@
+"""What pricing's one transaction holds: a month priced in one transaction (as `meter` prices
+it) against one transaction per slice, on copies of one ledger; and DuckDB keeping replaced
+temp tables until a transaction ends, on its own.
+
+    python -m bench.pricing_tx --ledger L.duckdb --month 2026-10 --slice 72
+    python -m bench.pricing_tx --ledger L.duckdb --slice 24 72 168 --one   # by slice length
+    python -m bench.pricing_tx --retention          # DuckDB alone: a temp table replaced N times
+
+Each pricing run is a child process on a fresh copy of the ledger (the default cost model):
+its wall, CPU seconds, peak RSS, the largest size of its spill directory (`<copy>.tmp`,
+sampled every 0.5 s) and a hash of every row of `charges`, `energy_hours` and `waste_hours`
+(equal in both runs: pricing is per hour, so slices commit the same rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from bench.common import machine, say, table, write_json
+
+# The child: price the month at once or slice by slice, print its figures as one JSON line.
+_CHILD = """
+import glob, json, os, resource, sys, threading, time
+from datetime import timedelta
+from metering import db, pricing
+from metering.costmodel import load_cost_model
+from metering.period import Month
+path, month, hours, mode = sys.argv[1], Month.parse(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+con = db.connect(path)
+peak, done = [0], []
+def watch():
+    while not done:
+        peak[0] = max(peak[0], sum(os.path.getsize(f) for f in glob.glob(path + '.tmp/*')))
+        time.sleep(0.5)
+threading.Thread(target=watch, daemon=True).start()
+model = load_cost_model(None)
+start, end = month.period().naive()
+w0, c0 = time.perf_counter(), time.process_time()
+if mode == 'one':
+    rows = pricing.price_period(con, model, start, end, slice_hours=hours).rows
+else:
+    rows, t = 0, start
+    while t < end:
+        u = min(t + timedelta(hours=hours), end)
+        rows += pricing.price_period(con, model, t, u, slice_hours=hours).rows
+        t = u
+wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+done.append(1)
+sums = {t: str(con.execute(f'SELECT count(*), sum(hash(x))::HUGEINT FROM (FROM {t}) x'
+                           ).fetchone()) for t in ('charges', 'energy_hours', 'waste_hours')}
+print(json.dumps({'wall_s': wall, 'cpu_s': cpu, 'rows': rows, 'spill_mib': peak[0] / 2**20,
+                  'maxrss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  'tables': sums}))
+"""
+
+
+def price(ledger: Path, work: Path, month: str, hours: int, mode: str) -> dict[str, Any]:
+    copy = work / f"price-{mode}.duckdb"
+    for f in glob.glob(f"{copy}*"):
+        shutil.rmtree(f) if os.path.isdir(f) else os.remove(f)
+    shutil.copy(ledger, copy)
+    load = os.getloadavg()[0]
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(copy), month, str(hours), mode],
+                          capture_output=True, text=True, check=False)
+    shutil.rmtree(f"{copy}.tmp", ignore_errors=True)
+    copy.unlink(missing_ok=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"pricing ({mode}) failed: {proc.stderr.strip().splitlines()[-1:]}")
+    r: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    r["mode"], r["load"] = mode, load
+    return r
+
+
+def retention(counts: tuple[int, ...] = (1, 4, 8)) -> list[dict[str, Any]]:
+    """MiB spilled after a temp table of 1M rows is replaced n times under a 100MB cap, in
+    autocommit and inside one transaction."""
+    out = []
+    for n in counts:
+        for in_tx in (False, True):
+            with tempfile.TemporaryDirectory() as d:
+                con = duckdb.connect(":memory:", config={
+                    "memory_limit": "100MB", "temp_directory": f"{d}/spill", "threads": 1})
+                if in_tx:
+                    con.execute("BEGIN")
+                for i in range(n):
+                    lo, hi = i * 1_000_000, (i + 1) * 1_000_000
+                    con.execute("CREATE OR REPLACE TEMP TABLE w AS SELECT r, repeat('x', 30) "
+                                f"|| r AS s FROM range({lo}, {hi}) t(r)")
+                spilled = sum(os.path.getsize(f) for f in glob.glob(f"{d}/spill/*"))
+                if in_tx:
+                    con.execute("COMMIT")
+                con.close()
+            out.append({"replacements": n, "in_transaction": in_tx,
+                        "spilled_mib": spilled / 2**20})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.pricing_tx", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ledger", type=Path, help="a ledger with the month's facts")
+    p.add_argument("--month", default="2026-10")
+    p.add_argument("--slice", type=int, nargs="+", default=[72], help="hours per slice")
+    p.add_argument("--one", action="store_true",
+                   help="only the one transaction (today's pricing), no run per slice")
+    p.add_argument("--workdir", type=Path, help="where the copies go (default: beside --ledger)")
+    p.add_argument("--retention", action="store_true", help="DuckDB's temp tables alone")
+    p.add_argument("--json", help="write the figures as JSON too")
+    args = p.parse_args(argv)
+    res: dict[str, Any] = {"machine": machine()}
+    if args.retention:
+        res["retention"] = retention()
+        say(table(["replacements", "transaction", "spilled MiB"],
+                  [(r["replacements"], "one" if r["in_transaction"] else "autocommit",
+                    round(r["spilled_mib"])) for r in res["retention"]]))
+    if args.ledger:
+        work = args.workdir or args.ledger.parent
+        runs = [dict(price(args.ledger, work, args.month, h, m), slice_hours=h)
+                for h in args.slice for m in (("one",) if args.one else ("one", "per"))]
+        res["runs"] = runs
+        say(table(["slice", "transactions", "wall s", "CPU s", "peak RSS MiB",
+                   "spilled MiB (peak)", "load"],
+                  [(f"{r['slice_hours']} h",
+                    "one for the month" if r["mode"] == "one" else "one per slice",
+                    round(r["wall_s"], 1), round(r["cpu_s"], 1), round(r["maxrss_mib"]),
+                    round(r["spill_mib"]), r["load"]) for r in runs]))
+        same = all(r["tables"] == runs[0]["tables"] for r in runs)
+        res["same_rows"] = same
+        say(f"charges, energy_hours, waste_hours: {'the same' if same else 'DIFFERENT'} "
+            f"({runs[0]['tables']})")
+    if not (args.retention or args.ledger):
+        p.error("give --ledger, --retention or both")
+    write_json(args.json, res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
