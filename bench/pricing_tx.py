@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retention", action="store_true", help="DuckDB's temp tables alone")
     p.add_argument("--json", help="write the figures as JSON too")
     args = p.parse_args(argv)
+    if not (args.retention or args.ledger):
+        p.error("give --ledger, --retention or both")
     res: dict[str, Any] = {"machine": machine()}
     if args.retention:
         res["retention"] = retention()
@@ -139,8 +141,6 @@ def main(argv: list[str] | None = None) -> int:
         res["same_rows"] = same
         say(f"charges, energy_hours, waste_hours: {'the same' if same else 'DIFFERENT'} "
             f"({runs[0]['tables']})")
-    if not (args.retention or args.ledger):
-        p.error("give --ledger, --retention or both")
     write_json(args.json, res)
     return 0
 
