@@ -413,3 +413,18 @@ def test_the_packaged_examples_parse_and_the_docs_name_every_key(tmp_path: Path)
     for key in ("energy", "price_per_kwh", "pue", "timezone", "tariff", "hours", "days",
                 "carbon", "grams_per_kwh", "intensity_csv"):
         assert f"`{key}" in docs, key
+
+
+def test_co2e_left_over_by_the_holders_floors_stays_on_an_idle_row(tmp_path: Path,
+                                                                    con: Any) -> None:
+    """Two exclusive holders split 49 J: every joule and micro is held, but each holder's
+    CO2e floors to 3 of the hour's 7 mg; the milligram left goes to an idle row, not lost
+    (found by test_holders_plus_idle_plus_down_are_the_device_energy_exactly)."""
+    device(con, "GPU-0", 49.0, hour=T0 + timedelta(hours=1))
+    for pod in ("p0", "p1"):
+        alloc(con, pod, "GPU-0", sm=None, hour=T0 + timedelta(hours=1))
+    price_period(con, model(tmp_path, ENERGY), T0, T0 + timedelta(hours=3))
+    kwh = Fraction(49_000, MJ_PER_KWH)
+    got = energy(con)
+    assert sum(g for _, _, g, _ in got.values() if g is not None) == grams(kwh, "400")
+    assert got["idle:GPU-0"][:3] == (Decimal(0), Decimal(0), Decimal("0.001"))

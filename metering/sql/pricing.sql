@@ -472,7 +472,9 @@ WITH holders AS (
            mj - mj_down - mj_held, est, price_u, cost_u - coalesce(cost_down, 0) - cost_held,
            co2_mg - coalesce(co2_down, 0) - co2_held
     FROM fleet
+    -- any remainder of the three: a holder's floors can leave CO2e over with no joules left
     WHERE mj - mj_down - mj_held <> 0 OR cost_u - coalesce(cost_down, 0) - cost_held <> 0
+       OR co2_mg - coalesce(co2_down, 0) - co2_held <> 0
 )
 SELECT hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing, profile,
        rule, fraction, gl_milli(mj), est, gl_money(price_u), gl_money(cost_u), gl_milli(co2_mg),
