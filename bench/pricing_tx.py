@@ -5,6 +5,11 @@ temp tables until a transaction ends, on its own.
     python -m bench.pricing_tx --ledger L.duckdb --month 2026-10 --slice 72
     python -m bench.pricing_tx --ledger L.duckdb --slice 24 72 168 --one   # by slice length
     python -m bench.pricing_tx --retention          # DuckDB alone: a temp table replaced N times
+    python -m bench.pricing_tx --ledger L.duckdb --one --threads 2 16 --memory 1.5GB 16GB
+
+`--threads` and `--memory` price the month once per pair, in one transaction, with DuckDB's
+threads and the ledger's memory cap ($GPU_LEDGER_MEMORY_LIMIT) set so: whether pricing uses
+the cores a machine has, and whether the cap is what stops it.
 
 Each pricing run is a child process on a fresh copy of the ledger (the default cost model):
 its wall, CPU seconds, peak RSS, the largest size of its spill directory (`<copy>.tmp`,
@@ -28,6 +33,7 @@ from typing import Any
 import duckdb
 
 from bench.common import machine, say, table, write_json
+from metering.db import MEMORY_LIMIT_ENV, memory_limit
 
 # The child: price the month at once or slice by slice, print its figures as one JSON line.
 _CHILD = """
@@ -38,6 +44,8 @@ from metering.costmodel import load_cost_model
 from metering.period import Month
 path, month, hours, mode = sys.argv[1], Month.parse(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 con = db.connect(path)
+if sys.argv[5] != '-':
+    con.execute('SET threads = ' + str(int(sys.argv[5])))
 peak, done = [0], []
 def watch():
     while not done:
@@ -65,20 +73,26 @@ print(json.dumps({'wall_s': wall, 'cpu_s': cpu, 'rows': rows, 'spill_mib': peak[
 """
 
 
-def price(ledger: Path, work: Path, month: str, hours: int, mode: str) -> dict[str, Any]:
+def price(ledger: Path, work: Path, month: str, hours: int, mode: str,
+          threads: int | None = None, memory: str | None = None) -> dict[str, Any]:
+    """Price a fresh copy of `ledger` in a child; `threads`, `memory`: DuckDB's threads and
+    the memory cap (default: the ledger's own)."""
     copy = work / f"price-{mode}.duckdb"
     for f in glob.glob(f"{copy}*"):
         shutil.rmtree(f) if os.path.isdir(f) else os.remove(f)
     shutil.copy(ledger, copy)
     load = os.getloadavg()[0]
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(copy), month, str(hours), mode],
-                          capture_output=True, text=True, check=False)
+    env = dict(os.environ, **({MEMORY_LIMIT_ENV: memory} if memory else {}))
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(copy), month, str(hours), mode,
+                           str(threads) if threads else "-"],
+                          capture_output=True, text=True, check=False, env=env)
     shutil.rmtree(f"{copy}.tmp", ignore_errors=True)
     copy.unlink(missing_ok=True)
     if proc.returncode != 0:
         raise SystemExit(f"pricing ({mode}) failed: {proc.stderr.strip().splitlines()[-1:]}")
     r: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     r["mode"], r["load"] = mode, load
+    r["threads"], r["memory"] = threads, memory or memory_limit()
     return r
 
 
@@ -114,12 +128,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slice", type=int, nargs="+", default=[72], help="hours per slice")
     p.add_argument("--one", action="store_true",
                    help="only the one transaction (today's pricing), no run per slice")
+    p.add_argument("--threads", type=int, nargs="+", help="DuckDB threads, one run each "
+                   "(default: the ledger's own)")
+    p.add_argument("--memory", nargs="+", help="memory caps such as 1.5GB, one run each "
+                   "(default: $GPU_LEDGER_MEMORY_LIMIT or 1.5GB)")
     p.add_argument("--workdir", type=Path, help="where the copies go (default: beside --ledger)")
     p.add_argument("--retention", action="store_true", help="DuckDB's temp tables alone")
     p.add_argument("--json", help="write the figures as JSON too")
     args = p.parse_args(argv)
     if not (args.retention or args.ledger):
         p.error("give --ledger, --retention or both")
+    if any(t < 1 for t in args.threads or []):
+        p.error("--threads: expected 1 or more")
     res: dict[str, Any] = {"machine": machine()}
     if args.retention:
         res["retention"] = retention()
@@ -128,13 +148,15 @@ def main(argv: list[str] | None = None) -> int:
                     round(r["spilled_mib"])) for r in res["retention"]]))
     if args.ledger:
         work = args.workdir or args.ledger.parent
-        runs = [dict(price(args.ledger, work, args.month, h, m), slice_hours=h)
-                for h in args.slice for m in (("one",) if args.one else ("one", "per"))]
+        runs = [dict(price(args.ledger, work, args.month, h, m, t, mem), slice_hours=h)
+                for h in args.slice for m in (("one",) if args.one else ("one", "per"))
+                for t in args.threads or [None] for mem in args.memory or [None]]
         res["runs"] = runs
-        say(table(["slice", "transactions", "wall s", "CPU s", "peak RSS MiB",
-                   "spilled MiB (peak)", "load"],
+        say(table(["slice", "transactions", "DuckDB threads", "memory cap", "wall s", "CPU s",
+                   "peak RSS MiB", "spilled MiB (peak)", "load"],
                   [(f"{r['slice_hours']} h",
                     "one for the month" if r["mode"] == "one" else "one per slice",
+                    r["threads"] or "default", r["memory"],
                     round(r["wall_s"], 1), round(r["cpu_s"], 1), round(r["maxrss_mib"]),
                     round(r["spill_mib"]), r["load"]) for r in runs]))
         same = all(r["tables"] == runs[0]["tables"] for r in runs)

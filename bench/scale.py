@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -33,7 +34,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -178,8 +179,17 @@ class Fleet:
 # --- VictoriaMetrics ---------------------------------------------------------------------
 
 
+def _pinned(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A child's pre-exec hook that confines it to `cpus` (None: unconfined); Go's runtime
+    and the project's worker count read the affinity, so a pinned child sees that many
+    cores."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 class Victoria:
-    def __init__(self, data: Path) -> None:
+    def __init__(self, data: Path, cpus: set[int] | None = None) -> None:
         binary = shutil.which("victoria-metrics")
         if not binary:
             raise SystemExit("victoria-metrics is not installed: apt-get install -y "
@@ -191,7 +201,7 @@ class Victoria:
         self.proc = subprocess.Popen(
             [binary, f"-storageDataPath={data}", f"-httpListenAddr=127.0.0.1:{self.port}",
              "-retentionPeriod=100y", "-search.disableCache"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_pinned(cpus))
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -202,20 +212,23 @@ class Victoria:
                     raise SystemExit("victoria-metrics did not start") from None
                 time.sleep(0.2)
 
-    def import_lines(self, lines: Iterator[str]) -> None:
-        def body() -> Iterator[bytes]:
-            buf: list[str] = []
-            size = 0
-            for line in lines:
-                buf.append(line)
-                size += len(line)
-                if size > 4 << 20:
-                    yield "".join(buf).encode()
-                    buf, size = [], 0
-            if buf:
+    @staticmethod
+    def lines_body(lines: Iterator[str]) -> Iterator[bytes]:
+        """JSON lines as an import request's body, in ~4 MiB pieces."""
+        buf: list[str] = []
+        size = 0
+        for line in lines:
+            buf.append(line)
+            size += len(line)
+            if size > 4 << 20:
                 yield "".join(buf).encode()
+                buf, size = [], 0
+        if buf:
+            yield "".join(buf).encode()
 
-        req = urllib.request.Request(f"{self.url}/api/v1/import", data=body(), method="POST")
+    def import_lines(self, lines: Iterator[str]) -> None:
+        req = urllib.request.Request(f"{self.url}/api/v1/import", data=self.lines_body(lines),
+                                     method="POST")
         with urllib.request.urlopen(req, timeout=3600) as resp:
             resp.read()
 
@@ -250,6 +263,32 @@ class Victoria:
         self.log.close()
 
 
+def _import_nodes(job: tuple[Fleet, str, range]) -> tuple[int, int, int]:
+    fleet, url, nodes = job
+    body = Victoria.lines_body(line for n in nodes for line in fleet.node_lines(n))
+    req = urllib.request.Request(f"{url}/api/v1/import", data=body, method="POST")
+    with urllib.request.urlopen(req, timeout=3600) as resp:
+        resp.read()
+    return fleet.samples, fleet.series, len(fleet.pods)
+
+
+def import_fleet(vm: Victoria, fleet: Fleet, procs: int) -> None:
+    """The fleet's month into the store from `procs` processes, each writing a contiguous
+    range of nodes (the same lines as one process writes); the fleet's sample, series and
+    pod counts are the processes' sums (its `pods` list stays empty where procs > 1)."""
+    if procs <= 1:
+        vm.import_lines(line for n in range(fleet.nodes) for line in fleet.node_lines(n))
+    else:
+        step = -(-fleet.nodes // procs)
+        jobs = [(fleet, vm.url, range(a, min(a + step, fleet.nodes)))
+                for a in range(0, fleet.nodes, step)]
+        with multiprocessing.get_context("fork").Pool(len(jobs)) as pool:
+            for samples, series, _pods in pool.map(_import_nodes, jobs):
+                fleet.samples += samples
+                fleet.series += series
+    vm.flush()
+
+
 def _disk_mib(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
@@ -261,14 +300,15 @@ _CHILD = child_program()
 
 
 def run_stage(args: list[str], required: bool = True, python: str = sys.executable,
-              cwd: Path | None = None) -> dict[str, Any]:
+              cwd: Path | None = None, cpus: set[int] | None = None) -> dict[str, Any]:
     """Run `gpu-ledger ...` in a child process: its wall time, peak RSS and stderr. A stage
     that is not `required` may fail: the run goes on and the figures say how it failed.
     `python`, `cwd`: another checkout's interpreter (its .venv) and the checkout (`-c` puts
-    the working directory first on the path), to compare code on the same data."""
+    the working directory first on the path), to compare code on the same data. `cpus`: run
+    it on these CPUs only."""
     t0 = time.perf_counter()
     proc = subprocess.run([python, "-c", _CHILD, *args], capture_output=True,
-                          text=True, check=False, cwd=cwd)
+                          text=True, check=False, cwd=cwd, preexec_fn=_pinned(cpus))
     wall = time.perf_counter() - t0
     if proc.returncode != 0 and required:
         raise SystemExit(f"gpu-ledger {' '.join(args)} failed ({proc.returncode}):\n"

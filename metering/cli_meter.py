@@ -19,6 +19,7 @@ from pathlib import Path
 from metering import api, db, interrupt, publish
 from metering.chunking import DEFAULT_CHUNK_HOURS, memory_budget, points_within
 from metering.cluster import DEFAULT_CLUSTER, ClusterScope, cluster_name_problem
+from metering.cores import available_cores
 from metering.costmodel import CostModel, load_cost_model
 from metering.errors import (
     ArgumentParser,
@@ -53,7 +54,6 @@ from metering.queryplan import (
 from metering.recorded import RecordedMode
 from metering.selector import DEFAULT_SELECTOR, Selector, SelectorError
 from metering.vmexport import RecordedRead
-from metering.workers import available_cores
 
 DEFAULT_DB = "gpu-ledger.duckdb"
 # Days before yesterday that `--daily` re-meters: samples a store receives late (remote-write

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import duckdb
 
+from metering.cores import available_cores
 from metering.errors import ExitCode, InputError, MeteringError, OutOfMemoryError, UsageError
 
 # A DuckDB file starts with an 8-byte checksum, then this magic.
@@ -305,10 +306,17 @@ def engine_config(spill: Path | None = None) -> dict[str, str | bool | int | flo
 def engine(target: str, *, read_only: bool = False, spill: Path | None = None
            ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with `engine_config`, its progress bar off: DuckDB turns it on by
-    itself for `python -c` programs (the benches' children) and draws it on stdout."""
+    itself for `python -c` programs (the benches' children) and draws it on stdout. Its
+    threads are at most the cores this process may use (metering.cores): DuckDB counts the
+    machine's online CPUs, not the process's affinity (a cpuset from the kubelet's static CPU
+    manager, or `taskset`), and would run more threads than it has cores."""
     con = duckdb.connect(target, read_only=read_only, config=engine_config(spill))
     try:
         con.execute("SET enable_progress_bar = false")  # a connection's option, not a global
+        cores = available_cores()
+        row = con.execute("SELECT current_setting('threads')").fetchone()
+        if row is not None and cores < int(row[0]):
+            con.execute(f"SET threads = {cores}")
     except BaseException:
         con.close()
         raise

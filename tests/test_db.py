@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
 import pytest
 
+from metering.cores import available_cores
 from metering.db import DatabaseError, connect, migrate
 
 TABLES = {"allocation_hours", "charges", "coverage", "device_hours", "mig_hours",
@@ -89,6 +92,24 @@ def test_in_memory_database_for_throwaway_runs() -> None:
     con = connect(":memory:")
     assert tables(con) == TABLES
     con.close()
+
+
+def test_duckdb_threads_follow_the_cpus_the_process_may_use(tmp_path: Path) -> None:
+    """DuckDB counts the machine's CPUs; a process confined to one (a cpuset, `taskset`) must
+    not run a thread per machine CPU. Run in a child confined to the first CPU."""
+    code = ("import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from metering.db import connect; "
+            f"con = connect({str(tmp_path / 'l.duckdb')!r}); "
+            "print(con.execute(\"SELECT current_setting('threads')\").fetchone()[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "1"
+    # Otherwise DuckDB's own count, lowered to this process's CPUs only where they are fewer.
+    with connect(":memory:") as con:
+        row = duckdb.connect().execute("SELECT current_setting('threads')").fetchone()
+        assert row is not None
+        expected = min(int(row[0]), available_cores())
+        assert con.execute("SELECT current_setting('threads')").fetchone() == (expected,)
 
 
 # The three tables as the first release created them: no GPM column, SM figures NOT NULL.

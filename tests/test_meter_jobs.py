@@ -21,13 +21,13 @@ from conftest_prom import expected_facts, fact_rows
 
 from metering import api
 from metering.cli_meter import main
+from metering.cores import available_cores
 from metering.db import connect
 from metering.errors import MeteringError
 from metering.matrix import Matrix
 from metering.openmetrics_source import OpenMetricsSource
 from metering.period import Period, resolve
 from metering.signals import SignalSpec
-from metering.workers import available_cores
 
 fleet_om_file = conftest_prom.fleet_om_file  # session fixtures
 fleet_prom_url = conftest_prom.fleet_prom_url
