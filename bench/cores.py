@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from bench.common import machine, say, table, write_json
 from bench.day import PRICED_TABLES, same_rows
-from bench.scale import Fleet, Victoria, import_fleet, run_stage
+from bench.scale import Fleet, Victoria, import_fleet, pinned, run_stage
 from metering.period import Month
 
 # What the cores must not change: bench.day's --jobs tables, coverage without its source too
@@ -82,7 +82,7 @@ def _duckdb_threads(cpus: set[int]) -> int:
         [sys.executable, "-c", "from metering.db import engine; print(engine(':memory:')"
          ".execute(\"SELECT current_setting('threads')\").fetchall()[0][0])"],
         capture_output=True, text=True, check=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+        preexec_fn=pinned(cpus))
     return int(out.stdout)
 
 

@@ -179,7 +179,7 @@ class Fleet:
 # --- VictoriaMetrics ---------------------------------------------------------------------
 
 
-def _pinned(cpus: set[int] | None) -> Callable[[], None] | None:
+def pinned(cpus: set[int] | None) -> Callable[[], None] | None:
     """A child's pre-exec hook that confines it to `cpus` (None: unconfined); Go's runtime
     and the project's worker count read the affinity, so a pinned child sees that many
     cores."""
@@ -201,7 +201,7 @@ class Victoria:
         self.proc = subprocess.Popen(
             [binary, f"-storageDataPath={data}", f"-httpListenAddr=127.0.0.1:{self.port}",
              "-retentionPeriod=100y", "-search.disableCache"],
-            stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_pinned(cpus))
+            stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=pinned(cpus))
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -308,7 +308,7 @@ def run_stage(args: list[str], required: bool = True, python: str = sys.executab
     it on these CPUs only."""
     t0 = time.perf_counter()
     proc = subprocess.run([python, "-c", _CHILD, *args], capture_output=True,
-                          text=True, check=False, cwd=cwd, preexec_fn=_pinned(cpus))
+                          text=True, check=False, cwd=cwd, preexec_fn=pinned(cpus))
     wall = time.perf_counter() - t0
     if proc.returncode != 0 and required:
         raise SystemExit(f"gpu-ledger {' '.join(args)} failed ({proc.returncode}):\n"
