@@ -309,10 +309,28 @@ FROM s JOIN top USING (hour, model);
 DELETE FROM charges WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
   AND cluster = getvariable('gl_cluster');
 
--- step: insert_team_rows
+-- step: insert_charge_rows
+-- Every charge row of the slice in one INSERT: the holders' rows, idle, the policy weights'
+-- idle shares, down and adjustment rows. Five INSERTs, one per kind, wrote the same rows in
+-- 1.00-1.11x the time (the 10,000-GPU month's pricing; docs/performance.md, "One charges
+-- insert per slice").
 INSERT INTO charges (hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing,
                      profile, basis, fraction, rate, allocated_gpu_hours, used_gpu_hours, cost,
                      idle_share, cost_model_hash, cluster)
+WITH weighted AS (
+    -- Policy weights: each listed team pays its fixed share of every hour x model's idle pool.
+    SELECT p.hour, p.model, w.team, w.weight, p.pool,
+           floor(p.pool * w.weight)::BIGINT AS share,
+           row_number() OVER (PARTITION BY p.hour, p.model
+                              ORDER BY w.weight DESC, w.team) AS rn
+    FROM _pool p CROSS JOIN _p_idle_weights w
+    WHERE getvariable('gl_idle_policy') = 'weights' AND p.pool <> 0
+), weighted_rows AS (
+    SELECT *, share + CASE WHEN rn = 1 THEN pool - sum(share) OVER (PARTITION BY hour, model)
+                           ELSE 0 END AS amount
+    FROM weighted
+)
+-- the holders' rows, with their share of the idle pool
 SELECT r.hour, r.team, r.namespace, r.pod, r.container, r.node, r.uuid, r.mig_uuid, r.model,
        r.sharing, r.profile, r.basis, r.fraction, r.rate, r.allocated_gpu_hours,
        r.used_gpu_hours,
@@ -320,14 +338,10 @@ SELECT r.hour, r.team, r.namespace, r.pod, r.container, r.node, r.uuid, r.mig_uu
        gl_money(coalesce(s.share, 0)),
        getvariable('gl_hash'), getvariable('gl_cluster')
 FROM _rows r
-LEFT JOIN _share s ON s.rid = r.rowid;
-
--- step: insert_idle_rows
+LEFT JOIN _share s ON s.rid = r.rowid
+UNION ALL
 -- Idle stays with the platform under policy separate, and wherever no team used that model in
 -- that hour (nobody to share it with).
-INSERT INTO charges (hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing,
-                     profile, basis, fraction, rate, allocated_gpu_hours, used_gpu_hours, cost,
-                     idle_share, cost_model_hash, cluster)
 SELECT i.hour, 'idle', '', '', '', i.node, i.uuid, '', i.model, 'idle', '', 'idle',
        i.idle_micros / i.rate_micros, i.rate_micros / 1e6, 0, 0,
        gl_money(i.idle_micros), gl_money(0), getvariable('gl_hash'), getvariable('gl_cluster')
@@ -335,45 +349,21 @@ FROM _idle i
 JOIN _pool p USING (hour, model)
 WHERE i.idle_micros <> 0
   AND (getvariable('gl_idle_policy') = 'separate'
-       OR (getvariable('gl_idle_policy') IN ('proportional', 'even') AND p.n_rows = 0));
-
--- step: insert_weighted_idle_rows
--- Policy weights: each listed team pays its fixed share of every hour x model's idle pool.
-INSERT INTO charges (hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing,
-                     profile, basis, fraction, rate, allocated_gpu_hours, used_gpu_hours, cost,
-                     idle_share, cost_model_hash, cluster)
-WITH s AS (
-    SELECT p.hour, p.model, w.team, w.weight, p.pool,
-           floor(p.pool * w.weight)::BIGINT AS share,
-           row_number() OVER (PARTITION BY p.hour, p.model
-                              ORDER BY w.weight DESC, w.team) AS rn
-    FROM _pool p CROSS JOIN _p_idle_weights w
-    WHERE getvariable('gl_idle_policy') = 'weights' AND p.pool <> 0
-), t AS (
-    SELECT *, share + CASE WHEN rn = 1 THEN pool - sum(share) OVER (PARTITION BY hour, model)
-                           ELSE 0 END AS amount
-    FROM s
-)
+       OR (getvariable('gl_idle_policy') IN ('proportional', 'even') AND p.n_rows = 0))
+UNION ALL
+-- the policy weights' idle shares
 SELECT hour, team, '', '', '', '', '', '', model, 'idle', '', 'idle-share', weight, 0, 0, 0,
        gl_money(amount), gl_money(amount), getvariable('gl_hash'), getvariable('gl_cluster')
-FROM t WHERE amount <> 0;
-
--- step: insert_down_rows
+FROM weighted_rows WHERE amount <> 0
+UNION ALL
 -- A GPU that was down (gpu_up 0, or not seen) is the fleet's cost, never a team's.
-INSERT INTO charges (hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing,
-                     profile, basis, fraction, rate, allocated_gpu_hours, used_gpu_hours, cost,
-                     idle_share, cost_model_hash, cluster)
 SELECT hour, 'down', '', '', '', node, uuid, '', model, 'down', '', 'down', 1 - up_frac,
        rate_micros / 1e6, 0, 0, gl_money(down_micros), gl_money(0), getvariable('gl_hash'),
        getvariable('gl_cluster')
-FROM _idle WHERE down_micros <> 0;
-
--- step: insert_adjustment_rows
+FROM _idle WHERE down_micros <> 0
+UNION ALL
 -- What discounts, utilisation tiers and sharing-efficiency factors took off (or added to) the
 -- list price, per hour x model, so charges still add up to the fleet cost.
-INSERT INTO charges (hour, team, namespace, pod, container, node, uuid, mig_uuid, model, sharing,
-                     profile, basis, fraction, rate, allocated_gpu_hours, used_gpu_hours, cost,
-                     idle_share, cost_model_hash, cluster)
 SELECT hour, 'adjustment', '', '', '', '', '', '', model, 'adjustment', '', 'adjustment', 0, 0,
        0, 0, gl_money(sum(list_micros - final_micros)), gl_money(0), getvariable('gl_hash'),
        getvariable('gl_cluster')
