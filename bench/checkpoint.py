@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import child_program, child_usage, cpu_seconds, machine, table, write_json
-from bench.scale import Fleet, Victoria
+from bench.scale import Fleet, Victoria, import_fleet
 from metering.db import CHECKPOINT_THRESHOLD, connect
 from metering.period import Month
 
@@ -72,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not reuse:
             fleet = Fleet(args.gpus, start, end, args.interval)
-            vm.import_lines(line for n in range(fleet.nodes) for line in fleet.node_lines(n))
-            vm.flush()
+            import_fleet(vm, fleet)
         digests = {}
         for run in range(args.runs):
             for threshold in results:

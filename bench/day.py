@@ -40,7 +40,7 @@ import duckdb
 
 from bench.common import machine, say, stage_cell, table, write_json
 from bench.recorded import replay
-from bench.scale import GPUS_PER_NODE, Fleet, Victoria, run_stage
+from bench.scale import GPUS_PER_NODE, Fleet, Victoria, import_fleet, run_stage
 
 
 def _load() -> str:
@@ -159,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"day: {fleet.nodes} nodes x {GPUS_PER_NODE} GPUs, {args.day}; importing "
                 f"into VictoriaMetrics at {vm.url} (load {_load()})")
             t0 = time.perf_counter()
-            vm.import_lines(line for n in range(fleet.nodes) for line in fleet.node_lines(n))
-            vm.flush()
+            import_fleet(vm, fleet)
             imp = {"wall_s": time.perf_counter() - t0, "samples": fleet.samples,
                    "series": fleet.series, "pods": len(fleet.pods)}
             meta.write_text(json.dumps(imp))

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from bench.common import child_program, child_usage, machine, write_json
-from bench.scale import Fleet, Victoria
+from bench.scale import Fleet, Victoria, import_fleet
 from metering.db import connect
 from metering.period import Month
 
@@ -61,8 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     vm = Victoria(work / "vm-data")
     try:
         fleet = Fleet(args.gpus, start, end, args.interval)
-        vm.import_lines(line for n in range(fleet.nodes) for line in fleet.node_lines(n))
-        vm.flush()
+        import_fleet(vm, fleet)
         print(f"{args.gpus} GPUs, {args.month}, {fleet.samples:,} samples, "
               f"{fleet.series:,} series; {resource.getpagesize()} B pages", flush=True)
         facts = {}

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import child_program, child_usage, machine, say, table, write_json
-from bench.scale import Fleet, Victoria
+from bench.scale import Fleet, Victoria, import_fleet
 
 # One signal per (family, reducer) the planner counts: bench.scale's device families carry 7,
 # its container families 6 (metering.signals.SIGNALS).
@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             end = start + timedelta(hours=args.hours)
             fleet = Fleet(gpus, start, end, args.interval)
             t0 = time.perf_counter()
-            vm.import_lines(line for n in range(fleet.nodes) for line in fleet.node_lines(n))
-            vm.flush()
+            import_fleet(vm, fleet)
             pod_gpus = sum(g for *_, g in fleet.pods)
             points = (args.hours + 1) * (fleet.nodes * 8 * DEVICE_SIGNALS_PER_GPU
                                          + (fleet.series - fleet.nodes * 8 * 4)

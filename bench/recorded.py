@@ -48,7 +48,7 @@ import pyarrow.csv as pa_csv
 
 from alerts.generate import METERING_VM_FILE
 from bench.common import machine, say, table, write_json
-from bench.scale import Fleet, Victoria, run_stage
+from bench.scale import Fleet, Victoria, import_fleet, run_stage
 from metering import matrix, vmexport, vmnative
 from metering.signals import HOUR_S, SIGNALS
 
@@ -303,8 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fleet = Fleet(args.gpus, start, end, args.interval)
         if not args.reuse_store:
-            vm.import_lines(line for n in range(fleet.nodes) for line in fleet.node_lines(n))
-            vm.flush()
+            import_fleet(vm, fleet)
         else:  # recorded series of an earlier run go: the replay below writes them again
             q = urllib.parse.urlencode({"match[]": '{__name__=~"gpu_ledger:.+"}'})
             with urllib.request.urlopen(f"{vm.url}/api/v1/admin/tsdb/delete_series?{q}",

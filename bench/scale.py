@@ -188,6 +188,25 @@ def pinned(cpus: set[int] | None) -> Callable[[], None] | None:
     return lambda: os.sched_setaffinity(0, cpus)
 
 
+def _post_import(url: str, lines: Iterator[str]) -> None:
+    """JSON lines into the store at `url`, streamed as one import request in ~4 MiB pieces."""
+    def body() -> Iterator[bytes]:
+        buf: list[str] = []
+        size = 0
+        for line in lines:
+            buf.append(line)
+            size += len(line)
+            if size > 4 << 20:
+                yield "".join(buf).encode()
+                buf, size = [], 0
+        if buf:
+            yield "".join(buf).encode()
+
+    req = urllib.request.Request(f"{url}/api/v1/import", data=body(), method="POST")
+    with urllib.request.urlopen(req, timeout=3600) as resp:
+        resp.read()
+
+
 class Victoria:
     def __init__(self, data: Path, cpus: set[int] | None = None) -> None:
         binary = shutil.which("victoria-metrics")
@@ -212,25 +231,8 @@ class Victoria:
                     raise SystemExit("victoria-metrics did not start") from None
                 time.sleep(0.2)
 
-    @staticmethod
-    def lines_body(lines: Iterator[str]) -> Iterator[bytes]:
-        """JSON lines as an import request's body, in ~4 MiB pieces."""
-        buf: list[str] = []
-        size = 0
-        for line in lines:
-            buf.append(line)
-            size += len(line)
-            if size > 4 << 20:
-                yield "".join(buf).encode()
-                buf, size = [], 0
-        if buf:
-            yield "".join(buf).encode()
-
     def import_lines(self, lines: Iterator[str]) -> None:
-        req = urllib.request.Request(f"{self.url}/api/v1/import", data=self.lines_body(lines),
-                                     method="POST")
-        with urllib.request.urlopen(req, timeout=3600) as resp:
-            resp.read()
+        _post_import(self.url, lines)
 
     def flush(self) -> None:
         with urllib.request.urlopen(f"{self.url}/internal/force_flush", timeout=600):
@@ -263,19 +265,17 @@ class Victoria:
         self.log.close()
 
 
-def _import_nodes(job: tuple[Fleet, str, range]) -> tuple[int, int, int]:
+def _import_nodes(job: tuple[Fleet, str, range]) -> tuple[int, int]:
     fleet, url, nodes = job
-    body = Victoria.lines_body(line for n in nodes for line in fleet.node_lines(n))
-    req = urllib.request.Request(f"{url}/api/v1/import", data=body, method="POST")
-    with urllib.request.urlopen(req, timeout=3600) as resp:
-        resp.read()
-    return fleet.samples, fleet.series, len(fleet.pods)
+    _post_import(url, (line for n in nodes for line in fleet.node_lines(n)))
+    return fleet.samples, fleet.series
 
 
-def import_fleet(vm: Victoria, fleet: Fleet, procs: int) -> None:
-    """The fleet's month into the store from `procs` processes, each writing a contiguous
-    range of nodes (the same lines as one process writes); the fleet's sample, series and
-    pod counts are the processes' sums (its `pods` list stays empty where procs > 1)."""
+def import_fleet(vm: Victoria, fleet: Fleet, procs: int = 1) -> None:
+    """The fleet's month into the store, flushed, from `procs` processes each writing a
+    contiguous range of nodes (the same lines as one process writes). With one, the fleet
+    counts its samples, series and pods; with more, its samples and series are the
+    processes' sums and its `pods` list stays empty."""
     if procs <= 1:
         vm.import_lines(line for n in range(fleet.nodes) for line in fleet.node_lines(n))
     else:
@@ -283,7 +283,7 @@ def import_fleet(vm: Victoria, fleet: Fleet, procs: int) -> None:
         jobs = [(fleet, vm.url, range(a, min(a + step, fleet.nodes)))
                 for a in range(0, fleet.nodes, step)]
         with multiprocessing.get_context("fork").Pool(len(jobs)) as pool:
-            for samples, series, _pods in pool.map(_import_nodes, jobs):
+            for samples, series in pool.map(_import_nodes, jobs):
                 fleet.samples += samples
                 fleet.series += series
     vm.flush()
@@ -372,8 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"scale: {fleet.nodes} nodes x {GPUS_PER_NODE} GPUs, {args.month}, a sample "
             f"every {args.interval} s; importing into VictoriaMetrics at {vm.url}")
         t0 = time.perf_counter()
-        vm.import_lines(line for n in range(fleet.nodes) for line in fleet.node_lines(n))
-        vm.flush()
+        import_fleet(vm, fleet)
         res["import"] = {"wall_s": time.perf_counter() - t0, "samples": fleet.samples,
                          "series": fleet.series, "pods": len(fleet.pods),
                          "vm_disk_mib": _disk_mib(work / "vm-data")}
