@@ -351,6 +351,8 @@ class _Writer:
                 _check_one_node_per_gpu(con, sql.query("clash_in_group"))
             if scope.label is not None:
                 self.replace(seen)
+            # Which series names each fact row: grouped only where some key has two.
+            con.execute(sql.query("pick_grouped" if shared else "pick_single"))
             for step, body in sql.steps:
                 if step == "macros":
                     continue

@@ -124,22 +124,62 @@ CREATE OR REPLACE TEMP TABLE _spans (fam VARCHAR, hour TIMESTAMP, key BIGINT, dt
 -- Instead of the held step then: a key's seconds are its one series' samples' (gl_sec).
 CREATE OR REPLACE TEMP TABLE _held (fam VARCHAR, hour TIMESTAMP, key BIGINT, u DOUBLE);
 
+-- query: pick_grouped
+-- Which series names each fact row (hour, key) of a device or an allocation, with the row's
+-- seconds: the one with the most samples, ties broken by its id (a key with two series or
+-- more: exporter restart, relabel, duplicate scrape). Run before the fact steps when some key
+-- has two series (metering/facts.py), pick_single otherwise; both define the table macros
+-- gl_device() and gl_allocation() the steps read, with the same columns.
+CREATE OR REPLACE TEMP MACRO gl_device() AS TABLE
+SELECT d.hour, d.key, d.obs, d.up, c.cluster, c.node, c.gpu, c.uuid, c.model
+FROM (SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh,
+             sum(c.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS obs,
+             sum(coalesce(s.value, 0) * coalesce(sp.seconds, getvariable('gl_dflt'))) AS up
+      FROM up_count c
+      LEFT JOIN up_sum s ON s.sh = c.sh AND s.hour = c.hour
+      LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+      WHERE gl_in(c.hour)
+      GROUP BY c.hour, c.key) d
+JOIN up_count c ON c.sh = d.sh AND c.hour = d.hour;
+CREATE OR REPLACE TEMP MACRO gl_allocation() AS TABLE
+SELECT k.hour, k.key, k.units, k.sec, c.* EXCLUDE (hour, key, sh, rank, value, series)
+FROM (SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh,
+             sum(coalesce(s.value, 0)) / sum(c.value) AS units,
+             sum(c.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS sec
+      FROM alloc_count c
+      LEFT JOIN alloc_sum s ON s.sh = c.sh AND s.hour = c.hour
+      LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+      WHERE gl_in(c.hour)
+      GROUP BY c.hour, c.key) k
+JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour;
+
+-- query: pick_single
+-- pick_grouped when no key has two series: each (hour, key) has one row of its count signal,
+-- which names it, so there is nothing to group and no row to join back (a group-by and a join
+-- of every device-hour and allocation-hour: a tenth of ingest's client CPU, docs/performance.md).
+-- The sums of one value are that value: the same facts, bit for bit.
+CREATE OR REPLACE TEMP MACRO gl_device() AS TABLE
+SELECT c.hour, c.key, c.value * coalesce(sp.seconds, getvariable('gl_dflt')) AS obs,
+       coalesce(s.value, 0) * coalesce(sp.seconds, getvariable('gl_dflt')) AS up,
+       c.cluster, c.node, c.gpu, c.uuid, c.model
+FROM up_count c
+LEFT JOIN up_sum s ON s.sh = c.sh AND s.hour = c.hour
+LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+WHERE gl_in(c.hour);
+CREATE OR REPLACE TEMP MACRO gl_allocation() AS TABLE
+SELECT c.hour, c.key, coalesce(s.value, 0) / c.value AS units,
+       c.value * coalesce(sp.seconds, getvariable('gl_dflt')) AS sec,
+       c.* EXCLUDE (hour, key, sh, rank, value, series)
+FROM alloc_count c
+LEFT JOIN alloc_sum s ON s.sh = c.sh AND s.hour = c.hour
+LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+WHERE gl_in(c.hour);
+
 -- step: device_hours
 INSERT INTO device_hours (hour, cluster, node, gpu, uuid, model, mig_enabled, observed_seconds,
                           up_seconds, sm_active_seconds, energy_joules, energy_estimated,
                           vendor)
-WITH up AS (
-    SELECT c.hour, c.key, c.sh, c.value AS n,
-           CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w,
-           coalesce(s.value, 0) AS ones, coalesce(sp.seconds, getvariable('gl_dflt')) AS dt
-    FROM up_count c
-    LEFT JOIN up_sum s ON s.sh = c.sh AND s.hour = c.hour
-    LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
-    WHERE gl_in(c.hour)),
-dev AS (
-    SELECT hour, key, arg_max(sh, w) AS sh, sum(n * dt) AS obs, sum(ones * dt) AS up
-    FROM up GROUP BY hour, key),
-info AS (
+WITH info AS (
     SELECT hour, key, bool_or(lower(mig_mode) IN ('enabled', 'true', '1', 'on')) AS mig,
            -- no vendor label (exporters before it): NVIDIA, the only vendor they read
            max(nullif(lower(trim(vendor)), '')) AS vendor
@@ -168,7 +208,7 @@ power AS (
     SELECT w.hour, w.key, sum(w.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS j
     FROM power_sum w LEFT JOIN spacing sp ON sp.cluster = w.cluster AND sp.node = w.node
     WHERE gl_in(w.hour) GROUP BY w.hour, w.key)
-SELECT d.hour, c.cluster, c.node, c.gpu, c.uuid, c.model, coalesce(i.mig, false),
+SELECT d.hour, d.cluster, d.node, d.gpu, d.uuid, d.model, coalesce(i.mig, false),
        gl_sec(d.obs, h.u), d.up * gl_scale(d.obs, h.u),
        CASE WHEN coalesce(i.mig, false) THEN NULL ELSE u.sm * gl_scale(d.obs, h.u) END,
        -- the counter's increase; where it is missing or reset, the power integral (a reset
@@ -177,8 +217,7 @@ SELECT d.hour, c.cluster, c.node, c.gpu, c.uuid, c.model, coalesce(i.mig, false)
        CASE WHEN e.j IS NOT NULL AND NOT e.reset THEN e.j
             ELSE coalesce(w.j, e.j) END * gl_scale(d.obs, h.u),
        (e.j IS NULL AND w.j IS NOT NULL) OR coalesce(e.reset, false), coalesce(i.vendor, 'nvidia')
-FROM dev d
-JOIN up_count c ON c.sh = d.sh AND c.hour = d.hour
+FROM gl_device() d
 LEFT JOIN _held h ON h.fam = 'device' AND h.hour = d.hour AND h.key = d.key
 LEFT JOIN info i ON i.hour = d.hour AND i.key = d.key
 LEFT JOIN util u ON u.hour = d.hour AND u.key = d.key
@@ -215,19 +254,7 @@ LEFT JOIN gpm ON gpm.hour = k.hour AND gpm.key = k.key;
 INSERT INTO allocation_hours (hour, cluster, node, namespace, pod, container, uuid, mig_uuid,
                               resource, sharing, replicas, units, allocated_seconds,
                               memory_byte_seconds, sm_seconds, labels)
-WITH a AS (
-    SELECT c.hour, c.key, c.sh, c.value AS n,
-           CAST(c.value AS BIGINT) * 4294967296 + c.rank AS w,
-           coalesce(s.value, 0) AS u,
-           c.value * coalesce(sp.seconds, getvariable('gl_dflt')) AS sec
-    FROM alloc_count c
-    LEFT JOIN alloc_sum s ON s.sh = c.sh AND s.hour = c.hour
-    LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
-    WHERE gl_in(c.hour)),
-k AS (
-    SELECT hour, key, arg_max(sh, w) AS sh, sum(u) / sum(n) AS units, sum(sec) AS sec
-    FROM a GROUP BY hour, key),
-mem AS (
+WITH mem AS (
     SELECT x.hour, x.key, sum(x.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS v
     FROM cmem_sum x LEFT JOIN spacing sp ON sp.cluster = x.cluster AND sp.node = x.node
     WHERE gl_in(x.hour) GROUP BY x.hour, x.key),
@@ -235,13 +262,12 @@ sm AS (
     SELECT x.hour, x.key, sum(x.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS v
     FROM csm_sum x LEFT JOIN spacing sp ON sp.cluster = x.cluster AND sp.node = x.node
     WHERE gl_in(x.hour) GROUP BY x.hour, x.key)
-SELECT k.hour, c.cluster, c.node, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid,
-       c.resource, c.sharing, CAST(c.replicas AS INTEGER), k.units, gl_sec(k.sec, h.u),
+SELECT k.hour, k.cluster, k.node, k.namespace, k.pod, k.container, k.uuid, k.mig_uuid,
+       k.resource, k.sharing, CAST(k.replicas AS INTEGER), k.units, gl_sec(k.sec, h.u),
        coalesce(mem.v, 0) * gl_scale(k.sec, h.u),
        -- NULL without samples (MIG: NVML has no per-process SM there): unknown, not idle.
-       sm.v * gl_scale(k.sec, h.u), c.labels
-FROM k
-JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
+       sm.v * gl_scale(k.sec, h.u), k.labels
+FROM gl_allocation() k
 LEFT JOIN _held h ON h.fam = 'alloc' AND h.hour = k.hour AND h.key = k.key
 LEFT JOIN mem ON mem.hour = k.hour AND mem.key = k.key
 LEFT JOIN sm ON sm.hour = k.hour AND sm.key = k.key;
@@ -251,14 +277,11 @@ LEFT JOIN sm ON sm.hour = k.hour AND sm.key = k.key;
 -- peak memory of the hour (max over duplicate series too: a duplicate cannot raise a peak).
 INSERT INTO workload_hours (hour, cluster, namespace, pod, container, uuid, mig_uuid,
                             owner_kind, owner_name, memory_max_bytes)
-WITH k AS (
-    SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh
-    FROM alloc_count c WHERE gl_in(c.hour) GROUP BY c.hour, c.key),
-mx AS (SELECT hour, key, max(value) AS v FROM cmem_max WHERE gl_in(hour) GROUP BY hour, key)
-SELECT k.hour, c.cluster, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid, c.owner_kind,
-       c.owner_name, mx.v
-FROM k
-JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
+WITH mx AS (SELECT hour, key, max(value) AS v FROM cmem_max WHERE gl_in(hour)
+            GROUP BY hour, key)
+SELECT k.hour, k.cluster, k.namespace, k.pod, k.container, k.uuid, k.mig_uuid, k.owner_kind,
+       k.owner_name, mx.v
+FROM gl_allocation() k
 LEFT JOIN mx ON mx.hour = k.hour AND mx.key = k.key;
 
 -- step: grant_hours
@@ -266,19 +289,15 @@ LEFT JOIN mx ON mx.hour = k.hour AND mx.key = k.key;
 -- largest seen in the hour; NULL where the grant gives none, e.g. no core limit).
 INSERT INTO grant_hours (hour, cluster, namespace, pod, container, uuid, mig_uuid,
                          memory_fraction, core_fraction)
-WITH k AS (
-    SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh
-    FROM alloc_count c WHERE gl_in(c.hour) GROUP BY c.hour, c.key),
-m AS (SELECT hour, key, max(value) AS v FROM cmemfrac_max WHERE gl_in(hour)
+WITH m AS (SELECT hour, key, max(value) AS v FROM cmemfrac_max WHERE gl_in(hour)
       GROUP BY hour, key),
 cf AS (SELECT hour, key, max(value) AS v FROM ccorefrac_max WHERE gl_in(hour)
        GROUP BY hour, key)
-SELECT k.hour, c.cluster, c.namespace, c.pod, c.container, c.uuid, c.mig_uuid,
+SELECT k.hour, k.cluster, k.namespace, k.pod, k.container, k.uuid, k.mig_uuid,
        -- clamped to 0-1; greatest() would turn a missing figure (NULL) into 0
        CASE WHEN m.v IS NOT NULL THEN least(greatest(m.v, 0), 1) END,
        CASE WHEN cf.v IS NOT NULL THEN least(greatest(cf.v, 0), 1) END
-FROM k
-JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour
+FROM gl_allocation() k
 LEFT JOIN m ON m.hour = k.hour AND m.key = k.key
 LEFT JOIN cf ON cf.hour = k.hour AND cf.key = k.key
 WHERE m.v IS NOT NULL OR cf.v IS NOT NULL;
