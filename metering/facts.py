@@ -71,8 +71,6 @@ def build_signal(spec: SignalSpec, series: Sequence[Mapping[str, str]], sid: np.
     cols: dict[str, Any] = {
         "series": per_series(pa.array(skeys, pa.string())),
         "sh": pa.array(hashes).take(idx),
-        # Low 32 bits of the id: a tie-break packed under the sample count in one BIGINT.
-        "rank": pa.array(hashes & 0xFFFFFFFF).take(idx),
         "key": pa.array(keys).take(idx),
         "hour": pa.array(hour_s.astype(np.int64, copy=False) * 1_000_000, pa.timestamp("us")),
         "value": pa.array(value.astype(np.float64, copy=False), pa.float64()),

@@ -57,7 +57,9 @@ class SignalSpec:
     name: str  # the DuckDB view name the fact SQL reads
     family: str  # sample name as Prometheus stores it
     func: str  # count | sum | max | min | last | tlast (time of the hour's last sample, s)
-    cols: tuple[str, ...]  # labels kept as columns ('' where a series lacks one)
+    # Labels kept as columns ('' where a series lacks one): those metering/sql/facts.sql reads
+    # from this signal, no more (each is built per series and chunk).
+    cols: tuple[str, ...]
     # Labels of the fact row the series feeds; their 64-bit hash (column `key`) is what the
     # fact SQL groups and joins on, so no statement hashes strings per sample.
     key: tuple[str, ...]
@@ -113,45 +115,38 @@ class SignalSpec:
 
 SIGNALS: tuple[SignalSpec, ...] = (
     SignalSpec("up_count", "gpu_up", "count", DEVICE_COLS, DEVICE_KEY),
-    SignalSpec("up_sum", "gpu_up", "sum", DEVICE_COLS, DEVICE_KEY),
+    SignalSpec("up_sum", "gpu_up", "sum", (), DEVICE_KEY),
     # Last sample time per series-hour: with the count it places the series' samples in the
     # hour, so overlapping duplicates (two jobs, an HA pair) are counted once (_dedup).
-    SignalSpec("up_tlast", "gpu_up", "tlast", ("node",), DEVICE_KEY),
-    SignalSpec("info_count", "gpu_info", "count", ("node", "uuid", "mig_mode", "vendor"),
-               DEVICE_KEY),
-    SignalSpec("util_sum", "gpu_utilization_ratio", "sum", ("node", "uuid"), DEVICE_KEY),
-    SignalSpec("energy_last", "gpu_energy_joules_total", "last", ("node", "uuid"),
-               DEVICE_KEY),
-    SignalSpec("energy_min", "gpu_energy_joules_total", "min", ("node", "uuid"), DEVICE_KEY),
+    SignalSpec("up_tlast", "gpu_up", "tlast", (), DEVICE_KEY),
+    SignalSpec("info_count", "gpu_info", "count", ("mig_mode", "vendor"), DEVICE_KEY),
+    SignalSpec("util_sum", "gpu_utilization_ratio", "sum", ("node",), DEVICE_KEY),
+    SignalSpec("energy_last", "gpu_energy_joules_total", "last", (), DEVICE_KEY),
+    SignalSpec("energy_min", "gpu_energy_joules_total", "min", (), DEVICE_KEY),
     # Power samples: the hour's energy where the counter is missing or reset (flagged).
-    SignalSpec("power_sum", "gpu_power_watts", "sum", ("node", "uuid"), DEVICE_KEY),
+    SignalSpec("power_sum", "gpu_power_watts", "sum", ("node",), DEVICE_KEY),
     SignalSpec("mig_count", "gpu_mig_info", "count",
                ("node", "uuid", "mig_uuid", "profile", "slices", "parent_slices"), MIG_KEY),
-    SignalSpec("mig_tlast", "gpu_mig_info", "tlast", ("node",), MIG_KEY),
-    SignalSpec("migmem_max", "gpu_mig_memory_total_bytes", "max", ("node", "mig_uuid"),
-               MIG_KEY),
+    SignalSpec("mig_tlast", "gpu_mig_info", "tlast", (), MIG_KEY),
+    SignalSpec("migmem_max", "gpu_mig_memory_total_bytes", "max", (), MIG_KEY),
     # GPM SM activity per MIG instance (Hopper+): the only SM figure MIG has. The family also
     # has per-GPU series (mig_uuid ''), which device facts do not use.
     SignalSpec("gpm_sum", "gpu_sm_active_ratio", "sum", ("node", "mig_uuid"), MIG_KEY,
                nonempty=("mig_uuid",)),
     SignalSpec("alloc_count", "gpu_container_allocation", "count", ALLOC_COLS, CONTAINER_KEY,
                True),
-    SignalSpec("alloc_sum", "gpu_container_allocation", "sum", ALLOC_COLS, CONTAINER_KEY,
-               True),
-    SignalSpec("alloc_tlast", "gpu_container_allocation", "tlast", ("node",), CONTAINER_KEY),
-    SignalSpec("cmem_sum", "gpu_container_memory_used_bytes", "sum", CONTAINER_COLS,
+    SignalSpec("alloc_sum", "gpu_container_allocation", "sum", (), CONTAINER_KEY),
+    SignalSpec("alloc_tlast", "gpu_container_allocation", "tlast", (), CONTAINER_KEY),
+    SignalSpec("cmem_sum", "gpu_container_memory_used_bytes", "sum", ("node",),
                CONTAINER_KEY),
     # peak memory in the hour, for rightsizing (metering/report/waste.py)
-    SignalSpec("cmem_max", "gpu_container_memory_used_bytes", "max", CONTAINER_COLS,
-               CONTAINER_KEY),
-    SignalSpec("csm_sum", "gpu_container_sm_utilization_ratio", "sum", CONTAINER_COLS,
+    SignalSpec("cmem_max", "gpu_container_memory_used_bytes", "max", (), CONTAINER_KEY),
+    SignalSpec("csm_sum", "gpu_container_sm_utilization_ratio", "sum", ("node",),
                CONTAINER_KEY),
     # Fractional grants (HAMi, gpushare): the memory / core fraction a container was granted.
     # A grant is fixed for the pod's life; max is also blind to duplicate series.
-    SignalSpec("cmemfrac_max", "gpu_container_memory_fraction", "max", CONTAINER_COLS,
-               CONTAINER_KEY),
-    SignalSpec("ccorefrac_max", "gpu_container_core_fraction", "max", CONTAINER_COLS,
-               CONTAINER_KEY),
+    SignalSpec("cmemfrac_max", "gpu_container_memory_fraction", "max", (), CONTAINER_KEY),
+    SignalSpec("ccorefrac_max", "gpu_container_core_fraction", "max", (), CONTAINER_KEY),
 )
 FAMILIES: frozenset[str] = frozenset(s.family for s in SIGNALS)
 

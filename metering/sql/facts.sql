@@ -3,14 +3,13 @@
 -- file order; `-- query:` sections are run by name where Python needs their rows.
 --
 -- Inputs (registered Arrow tables, one per SignalSpec in facts.py): up_count, up_sum, up_tlast,
--- info_count, util_sum, energy_last, energy_min, power_sum, mig_count, mig_tlast, migmem_max, gpm_sum,
--- alloc_count, alloc_sum, alloc_tlast, cmem_sum, cmem_max, csm_sum, cmemfrac_max,
--- ccorefrac_max; each row is one series x
--- hour with `sh` (series hash), `key` (hash of the labels that identify the fact row, cluster
--- included), `rank`, `cluster`, `value` and the labels the spec keeps. `spacing` holds the
--- seconds per sample detected per (cluster, node). Session variables: gl_start, gl_end (chunk),
--- gl_dflt (seconds per sample where a node has none detected), gl_hour_s (seconds in an hour:
--- signals.HOUR_S).
+-- info_count, util_sum, energy_last, energy_min, power_sum, mig_count, mig_tlast, migmem_max,
+-- gpm_sum, alloc_count, alloc_sum, alloc_tlast, cmem_sum, cmem_max, csm_sum, cmemfrac_max,
+-- ccorefrac_max; each row is one series x hour with `sh` (series hash), `key` (hash of the labels
+-- that identify the fact row, cluster included), `cluster`, `value` and the labels the spec keeps
+-- (only those read here). `spacing` holds the seconds per sample detected per (cluster, node).
+-- Session variables: gl_start, gl_end (chunk), gl_dflt (seconds per sample where a node has none
+-- detected), gl_hour_s (seconds in an hour: signals.HOUR_S).
 --
 -- Every statement aggregates per (hour, key) on integers: the series with the most samples
 -- (`w`, ties broken by its id) names the fact row, and only that series' string labels are
@@ -66,6 +65,9 @@ GROUP BY cluster, uuid, hour HAVING min(node) <> max(node) ORDER BY hour, uuid L
 -- step: macros
 CREATE OR REPLACE TEMP MACRO gl_in(h) AS
     h >= getvariable('gl_start') AND h < getvariable('gl_end');
+-- A series' weight in naming its key's fact row: its sample count, ties broken by the low 32
+-- bits of its id (sh), packed in one BIGINT for arg_max.
+CREATE OR REPLACE TEMP MACRO gl_w(n, sh) AS CAST(n AS BIGINT) * 4294967296 + (sh & 4294967295);
 -- Seconds a key held in an hour: its samples' seconds, at most the union of its series' spans
 -- (overlapping duplicates counted once), at most the hour.
 CREATE OR REPLACE TEMP MACRO gl_sec(raw, held) AS
@@ -132,7 +134,7 @@ CREATE OR REPLACE TEMP TABLE _held (fam VARCHAR, hour TIMESTAMP, key BIGINT, u D
 -- gl_device() and gl_allocation() the steps read, with the same columns.
 CREATE OR REPLACE TEMP MACRO gl_device() AS TABLE
 SELECT d.hour, d.key, d.obs, d.up, c.cluster, c.node, c.gpu, c.uuid, c.model
-FROM (SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh,
+FROM (SELECT c.hour, c.key, arg_max(c.sh, gl_w(c.value, c.sh)) AS sh,
              sum(c.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS obs,
              sum(coalesce(s.value, 0) * coalesce(sp.seconds, getvariable('gl_dflt'))) AS up
       FROM up_count c
@@ -142,8 +144,8 @@ FROM (SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 +
       GROUP BY c.hour, c.key) d
 JOIN up_count c ON c.sh = d.sh AND c.hour = d.hour;
 CREATE OR REPLACE TEMP MACRO gl_allocation() AS TABLE
-SELECT k.hour, k.key, k.units, k.sec, c.* EXCLUDE (hour, key, sh, rank, value, series)
-FROM (SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh,
+SELECT k.hour, k.key, k.units, k.sec, c.* EXCLUDE (hour, key, sh, value, series)
+FROM (SELECT c.hour, c.key, arg_max(c.sh, gl_w(c.value, c.sh)) AS sh,
              sum(coalesce(s.value, 0)) / sum(c.value) AS units,
              sum(c.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS sec
       FROM alloc_count c
@@ -169,7 +171,7 @@ WHERE gl_in(c.hour);
 CREATE OR REPLACE TEMP MACRO gl_allocation() AS TABLE
 SELECT c.hour, c.key, coalesce(s.value, 0) / c.value AS units,
        c.value * coalesce(sp.seconds, getvariable('gl_dflt')) AS sec,
-       c.* EXCLUDE (hour, key, sh, rank, value, series)
+       c.* EXCLUDE (hour, key, sh, value, series)
 FROM alloc_count c
 LEFT JOIN alloc_sum s ON s.sh = c.sh AND s.hour = c.hour
 LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
@@ -228,7 +230,7 @@ LEFT JOIN power w ON w.hour = d.hour AND w.key = d.key;
 INSERT INTO mig_hours (hour, cluster, node, uuid, mig_uuid, profile, slices, parent_slices,
                        memory_total_bytes, observed_seconds, sm_active_seconds)
 WITH k AS (
-    SELECT c.hour, c.key, arg_max(c.sh, CAST(c.value AS BIGINT) * 4294967296 + c.rank) AS sh,
+    SELECT c.hour, c.key, arg_max(c.sh, gl_w(c.value, c.sh)) AS sh,
            sum(c.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS sec
     FROM mig_count c
     LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
