@@ -131,7 +131,8 @@ CREATE OR REPLACE TEMP TABLE _held (fam VARCHAR, hour TIMESTAMP, key BIGINT, u D
 -- seconds: the one with the most samples, ties broken by its id (a key with two series or
 -- more: exporter restart, relabel, duplicate scrape). Run before the fact steps when some key
 -- has two series (metering/facts.py), pick_single otherwise; both define the table macros
--- gl_device() and gl_allocation() the steps read, with the same columns.
+-- the steps read, with the same columns: gl_device() and gl_allocation() (each row's series'
+-- labels and the row's seconds), gl_holder() (an allocation row's series' labels alone).
 CREATE OR REPLACE TEMP MACRO gl_device() AS TABLE
 SELECT d.hour, d.key, d.obs, d.up, c.cluster, c.node, c.gpu, c.uuid, c.model
 FROM (SELECT c.hour, c.key, arg_max(c.sh, gl_w(c.value, c.sh)) AS sh,
@@ -153,6 +154,11 @@ FROM (SELECT c.hour, c.key, arg_max(c.sh, gl_w(c.value, c.sh)) AS sh,
       LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
       WHERE gl_in(c.hour)
       GROUP BY c.hour, c.key) k
+JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour;
+CREATE OR REPLACE TEMP MACRO gl_holder() AS TABLE
+SELECT c.* EXCLUDE (sh, value, series)
+FROM (SELECT hour, key, arg_max(sh, gl_w(value, sh)) AS sh FROM alloc_count
+      WHERE gl_in(hour) GROUP BY hour, key) k
 JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour;
 
 -- query: pick_single
@@ -176,6 +182,8 @@ FROM alloc_count c
 LEFT JOIN alloc_sum s ON s.sh = c.sh AND s.hour = c.hour
 LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
 WHERE gl_in(c.hour);
+CREATE OR REPLACE TEMP MACRO gl_holder() AS TABLE
+SELECT * EXCLUDE (sh, value, series) FROM alloc_count WHERE gl_in(hour);
 
 -- step: device_hours
 INSERT INTO device_hours (hour, cluster, node, gpu, uuid, model, mig_enabled, observed_seconds,
@@ -283,7 +291,7 @@ WITH mx AS (SELECT hour, key, max(value) AS v FROM cmem_max WHERE gl_in(hour)
             GROUP BY hour, key)
 SELECT k.hour, k.cluster, k.namespace, k.pod, k.container, k.uuid, k.mig_uuid, k.owner_kind,
        k.owner_name, mx.v
-FROM gl_allocation() k
+FROM gl_holder() k
 LEFT JOIN mx ON mx.hour = k.hour AND mx.key = k.key;
 
 -- step: grant_hours
@@ -299,7 +307,7 @@ SELECT k.hour, k.cluster, k.namespace, k.pod, k.container, k.uuid, k.mig_uuid,
        -- clamped to 0-1; greatest() would turn a missing figure (NULL) into 0
        CASE WHEN m.v IS NOT NULL THEN least(greatest(m.v, 0), 1) END,
        CASE WHEN cf.v IS NOT NULL THEN least(greatest(cf.v, 0), 1) END
-FROM gl_allocation() k
+FROM gl_holder() k
 LEFT JOIN m ON m.hour = k.hour AND m.key = k.key
 LEFT JOIN cf ON cf.hour = k.hour AND cf.key = k.key
 WHERE m.v IS NOT NULL OR cf.v IS NOT NULL;
