@@ -131,8 +131,9 @@ CREATE OR REPLACE TEMP TABLE _held (fam VARCHAR, hour TIMESTAMP, key BIGINT, u D
 -- seconds: the one with the most samples, ties broken by its id (a key with two series or
 -- more: exporter restart, relabel, duplicate scrape). Run before the fact steps when some key
 -- has two series (metering/facts.py), pick_single otherwise; both define the table macros
--- the steps read, with the same columns: gl_device() and gl_allocation() (each row's series'
--- labels and the row's seconds), gl_holder() (an allocation row's series' labels alone).
+-- the steps read, with the same columns: gl_device(), gl_mig() and gl_allocation() (each
+-- row's series' labels and the row's seconds), gl_holder() (an allocation row's series' labels
+-- alone).
 CREATE OR REPLACE TEMP MACRO gl_device() AS TABLE
 SELECT d.hour, d.key, d.obs, d.up, c.cluster, c.node, c.gpu, c.uuid, c.model
 FROM (SELECT c.hour, c.key, arg_max(c.sh, gl_w(c.value, c.sh)) AS sh,
@@ -144,6 +145,15 @@ FROM (SELECT c.hour, c.key, arg_max(c.sh, gl_w(c.value, c.sh)) AS sh,
       WHERE gl_in(c.hour)
       GROUP BY c.hour, c.key) d
 JOIN up_count c ON c.sh = d.sh AND c.hour = d.hour;
+CREATE OR REPLACE TEMP MACRO gl_mig() AS TABLE
+SELECT k.hour, k.key, k.sec, c.* EXCLUDE (hour, key, sh, value, series)
+FROM (SELECT c.hour, c.key, arg_max(c.sh, gl_w(c.value, c.sh)) AS sh,
+             sum(c.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS sec
+      FROM mig_count c
+      LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+      WHERE gl_in(c.hour)
+      GROUP BY c.hour, c.key) k
+JOIN mig_count c ON c.sh = k.sh AND c.hour = k.hour;
 CREATE OR REPLACE TEMP MACRO gl_allocation() AS TABLE
 SELECT k.hour, k.key, k.units, k.sec, c.* EXCLUDE (hour, key, sh, value, series)
 FROM (SELECT c.hour, c.key, arg_max(c.sh, gl_w(c.value, c.sh)) AS sh,
@@ -172,6 +182,12 @@ SELECT c.hour, c.key, c.value * coalesce(sp.seconds, getvariable('gl_dflt')) AS 
        c.cluster, c.node, c.gpu, c.uuid, c.model
 FROM up_count c
 LEFT JOIN up_sum s ON s.sh = c.sh AND s.hour = c.hour
+LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
+WHERE gl_in(c.hour);
+CREATE OR REPLACE TEMP MACRO gl_mig() AS TABLE
+SELECT c.hour, c.key, c.value * coalesce(sp.seconds, getvariable('gl_dflt')) AS sec,
+       c.* EXCLUDE (hour, key, sh, value, series)
+FROM mig_count c
 LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
 WHERE gl_in(c.hour);
 CREATE OR REPLACE TEMP MACRO gl_allocation() AS TABLE
@@ -237,25 +253,17 @@ LEFT JOIN power w ON w.hour = d.hour AND w.key = d.key;
 -- step: mig_hours
 INSERT INTO mig_hours (hour, cluster, node, uuid, mig_uuid, profile, slices, parent_slices,
                        memory_total_bytes, observed_seconds, sm_active_seconds)
-WITH k AS (
-    SELECT c.hour, c.key, arg_max(c.sh, gl_w(c.value, c.sh)) AS sh,
-           sum(c.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS sec
-    FROM mig_count c
-    LEFT JOIN spacing sp ON sp.cluster = c.cluster AND sp.node = c.node
-    WHERE gl_in(c.hour)
-    GROUP BY c.hour, c.key),
-mem AS (SELECT hour, key, max(value) AS v FROM migmem_max WHERE gl_in(hour)
+WITH mem AS (SELECT hour, key, max(value) AS v FROM migmem_max WHERE gl_in(hour)
         GROUP BY hour, key),
 gpm AS (
     -- NULL (no row) when the hour has no GPM sample for the instance: unknown, not idle.
     SELECT g.hour, g.key, sum(g.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS v
     FROM gpm_sum g LEFT JOIN spacing sp ON sp.cluster = g.cluster AND sp.node = g.node
     WHERE gl_in(g.hour) AND g.mig_uuid <> '' GROUP BY g.hour, g.key)
-SELECT k.hour, c.cluster, c.node, c.uuid, c.mig_uuid, c.profile, CAST(c.slices AS INTEGER),
-       CAST(c.parent_slices AS INTEGER), mem.v,
+SELECT k.hour, k.cluster, k.node, k.uuid, k.mig_uuid, k.profile, CAST(k.slices AS INTEGER),
+       CAST(k.parent_slices AS INTEGER), mem.v,
        gl_sec(k.sec, h.u), gpm.v * gl_scale(k.sec, h.u)
-FROM k
-JOIN mig_count c ON c.sh = k.sh AND c.hour = k.hour
+FROM gl_mig() k
 LEFT JOIN _held h ON h.fam = 'mig' AND h.hour = k.hour AND h.key = k.key
 LEFT JOIN mem ON mem.hour = k.hour AND mem.key = k.key
 LEFT JOIN gpm ON gpm.hour = k.hour AND gpm.key = k.key;
