@@ -127,13 +127,12 @@ CREATE OR REPLACE TEMP TABLE _spans (fam VARCHAR, hour TIMESTAMP, key BIGINT, dt
 CREATE OR REPLACE TEMP TABLE _held (fam VARCHAR, hour TIMESTAMP, key BIGINT, u DOUBLE);
 
 -- query: pick_grouped
--- Which series names each fact row (hour, key) of a device or an allocation, with the row's
--- seconds: the one with the most samples, ties broken by its id (a key with two series or
--- more: exporter restart, relabel, duplicate scrape). Run before the fact steps when some key
--- has two series (metering/facts.py), pick_single otherwise; both define the table macros
--- the steps read, with the same columns: gl_device(), gl_mig() and gl_allocation() (each
--- row's series' labels and the row's seconds), gl_holder() (an allocation row's series' labels
--- alone).
+-- Which series names each fact row (hour, key) of a device, MIG instance or allocation, with the
+-- row's seconds: the one with the most samples, ties broken by its id (a key with two series or
+-- more: exporter restart, relabel, duplicate scrape). Run before the fact steps when some key has
+-- two series (metering/facts.py), pick_single otherwise; both define the table macros the steps
+-- read, with the same columns: gl_device(), gl_mig() and gl_allocation() (each row's series'
+-- labels and the row's seconds), gl_holder() (an allocation row's series' labels alone).
 CREATE OR REPLACE TEMP MACRO gl_device() AS TABLE
 SELECT d.hour, d.key, d.obs, d.up, c.cluster, c.node, c.gpu, c.uuid, c.model
 FROM (SELECT c.hour, c.key, arg_max(c.sh, gl_w(c.value, c.sh)) AS sh,
@@ -174,8 +173,8 @@ JOIN alloc_count c ON c.sh = k.sh AND c.hour = k.hour;
 -- query: pick_single
 -- pick_grouped when no key has two series: each (hour, key) has one row of its count signal,
 -- which names it, so there is nothing to group and no row to join back (a group-by and a join
--- of every device-hour and allocation-hour: a tenth of ingest's client CPU, docs/performance.md).
--- The sums of one value are that value: the same facts, bit for bit.
+-- of every device-hour and allocation-hour saved: docs/performance.md, "Facts without needless
+-- work"). The sums of one value are that value: the same facts, bit for bit.
 CREATE OR REPLACE TEMP MACRO gl_device() AS TABLE
 SELECT c.hour, c.key, c.value * coalesce(sp.seconds, getvariable('gl_dflt')) AS obs,
        coalesce(s.value, 0) * coalesce(sp.seconds, getvariable('gl_dflt')) AS up,
