@@ -319,14 +319,16 @@ class _Writer:
         con, sql, scope = self.con, self.sql, self.scope
         names = [s.name for s in SIGNALS]
         seen: set[str] = set()
-        shared = False  # some fact key has two series or more (then spans are merged)
+        shared = False  # a count signal's key has two series (spans merged, rows picked)
+        plural = False  # some signal's key has two series (its per-key aggregate groups)
         try:
             for spec in SIGNALS:
                 table, found = _tag_clusters(signals.get(spec.name, empty_signal(spec)), scope)
                 seen |= found
                 con.register(spec.name, table)
-                if spec.name in _SPAN_COUNTS:
-                    shared = shared or _shares_keys(table)
+                if _shares_keys(table):
+                    plural = True
+                    shared = shared or spec.name in _SPAN_COUNTS
             for name in sorted(seen):
                 problem = cluster_name_problem(name)
                 if problem:
@@ -354,8 +356,11 @@ class _Writer:
                 _check_one_node_per_gpu(con, sql.query("clash_in_group"))
             if scope.label is not None:
                 self.replace(seen)
-            # Which series names each fact row: grouped only where some key has two.
+            # Which series names each fact row, and the other signals per row: grouped only
+            # where some key has two series.
             con.execute(sql.query("pick_grouped" if shared else "pick_single"))
+            con.execute(sql.query("agg_rows"))
+            con.execute(sql.query("agg_grouped" if plural else "agg_single"))
             for step, body in sql.steps:
                 if step == "macros":
                     continue

@@ -10,13 +10,14 @@ from metering.db import connect
 from metering.ingest import ingest
 from metering.openmetrics_source import OpenMetricsSource
 from metering.period import Period
-from metering.selector import DEFAULT_SELECTOR
+from metering.selector import DEFAULT_SELECTOR, Selector
 
 
-def ingested(om: Path, period: Period, db: Path) -> duckdb.DuckDBPyConnection:
-    """A new ledger at `db` holding `period` metered from `om` (the default selector), open;
-    the caller closes it."""
-    src = OpenMetricsSource(str(om), period, DEFAULT_SELECTOR)
+def ingested(om: Path, period: Period, db: Path, selector: Selector = DEFAULT_SELECTOR
+             ) -> duckdb.DuckDBPyConnection:
+    """A new ledger at `db` holding `period` metered from `om` (the default selector unless
+    given), open; the caller closes it."""
+    src = OpenMetricsSource(str(om), period, selector)
     con = connect(db)
     try:
         ingest(con, src, period)

@@ -200,61 +200,85 @@ WHERE gl_in(c.hour);
 CREATE OR REPLACE TEMP MACRO gl_holder() AS TABLE
 SELECT * EXCLUDE (sh, value, series) FROM alloc_count WHERE gl_in(hour);
 
+-- query: agg_rows
+-- Per series and hour, what the per-key aggregates (agg_grouped, agg_single) add up: a sum
+-- signal's integral (value x seconds per sample of its node) in the signal table `t`...
+CREATE OR REPLACE TEMP MACRO gl_integrand(t) AS TABLE
+SELECT hour, key, value * coalesce(seconds, getvariable('gl_dflt')) AS v
+FROM query_table(t) LEFT JOIN spacing USING (cluster, node)
+WHERE gl_in(hour);
+-- ... and an energy counter's increase: last value of the hour minus last value of the hour
+-- before (a drop is a counter reset: count from zero); with no hour before, last minus first
+-- of the hour. A reset within the hour (last < first) counts from zero too.
+CREATE OR REPLACE TEMP MACRO gl_increase() AS TABLE
+SELECT l.hour, l.key,
+       CASE WHEN p.value IS NULL AND l.value >= m.value THEN l.value - m.value
+            WHEN p.value IS NULL THEN l.value
+            WHEN l.value >= p.value THEN l.value - p.value
+            ELSE l.value END AS j,
+       l.value < coalesce(p.value, m.value) AS reset
+FROM energy_last l
+LEFT JOIN energy_last p ON p.sh = l.sh AND p.hour = l.hour - INTERVAL 1 HOUR
+LEFT JOIN energy_min m ON m.sh = l.sh AND m.hour = l.hour
+WHERE gl_in(l.hour);
+
+-- query: agg_grouped
+-- The other signals per fact row (hour, key), summed (integrals, energy), maxed (peaks) or
+-- combined (info) over the key's series: what the fact steps join to the picked rows. Run
+-- after agg_rows, before the fact steps, when some signal of the node group has a key with
+-- two series (metering/facts.py), agg_single otherwise; both define gl_integral(t),
+-- gl_peak(t), gl_info() and gl_energy() with the same columns.
+CREATE OR REPLACE TEMP MACRO gl_integral(t) AS TABLE
+SELECT hour, key, sum(v) AS v FROM gl_integrand(t) GROUP BY hour, key;
+CREATE OR REPLACE TEMP MACRO gl_peak(t) AS TABLE
+SELECT hour, key, max(value) AS v FROM query_table(t) WHERE gl_in(hour) GROUP BY hour, key;
+CREATE OR REPLACE TEMP MACRO gl_info() AS TABLE
+SELECT hour, key, bool_or(lower(mig_mode) IN ('enabled', 'true', '1', 'on')) AS mig,
+       -- no vendor label (exporters before it): NVIDIA, the only vendor they read
+       max(nullif(lower(trim(vendor)), '')) AS vendor
+FROM info_count WHERE gl_in(hour) GROUP BY hour, key;
+CREATE OR REPLACE TEMP MACRO gl_energy() AS TABLE
+SELECT hour, key, sum(j) AS j, bool_or(reset) AS reset FROM gl_increase() GROUP BY hour, key;
+
+-- query: agg_single
+-- agg_grouped when every key of every signal has one series: each (hour, key) has one row
+-- per signal, which is its aggregate, so there is nothing to group (a hash aggregate per
+-- signal saved: docs/performance.md, "No grouping where no key has two series"). The sum,
+-- max and bool_or of one value are that value: the same facts, bit for bit.
+CREATE OR REPLACE TEMP MACRO gl_integral(t) AS TABLE FROM gl_integrand(t);
+CREATE OR REPLACE TEMP MACRO gl_peak(t) AS TABLE
+SELECT hour, key, value AS v FROM query_table(t) WHERE gl_in(hour);
+CREATE OR REPLACE TEMP MACRO gl_info() AS TABLE
+SELECT hour, key, lower(mig_mode) IN ('enabled', 'true', '1', 'on') AS mig,
+       nullif(lower(trim(vendor)), '') AS vendor
+FROM info_count WHERE gl_in(hour);
+CREATE OR REPLACE TEMP MACRO gl_energy() AS TABLE FROM gl_increase();
+
 -- step: device_hours
 INSERT INTO device_hours (hour, cluster, node, gpu, uuid, model, mig_enabled, observed_seconds,
                           up_seconds, sm_active_seconds, energy_joules, energy_estimated,
                           vendor)
-WITH info AS (
-    SELECT hour, key, bool_or(lower(mig_mode) IN ('enabled', 'true', '1', 'on')) AS mig,
-           -- no vendor label (exporters before it): NVIDIA, the only vendor they read
-           max(nullif(lower(trim(vendor)), '')) AS vendor
-    FROM info_count WHERE gl_in(hour) GROUP BY hour, key),
-util AS (
-    SELECT u.hour, u.key, sum(u.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS sm
-    FROM util_sum u LEFT JOIN spacing sp ON sp.cluster = u.cluster AND sp.node = u.node
-    WHERE gl_in(u.hour) GROUP BY u.hour, u.key),
-inc AS (
-    -- Per series: last value of the hour minus last value of the hour before (a drop is a
-    -- counter reset: count from zero); with no hour before, last minus first of the hour.
-    -- A reset within the hour (last < first) counts from zero too.
-    SELECT l.hour, l.key,
-           CASE WHEN p.value IS NULL AND l.value >= m.value THEN l.value - m.value
-                WHEN p.value IS NULL THEN l.value
-                WHEN l.value >= p.value THEN l.value - p.value
-                ELSE l.value END AS j,
-           l.value < coalesce(p.value, m.value) AS reset
-    FROM energy_last l
-    LEFT JOIN energy_last p ON p.sh = l.sh AND p.hour = l.hour - INTERVAL 1 HOUR
-    LEFT JOIN energy_min m ON m.sh = l.sh AND m.hour = l.hour
-    WHERE gl_in(l.hour)),
-energy AS (SELECT hour, key, sum(j) AS j, bool_or(reset) AS reset FROM inc GROUP BY hour, key),
-power AS (
-    -- integral of gpu_power_watts: joules, for hours whose counter is missing or reset
-    SELECT w.hour, w.key, sum(w.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS j
-    FROM power_sum w LEFT JOIN spacing sp ON sp.cluster = w.cluster AND sp.node = w.node
-    WHERE gl_in(w.hour) GROUP BY w.hour, w.key)
 SELECT d.hour, d.cluster, d.node, d.gpu, d.uuid, d.model, coalesce(i.mig, false),
        gl_sec(d.obs, h.u), d.up * gl_scale(d.obs, h.u),
-       CASE WHEN coalesce(i.mig, false) THEN NULL ELSE u.sm * gl_scale(d.obs, h.u) END,
+       CASE WHEN coalesce(i.mig, false) THEN NULL ELSE u.v * gl_scale(d.obs, h.u) END,
        -- the counter's increase; where it is missing or reset, the power integral (a reset
        -- loses the joules before it), flagged; a reset without power samples keeps the
        -- counter's (low) figure, flagged too. Neither: NULL, unknown.
        CASE WHEN e.j IS NOT NULL AND NOT e.reset THEN e.j
-            ELSE coalesce(w.j, e.j) END * gl_scale(d.obs, h.u),
-       (e.j IS NULL AND w.j IS NOT NULL) OR coalesce(e.reset, false), coalesce(i.vendor, 'nvidia')
+            ELSE coalesce(w.v, e.j) END * gl_scale(d.obs, h.u),
+       (e.j IS NULL AND w.v IS NOT NULL) OR coalesce(e.reset, false),
+       coalesce(i.vendor, 'nvidia')
 FROM gl_device() d
 LEFT JOIN _held h ON h.fam = 'device' AND h.hour = d.hour AND h.key = d.key
-LEFT JOIN info i ON i.hour = d.hour AND i.key = d.key
-LEFT JOIN util u ON u.hour = d.hour AND u.key = d.key
-LEFT JOIN energy e ON e.hour = d.hour AND e.key = d.key
-LEFT JOIN power w ON w.hour = d.hour AND w.key = d.key;
+LEFT JOIN gl_info() i ON i.hour = d.hour AND i.key = d.key
+LEFT JOIN gl_integral('util_sum') u ON u.hour = d.hour AND u.key = d.key
+LEFT JOIN gl_energy() e ON e.hour = d.hour AND e.key = d.key
+LEFT JOIN gl_integral('power_sum') w ON w.hour = d.hour AND w.key = d.key;
 
 -- step: mig_hours
 INSERT INTO mig_hours (hour, cluster, node, uuid, mig_uuid, profile, slices, parent_slices,
                        memory_total_bytes, observed_seconds, sm_active_seconds)
-WITH mem AS (SELECT hour, key, max(value) AS v FROM migmem_max WHERE gl_in(hour)
-        GROUP BY hour, key),
-gpm AS (
+WITH gpm AS (
     -- NULL (no row) when the hour has no GPM sample for the instance: unknown, not idle.
     SELECT g.hour, g.key, sum(g.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS v
     FROM gpm_sum g LEFT JOIN spacing sp ON sp.cluster = g.cluster AND sp.node = g.node
@@ -264,21 +288,13 @@ SELECT k.hour, k.cluster, k.node, k.uuid, k.mig_uuid, k.profile, CAST(k.slices A
        gl_sec(k.sec, h.u), gpm.v * gl_scale(k.sec, h.u)
 FROM gl_mig() k
 LEFT JOIN _held h ON h.fam = 'mig' AND h.hour = k.hour AND h.key = k.key
-LEFT JOIN mem ON mem.hour = k.hour AND mem.key = k.key
+LEFT JOIN gl_peak('migmem_max') mem ON mem.hour = k.hour AND mem.key = k.key
 LEFT JOIN gpm ON gpm.hour = k.hour AND gpm.key = k.key;
 
 -- step: allocation_hours
 INSERT INTO allocation_hours (hour, cluster, node, namespace, pod, container, uuid, mig_uuid,
                               resource, sharing, replicas, units, allocated_seconds,
                               memory_byte_seconds, sm_seconds, labels)
-WITH mem AS (
-    SELECT x.hour, x.key, sum(x.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS v
-    FROM cmem_sum x LEFT JOIN spacing sp ON sp.cluster = x.cluster AND sp.node = x.node
-    WHERE gl_in(x.hour) GROUP BY x.hour, x.key),
-sm AS (
-    SELECT x.hour, x.key, sum(x.value * coalesce(sp.seconds, getvariable('gl_dflt'))) AS v
-    FROM csm_sum x LEFT JOIN spacing sp ON sp.cluster = x.cluster AND sp.node = x.node
-    WHERE gl_in(x.hour) GROUP BY x.hour, x.key)
 SELECT k.hour, k.cluster, k.node, k.namespace, k.pod, k.container, k.uuid, k.mig_uuid,
        k.resource, k.sharing, CAST(k.replicas AS INTEGER), k.units, gl_sec(k.sec, h.u),
        coalesce(mem.v, 0) * gl_scale(k.sec, h.u),
@@ -286,37 +302,31 @@ SELECT k.hour, k.cluster, k.node, k.namespace, k.pod, k.container, k.uuid, k.mig
        sm.v * gl_scale(k.sec, h.u), k.labels
 FROM gl_allocation() k
 LEFT JOIN _held h ON h.fam = 'alloc' AND h.hour = k.hour AND h.key = k.key
-LEFT JOIN mem ON mem.hour = k.hour AND mem.key = k.key
-LEFT JOIN sm ON sm.hour = k.hour AND sm.key = k.key;
+LEFT JOIN gl_integral('cmem_sum') mem ON mem.hour = k.hour AND mem.key = k.key
+LEFT JOIN gl_integral('csm_sum') sm ON sm.hour = k.hour AND sm.key = k.key;
 
 -- step: workload_hours
 -- Per allocation fact: the pod's owner (from the series that names the fact row) and the
 -- peak memory of the hour (max over duplicate series too: a duplicate cannot raise a peak).
 INSERT INTO workload_hours (hour, cluster, namespace, pod, container, uuid, mig_uuid,
                             owner_kind, owner_name, memory_max_bytes)
-WITH mx AS (SELECT hour, key, max(value) AS v FROM cmem_max WHERE gl_in(hour)
-            GROUP BY hour, key)
 SELECT k.hour, k.cluster, k.namespace, k.pod, k.container, k.uuid, k.mig_uuid, k.owner_kind,
        k.owner_name, mx.v
 FROM gl_holder() k
-LEFT JOIN mx ON mx.hour = k.hour AND mx.key = k.key;
+LEFT JOIN gl_peak('cmem_max') mx ON mx.hour = k.hour AND mx.key = k.key;
 
 -- step: grant_hours
 -- Per allocation fact with a fractional grant: the granted memory and core fractions (the
 -- largest seen in the hour; NULL where the grant gives none, e.g. no core limit).
 INSERT INTO grant_hours (hour, cluster, namespace, pod, container, uuid, mig_uuid,
                          memory_fraction, core_fraction)
-WITH m AS (SELECT hour, key, max(value) AS v FROM cmemfrac_max WHERE gl_in(hour)
-      GROUP BY hour, key),
-cf AS (SELECT hour, key, max(value) AS v FROM ccorefrac_max WHERE gl_in(hour)
-       GROUP BY hour, key)
 SELECT k.hour, k.cluster, k.namespace, k.pod, k.container, k.uuid, k.mig_uuid,
        -- clamped to 0-1; greatest() would turn a missing figure (NULL) into 0
        CASE WHEN m.v IS NOT NULL THEN least(greatest(m.v, 0), 1) END,
        CASE WHEN cf.v IS NOT NULL THEN least(greatest(cf.v, 0), 1) END
 FROM gl_holder() k
-LEFT JOIN m ON m.hour = k.hour AND m.key = k.key
-LEFT JOIN cf ON cf.hour = k.hour AND cf.key = k.key
+LEFT JOIN gl_peak('cmemfrac_max') m ON m.hour = k.hour AND m.key = k.key
+LEFT JOIN gl_peak('ccorefrac_max') cf ON cf.hour = k.hour AND cf.key = k.key
 WHERE m.v IS NOT NULL OR cf.v IS NOT NULL;
 
 -- query: signal_seconds
