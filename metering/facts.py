@@ -345,13 +345,17 @@ class _Writer:
                         f"{self.start:%Y-%m-%dT%H:%M}Z .. {self.end:%Y-%m-%dT%H:%M}Z: there "
                         "are allocation or MIG samples but no gpu_up samples; pass "
                         "--sample-interval SECONDS")
+            dflt = default if default is not None else float(HOUR_S)
+            # Every statement reads a node's seconds per sample as coalesce(its spacing row,
+            # gl_dflt): a node at the default needs no row, and a fleet scraped at one
+            # interval joins an empty table instead of matching every signal row's node.
+            other = {where: sec for where, sec in spacing.items() if sec != dflt}
             con.register("spacing", pa.table({
-                "cluster": pa.array([c for c, _ in spacing], pa.string()),
-                "node": pa.array([n for _, n in spacing], pa.string()),
-                "seconds": pa.array(list(spacing.values()), pa.float64())}))
+                "cluster": pa.array([c for c, _ in other], pa.string()),
+                "node": pa.array([n for _, n in other], pa.string()),
+                "seconds": pa.array(list(other.values()), pa.float64())}))
             names.append("spacing")
-            con.execute("SET VARIABLE gl_dflt = ?",
-                        [default if default is not None else float(HOUR_S)])
+            con.execute("SET VARIABLE gl_dflt = ?", [dflt])
             if shared:
                 _check_one_node_per_gpu(con, sql.query("clash_in_group"))
             if scope.label is not None:

@@ -7,9 +7,10 @@
 -- gpm_sum, alloc_count, alloc_sum, alloc_tlast, cmem_sum, cmem_max, csm_sum, cmemfrac_max,
 -- ccorefrac_max; each row is one series x hour with `sh` (series hash), `key` (hash of the labels
 -- that identify the fact row, cluster included), `cluster`, `value` and the labels the spec keeps
--- (only those read here). `spacing` holds the seconds per sample detected per (cluster, node).
+-- (only those read here). `spacing` holds the seconds per sample detected per (cluster, node)
+-- where they differ from gl_dflt: every statement reads them as coalesce(row, gl_dflt).
 -- Session variables: gl_start, gl_end (chunk), gl_dflt (seconds per sample where a node has none
--- detected), gl_hour_s (seconds in an hour: signals.HOUR_S).
+-- detected, or its own), gl_hour_s (seconds in an hour: signals.HOUR_S).
 --
 -- Every statement aggregates per (hour, key) on integers: the series with the most samples
 -- (`w`, ties broken by its id) names the fact row, and only that series' string labels are
