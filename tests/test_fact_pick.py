@@ -18,7 +18,7 @@ import pytest
 
 from metering import facts
 from metering.period import Period, resolve
-from metering.selector import Selector
+from metering.selector import DEFAULT_SELECTOR, Selector
 from metering.sqlfile import SqlFile
 from tests.omledger import ingested
 from tests.test_vendor_month import openmetrics as vendor_month
@@ -36,7 +36,7 @@ def _rows(con: Any) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def _metered(om: Path, period: Period, db: Path, monkeypatch: pytest.MonkeyPatch,
-             grouped: bool | None, selector: Selector | None = None
+             grouped: bool | None, selector: Selector = DEFAULT_SELECTOR
              ) -> tuple[dict[str, list[tuple[Any, ...]]], list[bool]]:
     """The history's facts, and what each signal's key check said; `grouped` True has every
     node group take pick_grouped (and the spans) and agg_grouped as if some key had two
@@ -50,8 +50,7 @@ def _metered(om: Path, period: Period, db: Path, monkeypatch: pytest.MonkeyPatch
 
     with monkeypatch.context() as m:
         m.setattr(facts, "_shares_keys", shares)
-        con = (ingested(om, period, db) if selector is None
-               else ingested(om, period, db, selector))
+        con = ingested(om, period, db, selector)
     try:
         return _rows(con), seen
     finally:
