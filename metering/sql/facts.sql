@@ -1,6 +1,7 @@
 -- GPU Ledger facts: per-series hourly signals -> fact rows for hours [gl_start, gl_end) of one
 -- chunk. Run by metering/facts.py inside the caller's transaction: every `-- step:` section in
--- file order; `-- query:` sections are run by name where Python needs their rows.
+-- file order; `-- query:` sections are run by name where Python needs their rows or picks one
+-- of two forms (pick_*, agg_*).
 --
 -- Inputs (registered Arrow tables, one per SignalSpec in facts.py): up_count, up_sum, up_tlast,
 -- info_count, util_sum, energy_last, energy_min, power_sum, mig_count, mig_tlast, migmem_max,
@@ -12,10 +13,11 @@
 -- Session variables: gl_start, gl_end (chunk), gl_dflt (seconds per sample where a node has none
 -- detected, or its own), gl_hour_s (seconds in an hour: signals.HOUR_S).
 --
--- Every statement aggregates per (hour, key) on integers: the series with the most samples
--- (`w`, ties broken by its id) names the fact row, and only that series' string labels are
--- read back, by a join on (series hash, hour). Hashing six strings per sample to group and join
--- was most of the time of a chunk.
+-- Every statement works per (hour, key) on integers: the series with the most samples (`w`,
+-- ties broken by its id) names the fact row, and only that series' string labels are read
+-- back, by a join on (series hash, hour). Hashing six strings per sample to group and join was
+-- most of the time of a chunk. Where no key of a node group has two series, each (hour, key)
+-- has one row per signal, and nothing is grouped (pick_single, agg_single).
 
 -- query: spacing
 -- Samples per series-hour and how often each count occurs, per node; facts.detect_spacing picks
