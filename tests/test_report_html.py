@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import struct
 import subprocess
+import tempfile
 import time
 import urllib.request
 import zlib
@@ -54,12 +56,17 @@ FLAGS = [
 
 @contextmanager
 def chromium(profile: Path) -> Iterator[int]:
-    """Start headless Chromium with an empty profile; yields its DevTools port."""
+    """Start headless Chromium with an empty profile; yields its DevTools port. The singleton
+    directory Chromium makes in its temporary directory outlives a stopped browser (in /tmp
+    they piled up run after run), so it gets one of its own, removed afterwards: short,
+    because it holds a unix socket (a path of at most 107 bytes)."""
     profile.mkdir()
+    scratch = tempfile.mkdtemp(prefix="gl-chromium-")
     proc = subprocess.Popen(
         [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "TMPDIR": scratch},
     )
     try:
         port_file = profile / "DevToolsActivePort"
@@ -73,6 +80,7 @@ def chromium(profile: Path) -> Iterator[int]:
         yield int(port_file.read_text().split()[0])
     finally:
         stop(proc, timeout=15)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class DevTools:
