@@ -26,6 +26,7 @@ from metering.cluster import ClusterScope
 from metering.costmodel import CostModel
 from metering.db import DatabaseError, LedgerLocked, connect, out_of_memory
 from metering.errors import MeteringError, RefusedError
+from metering.facts import describe_more_series
 from metering.ingest import IngestResult, Source, ingest
 from metering.period import Month, Period, hour_ranges
 from metering.pricing import PricingResult, price_period
@@ -172,6 +173,9 @@ def meter(ledger: str | Path, source: Source, period: Period,
         say(f"meter: coverage: {result.duplicate_seconds:,.0f} duplicate sample-seconds counted "
             f"once (overlapping series of one GPU, MIG instance or container), "
             f"{result.dropped:,} values dropped as not plausible (NaN, Inf, out of range)")
+        more = describe_more_series(result.more_series)
+        if more:
+            say(f"meter: warning: {more}")
         if source.screened.foreign:
             say(f"meter: warning: series that look like GPU Ledger's but are outside "
                 f"--selector {source.selector} were not metered: "

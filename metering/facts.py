@@ -112,6 +112,10 @@ class FactCounts:
     # instead of twice or more (overlapping duplicates: two jobs, an HA pair, a store without
     # dedup)
     duplicates: dict[tuple[str, datetime], float] = field(default_factory=dict)
+    # family -> (hour, key)s where a family whose values are added up per key had more series
+    # than the key's count family (gpu_up, gpu_mig_info, gpu_container_allocation): added up
+    # there, which is twice the value where they overlapped (facts.sql gl_more_series)
+    more_series: dict[str, int] = field(default_factory=dict)
 
     @property
     def duplicate_seconds(self) -> float:
@@ -321,6 +325,7 @@ class _Writer:
         seen: set[str] = set()
         shared = False  # a count signal's key has two series (spans merged, rows picked)
         plural = False  # some signal's key has two series (its per-key aggregate groups)
+        plural_signals: list[str] = []
         try:
             for spec in SIGNALS:
                 table, found = _tag_clusters(signals.get(spec.name, empty_signal(spec)), scope)
@@ -329,6 +334,7 @@ class _Writer:
                 if _shares_keys(table):
                     plural = True
                     shared = shared or spec.name in _SPAN_COUNTS
+                    plural_signals.append(spec.name)
             for name in sorted(seen):
                 problem = cluster_name_problem(name)
                 if problem:
@@ -365,6 +371,15 @@ class _Writer:
             con.execute(sql.query("pick_grouped" if shared else "pick_single"))
             con.execute(sql.query("agg_rows"))
             con.execute(sql.query("agg_grouped" if plural else "agg_single"))
+            for name in plural_signals:
+                spec_of = _ADDED_UP.get(name)
+                if spec_of is None:
+                    continue
+                family, count = spec_of
+                row = con.execute(f"FROM gl_more_series('{name}', '{count}')").fetchone()
+                if row is not None and row[0]:
+                    more = self.counts.more_series
+                    more[family] = more.get(family, 0) + int(row[0])
             for step, body in sql.steps:
                 if step == "macros":
                     continue
@@ -392,6 +407,27 @@ class _Writer:
 # the steps it takes.
 _SPAN_COUNTS = frozenset(("up_count", "mig_count", "alloc_count"))
 _DEDUP_STEPS = frozenset(("spans", "held"))
+# The signals a key's series are added up in (integrals, energy increases), each with its
+# family and the count signal of its key, whose series de-duplication sees (gl_more_series).
+_COUNT_OF = {s.key: s.name for s in SIGNALS if s.name in _SPAN_COUNTS}
+_ADDED_UP: dict[str, tuple[str, str]] = {
+    s.name: (s.family, _COUNT_OF[s.key]) for s in SIGNALS
+    if s.func in ("sum", "last") and s.key in _COUNT_OF
+    and s.family not in {c.family for c in SIGNALS if c.name in _SPAN_COUNTS}}
+_HOURS_OF = {"up_count": "GPU-hour", "mig_count": "MIG-instance-hour",
+             "alloc_count": "container-hour"}
+
+
+def describe_more_series(more: Mapping[str, int]) -> str:
+    """The warning for FactCounts.more_series (empty: none), one line."""
+    if not more:
+        return ""
+    units = {family: _HOURS_OF[count] for family, count in _ADDED_UP.values()}
+    where = "; ".join(f"{family} in {n:,} {units[family]}(s)" for family, n in sorted(more.items()))
+    return (f"more series than the count family of their GPU, MIG instance or container, "
+            f"values added up: {where}. Right where the series followed each other (a "
+            f"relabel of that family alone), twice the value where they overlapped (a scrape "
+            f"job keeping only that family): docs/metering.md, \"Several series for one key\"")
 _COUNTED = frozenset(("device_hours", "mig_hours", "allocation_hours", "workload_hours",
                       "grant_hours"))
 FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours",

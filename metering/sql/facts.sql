@@ -77,6 +77,18 @@ CREATE OR REPLACE TEMP MACRO gl_sec(raw, held) AS
     least(raw, coalesce(held, raw), getvariable('gl_hour_s'));
 -- Integrals are scaled by held / sampled seconds: overlapping duplicates are averaged.
 CREATE OR REPLACE TEMP MACRO gl_scale(raw, held) AS (gl_sec(raw, held) / raw);
+-- The (hour, key) where signal table `t` has more series than its family's count signal
+-- `c` (facts.py, FactCounts.more_series): `t`'s values are added up there (agg_grouped),
+-- right where its series followed each other, twice over where they overlapped (a family
+-- duplicated alone), which the samples read cannot tell apart (docs/metering.md, "Several
+-- series for one key"). Asked only of a signal with a key of two series.
+CREATE OR REPLACE TEMP MACRO gl_more_series(t, c) AS TABLE
+SELECT count(*) AS n FROM (
+    SELECT hour, key, count(DISTINCT sh) AS n FROM query_table(t) WHERE gl_in(hour)
+    GROUP BY hour, key HAVING count(DISTINCT sh) > 1) s
+LEFT JOIN (SELECT hour, key, count(DISTINCT sh) AS n FROM query_table(c) WHERE gl_in(hour)
+           GROUP BY hour, key) u USING (hour, key)
+WHERE s.n > coalesce(u.n, 0);
 
 -- step: spans
 -- A key with several series in an hour sums them where they follow each other (exporter
