@@ -529,6 +529,17 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
               "The last successful `gpu-ledger meter` run of cluster {{ $labels.cluster }} "
               "finished {{ $value | humanizeDuration }} ago (more than "
               f"{T.metering_stale_hours} h): spend and budget figures are that old."),
+        # metering/facts.py gl_more_series: a family added up per key with more series than
+        # the key's count family. The samples cannot tell a relabel of that family alone
+        # (right) from a scrape job copying it (twice the value): a person must look.
+        Alert("GpuLedgerMeteringSeriesAddedUp", "warning",
+              f"{publish.MORE_SERIES}{{{M}}} > 0", "0m",
+              "GPU metering added up series of one family that gpu_up does not have",
+              "The last `gpu-ledger meter` run of cluster {{ $labels.cluster }} added up "
+              "{{ $labels.family }} over more series than the GPU's, MIG instance's or "
+              "container's count family in {{ $value }} hour(s): right if they followed each "
+              "other (a relabel of that family alone), twice the value if they overlapped (a "
+              "scrape job or rule copying only that family)."),
     )
 
     groups = (

@@ -29,6 +29,7 @@ from metering.errors import (
     RefusedError,
     UsageError,
 )
+from metering.facts import ADDED_UP_FAMILIES
 from metering.ingest import Source
 from metering.openmetrics_source import OpenMetricsSource
 from metering.period import (
@@ -336,8 +337,10 @@ def _cluster_state(args: argparse.Namespace, cluster: str, period: Period, month
     grams = None if carbon is None else float(carbon.grams_at(
         datetime.fromtimestamp(finished, UTC).replace(minute=0, second=0, microsecond=0,
                                                        tzinfo=None)))
+    more = {family: result.ingest.more_series.get((cluster, family), 0)
+            for family in ADDED_UP_FAMILIES}
     return publish.RunState(cluster, period, hours, finished, month, currency, budgets,
-                            energy, grams)
+                            energy, grams, more)
 
 
 def _now() -> datetime:

@@ -112,10 +112,10 @@ class FactCounts:
     # instead of twice or more (overlapping duplicates: two jobs, an HA pair, a store without
     # dedup)
     duplicates: dict[tuple[str, datetime], float] = field(default_factory=dict)
-    # family -> (hour, key)s where a family whose values are added up per key had more series
-    # than the key's count family (gpu_up, gpu_mig_info, gpu_container_allocation): added up
-    # there, which is twice the value where they overlapped (facts.sql gl_more_series)
-    more_series: dict[str, int] = field(default_factory=dict)
+    # (cluster, family) -> (hour, key)s where a family whose values are added up per key had
+    # more series than the key's count family (gpu_up, gpu_mig_info, gpu_container_allocation):
+    # added up there, twice the value where they overlapped (facts.sql gl_more_series)
+    more_series: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def duplicate_seconds(self) -> float:
@@ -376,10 +376,11 @@ class _Writer:
                 if spec_of is None:
                     continue
                 family, count = spec_of
-                row = con.execute(f"FROM gl_more_series('{name}', '{count}')").fetchone()
-                if row is not None and row[0]:
-                    more = self.counts.more_series
-                    more[family] = more.get(family, 0) + int(row[0])
+                more = self.counts.more_series
+                for cluster, n in con.execute(
+                        f"FROM gl_more_series('{name}', '{count}')").fetchall():
+                    where = (str(cluster), family)
+                    more[where] = more.get(where, 0) + int(n)
             for step, body in sql.steps:
                 if step == "macros":
                     continue
@@ -414,16 +415,21 @@ _ADDED_UP: dict[str, tuple[str, str]] = {
     s.name: (s.family, _COUNT_OF[s.key]) for s in SIGNALS
     if s.func in ("sum", "last") and s.key in _COUNT_OF
     and s.family not in {c.family for c in SIGNALS if c.name in _SPAN_COUNTS}}
+# The families of _ADDED_UP, in SIGNALS order: what `meter --pushgateway` publishes a count of.
+ADDED_UP_FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f for f, _ in _ADDED_UP.values()))
 _HOURS_OF = {"up_count": "GPU-hour", "mig_count": "MIG-instance-hour",
              "alloc_count": "container-hour"}
 
 
-def describe_more_series(more: Mapping[str, int]) -> str:
+def describe_more_series(more: Mapping[tuple[str, str], int]) -> str:
     """The warning for FactCounts.more_series (empty: none), one line."""
     if not more:
         return ""
     units = {family: _HOURS_OF[count] for family, count in _ADDED_UP.values()}
-    where = "; ".join(f"{family} in {n:,} {units[family]}(s)" for family, n in sorted(more.items()))
+    several = len({c for c, _ in more}) > 1
+    where = "; ".join(f"{family} in {n:,} {units[family]}(s)"
+                      + (f" of cluster {cluster}" if several else "")
+                      for (cluster, family), n in sorted(more.items()))
     return (f"more series than the count family of their GPU, MIG instance or container, "
             f"values added up: {where}. Right where the series followed each other (a "
             f"relabel of that family alone), twice the value where they overlapped (a scrape "

@@ -82,9 +82,10 @@ class IngestResult:
     resumed: int = 0  # chunks an interrupted run had committed, not metered again
     spacing: dict[str, float] = field(default_factory=dict)  # node -> seconds (last chunk)
     duplicate_seconds: float = 0.0  # sample-seconds de-duplication counted once, not twice+
-    # family -> (hour, key)s its values were added up over more series than the key's count
-    # family had (facts.FactCounts.more_series): twice the value where they overlapped
-    more_series: dict[str, int] = field(default_factory=dict)
+    # (cluster, family) -> (hour, key)s its values were added up over more series than the
+    # key's count family had (facts.FactCounts.more_series): twice the value where they
+    # overlapped
+    more_series: dict[tuple[str, str], int] = field(default_factory=dict)
     dropped: int = 0  # values dropped as not plausible (NaN, Inf, not a number, out of range)
     clusters: set[str] = field(default_factory=set)  # clusters whose hours were replaced
     # The run's journal, for a caller that finishes it after pricing (ingest(finish=False)).
@@ -190,8 +191,9 @@ def ingest(con: Any, source: Source | ParallelSource, period: Period,
             for table in result.rows:
                 result.rows[table] += getattr(counts, table)
             result.duplicate_seconds += counts.duplicate_seconds
-            for family, n in counts.more_series.items():
-                result.more_series[family] = result.more_series.get(family, 0) + n
+            for cluster_family, n in counts.more_series.items():
+                result.more_series[cluster_family] = \
+                    result.more_series.get(cluster_family, 0) + n
             result.spacing = counts.spacing
             result.queries = source.queries
             if verbose:

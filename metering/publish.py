@@ -21,8 +21,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from metering.period import Month, Period, utc_naive
@@ -51,8 +51,12 @@ CO2E = "gpu_ledger_team_co2e_kg_month_to_date"
 # The cluster's carbon intensity now (the cost model's `carbon:`, the CSV's hour where it has
 # one): the live carbon estimate of the recording rules multiplies the last hour's energy by it.
 CARBON_INTENSITY = "gpu_ledger_carbon_intensity_grams_per_kwh"
+# Per family added up per key (metering/facts.py ADDED_UP_FAMILIES): the GPU-, MIG-instance-
+# or container-hours of the run where it had more series than the key's count family, 0 where
+# none (docs/metering.md, "Several series for one key").
+MORE_SERIES = "gpu_ledger_meter_more_series_hours"
 METRICS = (SPEND, BUDGET, WARN_FROM, FORECAST, STATUS, LAST_SUCCESS, HOURS, THROUGH, ENERGY,
-           CO2E, CARBON_INTENSITY)
+           CO2E, CARBON_INTENSITY, MORE_SERIES)
 
 # status label values, one series per state (1 for the team's state, 0 for the others).
 STATUS_LABEL = {BudgetStatus.WITHIN: "within", BudgetStatus.HEADING_OVER: "heading_over",
@@ -77,6 +81,9 @@ class RunState:
     # (team, kWh, kg CO2e or None without `carbon:`) month to date, from the report
     energy: Sequence[tuple[str, float, float | None]] = ()
     carbon_grams_per_kwh: float | None = None  # None: the cost model has no `carbon:`
+    # family -> hours of this cluster where the run added up more series than the key's count
+    # family had (every family added up per key, 0 where none)
+    more_series: Mapping[str, int] = field(default_factory=dict)
 
 
 def budget_month(period: Period) -> Month:
@@ -109,6 +116,12 @@ def exposition(state: RunState) -> str:
                      [_sample(HOURS, {}, state.hours)])
     lines += _family(THROUGH, "Unix time of the end (exclusive) of the last metered period.",
                      [_sample(THROUGH, {}, state.period.end.timestamp())])
+    if state.more_series:
+        lines += _family(MORE_SERIES, "Hours of the last successful run where a family added "
+                         "up per key had more series than the key's gpu_up, gpu_mig_info or "
+                         "gpu_container_allocation: twice the value where they overlapped.",
+                         [_sample(MORE_SERIES, {"family": f}, n)
+                          for f, n in state.more_series.items()])
     if state.month is not None and state.budgets:
         month = str(state.month)
 

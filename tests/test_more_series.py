@@ -8,15 +8,18 @@ warned about."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
 import pytest
-from promtools import backfill, running_prometheus
+from promtools import backfill, running_prometheus, running_pushgateway
 
-from metering import cli_meter
+from metering import cli_meter, publish
 from metering.db import connect
+from metering.facts import ADDED_UP_FAMILIES
 from metering.ingest import IngestResult, ingest
 from metering.openmetrics_source import OpenMetricsSource
 from metering.period import resolve
@@ -66,7 +69,7 @@ def test_series_that_follow_each_other_are_added_up_and_flagged(tmp_path: Path) 
                           1830, 3600))
     result, rows = _metered(om, tmp_path / "l.duckdb")
     assert rows == [(3600.0, 0.25 * 1800 + 0.75 * 1800, 100.0 * 3570)]  # right
-    assert result.more_series == {"gpu_utilization_ratio": 1}
+    assert result.more_series == {("default", "gpu_utilization_ratio"): 1}
 
 
 def test_a_family_duplicated_alone_is_added_up_and_flagged(tmp_path: Path) -> None:
@@ -78,7 +81,8 @@ def test_a_family_duplicated_alone_is_added_up_and_flagged(tmp_path: Path) -> No
                             tmp_path / "l.duckdb")
     # The limit, as docs/metering.md states it: twice the SM seconds and the joules.
     assert rows == [(3600.0, 2 * 0.5 * 3600, 2 * 100.0 * 3570)]
-    assert result.more_series == {"gpu_utilization_ratio": 1, "gpu_energy_joules_total": 1}
+    assert result.more_series == {("default", "gpu_utilization_ratio"): 1,
+                                   ("default", "gpu_energy_joules_total"): 1}
 
 
 def test_every_family_twice_is_averaged_and_not_flagged(tmp_path: Path) -> None:
@@ -90,21 +94,38 @@ def test_every_family_twice_is_averaged_and_not_flagged(tmp_path: Path) -> None:
     assert result.more_series == {}
 
 
-def test_meter_warns_on_a_real_prometheus(tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def _pushed(gateway: str) -> dict[str, float]:
+    """gpu_ledger_meter_more_series_hours of cluster default, by family, from the gateway."""
+    with urllib.request.urlopen(gateway + "/api/v1/metrics", timeout=5) as resp:
+        groups = json.load(resp)["data"]
+    assert len(groups) == 1 and groups[0]["labels"]["cluster"] == "default"
+    return {m["labels"]["family"]: float(m["value"])
+            for m in groups[0][publish.MORE_SERIES]["metrics"]}
+
+
+def test_meter_warns_and_pushes_on_a_real_prometheus(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The duplicated family from a real Prometheus (promtool backfill): meter's one-line
-    warning names the family and the GPU-hours; the store without it gets none."""
+    warning names the family and the GPU-hours, and the run pushes the hours per family to a
+    real Pushgateway (every family, 0 where none; the alert GpuLedgerMeteringSeriesAddedUp
+    reads them); the store without it gets no warning and pushes zeros."""
     util = [_series("gpu_utilization_ratio", f'{DEV},instance="{i}"', 0.5, 30, 3600)
             for i in ("a", "b")]
     clean = _history(tmp_path / "clean.om",
                      _series("gpu_utilization_ratio", f'{DEV},instance="a"', 0.5, 30, 3600))
     for name, om in (("clean", clean), ("dup", _history(tmp_path / "dup.om", *util))):
         backfill(om.read_text(), tmp_path / f"tsdb-{name}")
-        with running_prometheus(tmp_path / f"tsdb-{name}") as url:
+        (tmp_path / f"gw-{name}").mkdir()
+        with running_prometheus(tmp_path / f"tsdb-{name}") as url, \
+                running_pushgateway(tmp_path / f"gw-{name}") as gateway:
             db = tmp_path / f"{name}.duckdb"
             assert cli_meter.main(["--prometheus", url, "--selector", 'job="gpu"',
                                    "--from", PERIOD[0], "--to", PERIOD[1], "--db", str(db),
-                                   "--no-price"]) == 0
+                                   "--no-price", "--pushgateway", gateway]) == 0
+            pushed = _pushed(gateway)
+        assert set(pushed) == set(ADDED_UP_FAMILIES)
+        want = 1.0 if name == "dup" else 0.0
+        assert pushed == {f: want if f == "gpu_utilization_ratio" else 0.0 for f in pushed}
         err = capsys.readouterr().err
         warnings = [line for line in err.splitlines() if "more series than" in line]
         con = duckdb.connect(str(db), read_only=True)

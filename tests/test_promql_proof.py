@@ -251,9 +251,11 @@ def _metering_state() -> publish.RunState:
     line = BudgetLine("nlp", Decimal(1000), Decimal("0.9"), Decimal(600), Decimal(1500))
     assert line.status is BudgetStatus.HEADING_OVER
     # with measured energy and a carbon intensity (issue 28): the live carbon rules and the
-    # team energy table read them
+    # team energy table read them; and hours of a family added up over more series than
+    # gpu_up (GpuLedgerMeteringSeriesAddedUp reads them)
     return publish.RunState(CLUSTER, period, 24, now - 3 * 86400, month, "USD", (line,),
-                            energy=(("nlp", 123.5, 49.4),), carbon_grams_per_kwh=400.0)
+                            energy=(("nlp", 123.5, 49.4),), carbon_grams_per_kwh=400.0,
+                            more_series={"gpu_utilization_ratio": 2, "gpu_power_watts": 0})
 
 
 

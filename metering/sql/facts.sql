@@ -83,12 +83,13 @@ CREATE OR REPLACE TEMP MACRO gl_scale(raw, held) AS (gl_sec(raw, held) / raw);
 -- duplicated alone), which the samples read cannot tell apart (docs/metering.md, "Several
 -- series for one key"). Asked only of a signal with a key of two series.
 CREATE OR REPLACE TEMP MACRO gl_more_series(t, c) AS TABLE
-SELECT count(*) AS n FROM (
-    SELECT hour, key, count(DISTINCT sh) AS n FROM query_table(t) WHERE gl_in(hour)
-    GROUP BY hour, key HAVING count(DISTINCT sh) > 1) s
+SELECT s.cluster, count(*) AS n FROM (
+    SELECT cluster, hour, key, count(DISTINCT sh) AS n FROM query_table(t) WHERE gl_in(hour)
+    GROUP BY cluster, hour, key HAVING count(DISTINCT sh) > 1) s
 LEFT JOIN (SELECT hour, key, count(DISTINCT sh) AS n FROM query_table(c) WHERE gl_in(hour)
            GROUP BY hour, key) u USING (hour, key)
-WHERE s.n > coalesce(u.n, 0);
+WHERE s.n > coalesce(u.n, 0)
+GROUP BY s.cluster;
 
 -- step: spans
 -- A key with several series in an hour sums them where they follow each other (exporter
