@@ -408,6 +408,8 @@ class _Writer:
 # the steps it takes.
 _SPAN_COUNTS = frozenset(("up_count", "mig_count", "alloc_count"))
 _DEDUP_STEPS = frozenset(("spans", "held"))
+_COUNTED = frozenset(("device_hours", "mig_hours", "allocation_hours", "workload_hours",
+                      "grant_hours"))
 # The signals a key's series are added up in (integrals, energy increases), each with its
 # family and the count signal of its key, whose series de-duplication sees (gl_more_series).
 _COUNT_OF = {s.key: s.name for s in SIGNALS if s.name in _SPAN_COUNTS}
@@ -434,8 +436,6 @@ def describe_more_series(more: Mapping[tuple[str, str], int]) -> str:
             f"values added up: {where}. Right where the series followed each other (a "
             f"relabel of that family alone), twice the value where they overlapped (a scrape "
             f"job keeping only that family): docs/metering.md, \"Several series for one key\"")
-_COUNTED = frozenset(("device_hours", "mig_hours", "allocation_hours", "workload_hours",
-                      "grant_hours"))
 FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours",
                "coverage")
 
