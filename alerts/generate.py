@@ -143,6 +143,8 @@ EXAMPLE_CARBON_INTENSITY_G_PER_KWH = 400.0
 CARBON_INTENSITY = publish.CARBON_INTENSITY
 TEAM_ENERGY_KWH = publish.ENERGY
 TEAM_CARBON_KG = publish.CO2E
+# Hours the last metering run added up a family's series that its count family lacks.
+METERING_MORE_SERIES = publish.MORE_SERIES
 METERING_ENERGY_PUSHES = (CARBON_INTENSITY, TEAM_ENERGY_KWH, TEAM_CARBON_KG)
 JOULES_PER_KWH = 3.6e6
 
@@ -533,7 +535,7 @@ def alert_groups(config: Config = DEFAULT_CONFIG) -> tuple[tuple[str, tuple[Aler
         # the key's count family. The samples cannot tell a relabel of that family alone
         # (right) from a scrape job copying it (twice the value): a person must look.
         Alert("GpuLedgerMeteringSeriesAddedUp", "warning",
-              f"{publish.MORE_SERIES}{{{M}}} > 0", "0m",
+              f"{METERING_MORE_SERIES}{{{M}}} > 0", "0m",
               "GPU metering added up series of one family that gpu_up does not have",
               "The last `gpu-ledger meter` run of cluster {{ $labels.cluster }} added up "
               "{{ $labels.family }} over more series than the GPU's, MIG instance's or "

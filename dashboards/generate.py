@@ -44,6 +44,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from alerts.generate import (
     JOULES_PER_KWH,
+    METERING_MORE_SERIES,
     TEAM_CARBON_KG,
     TEAM_ENERGY_KWH,
     fleet_heading_over,
@@ -600,6 +601,13 @@ def cost() -> Board:
             f"(gpu_ledger_meter_last_success_timestamp_seconds{{{CL}}})) / 3600", "{{cluster}}")],
           width=6, height=8, description="Per cluster, since its last successful `gpu-ledger "
           "meter` run (alert GpuLedgerMeteringStale).")
+    b.add(tab("Series added up that gpu_up does not have (last metering run)"),
+          [(f"sum by (cluster, family) ({METERING_MORE_SERIES}{{{CL}}}) > 0", "")],
+          width=24, height=6, description="Per cluster and family, the GPU-, MIG-instance- or "
+          "container-hours in which the last `gpu-ledger meter` run added up more series of "
+          "the family than the key's gpu_up, gpu_mig_info or gpu_container_allocation had: "
+          "right where they followed each other, twice the value where they overlapped. "
+          "Empty when none (alert GpuLedgerMeteringSeriesAddedUp; docs/runbooks.md).")
     return b
 
 
