@@ -324,17 +324,15 @@ class _Writer:
         names = [s.name for s in SIGNALS]
         seen: set[str] = set()
         shared = False  # a count signal's key has two series (spans merged, rows picked)
-        plural = False  # some signal's key has two series (its per-key aggregate groups)
-        plural_signals: list[str] = []
+        plural: list[str] = []  # signals with a key of two series (their aggregates group)
         try:
             for spec in SIGNALS:
                 table, found = _tag_clusters(signals.get(spec.name, empty_signal(spec)), scope)
                 seen |= found
                 con.register(spec.name, table)
                 if _shares_keys(table):
-                    plural = True
                     shared = shared or spec.name in _SPAN_COUNTS
-                    plural_signals.append(spec.name)
+                    plural.append(spec.name)
             for name in sorted(seen):
                 problem = cluster_name_problem(name)
                 if problem:
@@ -371,12 +369,9 @@ class _Writer:
             con.execute(sql.query("pick_grouped" if shared else "pick_single"))
             con.execute(sql.query("agg_rows"))
             con.execute(sql.query("agg_grouped" if plural else "agg_single"))
-            for name in plural_signals:
-                spec_of = _ADDED_UP.get(name)
-                if spec_of is None:
-                    continue
-                family, count = spec_of
-                more = self.counts.more_series
+            more = self.counts.more_series
+            for name in (n for n in plural if n in _ADDED_UP):
+                family, count = _ADDED_UP[name]
                 for cluster, n in con.execute(
                         f"FROM gl_more_series('{name}', '{count}')").fetchall():
                     where = (str(cluster), family)
@@ -410,6 +405,8 @@ _SPAN_COUNTS = frozenset(("up_count", "mig_count", "alloc_count"))
 _DEDUP_STEPS = frozenset(("spans", "held"))
 _COUNTED = frozenset(("device_hours", "mig_hours", "allocation_hours", "workload_hours",
                       "grant_hours"))
+FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours",
+               "coverage")
 # The signals a key's series are added up in (integrals, energy increases), each with its
 # family and the count signal of its key, whose series de-duplication sees (gl_more_series).
 _COUNT_OF = {s.key: s.name for s in SIGNALS if s.name in _SPAN_COUNTS}
@@ -436,8 +433,6 @@ def describe_more_series(more: Mapping[tuple[str, str], int]) -> str:
             f"values added up: {where}. Right where the series followed each other (a "
             f"relabel of that family alone), twice the value where they overlapped (a scrape "
             f"job keeping only that family): docs/metering.md, \"Several series for one key\"")
-FACT_TABLES = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours",
-               "coverage")
 
 
 # Why node groups are staged: in one transaction DuckDB holds every group's inserted facts in
