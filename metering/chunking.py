@@ -41,21 +41,24 @@ class ChunkChoice:
     series: int  # estimated series per hour, over every signal
     groups: int  # node groups per chunk, estimated before any answer
     budget_bytes: int
+    why: str = ""  # why the length is not the default
 
     def describe(self) -> str:
         gib = 1 << 30
         split = (f" in ~{self.groups} node groups" if self.groups > 1 else "")
-        return (f"chunks of {self.hours} h{split} (automatic: ~{self.series:,} series per "
+        why = f"{self.why}; " if self.why else ""
+        return (f"chunks of {self.hours} h{split} (automatic: {why}~{self.series:,} series per "
                 f"hour estimated, peak within a {self.budget_bytes / gib:.1f} GiB budget; "
                 "--chunk HOURS overrides the length)")
 
 
-def choose_chunk(series: int, budget: int) -> ChunkChoice:
-    """DEFAULT_CHUNK_HOURS, in as many node groups as `series` (per hour, every signal)
-    need to stay within `budget`."""
-    points = series * (DEFAULT_CHUNK_HOURS + 1)
+def choose_chunk(series: int, budget: int, hours: int = DEFAULT_CHUNK_HOURS, why: str = ""
+                 ) -> ChunkChoice:
+    """Chunks of `hours` (DEFAULT_CHUNK_HOURS unless the caller says `why`), in as many
+    node groups as `series` (per hour, every signal) need to stay within `budget`."""
+    points = series * (hours + 1)
     groups = max(1, -(-points // points_within(budget)))
-    return ChunkChoice(DEFAULT_CHUNK_HOURS, series, groups, budget)
+    return ChunkChoice(hours, series, groups, budget, why)
 
 
 def memory_budget(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-delay", type=float, default=0.5, metavar="SECONDS",
                    help="first backoff, doubled on each retry (default 0.5)")
     p.add_argument("--chunk", type=int, default=None, metavar="HOURS",
-                   help="hours per range query and per write of the facts (default 72; a "
+                   help="hours per range query and per write of the facts (default 72, or "
+                        "the month where every signal's recorded series are read natively; a "
                         "chunk over ingest's memory budget is fetched in node groups, not "
                         "shortened)")
     p.add_argument("--jobs", default="1", metavar="N|auto",
@@ -264,6 +265,10 @@ def _run(args: argparse.Namespace) -> int:
                 say(f"meter: {settled}")
         if isinstance(source, PrometheusSource):  # node groups keep the budget, --chunk or not
             source.planner.memory_points = float(points_within(memory_budget()))
+            # The automatic chunk asks about recorded series as the run will read them.
+            source.recorded.mode = RecordedMode(args.recorded)
+            source.planner.recorded_read = RecordedRead(args.recorded_read)
+            source.planner.on_fallback = say
         chunk = args.chunk or _auto_chunk(source, period, say)
         progress = Progress(-(-period.hours // chunk), quiet=args.quiet)
         fresh = not Path(args.db).exists()

@@ -83,7 +83,9 @@ def merge(parts: Sequence[Matrix]) -> Matrix:
                           if len(p.sid) else np.zeros(0, np.int64) for p in parts])
     t = np.concatenate([p.t for p in parts])
     v = np.concatenate([p.v for p in parts])
-    order = np.lexsort((np.arange(len(sid)), sid))  # by series, then piece order (time)
+    # By series, then piece order (time): a stable sort, which merges the pieces' runs of
+    # ascending series in linear time.
+    order = np.argsort(sid, kind="stable")
     return Matrix(labels, list(index), sid[order], t[order], v[order])
 
 

@@ -34,13 +34,14 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import numpy as np
 
 from metering import matrix, vmexport, vmnative
 from metering.chunking import DEFAULT_INGEST_BUDGET, INGEST_BYTES_PER_POINT, points_within
 from metering.matrix import Matrix
-from metering.period import Period
+from metering.period import Month, Period, utc_aware
 from metering.promclient import Answer, PromClient, PromError
 from metering.signals import HOUR_S, RECORDED_PREFIX, RECORDED_SUFFIX, SIGNALS, SignalSpec
 from metering.vmexport import EXPORT_PATH, RecordedRead
@@ -181,6 +182,9 @@ class Answered:
     answer: Answer
     exported: bool = False  # an /api/v1/export answer (metering.vmexport), not a matrix
     native: bool = False  # of /api/v1/export/native (metering.vmnative)
+    # hours read apart from the whole months of a node group (_month_pieces): their series
+    # are those of a few hours, not the chunk's, so they are not learned from
+    learn: bool = True
 
 
 @dataclass(frozen=True)
@@ -699,11 +703,16 @@ class QueryPlanner:
         self.stats.signal_queries += 1
         self.stats.recorded += recorded
         exported = recorded and self.exports()
-        native = exported and group is None and self.reads_native(spec)  # groups: JSON lines
-        native_planned = int(native)
-        path = NATIVE_PATH if native else EXPORT_PATH
+        native = exported and group is None and self.reads_native(spec)
+        # A node group reads natively only its whole calendar months (_month_pieces): a
+        # native answer holds whole blocks, and a block lies in one month's partition.
+        months = exported and group is not None and self.reads_native(spec)
+        if months:
+            pieces = [q for p in pieces for q in _month_pieces(p)]
+            months = any(map(_whole_month, pieces))
+        native_planned = int(native or months)
         self.stats.exported += exported
-        self.stats.native += native
+        self.stats.native += native_planned
         answered: list[Piece] = []
         todo = list(reversed(pieces))
         while todo:
@@ -716,9 +725,11 @@ class QueryPlanner:
                 if native and group is None and piece == Piece(None, first, last):
                     answer = self._period_answer(spec, promql, chunk, nodes)
                     if answer is None and not self.reads_native(spec):  # did not fit
-                        native, path = False, EXPORT_PATH
+                        native = False
                         self.stats.native -= native_planned
                         native_planned = 0
+                piece_native = native or (months and _whole_month(piece))
+                path = NATIVE_PATH if piece_native else EXPORT_PATH
                 if answer is not None:
                     pass
                 elif exported:
@@ -741,7 +752,7 @@ class QueryPlanner:
                     # -search.maxExportSeries can trip on the name alone, whatever the node
                     # matcher: the rest of this signal-chunk is read by range queries over
                     # the same recorded series (the same points, another limit).
-                    exported = native = False
+                    exported = native = months = False
                     self.stats.exported -= 1
                     self.stats.native -= native_planned
                     self.stats.export_refused += 1
@@ -765,7 +776,8 @@ class QueryPlanner:
                 continue
             self.stats.queries += 1
             answered.append(piece)
-            yield Answered(spec, piece, promql, answer, exported, native)
+            yield Answered(spec, piece, promql, answer, exported, exported and piece_native,
+                           learn=not months or piece_native)
         shards = {p.nodes for p in answered}
         self.stats.max_shards = max(self.stats.max_shards, len(shards))
         self.stats.max_time_pieces = max(
@@ -778,8 +790,9 @@ class QueryPlanner:
         not a well-formed matrix (then its problem is a PromError naming the query); learned
         from. `seen`: label maps decoded before (metering.matrix.read, vmexport.read)."""
         m = self._decode(sent, seen)
-        with self._lock:
-            self._learn(sent.spec, m)
+        if sent.learn:
+            with self._lock:
+                self._learn(sent.spec, m)
         return m
 
     def _decode(self, sent: Answered, seen: matrix.Labels | None) -> Matrix:
@@ -963,6 +976,27 @@ def _time_ranges(first: int, last: int, hours: int) -> list[tuple[int, int]]:
         out.append((a, b))
         a = b + HOUR_S
     return out
+
+
+def _month_pieces(piece: Piece) -> list[Piece]:
+    """The piece cut where its samples pass from one calendar month to the next: evaluation
+    hour E reads the samples of [E, E + 1h) (vmexport.params), so each piece's samples lie in
+    one month."""
+    out: list[Piece] = []
+    a = piece.first
+    while a <= piece.last:
+        month = Month.of(datetime.fromtimestamp(a, UTC))
+        b = min(int(utc_aware(month.end).timestamp()) - HOUR_S, piece.last)
+        out.append(Piece(piece.nodes, a, b))
+        a = b + HOUR_S
+    return out
+
+
+def _whole_month(piece: Piece) -> bool:
+    """Whether the piece's samples, [first, last + 1h), are one whole calendar month."""
+    month = Month.of(datetime.fromtimestamp(piece.first, UTC))
+    return (piece.first == int(utc_aware(month.start).timestamp())
+            and piece.last + HOUR_S == int(utc_aware(month.end).timestamp()))
 
 
 def _describe(piece: Piece) -> str:

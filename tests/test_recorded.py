@@ -505,3 +505,42 @@ def test_a_period_whose_hourly_points_do_not_fit_is_decoded_once_then_json_lines
     assert short == "hours" or "over the memory budget read as JSON lines" in summary, summary
     assert "recorded series read as JSON lines" not in out, out  # no decoder problem said
     assert _same_ledger(raw, rec) > 400
+
+
+def test_a_month_in_node_groups_reads_each_series_month_natively_once(
+        samples: list[tuple[str, int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A calendar month whose every signal is recorded and read natively is one chunk (a
+    recorded series' month lies in whole blocks, which a native answer holds), fetched in
+    node groups within the memory budget (here a small one: several groups). Each group's
+    month is one native request; the month's last evaluation hour, whose samples lie in the
+    next month's blocks, is read as JSON lines. The bill is the raw one, fact for fact."""
+    import metering.cli_meter
+    monkeypatch.setattr(metering.cli_meter, "memory_budget", lambda: 40 << 20)
+    month = ["--month", "2026-10", "--retries", "0", "-v"]
+    raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, "2026-09-30T23:17:00Z", "2026-11-01T00:59:00Z",
+                tmp_path / "replay.log")
+        outs = []
+        for db, extra in ((raw, ["--recorded", "never"]),
+                          (rec, ["--recorded", "only", "--recorded-read", "native"])):
+            err = io.StringIO()
+            with redirect_stderr(err):
+                rc = main(["--prometheus", url, "--db", str(db), *month, *extra])
+            assert rc == 0, err.getvalue()
+            outs.append(err.getvalue())
+    out = outs[1]
+    assert "chunks of 744 h" in out and "the month in one chunk" in out, out
+    assert "chunks of 72 h" in outs[0], outs[0]
+    summary = next(ln for ln in out.splitlines() if ln.startswith("meter: queries:"))
+    groups = re.search(r"; (\d+) node group\(s\)", summary)
+    assert groups and int(groups.group(1)) >= 2, summary
+    # every signal of every group: its month natively, its last hour apart
+    read = re.search(r"(\d+) of them read by VictoriaMetrics' /api/v1/export \((\d+) as "
+                     r"/api/v1/export/native\)", summary)
+    assert read and read.group(1) == read.group(2) == str(int(groups.group(1)) * len(SIGNALS)), \
+        summary
+    assert "x 2 time range(s) per signal" in summary, summary
+    assert "Traceback" not in out
+    assert _same_ledger(raw, rec) > 400
