@@ -507,13 +507,16 @@ def test_a_period_whose_hourly_points_do_not_fit_is_decoded_once_then_json_lines
     assert _same_ledger(raw, rec) > 400
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
 def test_a_month_in_node_groups_reads_each_series_month_natively_once(
-        samples: list[tuple[str, int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        samples: list[tuple[str, int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        jobs: str) -> None:
     """A calendar month whose every signal is recorded and read natively is one chunk (a
     recorded series' month lies in whole blocks, which a native answer holds), fetched in
-    node groups within the memory budget (here a small one: several groups). Each group's
-    month is one native request; the month's last evaluation hour, whose samples lie in the
-    next month's blocks, is read as JSON lines. The bill is the raw one, fact for fact."""
+    node groups within the memory budget (here a small one: several groups), by this process
+    or by worker processes over node slices. Each group's month is one native request; the
+    month's last evaluation hour, whose samples lie in the next month's blocks, is read as
+    JSON lines. The bill is the raw one, fact for fact."""
     import metering.cli_meter
     monkeypatch.setattr(metering.cli_meter, "memory_budget", lambda: 40 << 20)
     month = ["--month", "2026-10", "--retries", "0", "-v"]
@@ -527,7 +530,8 @@ def test_a_month_in_node_groups_reads_each_series_month_natively_once(
                           (rec, ["--recorded", "only", "--recorded-read", "native"])):
             err = io.StringIO()
             with redirect_stderr(err):
-                rc = main(["--prometheus", url, "--db", str(db), *month, *extra])
+                rc = main(["--prometheus", url, "--db", str(db), "--jobs", jobs, *month,
+                           *extra])
             assert rc == 0, err.getvalue()
             outs.append(err.getvalue())
     out = outs[1]
