@@ -708,8 +708,9 @@ class QueryPlanner:
         # native answer holds whole blocks, and a block lies in one month's partition.
         months = exported and group is not None and self.reads_native(spec)
         if months:
-            pieces = [q for p in pieces for q in _month_pieces(p)]
-            months = any(map(_whole_month, pieces))
+            split = [q for p in pieces for q in _month_pieces(p)]
+            months = any(map(_whole_month, split))
+            pieces = split if months else pieces
         native_planned = int(native or months)
         self.stats.exported += exported
         self.stats.native += native_planned

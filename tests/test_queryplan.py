@@ -6,6 +6,7 @@ facts and the same bill as an unsplit run."""
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import conftest_prom
@@ -25,7 +26,9 @@ from metering.queryplan import (
     Piece,
     QueryPlanner,
     Refusal,
+    _month_pieces,
     _time_ranges,
+    _whole_month,
 )
 from metering.signals import SIGNALS
 
@@ -304,3 +307,27 @@ def test_node_groups_fit_the_stores_limits_without_a_refusal(
                      "--recorded", "never", "--verbose")
     assert "refused" not in out and "node group(s)" in out, out
     _same_ledger(plain, limited)
+
+
+def test_a_node_groups_pieces_are_cut_where_their_samples_change_month() -> None:
+    """Evaluation hour E reads the samples of [E, E+1h): a month's chunk (its evaluation
+    hours Oct 1 00:00 to Nov 1 00:00) is October's samples, read natively as whole blocks,
+    and the first hour of November's; a chunk within a month is not cut and not whole."""
+    def ts(*when: int) -> int:
+        return int(datetime(*when, tzinfo=UTC).timestamp())
+
+    month = Piece(("a",), ts(2026, 10, 1), ts(2026, 11, 1))
+    cut = _month_pieces(month)
+    assert cut == [Piece(("a",), ts(2026, 10, 1), ts(2026, 10, 31, 23)),
+                   Piece(("a",), ts(2026, 11, 1), ts(2026, 11, 1))]
+    assert [_whole_month(p) for p in cut] == [True, False]
+    across = _month_pieces(Piece(None, ts(2026, 9, 29, 5), ts(2026, 12, 2)))
+    assert [(p.first, p.last) for p in across] == [
+        (ts(2026, 9, 29, 5), ts(2026, 9, 30, 23)), (ts(2026, 10, 1), ts(2026, 10, 31, 23)),
+        (ts(2026, 11, 1), ts(2026, 11, 30, 23)), (ts(2026, 12, 1), ts(2026, 12, 2))]
+    assert [_whole_month(p) for p in across] == [False, True, True, False]
+    inside = Piece(None, ts(2026, 10, 4), ts(2026, 10, 7))
+    assert _month_pieces(inside) == [inside] and not _whole_month(inside)
+    # February of a leap year: 29 days
+    assert _whole_month(Piece(None, ts(2028, 2, 1), ts(2028, 2, 29, 23)))
+    assert not _whole_month(Piece(None, ts(2028, 2, 1), ts(2028, 2, 28, 23)))
