@@ -287,7 +287,8 @@ class HttpServer:
             log.exception("serving %s", client)
         finally:
             self._release(conn)
-            writer.transport.abort()
+            if not _gone(writer):
+                writer.transport.abort()
 
     async def _serve(self, conn: _Conn, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> None:
@@ -296,8 +297,17 @@ class HttpServer:
         deadline = loop.time() + lim.head_timeout  # first request: from accept
         peercert: dict[str, object] | None = None
         if self.tls is not None:
-            async with asyncio.timeout_at(deadline):
-                await writer.start_tls(self.tls())
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await writer.start_tls(self.tls())
+            except AttributeError:
+                # The client closed as the handshake completed: start_tls kept no transport
+                # and then read one (StreamReaderProtocol._replace_writer of CPython 3.11,
+                # which the image runs).
+                if not _gone(writer):
+                    raise
+                log.debug("connection from %s: closed as its TLS handshake ended", conn.client)
+                return
             peercert = writer.get_extra_info("peercert")
             if self.peer_ok is not None and not self.peer_ok(peercert):
                 log.info("client %s: certificate SAN not in client_allowed_sans", conn.client)
@@ -465,3 +475,11 @@ def _keep_alive(request: Request) -> bool:
     if request.version == "HTTP/1.0":
         return "keep-alive" in tokens
     return "close" not in tokens
+
+
+def _gone(writer: asyncio.StreamWriter) -> bool:
+    """Whether the writer has no transport: the client closed while its TLS handshake
+    completed, and loop.start_tls returned None (CPython issue 105993, by design), which
+    StreamWriter.start_tls keeps as the writer's transport."""
+    transport: asyncio.WriteTransport | None = writer.transport
+    return transport is None

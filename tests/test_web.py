@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio.base_events
 import base64
 import gzip
 import http.client
+import logging
 import os
 import socket
 import ssl
@@ -355,6 +357,40 @@ def test_require_and_verify_client_cert(tmp_path: Path, pki: Path) -> None:
             fetch(server, ctx=client_ctx(pki, "rogue"))
         status, _, body = fetch(server, ctx=client_ctx(pki, "client"))
         assert (status, body) == (200, TEXT_BODY)
+
+
+# CPython's StreamWriter.__del__ reads the transport that start_tls left as None: its own
+# complaint when the writer is collected, not the server's.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_client_gone_as_its_tls_handshake_ends_is_dropped_quietly(
+        tmp_path: Path, pki: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """loop.start_tls returns None where the connection was lost while the handshake
+    completed (CPython issue 105993: by design), and StreamWriter.start_tls keeps that None
+    as the writer's transport. Such a connection is dropped without a logged traceback, and
+    the next client is served."""
+    real = asyncio.base_events.BaseEventLoop.start_tls
+    calls: list[int] = []
+
+    async def lost_first(self: asyncio.base_events.BaseEventLoop, transport: Any,
+                         *args: Any, **kwargs: Any) -> Any:
+        tls = await real(self, transport, *args, **kwargs)
+        calls.append(1)
+        if len(calls) > 1:
+            return tls
+        tls.abort()  # the client gone: what start_tls then returns
+        return None
+
+    monkeypatch.setattr(asyncio.base_events.BaseEventLoop, "start_tls", lost_first)
+    caplog.set_level(logging.DEBUG)
+    with serving(tls_config(tmp_path, pki)) as server:
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+            fetch(server, ctx=client_ctx(pki))
+        status, _, body = fetch(server, ctx=client_ctx(pki))
+    assert (status, body) == (200, TEXT_BODY) and len(calls) == 2
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], \
+        [r.getMessage() for r in caplog.records]
+    assert any("closed as its TLS handshake ended" in r.getMessage() for r in caplog.records)
 
 
 def test_client_allowed_sans(tmp_path: Path, pki: Path) -> None:
