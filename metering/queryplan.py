@@ -703,10 +703,11 @@ class QueryPlanner:
         self.stats.signal_queries += 1
         self.stats.recorded += recorded
         exported = recorded and self.exports()
-        native = exported and group is None and self.reads_native(spec)
+        reads_native = exported and self.reads_native(spec)
+        native = reads_native and group is None
         # A node group reads natively only its whole calendar months (_month_pieces): a
         # native answer holds whole blocks, and a block lies in one month's partition.
-        months = exported and group is not None and self.reads_native(spec)
+        months = reads_native and group is not None
         if months:
             split = [q for p in pieces for q in _month_pieces(p)]
             months = any(map(_whole_month, split))
@@ -777,7 +778,7 @@ class QueryPlanner:
                 continue
             self.stats.queries += 1
             answered.append(piece)
-            yield Answered(spec, piece, promql, answer, exported, exported and piece_native,
+            yield Answered(spec, piece, promql, answer, exported, piece_native,
                            learn=not months or piece_native)
         shards = {p.nodes for p in answered}
         self.stats.max_shards = max(self.stats.max_shards, len(shards))
@@ -986,8 +987,7 @@ def _month_pieces(piece: Piece) -> list[Piece]:
     out: list[Piece] = []
     a = piece.first
     while a <= piece.last:
-        month = Month.of(datetime.fromtimestamp(a, UTC))
-        b = min(int(utc_aware(month.end).timestamp()) - HOUR_S, piece.last)
+        b = min(_month_bounds(a)[1] - HOUR_S, piece.last)
         out.append(Piece(piece.nodes, a, b))
         a = b + HOUR_S
     return out
@@ -995,9 +995,13 @@ def _month_pieces(piece: Piece) -> list[Piece]:
 
 def _whole_month(piece: Piece) -> bool:
     """Whether the piece's samples, [first, last + 1h), are one whole calendar month."""
-    month = Month.of(datetime.fromtimestamp(piece.first, UTC))
-    return (piece.first == int(utc_aware(month.start).timestamp())
-            and piece.last + HOUR_S == int(utc_aware(month.end).timestamp()))
+    return _month_bounds(piece.first) == (piece.first, piece.last + HOUR_S)
+
+
+def _month_bounds(t: int) -> tuple[int, int]:
+    """[start, end) of the calendar month holding unix time `t`, in unix seconds."""
+    month = Month.of(datetime.fromtimestamp(t, UTC))
+    return int(utc_aware(month.start).timestamp()), int(utc_aware(month.end).timestamp())
 
 
 def _describe(piece: Piece) -> str:
