@@ -9,6 +9,7 @@ never sees a query, an answer or a split.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from metering.period import Month, Period
 from metering.prefetch import Prefetcher
 from metering.promclient import PromClient, PromError
 from metering.queryplan import Answered, Limits, Piece, QueryPlanner, Refusal, Sent, SignalSent
-from metering.recorded import Choice, RecordedMissing, RecordedMode, RecordedProbe
+from metering.recorded import Choice, RecordedMissing, RecordedMode, RecordedProbe, Sampled
 from metering.selector import DEFAULT_SELECTOR, EXPORTER_SELECTOR, Screened, Selector
 from metering.signals import FAMILIES, HOUR_S, SIGNALS, SignalSpec, plausible
 
@@ -51,7 +52,7 @@ class PrometheusSource:
         self.selector = selector  # only these series are metered
         # Splits each signal's chunk query by node shard and time to fit the store's limits.
         self.planner = QueryPlanner(client, limits, selector=selector.promql())
-        self._window: str | None = None
+        self._left_open: bool | None = None  # range selectors exclude their start (Prometheus 3)
         self.screened = Screened()
         self._stream: Prefetcher[Sent | GroupSent | ChunkSent | Chosen] | None = None
         self._queries = 0
@@ -107,7 +108,8 @@ class PrometheusSource:
                 period != Month.of(period.start).period():
             return False
         try:
-            choice = self.recorded.choose(period, self.planner.nodes(period))
+            choice = self.recorded.choose(period, self.planner.nodes(period),
+                                         self._sampled(period))
             return len(choice.recorded) == len(SIGNALS) and self.planner.exports() \
                 and self.planner.native()
         except (RecordedMissing, PromError):
@@ -167,10 +169,22 @@ class PrometheusSource:
     def window(self) -> str:
         """Range selector covering exactly (T-1h, T]. Prometheus 3 range windows are left-open;
         Prometheus 2 includes both ends, so 1h minus a millisecond there (timestamps are ms)."""
-        if self._window is None:
+        return "1h" if self._range_left_open() else "3599999ms"
+
+    def span(self, seconds: int) -> str:
+        """Range selector covering exactly (T-seconds, T], as `window` does the hour."""
+        return f"{seconds}s" if self._range_left_open() else f"{seconds * 1000 - 1}ms"
+
+    def _range_left_open(self) -> bool:
+        if self._left_open is None:
             major = self.client.major_version()
-            self._window = "1h" if major is not None and major >= 3 else "3599999ms"
-        return self._window
+            self._left_open = major is not None and major >= 3
+        return self._left_open
+
+    def _sampled(self, chunk: Period) -> Sampled:
+        """Of some nodes, those with samples the chunk's raw reads take: (first - 1h, last]."""
+        seconds = int((chunk.end - chunk.start).total_seconds()) + HOUR_S
+        return functools.partial(self.planner.nodes_sampled, chunk, span=self.span(seconds))
 
     def prefetching(self, chunks: Sequence[Period]) -> AbstractContextManager[None]:
         """While in this context, the queries of `chunks` (in that order, which `fetch` must
@@ -212,7 +226,7 @@ class PrometheusSource:
         self._check_foreign(chunk)
         nodes = self.planner.nodes(chunk)
         probing = self.client.queries
-        choice = self.recorded.choose(chunk, nodes)
+        choice = self.recorded.choose(chunk, nodes, self._sampled(chunk))
         probes = self.client.queries - probing
         self.planner.stats.probes += probes
         self.planner.stats.recorded_partly += 0 < len(choice.recorded) < len(SIGNALS)

@@ -158,7 +158,7 @@ class SplitStats:
                     "recorded hourly series")
             why += (f" ({self.recorded_partly} chunk(s) partly recorded, their other "
                     "signals raw)" if self.recorded_partly else "")
-            why += f", checked by {self.probes} marker query(ies)"
+            why += f", checked by {self.probes} probe query(ies)"
             why += (f"; {self.exported} of them read by VictoriaMetrics' {EXPORT_PATH}"
                     if self.exported else "")
             why += (f" ({self.native} as {NATIVE_PATH}"
@@ -462,6 +462,32 @@ class QueryPlanner:
             raise
         self.stats.lookups += 1
         return set(values)
+
+    def nodes_sampled(self, chunk: Period, nodes: Sequence[str], span: str) -> set[str]:
+        """Those of `nodes` with a sample of a metered family that the chunk's raw reads take:
+        within `span` before its last evaluation. Exact where `nodes` (label lookups) is not:
+        VictoriaMetrics looks label values up by day and Prometheus by block, so a node gone
+        at midnight is listed for the next day too. Counts only these nodes' samples, family
+        by family (Prometheus 2 refuses one range over several names: two families' series
+        differ by name only), in batches of names that fit the length limit, and stops at
+        the first batch with any (one such node sends the chunk raw; a cluster without the
+        rules is not counted whole for it)."""
+        families = sorted({s.family for s in SIGNALS})
+        room = (self.limits.max_query_bytes - 1024) // len(families)
+        found: set[str] = set()
+        for batch in _by_length(sorted({n for n in nodes if n}), room):
+            matcher = Piece(batch, 0, 0).matcher()
+            counts = []
+            for family in families:
+                selector = self._with_selector(f'__name__="{family}"', matcher)
+                counts.append(f"count by ({SHARD_LABEL}) (count_over_time({selector}[{span}]))")
+            for series in self.client.query(" or ".join(counts), chunk.end):
+                metric = series.get("metric") if isinstance(series, dict) else None
+                if isinstance(metric, dict):
+                    found.add(str(metric.get(SHARD_LABEL, "")))
+            if found & set(batch):
+                break
+        return found & set(nodes)
 
     # --- node groups ----------------------------------------------------------------------
     # A chunk's answers are held in memory until its facts are written. Rather than shorter
@@ -962,6 +988,21 @@ class QueryPlanner:
 def _alternative(node: str) -> str:
     """A node name as one alternative of the shard matcher's regex, quoted for PromQL."""
     return _REGEX_META.sub(r"\\\1", node).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _by_length(names: Sequence[str], room: int) -> list[tuple[str, ...]]:
+    """`names` in order, cut where a batch's shard matcher would pass `room` bytes."""
+    batches: list[tuple[str, ...]] = []
+    batch: list[str] = []
+    size = 0
+    for name in names:
+        cost = len(_alternative(name)) + 1
+        if batch and size + cost > room:
+            batches.append(tuple(batch))
+            batch, size = [], 0
+        batch.append(name)
+        size += cost
+    return [*batches, tuple(batch)] if batch else batches
 
 
 def _first_line(body: bytes) -> str:

@@ -15,7 +15,11 @@ as reading it raw:
   e.g. one cluster of a global store, reads the whole chunk raw).
 
 Two index lookups' worth per chunk: one range query over the markers (a few series) and one
-label-values call. A store without the rules therefore bills exactly as before.
+label-values call; where that lists nodes with raw series but none recorded, one count of
+those nodes' raw samples within the chunk's reads, because label lookups are coarser than a
+chunk (VictoriaMetrics' go by day, Prometheus's by block): a node gone at midnight is listed
+for the next day too, and has nothing there to bill. A store without the rules therefore
+bills exactly as before.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from metering.errors import SourceError
@@ -38,6 +42,11 @@ from metering.signals import (
     RECORDED_SUFFIX,
     SIGNALS,
 )
+
+# Of the nodes given, those with raw samples that the chunk's reads take, counted exactly (not
+# a label lookup): none, or some of them (it may stop at the first it finds; one is enough to
+# read the chunk raw). metering.queryplan.QueryPlanner.nodes_sampled.
+Sampled = Callable[[Sequence[str]], set[str]]
 
 
 class RecordedMode(enum.StrEnum):
@@ -76,17 +85,20 @@ class RecordedProbe:
         self.client = client
         self.mode = mode
 
-    def choose(self, chunk: Period, raw_nodes: Sequence[str] | None) -> Choice:
+    def choose(self, chunk: Period, raw_nodes: Sequence[str] | None, sampled: Sampled
+               ) -> Choice:
         """The chunk's choice. `raw_nodes`: nodes with raw series in the chunk (the
-        planner's lookup), None where they could not be listed."""
+        planner's lookup), None where they could not be listed; `sampled` tells which of
+        some nodes have raw samples there."""
         if self.mode is RecordedMode.NEVER:
             return Choice(frozenset(), "--recorded never", none_deployed=True)
-        choice = self._probe(chunk, raw_nodes)
+        choice = self._probe(chunk, raw_nodes, sampled)
         if self.mode is RecordedMode.ONLY and len(choice.recorded) < len(SIGNALS):
             raise RecordedMissing(f"--recorded only: {chunk.label()}: {choice.why}")
         return choice
 
-    def _probe(self, chunk: Period, raw_nodes: Sequence[str] | None) -> Choice:
+    def _probe(self, chunk: Period, raw_nodes: Sequence[str] | None, sampled: Sampled
+               ) -> Choice:
         first, last = int(chunk.start.timestamp()), int(chunk.end.timestamp())
         promql = markers_promql()
         try:
@@ -112,7 +124,7 @@ class RecordedProbe:
         names = frozenset(n for n, ok in complete.items() if ok) & {s.name for s in SIGNALS}
         missing = [s.name for s in SIGNALS if s.name not in names]
         if names:
-            problem = self._nodes_problem(first, last, raw_nodes)
+            problem = self._nodes_problem(first, last, raw_nodes, sampled)
             if problem:
                 return Choice(frozenset(), problem)
         if missing:
@@ -120,7 +132,8 @@ class RecordedProbe:
                                  f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''})")
         return Choice(names)
 
-    def _nodes_problem(self, first: int, last: int, raw_nodes: Sequence[str] | None) -> str:
+    def _nodes_problem(self, first: int, last: int, raw_nodes: Sequence[str] | None,
+                       sampled: Sampled) -> str:
         """Why the recorded series cannot stand for the raw ones (nodes with raw series but
         none recorded), or ''."""
         if raw_nodes is None:
@@ -138,10 +151,17 @@ class RecordedProbe:
         except PromError as exc:
             return f"nodes of the recorded series not listed ({exc})"
         lacking = sorted(set(raw_nodes) - have)
-        if lacking:
-            shown = ", ".join(lacking[:3]) + (", ..." if len(lacking) > 3 else "")
-            return f"{len(lacking)} node(s) with raw series but none recorded ({shown})"
-        return ""
+        if not lacking:
+            return ""
+        unchecked = ""
+        try:
+            lacking = sorted(sampled(lacking))
+        except PromError as exc:
+            unchecked = f"; their samples not counted ({exc})"
+        if not lacking:
+            return ""
+        shown = ", ".join(lacking[:3]) + (", ..." if len(lacking) > 3 else "")
+        return f"{len(lacking)} node(s) with raw series but none recorded ({shown}){unchecked}"
 
     def _node_values(self, names: Sequence[str], start: int, end: int) -> set[str]:
         """Values of `node` on the named series; one name at a time where the store refuses

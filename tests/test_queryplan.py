@@ -6,7 +6,7 @@ facts and the same bill as an unsplit run."""
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import conftest_prom
@@ -16,8 +16,9 @@ from promtools import backfill, running_prometheus, running_victoria, vm_import
 
 from metering.cli_meter import main
 from metering.db import connect
-from metering.period import resolve
+from metering.period import Period, resolve
 from metering.promclient import PromClient, PromError
+from metering.prometheus_source import PrometheusSource
 from metering.queryplan import (
     HOUR_S,
     PRIOR_SERIES_PER_NODE,
@@ -331,3 +332,22 @@ def test_a_node_groups_pieces_are_cut_where_their_samples_change_month() -> None
     # February of a leap year: 29 days
     assert _whole_month(Piece(None, ts(2028, 2, 1), ts(2028, 2, 29, 23)))
     assert not _whole_month(Piece(None, ts(2028, 2, 1), ts(2028, 2, 28, 23)))
+
+
+@pytest.mark.parametrize("first, found", [
+    ("2026-10-05T00:00:00Z", {"node-a", "node-b"}),
+    # The fleet's last samples are at 01:00 on 10-06: the evaluation at 02:00 reads
+    # (01:00, 02:00], which holds none of them; the one at 01:00 reads them.
+    ("2026-10-06T01:00:00Z", {"node-a", "node-b"}),
+    ("2026-10-06T02:00:00Z", set()),
+    ("2026-10-07T00:00:00Z", set()),
+])
+def test_nodes_sampled_counts_the_samples_the_chunks_raw_reads_take(
+        fleet_prom_url: str, first: str, found: set[str]) -> None:
+    """Which listed nodes have raw samples in a chunk is counted over exactly the window the
+    chunk's raw reads cover, (first evaluation - 1h, last], on a real Prometheus 2 (ranges
+    closed at both ends); a node the store never had is not found."""
+    source = PrometheusSource(PromClient(fleet_prom_url, retries=0))
+    start = datetime.fromisoformat(first)
+    chunk = Period(start, start + timedelta(hours=24))
+    assert source._sampled(chunk)(["node-a", "node-b", "node-z"]) == found

@@ -548,3 +548,60 @@ def test_a_month_in_node_groups_reads_each_series_month_natively_once(
     assert "x 2 time range(s) per signal" in summary, summary
     assert "Traceback" not in out
     assert _same_ledger(raw, rec) > 400
+
+
+class _NoCounts(_Proxy):
+    """An instant query's answer (the count of nodes' samples) comes back without its result
+    list, with HTTP 200."""
+
+    def alter(self, body: bytes) -> bytes:
+        if self.path.startswith("/api/v1/query?"):
+            return b'{"status":"success","data":{}}'
+        return body
+
+
+def test_nodes_gone_the_day_before_a_chunk_do_not_send_it_raw(
+        samples: list[tuple[str, int]], tmp_path: Path) -> None:
+    """The fleet's last samples are at 01:00 on 2026-10-06, and the chunk of 10-07 and 10-08
+    starts the next midnight. VictoriaMetrics looks label values up by day, so the chunk's raw
+    listing (from the hour before it, 10-06 23:00) names both nodes, and the recorded one (from
+    10-07) neither. Counting those nodes' raw samples in the chunk's reads finds none: the
+    chunk is read recorded, `--recorded only` passes, and the bill is the raw one. Where that
+    count cannot be read, the chunk is read raw and says why."""
+    four_days = ["--from", "2026-10-05", "--to", "2026-10-09", "--chunk", "48",
+                 "--retries", "0", "-v"]
+    runs = {name: tmp_path / f"{name}.duckdb" for name in ("raw", "only", "uncounted")}
+    outs: dict[str, str] = {}
+    with running_victoria(tmp_path / "vm") as url:
+        vm_import(url, _prometheus_text(samples))
+        _replay(url, METERING_VM_FILE, REPLAY_FROM, "2026-10-09T00:59:00Z",
+                tmp_path / "replay.log")
+        # the coarse lookup this works around, as the store answers it
+        with urllib.request.urlopen(f"{url}/api/v1/label/node/values?match[]=gpu_up"
+                                    "&start=1791327600&end=1791331200", timeout=30) as r:
+            assert b"node-a" in r.read()  # 10-06 23:00..10-07 00:00: no sample, yet listed
+        handler = type("H", (_NoCounts,), {"upstream": url})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        proxied = f"http://127.0.0.1:{server.server_address[1]}"
+        try:
+            for name, at, extra in (("raw", url, ["--recorded", "never"]),
+                                    ("only", url, ["--recorded", "only"]),
+                                    ("uncounted", proxied, [])):
+                err = io.StringIO()
+                with redirect_stderr(err):
+                    rc = main(["--prometheus", at, "--db", str(runs[name]), *four_days,
+                               *extra])
+                assert rc == 0, err.getvalue()
+                outs[name] = err.getvalue()
+        finally:
+            server.shutdown()
+            server.server_close()
+    n = len(SIGNALS)
+    assert f"{2 * n} of {2 * n} signal-chunks from the recorded" in outs["only"], outs["only"]
+    assert ("2026-10-07T00:00Z .. 2026-10-09T00:00Z: raw series: 2 node(s) with raw series "
+            "but none recorded (node-a, node-b); their samples not counted (") \
+        in outs["uncounted"], outs["uncounted"]
+    assert f"{n} of {2 * n} signal-chunks from the recorded" in outs["uncounted"]
+    assert _same_ledger(runs["raw"], runs["only"]) > 400
+    assert _same_ledger(runs["raw"], runs["uncounted"]) > 400
