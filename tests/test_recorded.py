@@ -516,13 +516,21 @@ def test_a_month_in_node_groups_reads_each_series_month_natively_once(
     node groups within the memory budget (here a small one: several groups), by this process
     or by worker processes over node slices. Each group's month is one native request; the
     month's last evaluation hour, whose samples lie in the next month's blocks, is read as
-    JSON lines. The bill is the raw one, fact for fact."""
+    JSON lines. The bill is the raw one, fact for fact. A node that left the fleet on the day
+    before the month (node-gone: node-a's first ten hours, five days earlier) is listed with
+    raw series for the month by VictoriaMetrics' day-granular label lookup, and has no
+    recorded ones there: its samples are counted and found outside the month's reads, so the
+    month is still read in one chunk."""
     import metering.cli_meter
     monkeypatch.setattr(metering.cli_meter, "memory_budget", lambda: 40 << 20)
     month = ["--month", "2026-10", "--retries", "0", "-v"]
     raw, rec = tmp_path / "raw.duckdb", tmp_path / "recorded.duckdb"
+    day0 = min(t for _, t in samples)
+    gone = [(head.replace('node="node-a"', 'node="node-gone"'), t - 5 * 86400)
+            for head, t in samples if 'node="node-a"' in head and t < day0 + 10 * 3600]
+    assert gone
     with running_victoria(tmp_path / "vm") as url:
-        vm_import(url, _prometheus_text(samples))
+        vm_import(url, _prometheus_text(samples + gone))
         _replay(url, METERING_VM_FILE, "2026-09-30T23:17:00Z", "2026-11-01T00:59:00Z",
                 tmp_path / "replay.log")
         outs = []
