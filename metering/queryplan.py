@@ -827,7 +827,7 @@ class QueryPlanner:
         answer = sent.answer
         if sent.exported:
             if sent.native:
-                m = self._from_native(sent)
+                m = self._from_native(sent, seen)
                 if m is not None:
                     return m
                 answer = self._json_export(sent)
@@ -847,7 +847,7 @@ class QueryPlanner:
             raise PromError(f"{self.client.url}: answer to {sent.promql!r} is not {exc}"
                             ) from None
 
-    def _from_native(self, sent: Answered) -> Matrix | None:
+    def _from_native(self, sent: Answered, seen: matrix.Labels | None) -> Matrix | None:
         """A native answer decoded; None where native reads are off or this one is not
         understood (then off for the run)."""
         first, last = sent.piece.first, sent.piece.last
@@ -856,7 +856,7 @@ class QueryPlanner:
         if not on:
             return None
         try:
-            m = self._native_points(sent)
+            m = self._native_points(sent, seen)
             if check:
                 same = _same_points(m, vmexport.read(self._json_export(sent).body, first, last))
                 if not same:
@@ -873,7 +873,7 @@ class QueryPlanner:
                 self._fall_back(f"{self.client.url}: {NATIVE_PATH} of {sent.promql!r}: {exc}")
             return None
 
-    def _native_points(self, sent: Answered) -> Matrix:
+    def _native_points(self, sent: Answered, seen: matrix.Labels | None) -> Matrix:
         """The piece's hourly points of a native answer: of a whole period's, decoded once
         into the period's hourly points, kept until the period's last chunk where they fit
         the memory budget; where they do not, the signal's other chunks read JSON lines
@@ -887,7 +887,7 @@ class QueryPlanner:
             name = next((n for (n, _), a in self._period.items() if a is sent.answer), None)
             hours = self._period_hours.get(key)
         if name is None or self.period is None:
-            return vmnative.read(sent.answer.body, first, last, self.max_native_rows())
+            return vmnative.read(sent.answer.body, first, last, self.max_native_rows(), seen)
         last_chunk = last >= self.period[1]
         if hours is None:
             # Not decoded where its points could not be kept: samples of a recorded series
@@ -897,7 +897,8 @@ class QueryPlanner:
             rows = self.max_native_rows() if last_chunk else min(self.max_native_rows(),
                                                                    max(int(room), 0))
             try:
-                hours = vmnative.hours(vmnative.decode(sent.answer.body, rows), *self.period)
+                hours = vmnative.hours(vmnative.decode(sent.answer.body, rows, seen),
+                                       *self.period)
             except vmnative.TooLarge:
                 self._drop_period(sent.answer, name, off=True)
                 raise

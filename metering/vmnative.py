@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 
 from metering import vmexport
-from metering.matrix import Matrix
+from metering.matrix import Labels, Matrix
 from metering.signals import HOUR_S, series_key
 
 NATIVE_PATH = "/api/v1/export/native"
@@ -90,10 +90,12 @@ class Blocks:
     values: np.ndarray
 
 
-def read(body: bytes, first: int, last: int, max_rows: int | None = None) -> Matrix:
+def read(body: bytes, first: int, last: int, max_rows: int | None = None,
+         seen: Labels | None = None) -> Matrix:
     """The hourly points (time E = each hour start first..last) of a native answer, as
-    metering.vmexport.read gives them from the JSON lines of the same request."""
-    return points(decode(body, max_rows), first, last)
+    metering.vmexport.read gives them from the JSON lines of the same request. `seen`: as
+    for `decode`."""
+    return points(decode(body, max_rows, seen), first, last)
 
 
 def points(b: Blocks, first: int, last: int) -> Matrix:
@@ -161,10 +163,13 @@ _DELTA_CONST, _CONST = 2, 3
 _U32 = struct.Struct(">I").unpack_from
 
 
-def decode(body: bytes, max_rows: int | None = None) -> Blocks:
+def decode(body: bytes, max_rows: int | None = None, seen: Labels | None = None) -> Blocks:
     """Every block of a native answer, samples as VictoriaMetrics reads them (its floats bit
     for bit); Unreadable on anything else. Python walks the blocks' two length prefixes;
-    headers, varints and floats are decoded for all blocks at once (numpy)."""
+    headers, varints and floats are decoded for all blocks at once (numpy). `seen`: label
+    maps decoded before, by their labels' bytes without the metric name, added to: a
+    family's signals are one set of series under several recorded names, so a node group's
+    labels are decoded once, not once per signal (the caller's, e.g. for one group)."""
     if len(body) < 16:
         raise Unreadable(f"{len(body)} bytes: not VictoriaMetrics' native export")
     start_ms, end_ms = (_unzigzag(int.from_bytes(body[i:i + 8], "big")) for i in (0, 8))
@@ -185,7 +190,7 @@ def decode(body: bytes, max_rows: int | None = None) -> Blocks:
         raise Unreadable("truncated between blocks") from None
     if pos != end:
         raise Unreadable("truncated block")
-    named = [_labels(n) for n in names]
+    named = [_labels(n) for n in names] if seen is None else [_known(n, seen) for n in names]
     labels = [named[i][0] for i in name_of]
     keys = [named[i][1] for i in name_of]
     if not block_at:
@@ -447,6 +452,18 @@ def _labels(name: bytes) -> tuple[dict[str, str], str]:
     if len(labels) == len(pairs) and "__name__" not in labels:  # series_key, in C loops
         return labels, "\x1f".join(map("=".join, sorted(pairs)))
     return labels, series_key(labels)
+
+
+def _known(name: bytes, seen: Labels) -> tuple[dict[str, str], str]:
+    """`_labels` of a metric name, from `seen` where its labels were decoded before. The
+    key is the bytes after the metric name (its first unescaped byte 1 ends it), after a
+    byte 1 that no JSON label map (metering.matrix, metering.vmexport: keys of the same
+    `seen`) begins with."""
+    tags = b"\x01" + name[name.find(b"\x01") + 1:]
+    got = seen.get(tags)
+    if got is None:
+        got = seen[tags] = _labels(name)
+    return got
 
 
 def _unescape(text: str) -> str:

@@ -347,3 +347,25 @@ def test_any_damage_is_unreadable_or_a_decoded_answer(store: str) -> None:
         except (vmnative.Unreadable, vmnative.TooLarge):
             outcomes["refused"] += 1
     assert outcomes["refused"] > 0, outcomes
+
+
+def test_label_maps_decoded_before_are_shared_across_answers() -> None:
+    """Two answers of one family's series under two recorded names (and a name whose metric
+    group holds an escaped byte 1): with one `seen`, the second answer's series take the
+    labels decoded for the first (the same objects), and every answer decodes as it does
+    alone; a label value with an escaped byte 1 is its own series."""
+    def answer(*names: bytes) -> bytes:
+        blocks = b"".join(_native_block(n, [T0, T0 + MIN], [1, 2]) for n in names)
+        return _zigzag64(T0) + _zigzag64(T0 + 2 * MIN) + blocks
+    first = answer(b"gpu_ledger:a:hour\x01node\x01n1\x01uuid\x01G-1\x01",
+                   b"gpu_ledger:a:hour\x01node\x01n\x001z\x01uuid\x01G-2\x01")
+    second = answer(b"gpu_ledger:b:hour\x01node\x01n1\x01uuid\x01G-1\x01",
+                    b"x\x001y\x01node\x01n1\x01uuid\x01G-1\x01",
+                    b"gpu_ledger:b:hour\x01node\x01n\x001z\x01uuid\x01G-2\x01")
+    seen: dict[bytes, tuple[dict[str, str], str]] = {}
+    a, b = vmnative.decode(first, seen=seen), vmnative.decode(second, seen=seen)
+    for shared, alone in ((a, vmnative.decode(first)), (b, vmnative.decode(second))):
+        assert shared.labels == alone.labels and shared.keys == alone.keys
+    assert b.labels[0] is a.labels[0] and b.labels[1] is a.labels[0]
+    assert b.labels[2] is a.labels[1] == {"node": "n\x01z", "uuid": "G-2"}
+    assert len(seen) == 2
