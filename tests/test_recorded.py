@@ -33,6 +33,7 @@ from bench.recorded import REPLAY_LOST, REPLAY_WRITE
 from metering import vmnative
 from metering.cli_meter import main
 from metering.db import connect
+from metering.matrix import Labels
 from metering.signals import SIGNALS
 
 pytestmark = pytest.mark.slow
@@ -482,7 +483,7 @@ def test_a_period_whose_hourly_points_do_not_fit_is_decoded_once_then_json_lines
     decode = vmnative.decode
 
     def counted(body: bytes, max_rows: int | None = None,
-                seen: dict[bytes, tuple[dict[str, str], str]] | None = None) -> vmnative.Blocks:
+                seen: Labels | None = None) -> vmnative.Blocks:
         decoded.append(len(body))
         return decode(body, max_rows, seen)
 

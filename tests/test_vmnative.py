@@ -18,6 +18,7 @@ import pytest
 from promtools import running_victoria, vm_import
 
 from metering import vmexport, vmnative
+from metering.matrix import Labels
 
 pytestmark = pytest.mark.slow
 
@@ -362,7 +363,7 @@ def test_label_maps_decoded_before_are_shared_across_answers() -> None:
     second = answer(b"gpu_ledger:b:hour\x01node\x01n1\x01uuid\x01G-1\x01",
                     b"x\x001y\x01node\x01n1\x01uuid\x01G-1\x01",
                     b"gpu_ledger:b:hour\x01node\x01n\x001z\x01uuid\x01G-2\x01")
-    seen: dict[bytes, tuple[dict[str, str], str]] = {}
+    seen: Labels = {}
     a, b = vmnative.decode(first, seen=seen), vmnative.decode(second, seen=seen)
     for shared, alone in ((a, vmnative.decode(first)), (b, vmnative.decode(second))):
         assert shared.labels == alone.labels and shared.keys == alone.keys
