@@ -36,7 +36,7 @@ class Matrix:
     """Points i of series sid[i] at time t[i] (unix seconds) with value v[i] (NaN where the
     answer's value is not a number); series in answer order, points in time order."""
 
-    labels: list[dict[str, str]]
+    labels: list[dict[str, str]]  # without __name__: the query names the signal
     keys: list[str]  # series_key of each series: its identity across answers
     sid: np.ndarray  # int64
     t: np.ndarray  # float64
@@ -106,7 +106,7 @@ def from_result(result: list[Any]) -> Matrix:
         if not isinstance(metric, dict) or not isinstance(points, list):
             raise NotAMatrix("a matrix of {metric, values}")
         i = len(labels)
-        labels.append({str(k): str(v) for k, v in metric.items()})
+        labels.append({str(k): str(v) for k, v in metric.items() if k != "__name__"})
         t, v = _series_points(points)
         sids.append(np.full(len(t), i, np.int64))
         tss.append(t)
@@ -268,11 +268,13 @@ def _entries(body: bytes, pos: int) -> tuple[_Entries, int]:
 
 
 def _labels(body: bytes, e: _Entries, seen: Labels) -> tuple[list[dict[str, str]], list[str]]:
-    """Labels and series_key of each entry's label map: those not in `seen` by one json call
-    over all of them, then added to it. _Odd unless each is an object of text values (json's
-    path turns other values into text)."""
+    """Labels (without __name__) and series_key of each entry's label map: those not in
+    `seen` by one json call over all of them, then added to it. _Odd unless each is an
+    object of text values (json's path turns other values into text)."""
     metrics = list(map(body.__getitem__, map(slice, e.metric.tolist(),
                                              e.metric_end.tolist())))
+    if _NAME in body:
+        metrics = list(map(_nameless, metrics))
     new = [m for m in dict.fromkeys(metrics) if m not in seen]
     if new:
         joined = b",".join(new)
@@ -284,12 +286,36 @@ def _labels(body: bytes, e: _Entries, seen: Labels) -> tuple[list[dict[str, str]
             for m in decoded:
                 if not isinstance(m, dict) or not all(isinstance(v, str) for v in m.values()):
                     raise _Odd
+        if _NAME in joined:  # a metric name _nameless left (not the first name, escaped)
+            for m in decoded:
+                m.pop("__name__", None)
         keys = (_keys(joined, decoded) if plain else None) or series_keys(decoded)
         seen.update(zip(new, zip(decoded, keys, strict=True), strict=True))
         if len(new) == len(metrics):  # each map new and once (a fresh answer): as decoded
             return decoded, keys
     got = list(map(seen.__getitem__, metrics))
     return [m for m, _ in got], [k for _, k in got]
+
+
+# VictoriaMetrics keeps the metric name in max_, min_ and last_over_time's answers (Prometheus
+# drops it): a series' label map would then be another text in each of its family's signals,
+# decoded again for each instead of once per group (metering.prometheus_source).
+_NAME = b'"__name__":'
+_FIRST_NAME = b'{"__name__":"'
+
+
+def _nameless(metric: bytes) -> bytes:
+    """A label map's text without its metric name where that is its first name and holds no
+    escape (as stores write it); else as it is (json decodes it, the name is dropped then)."""
+    if not metric.startswith(_FIRST_NAME):
+        return metric
+    end = metric.find(b'"', len(_FIRST_NAME))
+    if end < 0 or b"\\" in metric[len(_FIRST_NAME):end]:
+        return metric
+    rest = metric[end + 1:]
+    if rest == b"}":
+        return b"{}"
+    return b"{" + rest[1:] if rest.startswith(b',"') else metric
 
 
 def _keys(joined: bytes, decoded: list[dict[str, str]]) -> list[str] | None:

@@ -182,6 +182,39 @@ def test_label_maps_as_stores_write_them(metrics: list[dict[str, str]]) -> None:
     _same(got, _json_matrix(body))
 
 
+@pytest.mark.parametrize("metrics", [
+    [{"__name__": "gpu_up", "a": "1"}, {"__name__": "gpu_up"}, {"A": "2", "__name__": "x"}],
+    [{"__name__": 'say "hi"', "a": "1"}, {"__name__": "back\\slash", "b": "2"}],  # escaped
+])
+def test_the_metric_name_is_not_a_label(metrics: list[dict[str, str]]) -> None:
+    """VictoriaMetrics keeps __name__ in max_, min_ and last_over_time's answers: neither
+    decoder keeps it, wherever it stands and however it is spelled."""
+    result = [{"metric": m, "values": [[1790812800, "1"]]} for m in metrics]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}},
+                      separators=(",", ":"), ensure_ascii=False).encode()
+    got = matrix.read(body)
+    assert got is not None
+    _same(got, _json_matrix(body))
+    assert got.labels == [{k: v for k, v in m.items() if k != "__name__"} for m in metrics]
+
+
+def test_a_named_answer_shares_the_label_maps_of_its_family() -> None:
+    """sum_over_time drops the metric name, max_over_time on VictoriaMetrics keeps it: the
+    second answer's series are the first's, their label maps decoded once (the same objects,
+    nothing added to `seen`)."""
+    maps = [{"a": str(i), "node": f"n{i}"} for i in range(3)]
+    plain = _body([{"metric": m, "values": [[1790812800, "1"]]} for m in maps])
+    named = _body([{"metric": {"__name__": "gpu_container_memory_used_bytes", **m},
+                    "values": [[1790812800, "2"]]} for m in reversed(maps)])
+    seen: matrix.Labels = {}
+    first = matrix.read(plain, seen)
+    assert first is not None and len(seen) == 3
+    second = matrix.read(named, seen)
+    assert second is not None and len(seen) == 3
+    assert all(a is b for a, b in zip(second.labels, reversed(first.labels), strict=True))
+    assert second.keys == first.keys[::-1]
+
+
 def test_a_label_name_twice_is_read_as_json_reads_it() -> None:
     body = (b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"a":"1",'
             b'"a":"2"},"values":[[1790812800,"1"]]},{"metric":{"a":"3","b":"4"},"values":'
