@@ -24,7 +24,7 @@ from metering import closes, interrupt
 from metering.chunking import DEFAULT_CHUNK_HOURS
 from metering.cluster import ClusterScope
 from metering.costmodel import CostModel
-from metering.db import DatabaseError, LedgerLocked, connect, out_of_memory
+from metering.db import DatabaseError, LedgerLocked, capped, connect, out_of_memory
 from metering.errors import MeteringError, RefusedError
 from metering.facts import describe_more_series
 from metering.ingest import IngestResult, Source, ingest
@@ -126,6 +126,9 @@ class MeterSettings:
     # How they are read: VictoriaMetrics' /api/v1/export (metering.vmexport) or its native
     # form (metering.vmnative) where it is one.
     recorded_read: RecordedRead = RecordedRead.AUTO
+    # DuckDB's cap while ingesting, in bytes (metering.chunking.duckdb_within: its share of
+    # ingest's memory budget; never above its own cap). None: its own cap throughout.
+    ingest_duckdb_bytes: int | None = None
 
 
 def meter(ledger: str | Path, source: Source, period: Period,
@@ -159,9 +162,10 @@ def meter(ledger: str | Path, source: Source, period: Period,
             if isinstance(source, PrometheusSource):
                 source.window()  # asked once here, not by every worker
             fetching = ParallelSource(source, s.jobs)
-        result = ingest(con, fetching, period, s.chunk_hours, s.sample_interval,
-                        progress, verbose=verbose, replace=s.replace, resume=s.resume,
-                        clusters=s.clusters, finish=False)
+        with capped(con, s.ingest_duckdb_bytes, f"{ledger}: metering"):
+            result = ingest(con, fetching, period, s.chunk_hours, s.sample_interval,
+                            progress, verbose=verbose, replace=s.replace, resume=s.resume,
+                            clusters=s.clusters, finish=False)
         rows = ", ".join(f"{n} {t}" for t, n in result.rows.items())
         say(f"meter: {result.chunks} chunks, {result.queries} queries, {rows}")
         if isinstance(fetching, ParallelSource) and verbose:

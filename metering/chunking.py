@@ -11,23 +11,37 @@ MAX_CHUNK_HOURS = 10_000
 DEFAULT_CHUNK_HOURS = 72  # a 31-day month: 11 chunks x 19 queries = 209 queries
 
 # Ingest holds a node group's points (one per series, signal and hour) as decoded answers,
-# Arrow tables and in DuckDB while it writes their facts: its peak memory is a base plus a
-# cost per point the answers hold. Measured with bench/memory_model.py (docs/performance.md,
-# "Ingest memory model (issue 27)"): one 72-hour chunk of 26k, 52k and 103k series held at
-# once peaked at 489, 765 and 1,291 MiB: 79 bytes per point over a 221 MiB base (Python,
-# pyarrow, DuckDB). Kept with headroom: the base for a ledger with history (DuckDB's cached
-# blocks), the bytes for the answers sent ahead of the group being written.
+# Arrow tables and in DuckDB while it writes their facts: its peak memory is a base, DuckDB's
+# buffers and a cost per point the answers hold. Measured with bench/memory_model.py
+# (docs/performance.md, "Ingest memory model (issue 27)"): one 72-hour chunk of 26k, 52k and
+# 103k series held at once peaked at 489, 765 and 1,291 MiB: 79 bytes per point over a
+# 221 MiB base (Python, pyarrow, DuckDB). Kept with headroom: the bytes for the answers sent
+# ahead of the group being written.
 INGEST_BASE_BYTES = 320 << 20
 INGEST_BYTES_PER_POINT = 96
+# DuckDB's share of the budget: its cap is lowered to it while ingesting (metering.db.capped).
+# At its own cap (1.5GB by default) DuckDB keeps the blocks each chunk writes cached until it
+# reaches that cap: the 80,000-GPU month's second 72-hour chunk peaked 0.4-0.8 GiB above the
+# budget the first kept (docs/performance.md, "DuckDB's share of ingest's budget"). Fact SQL
+# works a node group at a time and spills beyond it.
+INGEST_DUCKDB_SHARE = 1 / 4
+INGEST_DUCKDB_MIN_BYTES = 128 << 20
 # What a chunk may cost by default: the whole path's target is 4 GB (issue 17); a container
 # memory limit below it (cgroup) lowers it to 3/4 of that limit.
 DEFAULT_INGEST_BUDGET = 3 << 30
 
 
+def duckdb_within(budget: int) -> int:
+    """Bytes of buffers DuckDB may keep while ingesting within `budget` bytes of peak memory
+    (at least INGEST_DUCKDB_MIN_BYTES: below it a node group's fact SQL runs out)."""
+    return max(INGEST_DUCKDB_MIN_BYTES, int(budget * INGEST_DUCKDB_SHARE))
+
+
 def points_within(budget: int) -> int:
-    """Points of answers ingest may hold at once within `budget` bytes of peak memory (at
-    least an eighth of the budget's worth where the budget is below the base)."""
-    room = budget - INGEST_BASE_BYTES
+    """Points of answers ingest may hold at once within `budget` bytes of peak memory, beside
+    the base and DuckDB's share (at least an eighth of the budget's worth where the budget is
+    below those)."""
+    room = budget - INGEST_BASE_BYTES - duckdb_within(budget)
     return max(1, (room if room > budget // 8 else budget // 8) // INGEST_BYTES_PER_POINT)
 
 

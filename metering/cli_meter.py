@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from metering import api, db, interrupt, publish
-from metering.chunking import DEFAULT_CHUNK_HOURS, memory_budget, points_within
+from metering.chunking import DEFAULT_CHUNK_HOURS, duckdb_within, memory_budget, points_within
 from metering.cluster import DEFAULT_CLUSTER, ClusterScope, cluster_name_problem
 from metering.cores import available_cores
 from metering.costmodel import CostModel, load_cost_model
@@ -280,7 +280,8 @@ def _run(args: argparse.Namespace) -> int:
                 adjust_closed=args.adjust_closed or args.daily, say=say, progress=progress,
                 price_progress=_price_progress(args), verbose=args.verbose,
                 jobs=jobs, recorded=RecordedMode(args.recorded),
-                recorded_read=RecordedRead(args.recorded_read)))
+                recorded_read=RecordedRead(args.recorded_read),
+                ingest_duckdb_bytes=duckdb_within(memory_budget())))
         except BaseException:
             if fresh:
                 _drop_if_empty(Path(args.db))

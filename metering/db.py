@@ -266,6 +266,33 @@ def memory_limit_bytes() -> int:
     return int(float(m[1]) * _UNITS[m[2].lower()])
 
 
+@contextmanager
+def capped(con: duckdb.DuckDBPyConnection, cap: int | None, doing: str) -> Iterator[None]:
+    """DuckDB's cap lowered to `cap` bytes for the block (never raised above memory_limit();
+    None: left as it is), then set back; DuckDB out of memory under it is the one-line
+    OutOfMemoryError naming that cap and what raises it."""
+    if cap is None or cap >= memory_limit_bytes():
+        yield
+        return
+    shown = f"{max(1, cap >> 20)}MiB"
+    con.execute(f"SET memory_limit = '{shown}'")
+    restore = f"SET memory_limit = '{memory_limit()}'"
+    try:
+        yield
+    except duckdb.OutOfMemoryException:
+        with contextlib.suppress(duckdb.Error):
+            con.execute(restore)
+        raise OutOfMemoryError(
+            f"{doing}: out of memory under DuckDB's {shown} cap while ingesting (its share of "
+            "ingest's memory budget); raise the container's memory limit (docs/operations.md, "
+            "sizing the metering job)") from None
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):
+            con.execute(restore)
+        raise
+    con.execute(restore)
+
+
 def out_of_memory(doing: str) -> OutOfMemoryError:
     """The one-line error for a DuckDB OutOfMemoryException while `doing` something."""
     return OutOfMemoryError(

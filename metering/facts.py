@@ -325,6 +325,7 @@ class _Writer:
         seen: set[str] = set()
         shared = False  # a count signal's key has two series (spans merged, rows picked)
         plural: list[str] = []  # signals with a key of two series (their aggregates group)
+        done = False
         try:
             for spec in SIGNALS:
                 table, found = _tag_clusters(signals.get(spec.name, empty_signal(spec)), scope)
@@ -393,10 +394,15 @@ class _Writer:
             self.spacing.update(spacing)
             if self.default is None:
                 self.default = default
+            done = True
         finally:
-            con.execute(sql.query("cleanup"))
-            for name in names:
-                con.unregister(name)
+            # After an error an aborted transaction refuses these (its rollback and the
+            # connection's close undo them), and that error would hide the one raised
+            # (DuckDB out of memory).
+            with contextlib.suppress(*(() if done else (duckdb.Error,))):
+                con.execute(sql.query("cleanup"))
+                for name in names:
+                    con.unregister(name)
 
 
 # The count signals whose series' spans de-duplication merges (facts.sql, step spans), and
@@ -458,15 +464,16 @@ def _stage(con: Any, w: _Writer, groups: Iterable[Mapping[str, pa.Table]]) -> No
         con.execute("COMMIT")
         con.execute("BEGIN TRANSACTION")
         con.execute(f"SET search_path = '{STAGING},main'")  # facts.sql writes there
-        try:
-            for signals in groups:
-                w.group(signals)
-                con.execute("COMMIT")
-                con.execute("BEGIN TRANSACTION")
-        finally:
-            con.execute("RESET search_path")
+        for signals in groups:
+            w.group(signals)
+            con.execute("COMMIT")
+            con.execute("BEGIN TRANSACTION")
+        con.execute("RESET search_path")
     except BaseException:
-        for statement in ("ROLLBACK", f"DROP SCHEMA IF EXISTS {STAGING} CASCADE",
+        # RESET after the ROLLBACK: an aborted transaction refuses it, and its error would
+        # hide the one raised (DuckDB out of memory, a Ctrl-C).
+        for statement in ("ROLLBACK", "RESET search_path",
+                          f"DROP SCHEMA IF EXISTS {STAGING} CASCADE",
                           "BEGIN TRANSACTION"):  # the last one for the caller's ROLLBACK
             with contextlib.suppress(duckdb.Error):
                 con.execute(statement)
