@@ -21,9 +21,9 @@ INGEST_BASE_BYTES = 320 << 20
 INGEST_BYTES_PER_POINT = 96
 # DuckDB's share of the budget: its cap is lowered to it while ingesting (metering.db.capped).
 # At its own cap (1.5GB by default) DuckDB keeps the blocks each chunk writes cached until it
-# reaches that cap: the 80,000-GPU month's second 72-hour chunk peaked 0.4-0.8 GiB above the
-# budget the first kept (docs/performance.md, "DuckDB's share of ingest's budget"). Fact SQL
-# works a node group at a time and spills beyond it.
+# reaches that cap: two 72-hour chunks of the 80,000-GPU month peaked at 1.15x a 3 GiB and
+# 1.37x a 1.5 GiB budget, 0.88x and 0.92x with the share (docs/performance.md, "DuckDB's
+# share of ingest's budget"). Fact SQL works a node group at a time and spills beyond it.
 INGEST_DUCKDB_SHARE = 1 / 4
 INGEST_DUCKDB_MIN_BYTES = 128 << 20
 # What a chunk may cost by default: the whole path's target is 4 GB (issue 17); a container
