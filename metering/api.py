@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from metering import closes, interrupt
+from metering import closes, heap, interrupt
 from metering.chunking import DEFAULT_CHUNK_HOURS
 from metering.cluster import ClusterScope
 from metering.costmodel import CostModel
@@ -191,6 +191,7 @@ def meter(ledger: str | Path, source: Source, period: Period,
             say(f"meter: no device data for {len(result.empty_hours)} hour(s): {gaps}")
         priced = None
         if s.cost_model is not None:
+            heap.trim()  # what ingest freed, before DuckDB's buffers grow to its cap
             priced = _price(con, period, s.cost_model, s.price_progress,
                             sorted(result.clusters))
             say(f"meter: priced {period.label()}")
