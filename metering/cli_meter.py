@@ -263,13 +263,14 @@ def _run(args: argparse.Namespace) -> int:
             settled = source.settle_selector(period)  # before the chunk estimate reads nodes
             if settled:
                 say(f"meter: {settled}")
+        budget = memory_budget()  # the container's, read once for the whole run
         if isinstance(source, PrometheusSource):  # node groups keep the budget, --chunk or not
-            source.planner.memory_points = float(points_within(memory_budget()))
+            source.planner.memory_points = float(points_within(budget))
             # The automatic chunk asks about recorded series as the run will read them.
             source.recorded.mode = RecordedMode(args.recorded)
             source.planner.recorded_read = RecordedRead(args.recorded_read)
             source.planner.on_fallback = say
-        chunk = args.chunk or _auto_chunk(source, period, say)
+        chunk = args.chunk or _auto_chunk(source, period, budget, say)
         progress = Progress(-(-period.hours // chunk), quiet=args.quiet)
         fresh = not Path(args.db).exists()
         try:
@@ -281,7 +282,7 @@ def _run(args: argparse.Namespace) -> int:
                 price_progress=_price_progress(args), verbose=args.verbose,
                 jobs=jobs, recorded=RecordedMode(args.recorded),
                 recorded_read=RecordedRead(args.recorded_read),
-                ingest_duckdb_bytes=duckdb_within(memory_budget())))
+                ingest_duckdb_bytes=duckdb_within(budget)))
         except BaseException:
             if fresh:
                 _drop_if_empty(Path(args.db))
@@ -406,10 +407,11 @@ def apply_source_env(args: argparse.Namespace, environ: Mapping[str, str]) -> li
     return filled
 
 
-def _auto_chunk(source: Source, period: Period, say: Callable[[str], None]) -> int:
-    """Chunk hours that keep ingest's memory within its budget (a Prometheus source: from
-    its node count); the default where the source gives no estimate."""
-    choice = (source.choose_chunk(period, memory_budget())
+def _auto_chunk(source: Source, period: Period, budget: int,
+                say: Callable[[str], None]) -> int:
+    """Chunk hours that keep ingest's memory within `budget` (a Prometheus source: from its
+    node count); the default where the source gives no estimate."""
+    choice = (source.choose_chunk(period, budget)
               if isinstance(source, PrometheusSource) else None)
     if choice is None:
         return DEFAULT_CHUNK_HOURS

@@ -276,21 +276,19 @@ def capped(con: duckdb.DuckDBPyConnection, cap: int | None, doing: str) -> Itera
         return
     shown = f"{max(1, cap >> 20)}MiB"
     con.execute(f"SET memory_limit = '{shown}'")
-    restore = f"SET memory_limit = '{memory_limit()}'"
+    done = False
     try:
         yield
+        done = True
     except duckdb.OutOfMemoryException:
-        with contextlib.suppress(duckdb.Error):
-            con.execute(restore)
         raise OutOfMemoryError(
             f"{doing}: out of memory under DuckDB's {shown} cap while ingesting (its share of "
             "ingest's memory budget); raise the container's memory limit (docs/operations.md, "
             "sizing the metering job)") from None
-    except BaseException:
-        with contextlib.suppress(duckdb.Error):
-            con.execute(restore)
-        raise
-    con.execute(restore)
+    finally:
+        # After an error, one from setting it back would hide the error raised.
+        with contextlib.suppress(*(() if done else (duckdb.Error,))):
+            con.execute(f"SET memory_limit = '{memory_limit()}'")
 
 
 def out_of_memory(doing: str) -> OutOfMemoryError:
