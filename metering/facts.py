@@ -47,11 +47,11 @@ def build_signal(spec: SignalSpec, series: Sequence[Mapping[str, str]], sid: np.
                  series_keys: Sequence[str] | None = None) -> pa.Table:
     """Arrow table for one signal: point i belongs to series[sid[i]], hour start hour_s[i].
 
-    Per-series columns are dictionary-encoded with one dictionary entry per series (Arrow
-    allows repeats) and `sid` as the indices: nothing is copied per point, and DuckDB reads
-    such a column as a dictionary vector, converting each label (and each MAP) once per
-    series instead of once per sample. `series_keys`: the series' series_key where the caller
-    has them already."""
+    Per-series columns, the series' and key's ids among them, are dictionary-encoded with one
+    dictionary entry per series (Arrow allows repeats) and `sid` as the indices: nothing is
+    copied per point, and DuckDB reads such a column as a dictionary vector, converting each
+    label (and each MAP) once per series instead of once per sample. `series_keys`: the
+    series' series_key where the caller has them already."""
     idx = pa.array(sid.astype(np.int32, copy=False), pa.int32())
     skeys = (list(series_keys) if series_keys is not None
              else [series_key(m) for m in series])
@@ -70,8 +70,11 @@ def build_signal(spec: SignalSpec, series: Sequence[Mapping[str, str]], sid: np.
 
     cols: dict[str, Any] = {
         "series": per_series(pa.array(skeys, pa.string())),
-        "sh": pa.array(hashes).take(idx),
-        "key": pa.array(keys).take(idx),
+        # ids as dictionaries too: two int64 copies per point (`take`) were 3.5 % of a
+        # 72-h chunk's client CPU at 80,000 GPUs, and DuckDB joins them as fast
+        # (docs/performance.md, "The series' ids per series")
+        "sh": per_series(pa.array(hashes, pa.int64())),
+        "key": per_series(pa.array(keys, pa.int64())),
         "hour": pa.array(hour_s.astype(np.int64, copy=False) * 1_000_000, pa.timestamp("us")),
         "value": pa.array(value.astype(np.float64, copy=False), pa.float64()),
     }
@@ -183,7 +186,7 @@ def _tag_clusters(table: pa.Table, scope: ClusterScope) -> tuple[pa.Table, set[s
     keys: list[pa.Array] = []
     seen: set[str] = set()
     series = table.column("series")
-    key = table.column("key")
+    key = table.column("key").cast(pa.int64())  # per point: each is salted by its cluster
     offset = 0
     for chunk in series.chunks:
         names = [scope.of(series_labels(k.as_py())) for k in chunk.dictionary]
@@ -222,9 +225,17 @@ def _shares_keys(table: pa.Table) -> bool:
     """Whether some fact key of a signal has two series or more (in any of its hours)."""
     if table.num_rows == 0:
         return False
-    keys: int = pc.count_distinct(table.column("key")).as_py()
-    series: int = pc.count_distinct(table.column("sh")).as_py()
-    return keys < series
+    return _distinct(table.column("key")) < _distinct(table.column("sh"))
+
+
+def _distinct(col: pa.ChunkedArray) -> int:
+    """Distinct values in the rows of `col`, plain or dictionary-encoded (build_signal's
+    per-series columns: only the entries some row uses count)."""
+    if pa.types.is_dictionary(col.type):
+        col = pa.chunked_array([c.dictionary.take(pc.unique(c.indices)) for c in col.chunks],
+                               col.type.value_type)
+    count: int = pc.count_distinct(col).as_py()
+    return count
 
 
 def _set_column(table: pa.Table, name: str, col: pa.Array | pa.ChunkedArray) -> pa.Table:
