@@ -5,6 +5,7 @@
     python -m bench.decode --series 20000 --json out.json
     python -m bench.decode --series 4000 --points 25 --old 6196fcc    # a day's fresh series
     python -m bench.decode --series 4000 --points 25 --export         # the same, JSON lines
+    python -m bench.decode --orders 2500 --old 5de553e    # a label-name order per series
 
 Decoders on the same answer bytes: metering.matrix.read (the scanner: markers found by numpy
 over the whole answer, points parsed by Arrow's CSV reader into typed columns), the scanners
@@ -54,9 +55,11 @@ OLD_REVS = ("e4e6bbb", "fbb0257", "4d5eca1", "7547511")
 OLD_EXPORT_REV = "6196fcc"
 
 
-def answer(series: int, points: int, seed: int = 7) -> bytes:
+def answer(series: int, points: int, seed: int = 7, orders: int = 1) -> bytes:
     """A matrix answer in the layout stores write: allocation-like label sets, hourly
-    points, values as the exporter's series give them (counts, ratios, byte counts)."""
+    points, values as the exporter's series give them (counts, ratios, byte counts).
+    `orders`: how many label-name orders the series have (pod labels that some pods carry
+    and others not: series i has the labels label_x<b> of the bits b of i % orders)."""
     rng = random.Random(seed)
     t0 = 1_790_812_800
     parts = []
@@ -65,7 +68,9 @@ def answer(series: int, points: int, seed: int = 7) -> bytes:
                   "node": f"node-{i // 40:05d}", "owner_kind": "Job",
                   "owner_name": f"job-{i}", "pod": f"job-{i}", "replicas": "1",
                   "resource": "nvidia.com/gpu", "sharing": "exclusive",
-                  "uuid": f"GPU-{i // 5:05d}-{i % 8}", "label_team": f"t{i % 20:02d}"}
+                  "uuid": f"GPU-{i // 5:05d}-{i % 8}", "label_team": f"t{i % 20:02d}",
+                  **{f"label_x{b}": "y" for b in range((orders - 1).bit_length())
+                     if (i % orders) >> b & 1}}
         kind = i % 3
         vals = []
         for k in range(points):
@@ -170,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--series", type=int, default=2500)
     p.add_argument("--points", type=int, default=73, help="points per series (73: 72 h)")
+    p.add_argument("--orders", type=int, default=1,
+                   help="label-name orders among the series (pod labels some pods carry)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--old", action="append",
                    help=f"git revision of a scanner to compare (repeatable; default "
@@ -185,10 +192,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.export:
         return export_main(args)
-    body = answer(args.series, args.points)
+    body = answer(args.series, args.points, orders=args.orders)
     n = args.series * args.points
     res: dict[str, Any] = {"machine": machine(), "series": args.series, "points": n,
-                           "bytes": len(body)}
+                           "orders": args.orders, "bytes": len(body)}
     seen: matrix.Labels = {}
     matrix.read(body, seen)
     reference = matrix.from_result(json.loads(body)["data"]["result"])
@@ -220,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([name, f"{s * 1e3:.0f} ms", f"{n / s / 1e6:.2f} M",
                      "" if ok is None else "yes" if ok else "**no**"])
     say(f"decode: {args.series:,} series x {args.points} points ({n:,} points, "
-        f"{len(body) / 2**20:.1f} MiB)")
+        f"{len(body) / 2**20:.1f} MiB, {args.orders:,} label-name order(s))")
     say(table(["decoder", "CPU", "points per CPU-s", "same matrix as json's path"], rows))
 
     server, url = serve(body)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -148,7 +148,8 @@ def _series_points(points: list[Any]) -> tuple[np.ndarray, np.ndarray]:
 # `},"values":[` (a label map's end) and `]},{"metric":` (an entry's end), found by numpy over
 # the whole answer (a marker holds a `"` after another character, so it cannot be inside a
 # JSON string, where every `"` is escaped); every entry's label map by one json call over all
-# of them, and their series keys by replacements over their text (_keys); every point by
+# of them, and their series keys once per label-name order, or by replacements over their text
+# where nearly each map has its own order (_keys_of); every point by
 # Arrow's float parser: cut at its quotes where every point is `[t,"v"]` (_cut, below), else
 # by Arrow's CSV reader (_rows: a quoted time, a bare value). For _rows the entries' points
 # texts are cut out and joined, and one byte translation makes each point a CSV row:
@@ -273,7 +274,7 @@ def _labels(body: bytes, e: _Entries, seen: Labels) -> tuple[list[dict[str, str]
     object of text values (json's path turns other values into text)."""
     metrics = list(map(body.__getitem__, map(slice, e.metric.tolist(),
                                              e.metric_end.tolist())))
-    if _NAME in body:
+    if _NAME in b"".join(metrics):  # the maps' text, not the whole answer's (1.5 ms of ~25)
         metrics = list(map(_nameless, metrics))
     new = [m for m in dict.fromkeys(metrics) if m not in seen]
     if new:
@@ -289,7 +290,7 @@ def _labels(body: bytes, e: _Entries, seen: Labels) -> tuple[list[dict[str, str]
         if _NAME in joined:  # a metric name _nameless left (not the first name, escaped)
             for m in decoded:
                 m.pop("__name__", None)
-        keys = (_keys(joined, decoded) if plain else None) or series_keys(decoded)
+        keys = _keys_of(joined, decoded, plain)
         seen.update(zip(new, zip(decoded, keys, strict=True), strict=True))
         if len(new) == len(metrics):  # each map new and once (a fresh answer): as decoded
             return decoded, keys
@@ -318,7 +319,27 @@ def _nameless(metric: bytes) -> bytes:
     return b"{" + rest[1:] if rest.startswith(b',"') else metric
 
 
-def _keys(joined: bytes, decoded: list[dict[str, str]]) -> list[str] | None:
+# With few label-name orders among an answer's new maps (at most one per 8 maps, or 64),
+# series_keys (one %-format per map) costs half of cutting the keys from the text; with an
+# order per map or so (pod labels that differ from pod to pod) the text costs less
+# (docs/performance.md, "Series keys by label order").
+_FEW_ORDERS = 64
+
+
+def _keys_of(joined: bytes, decoded: list[dict[str, str]], plain: bool) -> list[str]:
+    """series_key of each decoded map (text values): by label order where the maps have few
+    orders, else cut from their text where all_text holds (`plain`)."""
+    orders = list(map(tuple, decoded))
+    distinct = dict.fromkeys(orders)
+    if plain and len(distinct) > max(_FEW_ORDERS, len(decoded) // 8):
+        keys = _keys(joined, decoded, distinct)
+        if keys is not None:
+            return keys
+    return series_keys(decoded, orders, distinct)
+
+
+def _keys(joined: bytes, decoded: list[dict[str, str]],
+          distinct: Iterable[tuple[str, ...]] | None = None) -> list[str] | None:
     """series_key of each label map, cut from their joined text at once, where all_text
     holds: no name or value holds a `"` (no backslash), so every `"` opens or closes a string,
     and as many `":` as names (none begins with `:`, so none is `:`). Replacing `":"` (a
@@ -330,30 +351,36 @@ def _keys(joined: bytes, decoded: list[dict[str, str]]) -> list[str] | None:
     between the strings (as many `","` and `"},{"` as labels and maps); None otherwise
     (series_key of each map then)."""
     labels = sum(map(len, decoded))
+    orders = set(map(tuple, decoded)) if distinct is None else distinct
     if joined[:2] != b'{"' or joined[-2:] != b'"}' or b"{}" in joined \
             or joined.count(b'","') != labels - len(decoded) \
             or joined.count(b'"},{"') != len(decoded) - 1 or b'"__name__":' in joined \
-            or not all(list(o) == sorted(o) for o in set(map(tuple, decoded))):
+            or not all(list(o) == sorted(o) for o in orders):
         return None
     keys = joined[2:-2].decode().replace('":"', "=").replace('","', "\x1f").split('"},{"')
     return keys if len(keys) == len(decoded) else None
 
 
-def series_keys(maps: list[dict[str, str]]) -> list[str]:
+def series_keys(maps: list[dict[str, str]], orders: list[tuple[str, ...]] | None = None,
+                distinct: Iterable[tuple[str, ...]] | None = None) -> list[str]:
     """series_key of each label map (text values), the same text at less cost where many
     maps have the same names in the same order (an answer's series mostly do): the sort and
     the `name=` prefixes done once per such order, each map's key one %-format of its values
-    in name order, with no Python call per map."""
-    orders = list(map(tuple, maps))
-    forms = {o: _form(o) for o in dict.fromkeys(orders)}
+    in name order, with no Python call per map. `orders`, `distinct`: each map's label names
+    and the distinct ones in first-seen order, where the caller has them."""
+    if orders is None:
+        orders = list(map(tuple, maps))
+    forms = {o: _form(o) for o in (dict.fromkeys(orders) if distinct is None else distinct)}
     if len(forms) == 1:
         return _keyed(maps, *forms[orders[0]])
-    # Maps of each order together, keyed, and put back in place.
+    # Maps of each order together (one stable sort by order), keyed, and put back in place.
     ids = {o: i for i, o in enumerate(forms)}
     which = np.fromiter(map(ids.__getitem__, orders), np.int64, len(orders))
+    by = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[by], np.arange(len(forms) + 1)).tolist()
     out = np.empty(len(maps), object)
     for i, form in enumerate(forms.values()):
-        at = np.flatnonzero(which == i)
+        at = by[bounds[i]:bounds[i + 1]]
         out[at] = _keyed(list(map(maps.__getitem__, at.tolist())), *form)
     keys: list[str] = out.tolist()
     return keys

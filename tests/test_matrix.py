@@ -424,3 +424,31 @@ def test_series_keys_are_series_key(order: list[str],
     order with others (formatted once per order) or not."""
     got = [dict(zip(order, values, strict=False)) if shared else m for shared, m, values in maps]
     assert matrix.series_keys(got) == [series_key(m) for m in got]
+
+
+@pytest.mark.parametrize(("orders", "cut"), [(1, False), (40, False), (200, True)])
+def test_keys_by_label_order_or_cut_from_the_text_are_series_keys(
+        orders: int, cut: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer's series keys are series_key's whether its label maps share a few name
+    orders (keyed once per order) or nearly each has its own (pod labels that differ from pod
+    to pod: cut from the text, which costs less there)."""
+    maps = [{"node": f"n{i}", "pod": f"p{i % 7}",
+             **{f"label_x{b}": f"v{i}" for b in range(8) if (i % orders) >> b & 1}}
+            for i in range(400)]
+    result = [{"metric": m, "values": [[1790812800 + 3600 * k, str(k)] for k in range(3)]}
+              for m in maps]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}},
+                      separators=(",", ":"), sort_keys=True).encode()
+    calls: list[int] = []
+    text_keys = matrix._keys
+
+    def spy(joined: bytes, decoded: list[dict[str, str]], *rest: Any) -> list[str] | None:
+        calls.append(len(decoded))
+        return text_keys(joined, decoded, *rest)
+
+    monkeypatch.setattr(matrix, "_keys", spy)
+    got = matrix.read(body)
+    assert got is not None
+    assert got.keys == [series_key(m) for m in maps]
+    _same(got, _json_matrix(body))
+    assert calls == ([400] if cut else [])
