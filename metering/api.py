@@ -193,8 +193,10 @@ def meter(ledger: str | Path, source: Source, period: Period,
         if s.cost_model is not None:
             heap.trim()  # what ingest freed, before DuckDB's buffers grow to its cap
             priced = _price(con, period, s.cost_model, s.price_progress,
-                            sorted(result.clusters))
-            say(f"meter: priced {period.label()}")
+                            sorted(result.clusters), keep=True)
+            kept = (f" ({priced.kept_hours} of its hours kept their charges: priced before "
+                    "from the same facts with this cost model)" if priced.kept_hours else "")
+            say(f"meter: priced {period.label()}{kept}")
             if priced.adjustment_lines:
                 say(f"meter: posted {priced.adjustment_lines} adjustment line(s) for the "
                     "closed hours")
@@ -240,10 +242,11 @@ def _check_closed(con: duckdb.DuckDBPyConnection, period: Period, adjust: bool, 
 
 
 def _price(con: duckdb.DuckDBPyConnection, period: Period, cost_model: CostModel,
-           progress: Progress | None, clusters: list[str] | None = None) -> PricingResult:
+           progress: Progress | None, clusters: list[str] | None = None,
+           keep: bool = False) -> PricingResult:
     try:
         return price_period(con, cost_model, period.start, period.end, progress=progress,
-                            clusters=clusters, freeze=closes.Freeze.of(con, period))
+                            clusters=clusters, freeze=closes.Freeze.of(con, period), keep=keep)
     except MeteringError:
         raise
     except duckdb.OutOfMemoryException:

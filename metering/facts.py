@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from metering import guards, sqlfile, wastehours
+from metering import guards, pricedhours, sqlfile
 from metering.cluster import DEFAULT_CLUSTER, ClusterScope, cluster_name_problem
 from metering.errors import RefusedError
 from metering.matrix import Matrix
@@ -279,6 +279,7 @@ def write_facts(con: Any, groups: Iterable[Mapping[str, pa.Table]], start: datet
         slack = 2 * max([*w.spacing.values(), w.default or 0.0, 1.0])
         _check_one_node_per_gpu(con, sql.query("clash_across_groups"),
                                 {"clusters": sorted(w.written), "slack": slack})
+    pricedhours.settle(con, start, end, w.written, w.replaced)
     counts = w.counts
     single = len({c for c, _ in w.spacing}) <= 1
     counts.spacing = ({(n if single else f"{c}/{n}"): sec for (c, n), sec in w.spacing.items()}
@@ -310,6 +311,8 @@ class _Writer:
     default: float | None = None  # seconds per sample of nodes without their own
     defer: bool = False  # staged (_stage): the ledger's hours are replaced at the end
     groups: int = 0  # node groups written
+    # the digests of the replaced priced hours' facts (delete_hours), for pricedhours.settle
+    replaced: pricedhours.Before = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.default = self.fixed
@@ -320,14 +323,14 @@ class _Writer:
         new = clusters - self.written
         if new and not self.defer:
             self.counts.held.update(guards.held(self.con, self.start, self.end, new))
-            delete_hours(self.con, self.start, self.end, new)
+            self.replaced.update(delete_hours(self.con, self.start, self.end, new))
         self.written |= new
 
     def settle(self) -> None:
         """Count, then delete, what the ledger holds for the hours of every cluster the
         staged groups wrote."""
         self.counts.held.update(guards.held(self.con, self.start, self.end, self.written))
-        delete_hours(self.con, self.start, self.end, self.written)
+        self.replaced.update(delete_hours(self.con, self.start, self.end, self.written))
 
     def group(self, signals: Mapping[str, pa.Table]) -> None:
         self.groups += 1
@@ -495,14 +498,18 @@ def _stage(con: Any, w: _Writer, groups: Iterable[Mapping[str, pa.Table]]) -> No
     con.execute(f"DROP SCHEMA {STAGING} CASCADE")
 
 
-def delete_hours(con: Any, start: datetime, end: datetime, clusters: Iterable[str]) -> None:
-    """Delete the facts and coverage of hours [start, end) of these clusters only, and the
-    waste device-hours pricing derived from them (computed again until priced again)."""
+def delete_hours(con: Any, start: datetime, end: datetime,
+                 clusters: Iterable[str]) -> pricedhours.Before:
+    """Delete the facts and coverage of hours [start, end) of these clusters only. Returns
+    the digests of the priced hours' facts: once the new facts are written,
+    pricedhours.settle drops what pricing derived from the old ones (the waste device-hours,
+    the priced mark) where the facts changed."""
     wanted = sorted(clusters)
+    was = pricedhours.before(con, start, end, wanted)
     for table in FACT_TABLES:
         con.execute(f"DELETE FROM {table} WHERE hour >= ? AND hour < ? AND "
                     "list_contains(?, cluster)", [start, end, wanted])
-    wastehours.forget(con, start, end, wanted)
+    return was
 
 
 def write_coverage(con: Any, start: datetime, end: datetime, source: str,

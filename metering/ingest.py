@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Protocol
 
-from metering import guards
+from metering import guards, pricedhours
 from metering.chunking import DEFAULT_CHUNK_HOURS, MAX_CHUNK_HOURS
 from metering.cluster import ClusterScope
 from metering.db import transaction
@@ -270,7 +270,7 @@ def _write_empty(con: Any, chunk: Period, source: str, result: IngestResult,
         if lost:
             raise guards.refuse(lost, _named(names))
     with transaction(con):
-        delete_hours(con, start, end, names)
+        pricedhours.settle(con, start, end, names, delete_hours(con, start, end, names))
         result.empty_hours += write_coverage(con, start, end, source, _now(), names,
                                              dropped=dropped)
         journal.record(con, chunk, names)

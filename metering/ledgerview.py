@@ -13,7 +13,7 @@ from typing import Final
 
 import duckdb
 
-from metering import db, manifest, wastehours
+from metering import db, manifest, pricedhours, wastehours
 from metering.cluster import CLUSTER_NAME_RULE, is_cluster_name
 
 # Adjustments (metering/closes.py) are per hour of a closed month and cluster: they travel
@@ -26,10 +26,11 @@ SIDE_TABLES: Final = ("cost_models", "cost_model_prices")
 # Closed months (metering/closes.py): one row per month, not per cluster, so read and exported
 # whole; merged by month (metering/export.py).
 CLOSE_TABLES: Final = ("month_closes",)
-# Derived by pricing from the facts and charges (metering/wastehours.py): read from a DuckDB
-# ledger that has them, never exported nor merged (an export reads them as empty, and the
-# report computes what they would hold).
-DERIVED_TABLES: Final = wastehours.TABLES
+# Derived by pricing from the facts and charges (metering/wastehours.py, and what each hour
+# was priced with, metering/pricedhours.py): read from a DuckDB ledger that has them, never
+# exported nor merged (an export reads them as empty, the report computes what the waste
+# device-hours would hold, and `meter` prices a merged hour again).
+DERIVED_TABLES: Final = (*wastehours.TABLES, pricedhours.TABLE)
 # Tables every ledger has; the others may be missing from an export (then read as empty).
 _REQUIRED: Final = ("device_hours", "coverage", "charges")
 # Hive partition keys of the Parquet export, read as text whatever they look like.

@@ -9,7 +9,7 @@ its own, with its own prices and team rules (CostModel.for_cluster).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import duckdb
 
-from metering import sqlfile, wastehours
+from metering import pricedhours, sqlfile, wastehours
 from metering.cluster import DEFAULT_CLUSTER
 from metering.costmodel import MICRO, CostModel
 from metering.db import memory_limit, memory_limit_bytes, transaction
 from metering.energy import hours_of
 from metering.partitions import DEFAULT_XCDS, MODES, partition_xcds, partitions
-from metering.period import Period, utc_aware, utc_naive
+from metering.period import HOUR, Period, utc_aware, utc_naive
 from metering.progress import Progress
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ class PricingResult:
     unpriced_allocations: int  # allocation facts with no device fact in that hour
     default_priced_models: tuple[str, ...]  # models that matched no pricing.gpus entry
     adjustment_lines: int = 0  # lines posted for closed hours (metering.closes)
+    kept_hours: int = 0  # hours whose charges stood: priced before from the same facts
 
     @property
     def total(self) -> Decimal:
@@ -230,7 +231,7 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                  slice_hours: int | None = None,
                  progress: Progress | None = None,
                  clusters: Sequence[str] | None = None,
-                 freeze: Freeze | None = None) -> PricingResult:
+                 freeze: Freeze | None = None, keep: bool = False) -> PricingResult:
     """Rebuild `charges` for hours in [start, end) from the facts, in one transaction.
 
     `clusters` limits the rebuild to those clusters (default: every cluster with facts or
@@ -241,6 +242,9 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
     bounded memory; None: chosen from the facts and the memory cap, and said to `progress`);
     `progress` is told about each slice of each cluster. `freeze`: the period's closed hours
     keep their charges and the difference is posted as adjustments (metering.closes).
+    `keep`: hours priced before from the facts they hold now, with this cost model and
+    pricing code, keep their charges instead of being priced again (metering.pricedhours;
+    never with `freeze`).
     """
     start, end = utc_naive(start), utc_naive(end)
     if slice_hours is None:
@@ -264,45 +268,70 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
             _record_cost_model(con, model, start, end)
             sums: list[Any] = [0] * 10  # the `totals` row, summed over clusters and slices
             orphans = 0
+            kept = 0  # hours whose charges stand (keep)
             names = list(clusters) if clusters is not None else clusters_in(con, start, end)
             slices = list(Period(utc_aware(start), utc_aware(end)).chunks(slice_hours))
             if progress is not None:
                 progress.total = len(slices) * len(names)
             if freeze is not None:
                 freeze.before(con, start, end, names)
+                pricedhours.forget(con, start, end, names)  # closed hours hold the closed bill
+            now = utc_naive(datetime.now(UTC))
             # The waste device-hours of what is priced (metering/wastehours.py): from the work
             # tables where they give the query's rows, else with the query once charges are
             # final (closed hours' restored, by freeze.after).
-            wastehours.forget(con, start, end, names)
             by_query: list[tuple[str, datetime, datetime]] = []
+            devices = dict(sql.steps)["devices"]
+            unchanged_of: dict[str, dict[datetime, int]] = {}
             for cluster in names:
-                defaults.update(_load_config(con, model.for_cluster(cluster), start, end,
-                                             cluster))
+                priced_with = model.for_cluster(cluster)
+                defaults.update(_load_config(con, priced_with, start, end, cluster))
+                unchanged = unchanged_of[cluster] = (
+                    pricedhours.kept(con, start, end, cluster, priced_with.hash)
+                    if keep and freeze is None else {})
                 for piece in slices:
                     lo, hi = piece.naive()
-                    con.execute("SET VARIABLE gl_start = ?", [lo])
-                    con.execute("SET VARIABLE gl_end = ?", [hi])
-                    _load_energy(con, model.for_cluster(cluster), lo, hi)
-                    for _, step in sql.steps:
-                        con.execute(step)
-                    row = con.execute(sql.query("totals")).fetchone()
-                    assert row is not None
-                    sums = [a + b for a, b in zip(sums, row, strict=True)]
-                    orphan_row = con.execute(sql.query("orphans")).fetchone()
-                    assert orphan_row is not None
-                    orphans += int(orphan_row[0])
-                    if freeze is None and _holders_unique(con, sql.query("holders_unique")):
-                        con.execute(sql.query("waste_rows"))
-                    else:
-                        by_query.append((cluster, lo, hi))
+                    slice_rows = 0
+                    for a, b, same in _runs(lo, hi, unchanged):
+                        con.execute("SET VARIABLE gl_start = ?", [a])
+                        con.execute("SET VARIABLE gl_end = ?", [b])
+                        if same:  # their charges stand: the totals read, nothing written
+                            con.execute(devices)
+                            pricedhours.touch(con, a, b, cluster, now)
+                            hours_kept = hours_of(a, b)
+                            orphans += sum(unchanged[h] for h in hours_kept)
+                            kept += len(hours_kept)
+                        else:
+                            wastehours.forget(con, a, b, [cluster])
+                            _load_energy(con, priced_with, a, b)
+                            for _, step in sql.steps:
+                                con.execute(step)
+                            unpriced = {h: int(n) for h, n in
+                                        con.execute(sql.query("orphans")).fetchall()}
+                            orphans += sum(unpriced.values())
+                            if freeze is None and _holders_unique(con,
+                                                                  sql.query("holders_unique")):
+                                con.execute(sql.query("waste_rows"))
+                            else:
+                                by_query.append((cluster, a, b))
+                            if freeze is None:
+                                pricedhours.record(con, cluster, priced_with.hash, unpriced,
+                                                   a, b, now)
+                        row = con.execute(sql.query("totals")).fetchone()
+                        assert row is not None
+                        sums = [x + y for x, y in zip(sums, row, strict=True)]
+                        slice_rows += int(row[9])
                     if progress is not None:
                         where = "" if names == [DEFAULT_CLUSTER] else f"{cluster} "
-                        progress.chunk_done(where + piece.label(), f"{int(row[9])} charge rows",
-                                            int(row[9]), "charge rows")
+                        progress.chunk_done(where + piece.label(), f"{slice_rows} charge rows",
+                                            slice_rows, "charge rows")
             posted = 0 if freeze is None else freeze.after(con, start, end, names, model.hash)
             for cluster, lo, hi in by_query:
                 wastehours.compute(con, lo, hi, cluster)
-            wastehours.mark(con, start, end, names, utc_naive(datetime.now(UTC)))
+            for cluster in names:  # kept hours are marked already
+                for a, b, same in _runs(start, end, unchanged_of[cluster]):
+                    if not same:
+                        wastehours.mark(con, a, b, [cluster], now)
     finally:
         for view in _WORK_VIEWS:  # before the tables they read
             con.execute(f"DROP VIEW IF EXISTS {view}")
@@ -317,5 +346,19 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
         charged=Decimal(charged), idle_shared=Decimal(shared), idle=Decimal(idle),
         down=Decimal(down), adjustment=Decimal(adjustment),
         unpriced_allocations=orphans, default_priced_models=tuple(sorted(defaults)),
-        adjustment_lines=posted,
+        adjustment_lines=posted, kept_hours=kept,
     )
+
+
+def _runs(start: datetime, end: datetime, kept: Mapping[datetime, int]
+          ) -> Iterator[tuple[datetime, datetime, bool]]:
+    """[start, end) cut into runs of hours all kept or all to price: (from, to, kept)."""
+    hours = hours_of(start, end)
+    i = 0
+    while i < len(hours):
+        same = hours[i] in kept
+        j = i + 1
+        while j < len(hours) and (hours[j] in kept) == same:
+            j += 1
+        yield hours[i], hours[j - 1] + HOUR, same
+        i = j

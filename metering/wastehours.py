@@ -9,8 +9,9 @@ rows (a ledger priced before this version, facts re-metered and not priced again
 
 Who keeps them true: pricing replaces the rows of the hours x clusters it prices, in its
 transaction, after closed hours' charges are restored (metering/closes.py); rewriting facts
-(metering/facts.py `delete_hours`) and merging a cluster-month (metering/export.py) delete
-them. A stored hour is therefore what the query gives from the facts and charges as they are.
+that come out different (metering/pricedhours.py `settle`, after metering/facts.py
+`delete_hours`) and merging a cluster-month (metering/export.py) delete them. A stored hour is
+therefore what the query gives from the facts and charges as they are.
 
 How pricing computes them: from its own work tables, which already joined each allocation fact
 with its device and MIG facts and hold its team, cost and energy (pricing.sql `waste_rows`;

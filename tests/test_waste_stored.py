@@ -13,7 +13,7 @@ import duckdb
 import pytest
 from test_waste import A100, H100, MONTH, T0, Holder, _facts
 
-from metering import wastehours
+from metering import pricedhours, wastehours
 from metering.closes import Freeze, close
 from metering.db import connect
 from metering.export import merge_ledgers
@@ -129,7 +129,7 @@ def test_re_metered_hours_are_computed_until_priced_again(tmp_path: Path) -> Non
                             "cluster = 'default'", [day, day + timedelta(days=1)]).fetchall()
         dev = con.execute("SELECT * FROM device_hours WHERE hour >= ? AND hour < ? AND "
                           "cluster = 'default'", [day, day + timedelta(days=1)]).fetchall()
-        delete_hours(con, day, day + timedelta(days=1), ["default"])
+        was = delete_hours(con, day, day + timedelta(days=1), ["default"])
         for table, rows in (("allocation_hours", alloc), ("device_hours", dev)):
             for r in rows:
                 con.execute(f"INSERT INTO {table} VALUES ({', '.join('?' * len(r))})", list(r))
@@ -137,6 +137,7 @@ def test_re_metered_hours_are_computed_until_priced_again(tmp_path: Path) -> Non
             r = list(r)
             r[8] = None if r[8] is None else r[8] * 2
             con.execute(f"INSERT INTO workload_hours VALUES ({', '.join('?' * len(r))})", r)
+        assert pricedhours.settle(con, day, day + timedelta(days=1), ["default"], was) == 0
         p = wastehours.plan(con, MONTH.start, MONTH.end)
         assert p.computed == ((day, day + timedelta(days=1)),)  # east's rows stay stored
         assert _stored(con, day, day + timedelta(days=1)) == {

@@ -491,11 +491,15 @@ WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
 -- query: orphans
 -- Allocation facts with no device fact in the same hour cannot be priced (no model, no fleet
 -- cost); they are counted and reported, not guessed at. _alloc holds one row per fact that
--- joined a device (every other join there is on a unique key).
-SELECT (SELECT count(*) FROM allocation_hours
-        WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
-          AND cluster = getvariable('gl_cluster'))
-       - (SELECT count(*) FROM _alloc);
+-- joined a device (every other join there is on a unique key). Per hour: pricing records
+-- them with the hour (metering/pricedhours.py).
+SELECT f.hour, f.n - coalesce(a.n, 0)
+FROM (SELECT hour, count(*) AS n FROM allocation_hours
+      WHERE hour >= getvariable('gl_start') AND hour < getvariable('gl_end')
+        AND cluster = getvariable('gl_cluster')
+      GROUP BY hour) f
+LEFT JOIN (SELECT hour, count(*) AS n FROM _alloc GROUP BY hour) a USING (hour)
+WHERE f.n <> coalesce(a.n, 0);
 
 -- query: holders_unique
 -- Whether each holder (hour x namespace x pod x container x device x MIG instance, the key of

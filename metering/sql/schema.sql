@@ -253,8 +253,9 @@ CREATE TABLE IF NOT EXISTS adjustments (
 -- of joining the month's facts with its charges again. Derived: every row is what that query
 -- gives for its hour and cluster from the facts and charges as they are now. Pricing replaces
 -- an hour x cluster's rows in its transaction (after closed hours' charges are restored:
--- metering/closes.py); rewriting facts (metering/facts.py delete_hours) or merging a
--- cluster-month (metering/export.py) deletes them, and the report computes such hours again.
+-- metering/closes.py); rewriting facts that come out different (metering/pricedhours.py
+-- settle) or merging a cluster-month (metering/export.py) deletes them, and the report
+-- computes such hours again.
 -- Columns: the query's, in its order and types.
 CREATE TABLE IF NOT EXISTS waste_hours (
     cluster           VARCHAR   NOT NULL,
@@ -281,4 +282,17 @@ CREATE TABLE IF NOT EXISTS waste_hours_stored (
     hour              TIMESTAMP NOT NULL,
     cluster           VARCHAR   NOT NULL,
     stored_at         TIMESTAMP NOT NULL    -- UTC
+);
+
+-- The hours x clusters pricing wrote, with what it priced them from (metering/pricedhours.py):
+-- `meter` does not price again an hour whose facts, cost model and pricing code are the same.
+CREATE TABLE IF NOT EXISTS priced_hours (
+    hour                 TIMESTAMP NOT NULL,
+    cluster              VARCHAR   NOT NULL,
+    cost_model_hash      VARCHAR   NOT NULL,
+    pricing              VARCHAR   NOT NULL,   -- the pricing code's fingerprint
+    facts                VARCHAR   NOT NULL,   -- digest of the hour's facts when priced
+    charge_rows          BIGINT    NOT NULL,   -- charges rows written for the hour
+    unpriced_allocations BIGINT    NOT NULL,   -- allocation facts with no device fact
+    priced_at            TIMESTAMP NOT NULL    -- UTC
 );
