@@ -54,10 +54,16 @@ def _fingerprint() -> str:
 
 FINGERPRINT: Final = _fingerprint()
 
-# Per (cluster, hour): each fact table's row count and two 64-bit hash sums of its rows; an
-# hour without facts has none.
-Digest = tuple[tuple[str, int, int, int], ...]
-Before = dict[tuple[str, datetime], Digest]
+
+def _text(parts: list[tuple[str, int, int, int]]) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+EMPTY: Final = _text([])
+
+# Per (cluster, hour): a sha256 of each fact table's row count and two 64-bit hash sums of
+# its rows (EMPTY: an hour without facts).
+Before = dict[tuple[str, datetime], str]
 
 
 def before(con: Any, start: datetime, end: datetime, clusters: Iterable[str]) -> Before:
@@ -70,18 +76,18 @@ def before(con: Any, start: datetime, end: datetime, clusters: Iterable[str]) ->
     if not priced:
         return {}
     got = _digests(con, params)
-    return {k: got.get(k, ()) for k in priced}
+    return {k: got.get(k, EMPTY) for k in priced}
 
 
 def settle(con: Any, start: datetime, end: datetime, clusters: Iterable[str],
-           was: Mapping[tuple[str, datetime], Digest]) -> int:
+           was: Mapping[tuple[str, datetime], str]) -> int:
     """After ingest wrote the new facts of [start, end) x `clusters`: drop what pricing derived
     from the old facts (priced_hours rows, stored waste device-hours) except for the priced
     hours whose facts came out the same. Returns how many hours kept theirs."""
     names = sorted(clusters)
     params = {"s": start, "e": end, "c": names}
     now = _digests(con, params) if was else {}
-    same = [k for k, d in was.items() if now.get(k, ()) == d]
+    same = [k for k, d in was.items() if now.get(k, EMPTY) == d]
     where = "hour >= $s AND hour < $e AND list_contains($c, cluster)"
     if same:
         con.register("_gl_same", pa.table({
@@ -98,7 +104,7 @@ def settle(con: Any, start: datetime, end: datetime, clusters: Iterable[str],
     return len(same)
 
 
-def _digests(con: Any, params: Mapping[str, Any]) -> dict[tuple[str, datetime], Digest]:
+def _digests(con: Any, params: Mapping[str, Any]) -> dict[tuple[str, datetime], str]:
     parts: dict[tuple[str, datetime], list[tuple[str, int, int, int]]] = {}
     for table in _FACTS:
         for cluster, hour, n, h1, h2 in con.execute(
@@ -106,7 +112,7 @@ def _digests(con: Any, params: Mapping[str, Any]) -> dict[tuple[str, datetime], 
                 "WHERE hour >= $s AND hour < $e AND list_contains($c, cluster) GROUP BY ALL",
                 dict(params)).fetchall():
             parts.setdefault((str(cluster), hour), []).append((table, int(n), int(h1), int(h2)))
-    return {k: tuple(v) for k, v in parts.items()}
+    return {k: _text(v) for k, v in parts.items()}
 
 
 def kept(con: Any, start: datetime, end: datetime, cluster: str,
@@ -127,7 +133,7 @@ def kept(con: Any, start: datetime, end: datetime, cluster: str,
     if not rows:
         return {}
     now = _digests(con, {"s": start, "e": end, "c": [cluster]})
-    return {h: int(n) for h, facts, n in rows if _text(now.get((cluster, h), ())) == facts}
+    return {h: int(n) for h, facts, n in rows if now.get((cluster, h), EMPTY) == facts}
 
 
 def touch(con: Any, start: datetime, end: datetime, cluster: str, now: datetime) -> None:
@@ -148,7 +154,7 @@ def record(con: Any, cluster: str, cost_model_hash: str, unpriced: Mapping[datet
     hours = hours_of(start, end)
     con.register("_gl_priced", pa.table({
         "hour": pa.array(hours, pa.timestamp("us")),
-        "facts": pa.array([_text(facts.get((cluster, h), ())) for h in hours], pa.string()),
+        "facts": pa.array([facts.get((cluster, h), EMPTY) for h in hours], pa.string()),
         "unpriced": pa.array([unpriced.get(h, 0) for h in hours], pa.int64())}))
     try:
         con.execute(
@@ -162,10 +168,6 @@ def record(con: Any, cluster: str, cost_model_hash: str, unpriced: Mapping[datet
              "now": now})
     finally:
         con.unregister("_gl_priced")
-
-
-def _text(digest: Digest) -> str:
-    return hashlib.sha256(repr(digest).encode()).hexdigest()
 
 
 def forget(con: Any, start: datetime, end: datetime, clusters: Iterable[str]) -> None:
