@@ -4,15 +4,17 @@
 all three days again, though a late day's facts mostly come out the same: two thirds of the
 run's pricing rebuilt charges that did not change (docs/performance.md, "The CronJob's daily
 run at 80,000 GPUs"). An hour's charges, energy rows and waste device-hours depend only on
-that hour's facts, the cost model and the pricing code (every figure of pricing.sql is per
-hour), so:
+that hour's facts, the cost model, the hour's energy price, PUE and carbon intensity (which
+come from the cost model and, for intensity, from the CSV file it names: the cost model's hash
+covers its YAML only) and the pricing code (every figure of pricing.sql is per hour), so:
 
 - pricing records every hour it prices in `priced_hours`: a digest of the hour's facts (each
-  fact table's rows counted and hashed twice), the cost model's hash, the pricing code's
-  fingerprint (FINGERPRINT), its charge rows and unpriced allocations (`record`);
-- `meter` keeps the charges of an hour whose record names the cost model and code of this
-  run and the digest its facts have now, whose charge rows are all still there and whose
-  waste device-hours are stored (`kept`);
+  fact table's rows counted and hashed twice), the cost model's hash, what else it was priced
+  with (`priced_with`: the pricing code's fingerprint and the hour's energy factors), its
+  charge rows and unpriced allocations (`record`);
+- `meter` keeps the charges of an hour whose record names the cost model, code and energy
+  factors of this run and the digest its facts have now, whose charge rows are all still
+  there and whose waste device-hours are stored (`kept`);
 - ingest, re-metering priced hours, drops the waste device-hours derived from the old facts
   only where the digest changed (`before`, `settle`), so that an hour re-metered unchanged
   can be kept.
@@ -53,6 +55,17 @@ def _fingerprint() -> str:
 
 
 FINGERPRINT: Final = _fingerprint()
+
+# Per hour: its kWh price (micros; None: no `energy:`), PUE (millionths) and carbon intensity
+# (mg per kWh; None: no `carbon:`), as pricing loads them (metering/pricing.py _p_energy).
+Factors = Mapping[datetime, tuple[int | None, int, int | None]]
+
+
+def priced_with(factors: Factors, hour: datetime) -> str:
+    """The `pricing` column of an hour: the code's fingerprint and the hour's energy factors.
+    An intensity CSV updated for hours already priced (grid operators publish actual figures
+    after their forecasts) changes this, so those hours are priced again."""
+    return f"{FINGERPRINT}:{hashlib.sha256(repr(factors[hour]).encode()).hexdigest()[:16]}"
 
 
 def _text(parts: list[tuple[str, int, int, int]]) -> str:
@@ -116,24 +129,26 @@ def _digests(con: Any, params: Mapping[str, Any]) -> dict[tuple[str, datetime], 
 
 
 def kept(con: Any, start: datetime, end: datetime, cluster: str,
-         cost_model_hash: str) -> dict[datetime, int]:
+         cost_model_hash: str, factors: Factors) -> dict[datetime, int]:
     """The hours of [start, end) of `cluster` whose charges this pricing would give again,
-    with their unpriced allocations: priced with this cost model and code from facts with
-    the digest they have now, every charge row there and the waste device-hours stored."""
-    params = {"s": start, "e": end, "c": cluster, "m": cost_model_hash, "f": FINGERPRINT}
+    with their unpriced allocations: priced with this cost model, code and energy `factors`
+    (every hour of the period) from facts with the digest they have now, every charge row
+    there and the waste device-hours stored."""
+    params = {"s": start, "e": end, "c": cluster, "m": cost_model_hash}
     rows = con.execute(
-        f"""SELECT p.hour, p.facts, p.unpriced_allocations FROM {TABLE} p
+        f"""SELECT p.hour, p.facts, p.pricing, p.unpriced_allocations FROM {TABLE} p
             JOIN {wastehours.STORED} w ON w.hour = p.hour AND w.cluster = p.cluster
             LEFT JOIN (SELECT hour, count(*) AS n FROM charges
                        WHERE hour >= $s AND hour < $e AND cluster = $c
                          AND cost_model_hash = $m GROUP BY hour) ch ON ch.hour = p.hour
             WHERE p.hour >= $s AND p.hour < $e AND p.cluster = $c
-              AND p.cost_model_hash = $m AND p.pricing = $f
+              AND p.cost_model_hash = $m
               AND coalesce(ch.n, 0) = p.charge_rows""", params).fetchall()
     if not rows:
         return {}
     now = _digests(con, {"s": start, "e": end, "c": [cluster]})
-    return {h: int(n) for h, facts, n in rows if now.get((cluster, h), EMPTY) == facts}
+    return {h: int(n) for h, facts, pricing, n in rows
+            if now.get((cluster, h), EMPTY) == facts and pricing == priced_with(factors, h)}
 
 
 def touch(con: Any, start: datetime, end: datetime, cluster: str, now: datetime) -> None:
@@ -144,10 +159,12 @@ def touch(con: Any, start: datetime, end: datetime, cluster: str, now: datetime)
                 {"s": start, "e": end, "c": cluster, "now": now})
 
 
-def record(con: Any, cluster: str, cost_model_hash: str, unpriced: Mapping[datetime, int],
-           start: datetime, end: datetime, now: datetime) -> None:
+def record(con: Any, cluster: str, cost_model_hash: str, factors: Factors,
+           unpriced: Mapping[datetime, int], start: datetime, end: datetime,
+           now: datetime) -> None:
     """Record the hours [start, end) of `cluster` as priced now (their charges written in
-    this transaction) from the facts they hold, with the unpriced allocations of each."""
+    this transaction) from the facts they hold and these energy `factors`, with the unpriced
+    allocations of each."""
     con.execute(f"DELETE FROM {TABLE} WHERE hour >= $s AND hour < $e AND cluster = $c",
                 {"s": start, "e": end, "c": cluster})
     facts = _digests(con, {"s": start, "e": end, "c": [cluster]})
@@ -155,17 +172,18 @@ def record(con: Any, cluster: str, cost_model_hash: str, unpriced: Mapping[datet
     con.register("_gl_priced", pa.table({
         "hour": pa.array(hours, pa.timestamp("us")),
         "facts": pa.array([facts.get((cluster, h), EMPTY) for h in hours], pa.string()),
+        "pricing": pa.array([priced_with(factors, h) for h in hours], pa.string()),
         "unpriced": pa.array([unpriced.get(h, 0) for h in hours], pa.int64())}))
     try:
         con.execute(
             f"""INSERT INTO {TABLE}
-                SELECT p.hour, $c, $m, $f, p.facts, coalesce(ch.n, 0), p.unpriced, $now
+                SELECT p.hour, $c, $m, p.pricing, p.facts, coalesce(ch.n, 0), p.unpriced,
+                       $now
                 FROM _gl_priced p
                 LEFT JOIN (SELECT hour, count(*) AS n FROM charges
                            WHERE hour >= $s AND hour < $e AND cluster = $c GROUP BY hour) ch
                        ON ch.hour = p.hour""",
-            {"s": start, "e": end, "c": cluster, "m": cost_model_hash, "f": FINGERPRINT,
-             "now": now})
+            {"s": start, "e": end, "c": cluster, "m": cost_model_hash, "now": now})
     finally:
         con.unregister("_gl_priced")
 

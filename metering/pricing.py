@@ -137,17 +137,22 @@ def _load_config(con: duckdb.DuckDBPyConnection, model: CostModel,
     return tuple(sorted(defaults))
 
 
-def _load_energy(con: duckdb.DuckDBPyConnection, model: CostModel, start: datetime,
-                 end: datetime) -> None:
-    """The hours of [start, end) with their kWh price, PUE and carbon intensity (_p_energy).
-    PUE is energy.pue, or 1 without `energy:` (carbon of the GPUs' own joules)."""
-    con.execute("DELETE FROM _p_energy")
+def _energy_factors(model: CostModel, start: datetime, end: datetime) -> pricedhours.Factors:
+    """Each hour of [start, end) with its kWh price, PUE and carbon intensity, in _p_energy's
+    integer units. PUE is energy.pue, or 1 without `energy:` (carbon of the GPUs' own
+    joules)."""
     energy, carbon = model.energy, model.carbon
-    pue = energy.pue if energy is not None else Decimal(1)
-    _insert(con, "_p_energy", [
-        (h, None if energy is None else int(energy.price_at(h) / MICRO), int(pue / MICRO),
-         None if carbon is None else int(carbon.grams_at(h) * 1000))
-        for h in hours_of(start, end)])
+    pue = int((energy.pue if energy is not None else Decimal(1)) / MICRO)
+    return {h: (None if energy is None else int(energy.price_at(h) / MICRO), pue,
+                None if carbon is None else int(carbon.grams_at(h) * 1000))
+            for h in hours_of(start, end)}
+
+
+def _load_energy(con: duckdb.DuckDBPyConnection, factors: pricedhours.Factors,
+                 start: datetime, end: datetime) -> None:
+    """The hours of [start, end) with their energy factors (_p_energy)."""
+    con.execute("DELETE FROM _p_energy")
+    _insert(con, "_p_energy", [(h, *factors[h]) for h in hours_of(start, end)])
 
 
 def _record_cost_model(con: duckdb.DuckDBPyConnection, model: CostModel,
@@ -286,8 +291,9 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
             for cluster in names:
                 priced_with = model.for_cluster(cluster)
                 defaults.update(_load_config(con, priced_with, start, end, cluster))
+                factors = _energy_factors(priced_with, start, end)
                 unchanged = unchanged_of[cluster] = (
-                    pricedhours.kept(con, start, end, cluster, priced_with.hash)
+                    pricedhours.kept(con, start, end, cluster, priced_with.hash, factors)
                     if keep and freeze is None else {})
                 for piece in slices:
                     lo, hi = piece.naive()
@@ -303,7 +309,7 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                             kept += len(hours_kept)
                         else:
                             wastehours.forget(con, a, b, [cluster])
-                            _load_energy(con, priced_with, a, b)
+                            _load_energy(con, factors, a, b)
                             for _, step in sql.steps:
                                 con.execute(step)
                             unpriced = {h: int(n) for h, n in
@@ -315,8 +321,8 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                             else:
                                 by_query.append((cluster, a, b))
                             if freeze is None:
-                                pricedhours.record(con, cluster, priced_with.hash, unpriced,
-                                                   a, b, now)
+                                pricedhours.record(con, cluster, priced_with.hash, factors,
+                                                   unpriced, a, b, now)
                         row = con.execute(sql.query("totals")).fetchone()
                         assert row is not None
                         sums = [x + y for x, y in zip(sums, row, strict=True)]

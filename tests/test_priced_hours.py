@@ -118,3 +118,38 @@ def test_a_fact_a_cost_model_or_a_charge_row_changed_is_priced_again(
             "SELECT DISTINCT cost_model_hash FROM charges WHERE hour >= ? AND hour < ?",
             [START, END]).fetchall()}
     assert hashes == {load_cost_model(str(other)).hash}
+
+
+def test_an_hour_whose_carbon_intensity_changed_is_priced_again(
+        fleet_om_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The cost model's hash covers its YAML, not the intensity CSV it names: a grid
+    operator's actual figure replacing its forecast for an hour already priced reaches that
+    hour's CO2e at the next re-metering, as pricing every hour gives it."""
+    grid = tmp_path / "grid.csv"
+    model_file = tmp_path / "cost-model.yaml"
+    model_file.write_text(PACKAGED.read_text() + "\ncarbon:\n  grams_per_kwh: 350\n"
+                          "  intensity_csv: grid.csv\n")
+    hour = datetime(2026, 10, 5, 3)
+    grid.write_text("timestamp,gCO2e/kWh\n2026-10-05T03:00:00Z,300\n")
+    db = tmp_path / "ledger.duckdb"
+    assert _meter(db, fleet_om_file, "--cost-model", str(model_file)) == 0
+    capsys.readouterr()
+    assert _meter(db, fleet_om_file, "--cost-model", str(model_file)) == 0
+    assert _kept(capsys.readouterr().err) == 72
+
+    def co2(path: Path) -> Any:
+        with connect(path, read_only=True) as con:
+            return con.execute("SELECT sum(co2e_grams), sum(energy_joules) FROM energy_hours "
+                               "WHERE hour = ?", [hour]).fetchone()
+
+    grams_before, joules = co2(db)
+    assert joules > 0
+    grid.write_text("timestamp,gCO2e/kWh\n2026-10-05T03:00:00Z,600\n")  # the actual figure
+    assert _meter(db, fleet_om_file, "--cost-model", str(model_file)) == 0
+    assert _kept(capsys.readouterr().err) == 71
+    assert co2(db)[0] > grams_before
+    copy = tmp_path / "copy.duckdb"
+    shutil.copy(db, copy)
+    with connect(copy) as con:  # every hour priced with the CSV as it is now: the same rows
+        assert price_period(con, load_cost_model(str(model_file)), START, END).kept_hours == 0
+    assert _rows(db) == _rows(copy)

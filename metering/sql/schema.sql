@@ -285,12 +285,14 @@ CREATE TABLE IF NOT EXISTS waste_hours_stored (
 );
 
 -- The hours x clusters pricing wrote, with what it priced them from (metering/pricedhours.py):
--- `meter` does not price again an hour whose facts, cost model and pricing code are the same.
+-- `meter` does not price again an hour whose facts, cost model, energy factors and pricing code
+-- are the same.
 CREATE TABLE IF NOT EXISTS priced_hours (
     hour                 TIMESTAMP NOT NULL,
     cluster              VARCHAR   NOT NULL,
     cost_model_hash      VARCHAR   NOT NULL,
-    pricing              VARCHAR   NOT NULL,   -- the pricing code's fingerprint
+    pricing              VARCHAR   NOT NULL,   -- the pricing code's fingerprint and a digest of
+                                               -- the hour's kWh price, PUE, gCO2e/kWh
     facts                VARCHAR   NOT NULL,   -- digest of the hour's facts when priced
     charge_rows          BIGINT    NOT NULL,   -- charges rows written for the hour
     unpriced_allocations BIGINT    NOT NULL,   -- allocation facts with no device fact
