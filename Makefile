@@ -10,9 +10,14 @@ HELM := build/tools/bin/helm
 
 .PHONY: demo test lint typecheck pytest generate check-generated bench clean refresh-crd-schemas lock
 
-$(STAMP): pyproject.toml
+# The runtime dependencies first, from requirements.lock as the image installs them, so the
+# tests run on the versions that ship (tests/test_requirements_lock.py checks); then the
+# project and its dev extras, which leave those pins as they are.
+$(STAMP): pyproject.toml requirements.lock Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --require-hashes --only-binary=:all: --no-deps \
+		-r requirements.lock
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 

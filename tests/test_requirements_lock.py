@@ -4,6 +4,7 @@ says when that was forgotten."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import tomllib
 from pathlib import Path
@@ -62,3 +63,13 @@ def test_image_installs_the_lock_with_hashes_required() -> None:
     assert bases and all(re.search(r"@sha256:[0-9a-f]{64}$", b) for b in bases), bases
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert "\nlock:" in makefile and "--generate-hashes" in makefile  # the refresh command
+
+
+def test_the_suite_runs_on_the_locked_runtime_dependencies() -> None:
+    """The Makefile installs requirements.lock before the dev extras: what is tested here is
+    what the image ships, not the newest release within pyproject.toml's ranges."""
+    pins = locked()
+    installed = {name: importlib.metadata.version(name) for name in pins}
+    differ = {n: (v, installed[n]) for n, (v, _) in pins.items() if installed[n] != v}
+    assert differ == {}, ("installed runtime dependencies differ from requirements.lock "
+                          "(pin, installed): rm .venv/.installed-stamp && make test")
