@@ -85,10 +85,10 @@ def test_a_node_relabelled_mid_hour_is_one_gpu_not_a_clash(tmp_path: Path) -> No
         ("trainer-0", 3600.0)]
 
 
-def _up(node: str) -> dict[str, object]:
+def _up(node: str, at: int = 0) -> dict[str, object]:
     spec = next(s for s in SIGNALS if s.name == "up_count")
     labels = {"node": node, "gpu": "0", "uuid": BDF, "model": MAX1550, "cluster": "east"}
-    hour = int(datetime(2026, 10, 5, 0, 0).timestamp())
+    hour = int(datetime(2026, 10, 5, at, 0).timestamp())
     table = build_signal(spec, [labels], np.zeros(1, np.int64), np.array([hour], np.int64),
                          np.array([60.0]))
     return {"up_count": table}
@@ -104,6 +104,19 @@ def test_one_uuid_on_two_nodes_in_two_node_groups_is_refused(tmp_path: Path) -> 
         write_facts(con, [_up("n1"), _up("n2")], start, end, 60.0, ClusterScope("east"))
     con.execute("ROLLBACK")
     assert rows(con, "SELECT count(*) FROM device_hours") == [(0,)]
+
+
+def test_a_gpu_moved_to_another_node_between_hours_in_two_node_groups_is_not_a_clash(
+        tmp_path: Path) -> None:
+    """The GPU is on n1 in the first hour and on n2 in the second (a card moved, a node
+    renamed): two nodes in the chunk, one in each hour."""
+    con = connect(tmp_path / "ledger.duckdb")
+    start, end = datetime(2026, 10, 5, 0), datetime(2026, 10, 5, 2)
+    con.execute("BEGIN")
+    write_facts(con, [_up("n1", 0), _up("n2", 1)], start, end, 60.0, ClusterScope("east"))
+    con.execute("COMMIT")
+    assert rows(con, "SELECT node, hour FROM device_hours ORDER BY hour") == [
+        ("n1", datetime(2026, 10, 5, 0)), ("n2", datetime(2026, 10, 5, 1))]
 
 
 # --- the identity exporters publish (exporter/device/identity.py, docs/backends.md) --------

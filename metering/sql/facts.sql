@@ -58,9 +58,16 @@ GROUP BY cluster, uuid, hour HAVING count(*) > 1 ORDER BY hour, uuid LIMIT 1;
 -- query: clash_across_groups
 -- The same over the device hours node groups wrote one after another: a GPU observed all hour
 -- (but `$slack` seconds) by two nodes of the clusters `$clusters`.
-SELECT uuid, min(node), max(node), hour FROM device_hours
-WHERE gl_in(hour) AND cluster IN (SELECT unnest($clusters))
-  AND observed_seconds >= getvariable('gl_hour_s') - $slack
+WITH d AS (
+    SELECT cluster, uuid, node, hour FROM device_hours
+    WHERE gl_in(hour) AND cluster IN (SELECT unnest($clusters))
+      AND observed_seconds >= getvariable('gl_hour_s') - $slack
+), moved AS (
+    -- the GPUs on two nodes at all in the chunk, few or none: grouping by GPU alone first
+    -- keeps the per-hour grouping to them (0.5-0.75x the CPU at 5.76M device-hours)
+    SELECT cluster, uuid FROM d GROUP BY cluster, uuid HAVING min(node) <> max(node)
+)
+SELECT uuid, min(node), max(node), hour FROM d SEMI JOIN moved USING (cluster, uuid)
 -- (min <> max: two nodes or more, without count(DISTINCT)'s set per group: 0.3x the CPU at
 -- 1.9M device-hours)
 GROUP BY cluster, uuid, hour HAVING min(node) <> max(node) ORDER BY hour, uuid LIMIT 1;
