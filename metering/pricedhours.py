@@ -10,7 +10,7 @@ covers its YAML only) and the pricing code (every figure of pricing.sql is per h
 
 - pricing records every hour it prices in `priced_hours`: a digest of the hour's facts (each
   fact table's rows counted and hashed twice), the cost model's hash, what else it was priced
-  with (`priced_with`: the pricing code's fingerprint and the hour's energy factors), its
+  with (`pricing_key`: the pricing code's fingerprint and the hour's energy factors), its
   charge rows and unpriced allocations (`record`);
 - `meter` keeps the charges of an hour whose record names the cost model, code and energy
   factors of this run and the digest its facts have now, whose charge rows are all still
@@ -61,7 +61,7 @@ FINGERPRINT: Final = _fingerprint()
 Factors = Mapping[datetime, tuple[int | None, int, int | None]]
 
 
-def priced_with(factors: Factors, hour: datetime) -> str:
+def pricing_key(factors: Factors, hour: datetime) -> str:
     """The `pricing` column of an hour: the code's fingerprint and the hour's energy factors.
     An intensity CSV updated for hours already priced (grid operators publish actual figures
     after their forecasts) changes this, so those hours are priced again."""
@@ -148,7 +148,7 @@ def kept(con: Any, start: datetime, end: datetime, cluster: str,
         return {}
     now = _digests(con, {"s": start, "e": end, "c": [cluster]})
     return {h: int(n) for h, facts, pricing, n in rows
-            if now.get((cluster, h), EMPTY) == facts and pricing == priced_with(factors, h)}
+            if now.get((cluster, h), EMPTY) == facts and pricing == pricing_key(factors, h)}
 
 
 def touch(con: Any, start: datetime, end: datetime, cluster: str, now: datetime) -> None:
@@ -172,7 +172,7 @@ def record(con: Any, cluster: str, cost_model_hash: str, factors: Factors,
     con.register("_gl_priced", pa.table({
         "hour": pa.array(hours, pa.timestamp("us")),
         "facts": pa.array([facts.get((cluster, h), EMPTY) for h in hours], pa.string()),
-        "pricing": pa.array([priced_with(factors, h) for h in hours], pa.string()),
+        "pricing": pa.array([pricing_key(factors, h) for h in hours], pa.string()),
         "unpriced": pa.array([unpriced.get(h, 0) for h in hours], pa.int64())}))
     try:
         con.execute(
