@@ -18,6 +18,7 @@ from pathlib import Path
 
 import duckdb
 
+from metering import unfinished
 from metering.cores import available_cores
 from metering.errors import ExitCode, InputError, MeteringError, OutOfMemoryError, UsageError
 
@@ -394,8 +395,12 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
         con.close()
         raise DatabaseError(str(p), problem)
     if not read_only:
+        # A chunk written in place by a run that stopped before its end: its hours back to
+        # how they were (not metered) before anything reads them (metering/unfinished.py).
         for step, doing in ((lambda: con.execute(schema_sql()), "create the metering tables"),
-                            (lambda: migrate(con), "update the metering tables to this version")):
+                            (lambda: migrate(con), "update the metering tables to this version"),
+                            (lambda: unfinished.recover(con),
+                             "delete the hours a stopped run left half written")):
             try:
                 step()
             except duckdb.OutOfMemoryException:

@@ -3,8 +3,10 @@ facts and coverage, report progress.
 
 A chunk is all-or-nothing: its hours are deleted and rewritten in one transaction (a chunk in
 node groups stages each group's facts apart first, metering.facts.STAGING, and swaps them in
-in that transaction), so a re-run gives the same rows and a failed fetch leaves the chunk as
-it was. Chunks already committed stay when a later one fails.
+in that transaction; where its hours hold nothing yet, its groups go in place, noted as
+unfinished until that transaction: metering/unfinished.py), so a re-run gives the same rows
+and a failed fetch leaves the chunk as it was. Chunks already committed stay when a later one
+fails.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Protocol
 
-from metering import guards, pricedhours
+from metering import guards, pricedhours, unfinished
 from metering.chunking import DEFAULT_CHUNK_HOURS, MAX_CHUNK_HOURS
 from metering.cluster import ClusterScope
 from metering.db import transaction
@@ -148,7 +150,8 @@ def ingest(con: Any, source: Source | ParallelSource, period: Period,
             first = int(chunk.start.timestamp())
             dropped: dict[datetime, int] = {}
             try:
-                with transaction(con):
+                # A chunk whose groups went in place is deleted again if it fails.
+                with unfinished.recovered_on_error(con), transaction(con):
                     # Node groups are fetched as they are written: one group's signals at a
                     # time in memory (metering.queryplan, "node groups").
                     groups = _tables(source, chunk)

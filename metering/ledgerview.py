@@ -13,7 +13,7 @@ from typing import Final
 
 import duckdb
 
-from metering import db, manifest, pricedhours, wastehours
+from metering import db, manifest, pricedhours, unfinished, wastehours
 from metering.cluster import CLUSTER_NAME_RULE, is_cluster_name
 
 # Adjustments (metering/closes.py) are per hour of a closed month and cluster: they travel
@@ -110,6 +110,13 @@ def _duckdb_sources(con: duckdb.DuckDBPyConnection, p: Path, alias: str) -> dict
     except db.DatabaseError as e:
         raise LedgerError(str(e)) from None
     con.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [str(p)])
+    left = unfinished.pending(con, alias)
+    if left:
+        raise LedgerError(
+            f"{p}: hours {unfinished.describe(left)} hold part of their facts: a `gpu-ledger "
+            "meter` run stopped while writing them; any command that writes the ledger "
+            "(`meter`, `close`) deletes them first, and the same `meter` command meters them "
+            "again")
     columns: dict[str, set[str]] = {}
     for table, column in con.execute(
             "SELECT table_name, column_name FROM information_schema.columns "

@@ -203,3 +203,138 @@ def test_a_chunk_stopped_between_node_groups_leaves_the_ledger_as_it_was(
                       ) == 0
     assert "node group(s)" in capsys.readouterr().err
     assert ledger(db) == before
+
+
+_IN_PLACE_DAYS = (["--from", "2026-10-05", "--to", "2026-10-06"],
+                  ["--from", "2026-10-06", "--to", "2026-10-07"])
+
+
+def _facts_by_table(path: Path) -> list[list[tuple[object, ...]]]:
+    from metering import facts
+    from metering.db import connect
+    with connect(path, read_only=True) as con:
+        return [con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
+                for t in facts.FACT_TABLES if t != "coverage"]
+
+
+def _held(path: Path) -> tuple[int, int, int]:
+    """Device-hours of 10-05 and of 10-06, and the unfinished notes, read as the file is."""
+    from metering.db import connect
+    with connect(path, read_only=True) as con:
+        day5, day6 = con.execute(
+            "SELECT count(*) FILTER (hour < '2026-10-06'), count(*) FILTER "
+            "(hour >= '2026-10-06') FROM device_hours").fetchall()[0]
+        notes = con.execute("SELECT count(*) FROM unfinished_hours").fetchall()[0][0]
+    return int(day5), int(day6), int(notes)
+
+
+@pytest.mark.parametrize("stop", ["error", "ctrl-c"])
+def test_node_groups_of_hours_not_metered_yet_go_in_place_and_a_stop_takes_them_out(
+        fleet_prom_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], stop: str) -> None:
+    """Hours the ledger holds nothing for get their node groups written straight into the
+    fact tables, each committed and noted as unfinished (metering/unfinished.py); stopped
+    after the first group, the run deletes what it wrote, so those hours are unmetered
+    again and the other day's facts stay, and a rerun gives the facts of one group."""
+    import os
+    import signal
+
+    import metering.cli_meter as cli_meter
+    from metering import facts
+    from metering.promclient import PromError
+
+    whole, db = tmp_path / "whole.duckdb", tmp_path / "ledger.duckdb"
+    for path in (whole, db):
+        for days in _IN_PLACE_DAYS[: 2 if path == whole else 1]:
+            assert gpu_ledger(["meter", "--prometheus", fleet_prom_url, *days, "--no-price",
+                               "--db", str(path)]) == 0
+    day5 = _held(db)[0]
+    assert day5 > 0 and _held(db) == (day5, 0, 0)
+    monkeypatch.setattr(cli_meter, "memory_budget", lambda: 1 << 10)  # a group per node
+    real = facts._Writer.group
+    seen: list[tuple[int, int, int]] = []
+
+    def group(self: facts._Writer, signals: object) -> None:
+        if len(seen) == 1:  # the first group is committed, in place
+            seen.append(self.con.execute(
+                "SELECT (SELECT count(*) FROM main.device_hours WHERE hour >= '2026-10-06'), "
+                "(SELECT count(*) FROM main.unfinished_hours), (SELECT count(*) FROM "
+                "information_schema.schemata WHERE schema_name = 'gl_staging')").fetchall()[0])
+            if stop == "ctrl-c":
+                os.kill(os.getpid(), signal.SIGINT)
+            raise PromError("the store went away")
+        seen.append((0, 0, 0))
+        real(self, signals)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(facts._Writer, "group", group)
+    capsys.readouterr()
+    rc = gpu_ledger(["meter", "--prometheus", fleet_prom_url, *_IN_PLACE_DAYS[1], "--no-price",
+                     "--db", str(db)])
+    err = capsys.readouterr().err
+    assert rc == (130 if stop == "ctrl-c" else 5) and "Traceback" not in err, err
+    in_place, noted, staging = seen[1]
+    assert in_place > 0 and noted == 1 and staging == 0
+    assert _held(db) == (day5, 0, 0)
+    monkeypatch.setattr(facts._Writer, "group", real)
+    assert gpu_ledger(["meter", "--prometheus", fleet_prom_url, *_IN_PLACE_DAYS[1], "--no-price",
+                       "--db", str(db), "-v"]) == 0
+    assert "node group(s)" in capsys.readouterr().err
+    assert _facts_by_table(db) == _facts_by_table(whole)
+
+
+_KILLED_AT_SECOND_GROUP = """
+import os, sys
+import metering.cli_meter as cli_meter
+from metering import facts
+from gpu_ledger.cli import main
+cli_meter.memory_budget = lambda: 1 << 10
+real, calls = facts._Writer.group, []
+def group(self, signals):
+    calls.append(1)
+    if len(calls) == 2:
+        os._exit(9)  # as a kill -9 would: nothing after it runs
+    real(self, signals)
+facts._Writer.group = group
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_hours_a_killed_run_left_half_written_are_refused_by_readers_and_taken_out_on_open(
+        fleet_prom_url: str, tmp_path: Path) -> None:
+    """Killed between two node groups written in place, the file holds part of those hours'
+    facts and the note that says so: a report refuses the ledger in one line, and the next
+    writable open deletes them (the hours unmetered, as before the run); the same command
+    then meters them as an uninterrupted run does."""
+    import subprocess
+    import sys
+
+    from metering import ledgerview
+    from metering.db import connect
+
+    whole, db = tmp_path / "whole.duckdb", tmp_path / "ledger.duckdb"
+    for path in (whole, db):
+        for days in _IN_PLACE_DAYS[: 2 if path == whole else 1]:
+            assert gpu_ledger(["meter", "--prometheus", fleet_prom_url, *days, "--no-price",
+                               "--db", str(path)]) == 0
+    day5 = _held(db)[0]
+    meter = ["meter", "--prometheus", fleet_prom_url, *_IN_PLACE_DAYS[1], "--no-price",
+             "--db", str(db)]
+    run = subprocess.run([sys.executable, "-c", _KILLED_AT_SECOND_GROUP, *meter],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 9, run.stderr
+    left = _held(db)
+    assert left[0] == day5 and left[1] > 0 and left[2] == 1  # half of 10-06, noted
+    with pytest.raises(ledgerview.LedgerError) as refused:
+        ledgerview.open_ledger(db)
+    assert "2026-10-06 00:00 .. 2026-10-07 00:00 UTC hold part of their facts" in str(
+        refused.value) and "\n" not in str(refused.value)
+    report = subprocess.run([sys.executable, "-m", "gpu_ledger.cli", "report", "--db", str(db),
+                             "--month", "2026-10", "--out", str(tmp_path / "r")],
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode != 0 and "hold part of their facts" in report.stderr
+    assert "Traceback" not in report.stderr and len(report.stderr.splitlines()) == 1, \
+        report.stderr
+    connect(db).close()  # a writable open takes them out
+    assert _held(db) == (day5, 0, 0)
+    assert gpu_ledger(meter) == 0
+    assert _facts_by_table(db) == _facts_by_table(whole)

@@ -14,8 +14,9 @@ from metering.cores import available_cores
 from metering.db import DatabaseError, connect, migrate
 
 TABLES = {"allocation_hours", "charges", "coverage", "device_hours", "mig_hours",
-          "workload_hours", "grant_hours", "ingest_runs", "ingest_chunks", "cost_models",
-          "cost_model_prices", "month_closes", "adjustments", "energy_hours",
+          "workload_hours", "grant_hours", "ingest_runs", "ingest_chunks",
+          "unfinished_hours",  # metering/unfinished.py
+          "cost_models", "cost_model_prices", "month_closes", "adjustments", "energy_hours",
           "waste_hours", "waste_hours_stored",  # these two: metering/wastehours.py
           "priced_hours"}  # metering/pricedhours.py
 

@@ -222,6 +222,16 @@ CREATE TABLE IF NOT EXISTS ingest_chunks (
     clusters          VARCHAR[]             -- the clusters it rewrote; NULL: not recorded
 );
 
+-- Hours a chunk in node groups is writing straight into the fact tables, group by group
+-- (metering/unfinished.py): hours that held no facts before it. While a row is here they hold
+-- part of their facts: a writable open of the ledger deletes them (and the row), a reader
+-- refuses the ledger. The chunk's last transaction deletes the row with its coverage.
+CREATE TABLE IF NOT EXISTS unfinished_hours (
+    hour_start        TIMESTAMP NOT NULL,   -- UTC
+    hour_end          TIMESTAMP NOT NULL,
+    clusters          VARCHAR[]             -- NULL: every cluster (a cluster label's chunk)
+);
+
 -- Closed months (metering/closes.py, `gpu-ledger close`): a closed month's charges never
 -- change again. What data metered after the close changes in its hours is appended to
 -- `adjustments` and billed in the first open month after it (docs/metering.md, "Closing a
