@@ -65,7 +65,7 @@ def _connect_waiting(path: str | Path, wait: float, say: Say,
     waited = False
     while True:
         try:
-            return connect(path)
+            return connect(path, say=say)
         except LedgerLocked as exc:
             left = deadline - time.monotonic()
             if left <= 0:

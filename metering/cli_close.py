@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     month = parse_month(args.month)
-    with api.open_ledger(args.db, create=False, wait=args.wait) as con, db.transaction(con):
+    with api.open_ledger(args.db, create=False, wait=args.wait,
+                         say=lambda msg: print(msg, file=sys.stderr)) as con, \
+            db.transaction(con):
         done = closes.close(con, month, datetime.now(UTC))
         currency = ", ".join(r[0] for r in con.execute(
             "SELECT DISTINCT currency FROM cost_models WHERE hash IN (SELECT DISTINCT "

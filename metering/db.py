@@ -11,7 +11,7 @@ import functools
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
@@ -355,11 +355,13 @@ def spill_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"gpu-ledger-{os.getpid()}.tmp"
 
 
-def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+def connect(path: str | Path, *, read_only: bool = False,
+            say: Callable[[str], None] | None = None) -> duckdb.DuckDBPyConnection:
     """Open the database at `path`, creating it (and its tables) if it does not exist.
 
     read_only opens an existing file without creating or changing anything (for reports);
-    otherwise tables from an earlier version are migrated (see _MIGRATIONS).
+    otherwise tables from an earlier version are migrated (see _MIGRATIONS), and the hours a
+    stopped run left half written are deleted (metering/unfinished.py; `say` tells which).
     Memory is capped at memory_limit() (default 1.5GB); DuckDB spills beyond it.
     """
     if str(path) == ":memory:":  # tests and throwaway runs
@@ -399,7 +401,7 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
         # how they were (not metered) before anything reads them (metering/unfinished.py).
         for step, doing in ((lambda: con.execute(schema_sql()), "create the metering tables"),
                             (lambda: migrate(con), "update the metering tables to this version"),
-                            (lambda: unfinished.recover(con),
+                            (lambda: _recover(con, p, say),
                              "delete the hours a stopped run left half written")):
             try:
                 step()
@@ -415,6 +417,15 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
             con.close()
             raise DatabaseError(str(p), problem)
     return con
+
+
+def _recover(con: duckdb.DuckDBPyConnection, p: Path,
+             say: Callable[[str], None] | None) -> None:
+    cleared = unfinished.recover(con)
+    if cleared and say is not None:
+        say(f"gpu-ledger: {p}: deleted the facts of hours {unfinished.describe(cleared)} "
+            "that a stopped `gpu-ledger meter` run left half written: they are not metered "
+            "now, and the same `meter` command meters them again")
 
 
 @functools.cache

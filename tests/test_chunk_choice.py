@@ -334,7 +334,12 @@ def test_hours_a_killed_run_left_half_written_are_refused_by_readers_and_taken_o
     assert report.returncode != 0 and "hold part of their facts" in report.stderr
     assert "Traceback" not in report.stderr and len(report.stderr.splitlines()) == 1, \
         report.stderr
-    connect(db).close()  # a writable open takes them out
+    said: list[str] = []
+    connect(db, say=said.append).close()  # a writable open takes them out, and says so
+    assert said == [f"gpu-ledger: {db}: deleted the facts of hours 2026-10-06 00:00 .. "
+                    "2026-10-07 00:00 UTC that a stopped `gpu-ledger meter` run left half "
+                    "written: they are not metered now, and the same `meter` command meters "
+                    "them again"]
     assert _held(db) == (day5, 0, 0)
     assert gpu_ledger(meter) == 0
     assert _facts_by_table(db) == _facts_by_table(whole)
