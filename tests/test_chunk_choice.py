@@ -228,6 +228,17 @@ def _held(path: Path) -> tuple[int, int, int]:
     return int(day5), int(day6), int(notes)
 
 
+def _one_day_of_two(url: str, tmp_path: Path) -> tuple[Path, Path, int]:
+    """Ledgers of both days and of the first alone (in one group each), and how many
+    device-hours the first day holds."""
+    whole, db = tmp_path / "whole.duckdb", tmp_path / "ledger.duckdb"
+    for path in (whole, db):
+        for days in _IN_PLACE_DAYS[: 2 if path == whole else 1]:
+            assert gpu_ledger(["meter", "--prometheus", url, *days, "--no-price",
+                               "--db", str(path)]) == 0
+    return whole, db, _held(db)[0]
+
+
 @pytest.mark.parametrize("stop", ["error", "ctrl-c"])
 def test_node_groups_of_hours_not_metered_yet_go_in_place_and_a_stop_takes_them_out(
         fleet_prom_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -243,12 +254,7 @@ def test_node_groups_of_hours_not_metered_yet_go_in_place_and_a_stop_takes_them_
     from metering import facts
     from metering.promclient import PromError
 
-    whole, db = tmp_path / "whole.duckdb", tmp_path / "ledger.duckdb"
-    for path in (whole, db):
-        for days in _IN_PLACE_DAYS[: 2 if path == whole else 1]:
-            assert gpu_ledger(["meter", "--prometheus", fleet_prom_url, *days, "--no-price",
-                               "--db", str(path)]) == 0
-    day5 = _held(db)[0]
+    whole, db, day5 = _one_day_of_two(fleet_prom_url, tmp_path)
     assert day5 > 0 and _held(db) == (day5, 0, 0)
     monkeypatch.setattr(cli_meter, "memory_budget", lambda: 1 << 10)  # a group per node
     real = facts._Writer.group
@@ -311,12 +317,7 @@ def test_hours_a_killed_run_left_half_written_are_refused_by_readers_and_taken_o
     from metering import ledgerview
     from metering.db import connect
 
-    whole, db = tmp_path / "whole.duckdb", tmp_path / "ledger.duckdb"
-    for path in (whole, db):
-        for days in _IN_PLACE_DAYS[: 2 if path == whole else 1]:
-            assert gpu_ledger(["meter", "--prometheus", fleet_prom_url, *days, "--no-price",
-                               "--db", str(path)]) == 0
-    day5 = _held(db)[0]
+    whole, db, day5 = _one_day_of_two(fleet_prom_url, tmp_path)
     meter = ["meter", "--prometheus", fleet_prom_url, *_IN_PLACE_DAYS[1], "--no-price",
              "--db", str(db)]
     run = subprocess.run([sys.executable, "-c", _KILLED_AT_SECOND_GROUP, *meter],
