@@ -516,7 +516,7 @@ def _in_place(con: Any, w: _Writer, groups: Iterable[Mapping[str, pa.Table]],
         w.group(signals)
         con.execute("COMMIT")
         con.execute("BEGIN TRANSACTION")
-    unfinished.end(con, w.start, w.end)
+    unfinished.done(con, w.start, w.end)
 
 
 def delete_hours(con: Any, start: datetime, end: datetime,

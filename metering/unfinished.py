@@ -61,7 +61,7 @@ def begin(con: Any, start: datetime, end: datetime, clusters: Sequence[str] | No
                 {"s": start, "e": end, "c": None if clusters is None else sorted(clusters)})
 
 
-def end(con: Any, start: datetime, end: datetime) -> None:
+def done(con: Any, start: datetime, end: datetime) -> None:
     """The hours are written whole: drop their note in the chunk's last transaction."""
     con.execute(f"DELETE FROM {TABLE} WHERE hour_start = $s AND hour_end = $e",
                 {"s": start, "e": end})

@@ -168,11 +168,9 @@ def test_a_chunk_stopped_between_node_groups_leaves_the_ledger_as_it_was(
 
     def ledger(path: Path) -> list[list[tuple[object, ...]]]:
         with connect(path, read_only=True) as con:
-            out = [con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
-                   for t in facts.FACT_TABLES if t != "coverage"]
-            out.append(con.execute("SELECT schema_name FROM information_schema.schemata "
-                                   f"WHERE schema_name = '{facts.STAGING}'").fetchall())
-        return out
+            staging = con.execute("SELECT schema_name FROM information_schema.schemata "
+                                  f"WHERE schema_name = '{facts.STAGING}'").fetchall()
+        return [*_facts_by_table(path), staging]
 
     before = ledger(db)
     assert before == ledger(whole) and before[0] and before[2]
