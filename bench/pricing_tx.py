@@ -1,6 +1,10 @@
-"""What pricing's one transaction holds: a month priced in one transaction (as `meter` prices
-it) against one transaction per slice, on copies of one ledger; and DuckDB keeping replaced
-temp tables until a transaction ends, on its own.
+"""What pricing's one transaction holds: a month priced in one call (as `meter` prices it)
+against one call, and so one transaction, per slice, on copies of one ledger; and DuckDB
+keeping replaced temp tables until a transaction ends, on its own.
+
+One call for the month is one transaction where the ledger's month holds charges (give a
+priced ledger: a re-price); on a month never priced, `meter` commits it slice by slice too
+(metering/pricing.py, docs/metering.md "Pricing slices"), so both runs commit per slice.
 
     python -m bench.pricing_tx --ledger L.duckdb --month 2026-10 --slice 72
     python -m bench.pricing_tx --ledger L.duckdb --slice 24 72 168 --one   # by slice length
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--month", default="2026-10")
     p.add_argument("--slice", type=int, nargs="+", default=[72], help="hours per slice")
     p.add_argument("--one", action="store_true",
-                   help="only the one transaction (today's pricing), no run per slice")
+                   help="only the one call for the month (meter's pricing), no run per slice")
     p.add_argument("--threads", type=int, nargs="+", help="DuckDB threads, one run each "
                    "(default: the ledger's own)")
     p.add_argument("--memory", nargs="+", help="memory caps such as 1.5GB, one run each "
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         say(table(["slice", "transactions", "DuckDB threads", "memory cap", "wall s", "CPU s",
                    "peak RSS MiB", "spilled MiB (peak)", "load"],
                   [(f"{r['slice_hours']} h",
-                    "one for the month" if r["mode"] == "one" else "one per slice",
+                    "one call for the month" if r["mode"] == "one" else "one per slice",
                     r["threads"] or "default", r["memory"],
                     round(r["wall_s"], 1), round(r["cpu_s"], 1), round(r["maxrss_mib"]),
                     round(r["spill_mib"]), r["load"]) for r in runs]))

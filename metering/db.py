@@ -160,6 +160,12 @@ _MIGRATIONS += ((
     "current_database() AND table_name = 'device_hours' AND column_name = 'vendor'",
     ("ALTER TABLE device_hours ADD COLUMN vendor VARCHAR DEFAULT 'nvidia'",
      "ALTER TABLE device_hours ALTER COLUMN vendor SET NOT NULL")),)
+# Notes of what a stopped run left half written: every earlier note was ingest's (facts).
+_MIGRATIONS += ((
+    "SELECT count(*) = 0 FROM information_schema.columns WHERE table_catalog = "
+    "current_database() AND table_name = 'unfinished_hours' AND column_name = 'written'",
+    ("ALTER TABLE unfinished_hours ADD COLUMN written VARCHAR DEFAULT 'facts'",
+     "ALTER TABLE unfinished_hours ALTER COLUMN written SET NOT NULL")),)
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -423,9 +429,13 @@ def _recover(con: duckdb.DuckDBPyConnection, p: Path,
              say: Callable[[str], None] | None) -> None:
     cleared = unfinished.recover(con)
     if cleared and say is not None:
-        say(f"gpu-ledger: {p}: deleted the facts of hours {unfinished.describe(cleared)} "
-            "that a stopped `gpu-ledger meter` run left half written: they are not metered "
-            "now, and the same `meter` command meters them again")
+        kinds = {n.written for n in cleared}
+        now = ("metered" if kinds == {unfinished.Written.FACTS} else
+               "priced" if kinds == {unfinished.Written.CHARGES} else "metered or priced")
+        again = {"metered": "meters", "priced": "prices"}.get(now, "writes")
+        say(f"gpu-ledger: {p}: deleted {unfinished.describe(cleared)} that a stopped "
+            f"`gpu-ledger meter` run left half written: they are not {now} now, and the same "
+            f"`meter` command {again} them again")
 
 
 @functools.cache

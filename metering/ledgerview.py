@@ -113,10 +113,9 @@ def _duckdb_sources(con: duckdb.DuckDBPyConnection, p: Path, alias: str) -> dict
     left = unfinished.pending(con, alias)
     if left:
         raise LedgerError(
-            f"{p}: hours {unfinished.describe(left)} hold part of their facts: a `gpu-ledger "
-            "meter` run stopped while writing them; any command that writes the ledger "
-            "(`meter`, `close`) deletes them first, and the same `meter` command meters them "
-            "again")
+            f"{p}: {unfinished.describe(left)} are half written: a `gpu-ledger meter` run "
+            "stopped while writing them; any command that writes the ledger (`meter`, "
+            "`close`) deletes them first, and the same `meter` command writes them again")
     columns: dict[str, set[str]] = {}
     for table, column in con.execute(
             "SELECT table_name, column_name FROM information_schema.columns "

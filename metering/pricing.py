@@ -2,14 +2,16 @@
 
 All row work is set-based SQL in metering/sql/pricing.sql. Python only resolves the cost model
 against the few distinct GPU models and namespaces of the period (glob rules are easier to get
-right once, in one place, than twice), loads those small tables, and runs the statements in one
-transaction: re-pricing a period replaces its rows and nothing else. Each cluster is priced on
-its own, with its own prices and team rules (CostModel.for_cluster).
+right once, in one place, than twice), loads those small tables, and runs the statements all or
+nothing: re-pricing a period replaces its rows and nothing else, in one transaction; hours never
+priced commit slice by slice, noted as unfinished until the last (metering/unfinished.py).
+Each cluster is priced on its own, with its own prices and team rules (CostModel.for_cluster).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import duckdb
 
-from metering import pricedhours, sqlfile, wastehours
+from metering import pricedhours, sqlfile, unfinished, wastehours
 from metering.cluster import DEFAULT_CLUSTER
 from metering.costmodel import MICRO, CostModel
 from metering.db import memory_limit, memory_limit_bytes, transaction
@@ -181,9 +183,10 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str,
 # Hours priced per pass. Every figure in pricing.sql is per hour (device-hours, idle pools
 # and shares per hour x model), so pricing a period slice by slice gives the same rows as
 # pricing it at once; a slice bounds the memory each statement works in (the month at once
-# took a 1,000-node month's process past 2 GB). It does not bound the transaction: DuckDB
-# keeps each slice's replaced work tables until the period commits, spilled beyond the cap
-# (27 GB re-pricing an 80,000-GPU month; docs/performance.md). The slice is the longest of
+# took a 1,000-node month's process past 2 GB). It does not bound a transaction of several
+# slices: DuckDB keeps each slice's replaced work tables until the period commits, spilled
+# beyond the cap (27 GB re-pricing an 80,000-GPU month; docs/performance.md), which is why
+# hours never priced commit slice by slice (price_period). The slice is the longest of
 # SLICE_LADDER whose allocation rows fit the memory cap at PRICING_BYTES_PER_ROW: a week up
 # to ~9,000 GPUs; at 40,000 GPUs a week's 7M rows ran out of memory under the 1.5GB cap, a
 # day's 1M did not.
@@ -237,16 +240,19 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                  progress: Progress | None = None,
                  clusters: Sequence[str] | None = None,
                  freeze: Freeze | None = None, keep: bool = False) -> PricingResult:
-    """Rebuild `charges` for hours in [start, end) from the facts, in one transaction.
+    """Rebuild `charges` for hours in [start, end) from the facts, all or nothing: in one
+    transaction, or, where the hours hold no pricing rows yet and there are several slices,
+    one transaction per slice with the hours noted as unfinished until the last (a failure
+    deletes what was committed: they are unpriced again, as before).
 
     `clusters` limits the rebuild to those clusters (default: every cluster with facts or
     charges in the period); each is priced with model.for_cluster(name) and no other
-    cluster's charges are touched. Opens its own transaction, so `con` must not be inside one.
-    On any error the transaction is rolled back and the period's previous charges stay as they
-    were. The period is priced `slice_hours` at a time inside that transaction (same rows,
-    bounded memory; None: chosen from the facts and the memory cap, and said to `progress`);
-    `progress` is told about each slice of each cluster. `freeze`: the period's closed hours
-    keep their charges and the difference is posted as adjustments (metering.closes).
+    cluster's charges are touched. Opens its own transactions, so `con` must not be inside
+    one. On any error the period's previous charges stay as they were. The period is priced
+    `slice_hours` at a time (same rows, bounded memory; None: chosen from the facts and the
+    memory cap, and said to `progress`); `progress` is told about each slice of each
+    cluster. `freeze`: the period's closed hours keep their charges and the difference is
+    posted as adjustments (metering.closes).
     `keep`: hours priced before from the facts they hold now, with this cost model and
     pricing code, keep their charges instead of being priced again (metering.pricedhours;
     never with `freeze`).
@@ -262,20 +268,35 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
     if end <= start:
         raise ValueError(f"pricing period: expected start before end, got {start} .. {end}")
     sql = sqlfile.load("pricing.sql")
+    names = list(clusters) if clusters is not None else clusters_in(con, start, end)
+    slices = list(Period(utc_aware(start), utc_aware(end)).chunks(slice_hours))
+    # Hours never priced (a backfill, a month's first pricing) have no charges to keep if the
+    # run stops: each slice is committed on its own, so that DuckDB frees its work tables
+    # (in one transaction it keeps every slice's until the end, spilled: 27 GB for an
+    # 80,000-GPU month), and the hours are noted as unfinished until the last one
+    # (metering/unfinished.py). Hours priced before keep one transaction: a failed run
+    # leaves their old charges as they were.
+    in_place = freeze is None and len(slices) * len(names) > 1 and unfinished.fresh(
+        con, start, end, names, unfinished.Written.CHARGES)
     # Row order in `charges` carries no meaning; not keeping it makes the big inserts faster.
     # The caller's setting is restored afterwards.
     row = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
     keep_order = bool(row[0]) if row is not None else True
     con.execute("SET preserve_insertion_order = false")
+    # The whole period's transaction, or (in place) one per slice and a last one.
+    whole, each = ((nullcontext, lambda: transaction(con)) if in_place else
+                   (lambda: transaction(con), nullcontext))
     try:
-        with transaction(con):
+        if in_place:
+            with transaction(con):
+                unfinished.begin(con, start, end, names, unfinished.Written.CHARGES)
+        with unfinished.recovered_on_error(con) if in_place else nullcontext(), whole():
             defaults: set[str] = set()
-            _record_cost_model(con, model, start, end)
+            with each():
+                _record_cost_model(con, model, start, end)
             sums: list[Any] = [0] * 10  # the `totals` row, summed over clusters and slices
             orphans = 0
             kept = 0  # hours whose charges stand (keep)
-            names = list(clusters) if clusters is not None else clusters_in(con, start, end)
-            slices = list(Period(utc_aware(start), utc_aware(end)).chunks(slice_hours))
             if progress is not None:
                 progress.total = len(slices) * len(names)
             if freeze is not None:
@@ -298,46 +319,51 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                 for piece in slices:
                     lo, hi = piece.naive()
                     slice_rows = 0
-                    for a, b, same in _runs(lo, hi, unchanged):
-                        con.execute("SET VARIABLE gl_start = ?", [a])
-                        con.execute("SET VARIABLE gl_end = ?", [b])
-                        if same:  # their charges stand: the totals read, nothing written
-                            con.execute(devices)
-                            pricedhours.touch(con, a, b, cluster, now)
-                            hours_kept = hours_of(a, b)
-                            orphans += sum(unchanged[h] for h in hours_kept)
-                            kept += len(hours_kept)
-                        else:
-                            wastehours.forget(con, a, b, [cluster])
-                            _load_energy(con, factors, a, b)
-                            for _, step in sql.steps:
-                                con.execute(step)
-                            unpriced = {h: int(n) for h, n in
-                                        con.execute(sql.query("orphans")).fetchall()}
-                            orphans += sum(unpriced.values())
-                            if freeze is None and _holders_unique(con,
-                                                                  sql.query("holders_unique")):
-                                con.execute(sql.query("waste_rows"))
+                    with each():
+                        for a, b, same in _runs(lo, hi, unchanged):
+                            con.execute("SET VARIABLE gl_start = ?", [a])
+                            con.execute("SET VARIABLE gl_end = ?", [b])
+                            if same:  # their charges stand: the totals read, nothing written
+                                con.execute(devices)
+                                pricedhours.touch(con, a, b, cluster, now)
+                                hours_kept = hours_of(a, b)
+                                orphans += sum(unchanged[h] for h in hours_kept)
+                                kept += len(hours_kept)
                             else:
-                                by_query.append((cluster, a, b))
-                            if freeze is None:
-                                pricedhours.record(con, cluster, priced_with.hash, factors,
-                                                   unpriced, a, b, now)
-                        row = con.execute(sql.query("totals")).fetchone()
-                        assert row is not None
-                        sums = [x + y for x, y in zip(sums, row, strict=True)]
-                        slice_rows += int(row[9])
+                                wastehours.forget(con, a, b, [cluster])
+                                _load_energy(con, factors, a, b)
+                                for _, step in sql.steps:
+                                    con.execute(step)
+                                unpriced = {h: int(n) for h, n in
+                                            con.execute(sql.query("orphans")).fetchall()}
+                                orphans += sum(unpriced.values())
+                                if freeze is None and _holders_unique(
+                                        con, sql.query("holders_unique")):
+                                    con.execute(sql.query("waste_rows"))
+                                else:
+                                    by_query.append((cluster, a, b))
+                                if freeze is None:
+                                    pricedhours.record(con, cluster, priced_with.hash, factors,
+                                                       unpriced, a, b, now)
+                            row = con.execute(sql.query("totals")).fetchone()
+                            assert row is not None
+                            sums = [x + y for x, y in zip(sums, row, strict=True)]
+                            slice_rows += int(row[9])
                     if progress is not None:
                         where = "" if names == [DEFAULT_CLUSTER] else f"{cluster} "
                         progress.chunk_done(where + piece.label(), f"{slice_rows} charge rows",
                                             slice_rows, "charge rows")
-            posted = 0 if freeze is None else freeze.after(con, start, end, names, model.hash)
-            for cluster, lo, hi in by_query:
-                wastehours.compute(con, lo, hi, cluster)
-            for cluster in names:  # kept hours are marked already
-                for a, b, same in _runs(start, end, unchanged_of[cluster]):
-                    if not same:
-                        wastehours.mark(con, a, b, [cluster], now)
+            with each():
+                posted = 0 if freeze is None else freeze.after(con, start, end, names,
+                                                               model.hash)
+                for cluster, lo, hi in by_query:
+                    wastehours.compute(con, lo, hi, cluster)
+                for cluster in names:  # kept hours are marked already
+                    for a, b, same in _runs(start, end, unchanged_of[cluster]):
+                        if not same:
+                            wastehours.mark(con, a, b, [cluster], now)
+                if in_place:
+                    unfinished.done(con, start, end, unfinished.Written.CHARGES)
     finally:
         for view in _WORK_VIEWS:  # before the tables they read
             con.execute(f"DROP VIEW IF EXISTS {view}")

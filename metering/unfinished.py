@@ -1,20 +1,26 @@
-"""Hours a chunk writes straight into the fact tables, node group by node group.
+"""Hours a run writes straight into the ledger's tables, committing as it goes.
 
-A chunk in node groups commits each group on its own, so that memory holds one group's facts
-rather than the chunk's (metering/facts.py). Where the ledger already holds facts for the
-chunk's hours, the groups are staged apart and swapped in at the end, so that a run stopped
-between groups leaves the old facts in place. Where it holds none (a month metered for the
-first time, a backfill), there is nothing to keep: the groups go straight into the fact
-tables, which saves copying every row a second time (docs/performance.md, "Fresh hours
-written in place"), and the hours are noted in `unfinished_hours` for as long as they hold
-part of their facts. The note is written and committed before the first group, and dropped
-in the chunk's last transaction, with its coverage rows.
+Two runs commit part of their hours' rows before the whole is written, to bound memory:
+- ingest: a chunk in node groups commits each group on its own, so that memory holds one
+  group's facts rather than the chunk's (metering/facts.py);
+- pricing: a period priced slice by slice commits each slice, so that DuckDB does not keep
+  every slice's work tables until the end (metering/pricing.py).
 
-So a run stopped between groups leaves hours that held nothing before and now hold some of
-their facts, and the note saying so. Nothing reads them: every writable open of the ledger
-(metering.db.connect) deletes them first, which puts the hours back as they were (not
-metered, as before the run), and a reader of the ledger (metering.ledgerview) refuses it
-until then with one line. A run that fails or is interrupted deletes them itself.
+Where the ledger already holds rows for those hours, they are written as a whole: staged apart
+and swapped in at the end (ingest), or in one transaction (pricing), so that a run stopped
+part way leaves the old rows in place. Where it holds none (a month metered or priced for the
+first time, a backfill), there is nothing to keep: the rows go straight into the tables,
+which saves copying every row a second time or holding the whole period in one transaction
+(docs/performance.md, "Fresh hours written in place" and "A new period's slices committed
+one by one"), and the hours are noted in `unfinished_hours`, with what they hold part of
+(`Written`), for as long as they do. The note is written and committed before the first
+group or slice, and dropped in the run's last transaction.
+
+So a run stopped part way leaves hours that held nothing before and now hold some of their
+facts (or charges), and the note saying so. Nothing reads them: every writable open of the
+ledger (metering.db.connect) deletes them first, which puts the hours back as they were (not
+metered, or not priced, as before the run), and a reader of the ledger (metering.ledgerview)
+refuses it until then with one line. A run that fails or is interrupted deletes them itself.
 """
 
 from __future__ import annotations
@@ -23,14 +29,36 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Final
+from enum import StrEnum
+from typing import Any, Final, NamedTuple
 
 import duckdb
+
+from metering import pricedhours, wastehours
 
 TABLE: Final = "unfinished_hours"
 # The tables ingest writes per hour and cluster: what a chunk's hours are.
 FACT_TABLES: Final = ("device_hours", "mig_hours", "allocation_hours", "workload_hours",
                       "grant_hours", "coverage")
+# The tables pricing writes per hour and cluster: what a priced hour is.
+PRICED_TABLES: Final = ("charges", "energy_hours", *wastehours.TABLES, pricedhours.TABLE)
+
+
+class Written(StrEnum):
+    """What a noted hour range holds part of; its tables are what a recovery deletes."""
+
+    FACTS = "facts"  # ingest's node groups
+    CHARGES = "charges"  # pricing's slices
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return FACT_TABLES if self is Written.FACTS else PRICED_TABLES
+
+
+class Note(NamedTuple):
+    start: datetime
+    end: datetime
+    written: Written
 
 
 def _where(clusters: Sequence[str] | None) -> str:
@@ -46,57 +74,65 @@ def _params(start: datetime, end: datetime,
     return params
 
 
-def fresh(con: Any, start: datetime, end: datetime, clusters: Sequence[str] | None) -> bool:
-    """Whether the ledger holds no fact nor coverage row for hours [start, end) of these
-    clusters (None: of any cluster, for a chunk whose clusters come from a label)."""
+def fresh(con: Any, start: datetime, end: datetime, clusters: Sequence[str] | None,
+          written: Written = Written.FACTS) -> bool:
+    """Whether the ledger holds no row of `written`'s tables (facts and coverage; or charges,
+    energy, waste and priced-hour rows) for hours [start, end) of these clusters (None: of any
+    cluster, for a chunk whose clusters come from a label)."""
     where, params = _where(clusters), _params(start, end, clusters)
     return not any(con.execute(f"SELECT 1 FROM {table} WHERE {where} LIMIT 1",
-                               params).fetchall() for table in FACT_TABLES)
+                               params).fetchall() for table in written.tables)
 
 
-def begin(con: Any, start: datetime, end: datetime, clusters: Sequence[str] | None) -> None:
+def begin(con: Any, start: datetime, end: datetime, clusters: Sequence[str] | None,
+          written: Written = Written.FACTS) -> None:
     """Note that hours [start, end) of these clusters (None: any) are being written in
-    place; the caller commits it before the first group."""
-    con.execute(f"INSERT INTO {TABLE} VALUES ($s, $e, $c)",
-                {"s": start, "e": end, "c": None if clusters is None else sorted(clusters)})
+    place; the caller commits it before the first group or slice."""
+    con.execute(f"INSERT INTO {TABLE} (hour_start, hour_end, clusters, written) "
+                "VALUES ($s, $e, $c, $w)",
+                {"s": start, "e": end, "c": None if clusters is None else sorted(clusters),
+                 "w": str(written)})
 
 
-def done(con: Any, start: datetime, end: datetime) -> None:
-    """The hours are written whole: drop their note in the chunk's last transaction."""
-    con.execute(f"DELETE FROM {TABLE} WHERE hour_start = $s AND hour_end = $e",
-                {"s": start, "e": end})
+def done(con: Any, start: datetime, end: datetime, written: Written = Written.FACTS) -> None:
+    """The hours are written whole: drop their note in the run's last transaction."""
+    con.execute(f"DELETE FROM {TABLE} WHERE hour_start = $s AND hour_end = $e AND written = $w",
+                {"s": start, "e": end, "w": str(written)})
 
 
-def pending(con: Any, catalog: str | None = None) -> list[tuple[datetime, datetime]]:
-    """The noted hour ranges, oldest first; none where the ledger predates the note's table.
-    `catalog`: an attached ledger's alias (a reader's), else the connection's own."""
+def pending(con: Any, catalog: str | None = None) -> list[Note]:
+    """The notes, oldest first; none where the ledger predates the note's table. A ledger
+    whose table predates `written` (not migrated: a reader's) noted facts only. `catalog`: an
+    attached ledger's alias (a reader's), else the connection's own."""
     where = "current_database()" if catalog is None else "$cat"
     params = {} if catalog is None else {"cat": catalog}
-    if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_catalog = "
-                       f"{where} AND table_schema = 'main' AND table_name = '{TABLE}'",
-                       params).fetchall()[0][0]:
+    columns = {str(c) for (c,) in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_catalog = "
+        f"{where} AND table_schema = 'main' AND table_name = '{TABLE}'", params).fetchall()}
+    if not columns:
         return []
     table = TABLE if catalog is None else f"{catalog}.main.{TABLE}"
-    return [(s, e) for s, e in con.execute(
-        f"SELECT hour_start, hour_end FROM {table} ORDER BY ALL").fetchall()]
+    written = "written" if "written" in columns else f"'{Written.FACTS}'"
+    return [Note(s, e, Written(w)) for s, e, w in con.execute(
+        f"SELECT hour_start, hour_end, {written} FROM {table} ORDER BY ALL").fetchall()]
 
 
-def clear(con: Any) -> list[tuple[datetime, datetime]]:
+def clear(con: Any) -> list[Note]:
     """Delete what the noted hours hold, and the notes, in the caller's transaction; returns
-    the hour ranges cleared. The hours held nothing before they were noted (`fresh`), so this
+    the notes cleared. The hours held none of it before they were noted (`fresh`), so this
     is the ledger as it was."""
-    rows = con.execute(f"SELECT hour_start, hour_end, clusters FROM {TABLE} ORDER BY ALL"
-                       ).fetchall()
-    for start, stop, clusters in rows:
+    rows = con.execute(f"SELECT hour_start, hour_end, clusters, written FROM {TABLE} "
+                       "ORDER BY ALL").fetchall()
+    for start, stop, clusters, written in rows:
         names = None if clusters is None else [str(c) for c in clusters]
-        for table in FACT_TABLES:
+        for table in Written(written).tables:
             con.execute(f"DELETE FROM {table} WHERE {_where(names)}",
                         _params(start, stop, names))
     con.execute(f"DELETE FROM {TABLE}")
-    return [(s, e) for s, e, _ in rows]
+    return [Note(s, e, Written(w)) for s, e, _, w in rows]
 
 
-def recover(con: Any) -> list[tuple[datetime, datetime]]:
+def recover(con: Any) -> list[Note]:
     """`clear` in a transaction of its own, where anything is noted (a writable open, a run's
     failed chunk)."""
     if not pending(con):
@@ -114,8 +150,9 @@ def recover(con: Any) -> list[tuple[datetime, datetime]]:
 
 @contextmanager
 def recovered_on_error(con: Any) -> Iterator[None]:
-    """Around a chunk's transaction: where it fails (an error, Ctrl-C) after groups were
-    committed in place, delete them before the error goes on. If this fails too (a second
+    """Around a chunk's transaction (or a period's pricing): where it fails (an error,
+    Ctrl-C) after groups or slices were committed in place, delete them before the error goes
+    on. If this fails too (a second
     Ctrl-C, the process killed), the next open of the ledger does it."""
     try:
         yield
@@ -125,7 +162,15 @@ def recovered_on_error(con: Any) -> Iterator[None]:
         raise
 
 
-def describe(ranges: Sequence[tuple[datetime, datetime]]) -> str:
-    """The noted hours in a few words, for a reader's refusal."""
-    shown = ", ".join(f"{s:%Y-%m-%d %H:%M} .. {e:%Y-%m-%d %H:%M}" for s, e in ranges[:3])
-    return shown + (f" and {len(ranges) - 3} more" if len(ranges) > 3 else "") + " UTC"
+def describe(notes: Sequence[Note]) -> str:
+    """What the noted hours hold part of, in a few words: "the facts of hours A .. B UTC",
+    "; the charges of hours ..." (for a reader's refusal, a recovery's line)."""
+    parts = []
+    for written in Written:
+        ranges = [n for n in notes if n.written is written]
+        if ranges:
+            shown = ", ".join(f"{s:%Y-%m-%d %H:%M} .. {e:%Y-%m-%d %H:%M}"
+                              for s, e, _ in ranges[:3])
+            more = f" and {len(ranges) - 3} more" if len(ranges) > 3 else ""
+            parts.append(f"the {written} of hours {shown}{more} UTC")
+    return "; ".join(parts)

@@ -325,12 +325,12 @@ def test_hours_a_killed_run_left_half_written_are_refused_by_readers_and_taken_o
     assert left[0] == day5 and left[1] > 0 and left[2] == 1  # half of 10-06, noted
     with pytest.raises(ledgerview.LedgerError) as refused:
         ledgerview.open_ledger(db)
-    assert "2026-10-06 00:00 .. 2026-10-07 00:00 UTC hold part of their facts" in str(
+    assert "the facts of hours 2026-10-06 00:00 .. 2026-10-07 00:00 UTC are half written" in str(
         refused.value) and "\n" not in str(refused.value)
     report = subprocess.run([sys.executable, "-m", "gpu_ledger.cli", "report", "--db", str(db),
                              "--month", "2026-10", "--out", str(tmp_path / "r")],
                             capture_output=True, text=True, timeout=300)
-    assert report.returncode != 0 and "hold part of their facts" in report.stderr
+    assert report.returncode != 0 and "are half written" in report.stderr
     assert "Traceback" not in report.stderr and len(report.stderr.splitlines()) == 1, \
         report.stderr
     said: list[str] = []

@@ -222,14 +222,16 @@ CREATE TABLE IF NOT EXISTS ingest_chunks (
     clusters          VARCHAR[]             -- the clusters it rewrote; NULL: not recorded
 );
 
--- Hours a chunk in node groups is writing straight into the fact tables, group by group
--- (metering/unfinished.py): hours that held no facts before it. While a row is here they hold
--- part of their facts: a writable open of the ledger deletes them (and the row), a reader
--- refuses the ledger. The chunk's last transaction deletes the row with its coverage.
+-- Hours a run is writing straight into the ledger's tables, committing as it goes
+-- (metering/unfinished.py): a chunk's node groups into the fact tables, or a period's pricing
+-- slices into the charges, energy and waste tables; hours that held no such rows before it.
+-- While a row is here they hold part of them: a writable open of the ledger deletes them (and
+-- the row), a reader refuses the ledger. The run's last transaction deletes the row.
 CREATE TABLE IF NOT EXISTS unfinished_hours (
     hour_start        TIMESTAMP NOT NULL,   -- UTC
     hour_end          TIMESTAMP NOT NULL,
-    clusters          VARCHAR[]             -- NULL: every cluster (a cluster label's chunk)
+    clusters          VARCHAR[],            -- NULL: every cluster (a cluster label's chunk)
+    written           VARCHAR   NOT NULL DEFAULT 'facts'  -- facts | charges
 );
 
 -- Closed months (metering/closes.py, `gpu-ledger close`): a closed month's charges never

@@ -1,0 +1,218 @@
+"""Hours never priced are priced slice by slice, each slice committed, and noted as unfinished
+until the last (metering/pricing.py, metering/unfinished.py): the rows are those of one
+transaction; a run that fails or is interrupted part way deletes what it priced, and one
+killed leaves a note that readers refuse and the next writable open clears."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import conftest_prom
+import pytest
+
+from metering import ledgerview, pricedhours, pricing, unfinished
+from metering.cli_meter import main as meter_main
+from metering.costmodel import load_cost_model
+from metering.db import connect
+from metering.pricing import PricingResult, price_period
+
+fleet_om_file = conftest_prom.fleet_om_file
+
+SPAN = ("--from", "2026-10-04", "--to", "2026-10-07")  # 72 hours: 6 slices of 12
+START, END = datetime(2026, 10, 4), datetime(2026, 10, 7)
+# What pricing writes per hour, without the columns that say when.
+PRICED = {"charges": "*", "energy_hours": "*", "waste_hours": "*",
+          "waste_hours_stored": "* EXCLUDE (stored_at)",
+          "priced_hours": "* EXCLUDE (priced_at)"}
+# The fleet's samples begin at 10-04 22:00: slices 2 and 3 hold charges, committed when the
+# fourth is priced.
+_STOP_AT = 4
+FACTS = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours")
+
+
+def _rows(db: Path, tables: dict[str, str] | tuple[str, ...]) -> dict[str, list[Any]]:
+    cols = tables if isinstance(tables, dict) else dict.fromkeys(tables, "*")
+    with connect(db, read_only=True) as con:
+        return {t: sorted(con.execute(f"SELECT {c} FROM {t}").fetchall(), key=repr)
+                for t, c in cols.items()}
+
+
+def _notes(db: Path) -> list[tuple[Any, ...]]:
+    with connect(db, read_only=True) as con:
+        return con.execute("SELECT hour_start, hour_end, written FROM unfinished_hours"
+                           ).fetchall()
+
+
+@pytest.fixture(scope="module")
+def metered(fleet_om_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fleet's 72 hours metered, not priced."""
+    db = tmp_path_factory.mktemp("in-place") / "metered.duckdb"
+    assert meter_main(["--openmetrics", str(fleet_om_file), *SPAN, "--no-price", "--db",
+                       str(db), "-q"]) == 0
+    return db
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copy(src, dst)
+    return dst
+
+
+def _price(db: Path, slice_hours: int,
+           hook: Callable[[Any], None] | None = None) -> PricingResult:
+    with connect(db) as con:
+        if hook is None:
+            return price_period(con, load_cost_model(None), START, END, slice_hours=slice_hours)
+        real = pricedhours.record
+        calls: list[int] = []
+
+        def record(*args: Any, **kw: Any) -> None:
+            calls.append(1)
+            if len(calls) == _STOP_AT:
+                hook(con)
+            real(*args, **kw)
+
+        pricedhours.record = record  # type: ignore[assignment]
+        try:
+            return price_period(con, load_cost_model(None), START, END,
+                                slice_hours=slice_hours)
+        finally:
+            pricedhours.record = real
+
+
+def test_hours_never_priced_are_committed_slice_by_slice_with_the_rows_of_one_transaction(
+        metered: Path, tmp_path: Path) -> None:
+    seen: list[tuple[int, list[Any]]] = []
+
+    def look(con: Any) -> None:  # what another connection sees: what is committed
+        other = con.cursor()
+        seen.append((other.execute("SELECT count(*) FROM charges").fetchall()[0][0],
+                     other.execute("SELECT written FROM unfinished_hours").fetchall()))
+
+    in_place = _price(_copy(metered, tmp_path / "a.duckdb"), 12, look)
+    charges, notes = seen[0]
+    assert charges > 0 and notes == [("charges",)]  # slices committed, the period noted
+    assert _notes(tmp_path / "a.duckdb") == []
+    # One slice: one transaction, as before.
+    whole = _price(_copy(metered, tmp_path / "b.duckdb"), 168)
+    assert in_place == whole
+    assert _rows(tmp_path / "a.duckdb", PRICED) == _rows(tmp_path / "b.duckdb", PRICED)
+    # Priced again, the hours hold charges: one transaction (mid-run, another connection
+    # still sees every old row, and no note), the same rows.
+    total = len(_rows(tmp_path / "a.duckdb", ("charges",))["charges"])
+    seen.clear()
+    again = _price(tmp_path / "a.duckdb", 12, look)
+    assert seen[0] == (total, [])
+    assert again == whole
+    assert _rows(tmp_path / "a.duckdb", PRICED) == _rows(tmp_path / "b.duckdb", PRICED)
+
+
+def _stopped(stop: str) -> Callable[[Any], None]:
+    def hook(con: Any) -> None:
+        if stop == "ctrl-c":
+            os.kill(os.getpid(), signal.SIGINT)
+        raise RuntimeError("the disk went away")
+    return hook
+
+
+@pytest.mark.parametrize("stop", ["error", "ctrl-c"])
+def test_a_stopped_pricing_of_hours_never_priced_takes_out_what_it_committed(
+        metered: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], stop: str) -> None:
+    db = _copy(metered, tmp_path / "ledger.duckdb")
+    facts = _rows(db, FACTS)
+    monkeypatch.setattr(pricing, "SLICE_LADDER", (12,))
+    real = pricedhours.record
+    calls: list[int] = []
+
+    def record(*args: Any, **kw: Any) -> None:
+        calls.append(1)
+        if len(calls) == _STOP_AT:
+            _stopped(stop)(None)
+        real(*args, **kw)
+
+    monkeypatch.setattr(pricedhours, "record", record)
+    capsys.readouterr()
+    rc = meter_main(["--price-only", *SPAN, "--db", str(db), "-q"])
+    err = capsys.readouterr().err
+    assert rc == (130 if stop == "ctrl-c" else 1) and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert _rows(db, PRICED) == {t: [] for t in PRICED}  # slice 1 taken out again
+    assert _notes(db) == [] and _rows(db, FACTS) == facts
+    monkeypatch.setattr(pricedhours, "record", real)
+    assert meter_main(["--price-only", *SPAN, "--db", str(db), "-q"]) == 0
+    whole = _copy(metered, tmp_path / "whole.duckdb")
+    _price(whole, 168)
+    assert _rows(db, PRICED) == _rows(whole, PRICED)
+
+
+_KILLED_AT_FOURTH_SLICE = """
+import os, sys
+from metering import pricedhours, pricing
+from metering.cli_meter import main
+pricing.SLICE_LADDER = (12,)
+real, calls = pricedhours.record, []
+def record(*args, **kw):
+    calls.append(1)
+    if len(calls) == 4:
+        os._exit(9)  # as a kill -9 would: nothing after it runs
+    real(*args, **kw)
+pricedhours.record = record
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_hours_a_killed_pricing_left_half_priced_are_refused_and_taken_out_on_open(
+        metered: Path, tmp_path: Path) -> None:
+    db = _copy(metered, tmp_path / "ledger.duckdb")
+    facts = _rows(db, FACTS)
+    command = ["--price-only", *SPAN, "--db", str(db)]
+    run = subprocess.run([sys.executable, "-c", _KILLED_AT_FOURTH_SLICE, *command],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 9, run.stderr
+    assert _notes(db) == [(START, END, "charges")]
+    assert _rows(db, ("charges",))["charges"]  # the first slice's
+    span = "2026-10-04 00:00 .. 2026-10-07 00:00 UTC"
+    with pytest.raises(ledgerview.LedgerError) as refused:
+        ledgerview.open_ledger(db)
+    assert f"the charges of hours {span} are half written" in str(refused.value) \
+        and "\n" not in str(refused.value)
+    said: list[str] = []
+    connect(db, say=said.append).close()
+    assert said == [f"gpu-ledger: {db}: deleted the charges of hours {span} that a stopped "
+                    "`gpu-ledger meter` run left half written: they are not priced now, and "
+                    "the same `meter` command prices them again"]
+    assert _rows(db, PRICED) == {t: [] for t in PRICED} and _notes(db) == []
+    assert _rows(db, FACTS) == facts
+    assert meter_main([*command, "-q"]) == 0
+    whole = _copy(metered, tmp_path / "whole.duckdb")
+    _price(whole, 168)
+    assert _rows(db, PRICED) == _rows(whole, PRICED)
+
+
+def test_a_ledger_noted_before_notes_said_what_they_hold_is_read_as_facts(
+        metered: Path, tmp_path: Path) -> None:
+    """A ledger of the version before `written` (every note was ingest's): a reader takes
+    its notes as facts, and a writable open adds the column and clears them as facts."""
+    db = _copy(metered, tmp_path / "old.duckdb")
+    with connect(db) as con:
+        con.execute("DROP TABLE unfinished_hours")
+        con.execute("CREATE TABLE unfinished_hours (hour_start TIMESTAMP NOT NULL, "
+                    "hour_end TIMESTAMP NOT NULL, clusters VARCHAR[])")
+        con.execute("INSERT INTO unfinished_hours VALUES ('2026-10-06', '2026-10-07', NULL)")
+    with pytest.raises(ledgerview.LedgerError) as refused:
+        ledgerview.open_ledger(db)
+    assert "the facts of hours 2026-10-06 00:00 .. 2026-10-07 00:00 UTC" in str(refused.value)
+    said: list[str] = []
+    connect(db, say=said.append).close()
+    assert said and "deleted the facts of hours 2026-10-06 00:00" in said[0]
+    held = _rows(db, ("device_hours",))["device_hours"]
+    assert held and all(row[0] < datetime(2026, 10, 6) for row in held)
+    assert _notes(db) == [] and unfinished.Written("facts") is unfinished.Written.FACTS
