@@ -414,7 +414,7 @@ def connect(path: str | Path, *, read_only: bool = False,
             except duckdb.OutOfMemoryException:
                 con.close()
                 raise
-            except duckdb.Error as e:
+            except (duckdb.Error, unfinished.DamagedNote) as e:
                 con.close()
                 raise DatabaseError(str(p), f"cannot {doing}: {_first_line(e)}") from None
     if not read_only:

@@ -110,7 +110,10 @@ def _duckdb_sources(con: duckdb.DuckDBPyConnection, p: Path, alias: str) -> dict
     except db.DatabaseError as e:
         raise LedgerError(str(e)) from None
     con.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [str(p)])
-    left = unfinished.pending(con, alias)
+    try:
+        left = unfinished.pending(con, alias)
+    except unfinished.DamagedNote as e:
+        raise LedgerError(f"{p}: {e}") from None
     if left:
         raise LedgerError(
             f"{p}: {unfinished.describe(left)} are half written: a `gpu-ledger meter` run "

@@ -61,6 +61,19 @@ class Note(NamedTuple):
     written: Written
 
 
+class DamagedNote(ValueError):
+    """A note whose `written` is not one this version knows: the ledger is damaged (or from
+    a later version), and what its hours hold cannot be told."""
+
+
+def _written(value: object) -> Written:
+    try:
+        return Written(str(value))
+    except ValueError:
+        raise DamagedNote(f"table {TABLE}: a note of {value!r}, expected one of "
+                          f"{', '.join(Written)}") from None
+
+
 def _where(clusters: Sequence[str] | None) -> str:
     return "hour >= $s AND hour < $e" + (
         "" if clusters is None else " AND list_contains($c, cluster)")
@@ -113,7 +126,7 @@ def pending(con: Any, catalog: str | None = None) -> list[Note]:
         return []
     table = TABLE if catalog is None else f"{catalog}.main.{TABLE}"
     written = "written" if "written" in columns else f"'{Written.FACTS}'"
-    return [Note(s, e, Written(w)) for s, e, w in con.execute(
+    return [Note(s, e, _written(w)) for s, e, w in con.execute(
         f"SELECT hour_start, hour_end, {written} FROM {table} ORDER BY ALL").fetchall()]
 
 
@@ -123,13 +136,14 @@ def clear(con: Any) -> list[Note]:
     is the ledger as it was."""
     rows = con.execute(f"SELECT hour_start, hour_end, clusters, written FROM {TABLE} "
                        "ORDER BY ALL").fetchall()
-    for start, stop, clusters, written in rows:
+    notes = [Note(s, e, _written(w)) for s, e, _, w in rows]  # all known before a delete
+    for (start, stop, clusters, _), note in zip(rows, notes, strict=True):
         names = None if clusters is None else [str(c) for c in clusters]
-        for table in Written(written).tables:
+        for table in note.written.tables:
             con.execute(f"DELETE FROM {table} WHERE {_where(names)}",
                         _params(start, stop, names))
     con.execute(f"DELETE FROM {TABLE}")
-    return [Note(s, e, Written(w)) for s, e, _, w in rows]
+    return notes
 
 
 def recover(con: Any) -> list[Note]:
@@ -152,8 +166,8 @@ def recover(con: Any) -> list[Note]:
 def recovered_on_error(con: Any) -> Iterator[None]:
     """Around a chunk's transaction (or a period's pricing): where it fails (an error,
     Ctrl-C) after groups or slices were committed in place, delete them before the error goes
-    on. If this fails too (a second
-    Ctrl-C, the process killed), the next open of the ledger does it."""
+    on. If this fails too (a second Ctrl-C, the process killed), the next open of the ledger
+    does it."""
     try:
         yield
     except BaseException:

@@ -216,3 +216,24 @@ def test_a_ledger_noted_before_notes_said_what_they_hold_is_read_as_facts(
     held = _rows(db, ("device_hours",))["device_hours"]
     assert held and all(row[0] < datetime(2026, 10, 6) for row in held)
     assert _notes(db) == [] and unfinished.Written("facts") is unfinished.Written.FACTS
+
+
+def test_a_note_this_version_cannot_read_is_one_line_not_a_guess(
+        metered: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A damaged ledger (or a later version's) whose note says neither facts nor charges:
+    nothing is deleted on a guess; readers and writers refuse it in one line."""
+    db = _copy(metered, tmp_path / "damaged.duckdb")
+    with connect(db) as con:
+        con.execute("INSERT INTO unfinished_hours VALUES ('2026-10-06', '2026-10-07', NULL, "
+                    "'budgets')")
+    facts = _rows(db, FACTS)
+    with pytest.raises(ledgerview.LedgerError) as refused:
+        ledgerview.open_ledger(db)
+    assert "unfinished_hours: a note of 'budgets', expected one of facts, charges" in str(
+        refused.value) and "\n" not in str(refused.value)
+    capsys.readouterr()
+    assert meter_main(["--price-only", *SPAN, "--db", str(db)]) == 4
+    err = capsys.readouterr().err
+    assert "cannot delete the hours a stopped run left half written: table unfinished_hours: "\
+        "a note of 'budgets'" in err and len(err.strip().splitlines()) == 1, err
+    assert _rows(db, FACTS) == facts
