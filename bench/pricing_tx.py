@@ -2,9 +2,11 @@
 against one call, and so one transaction, per slice, on copies of one ledger; and DuckDB
 keeping replaced temp tables until a transaction ends, on its own.
 
-One call for the month is one transaction where the ledger's month holds charges (give a
-priced ledger: a re-price); on a month never priced, `meter` commits it slice by slice too
-(metering/pricing.py, docs/metering.md "Pricing slices"), so both runs commit per slice.
+Since stops 55-56 one call for the month commits it slice by slice too (metering/pricing.py,
+docs/metering.md "Pricing slices"): on a priced ledger (a re-price) it first copies the month's
+old pricing rows aside. So both runs commit per slice; run this bench from a checkout of the
+code before (its own `bench` and `metering`, e.g. `cd OLD && python -m bench.pricing_tx ...`)
+to measure the one transaction it had.
 
     python -m bench.pricing_tx --ledger L.duckdb --month 2026-10 --slice 72
     python -m bench.pricing_tx --ledger L.duckdb --slice 24 72 168 --one   # by slice length

@@ -135,7 +135,7 @@ def meter(ledger: str | Path, source: Source, period: Period,
           settings: MeterSettings = MeterSettings()) -> MeterResult:
     """Ingest `period` from `source` into `ledger` chunk by chunk (each chunk one
     transaction) as the cluster(s) `settings.clusters` names, then price the period of those
-    clusters with `settings.cost_model` (one transaction; skipped when None).
+    clusters with `settings.cost_model` (all or nothing, metering.pricing; skipped when None).
     Killed at any point, a re-run of the same call gives the same ledger as an uninterrupted
     run: an interrupted run is resumed after its committed chunks (all are rewritten
     identically with `resume=False`) and pricing is redone. A ledger another process holds
@@ -209,7 +209,7 @@ def price(ledger: str | Path, period: Period, cost_model: CostModel,
           progress: Progress | None = None, cluster: str | None = None, wait: float = 0.0,
           say: Say = _quiet, adjust_closed: bool = False) -> PricingResult:
     """Rebuild the charges of `period` (of every cluster, or of `cluster` only) from the facts
-    already in `ledger` (no source read, facts untouched), in one transaction. A ledger without
+    already in `ledger` (no source read, facts untouched), all or nothing. A ledger without
     device facts for the period is refused (exit 6) and never created; hours of a closed month
     are refused (exit 9) unless `adjust_closed`."""
     with open_ledger(ledger, create=False, wait=wait, say=say) as con:

@@ -429,13 +429,13 @@ def _recover(con: duckdb.DuckDBPyConnection, p: Path,
              say: Callable[[str], None] | None) -> None:
     cleared = unfinished.recover(con)
     if cleared and say is not None:
-        kinds = {n.written for n in cleared}
-        now = ("metered" if kinds == {unfinished.Written.FACTS} else
-               "priced" if kinds == {unfinished.Written.CHARGES} else "metered or priced")
-        again = {"metered": "meters", "priced": "prices"}.get(now, "writes")
+        kinds = list(dict.fromkeys(n.written for n in cleared))
+        verbs = {k.verb for k in kinds}
+        again = verbs.pop() if len(verbs) == 1 else "writes"
         say(f"gpu-ledger: {p}: deleted {unfinished.describe(cleared)} that a stopped "
-            f"`gpu-ledger meter` run left half written: they are not {now} now, and the same "
-            f"`meter` command {again} them again")
+            f"`gpu-ledger meter` run left half written: they are "
+            f"{' or '.join(k.undone for k in kinds)}, and the same `meter` command {again} "
+            "them again")
 
 
 @functools.cache

@@ -3,8 +3,9 @@
 All row work is set-based SQL in metering/sql/pricing.sql. Python only resolves the cost model
 against the few distinct GPU models and namespaces of the period (glob rules are easier to get
 right once, in one place, than twice), loads those small tables, and runs the statements all or
-nothing: re-pricing a period replaces its rows and nothing else, in one transaction; hours never
-priced commit slice by slice, noted as unfinished until the last (metering/unfinished.py).
+nothing: a period of several slices commits slice by slice, noted as unfinished until the last
+(hours priced before have their old rows set aside first; metering/unfinished.py); a single
+slice, or a period with closed hours, is one transaction.
 Each cluster is priced on its own, with its own prices and team rules (CostModel.for_cluster).
 """
 
@@ -240,10 +241,11 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                  progress: Progress | None = None,
                  clusters: Sequence[str] | None = None,
                  freeze: Freeze | None = None, keep: bool = False) -> PricingResult:
-    """Rebuild `charges` for hours in [start, end) from the facts, all or nothing: in one
-    transaction, or, where the hours hold no pricing rows yet and there are several slices,
-    one transaction per slice with the hours noted as unfinished until the last (a failure
-    deletes what was committed: they are unpriced again, as before).
+    """Rebuild `charges` for hours in [start, end) from the facts, all or nothing: where there
+    are several slices (of all clusters) and no freeze, one transaction per slice, with the
+    hours noted as unfinished until the last and their old pricing rows set aside first (a
+    failure deletes what was committed and puts those back: the hours are as before);
+    otherwise in one transaction.
 
     `clusters` limits the rebuild to those clusters (default: every cluster with facts or
     charges in the period); each is priced with model.for_cluster(name) and no other
@@ -270,14 +272,17 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
     sql = sqlfile.load("pricing.sql")
     names = list(clusters) if clusters is not None else clusters_in(con, start, end)
     slices = list(Period(utc_aware(start), utc_aware(end)).chunks(slice_hours))
-    # Hours never priced (a backfill, a month's first pricing) have no charges to keep if the
-    # run stops: each slice is committed on its own, so that DuckDB frees its work tables
-    # (in one transaction it keeps every slice's until the end, spilled: 27 GB for an
-    # 80,000-GPU month), and the hours are noted as unfinished until the last one
-    # (metering/unfinished.py). Hours priced before keep one transaction: a failed run
-    # leaves their old charges as they were.
-    in_place = freeze is None and len(slices) * len(names) > 1 and unfinished.fresh(
-        con, start, end, names, unfinished.Written.CHARGES)
+    # A period of several slices commits each slice on its own, so that DuckDB frees its work
+    # tables (in one transaction it keeps every slice's until the end, spilled: 27 GB for an
+    # 80,000-GPU month, out of memory under the 1.5GB cap at 80,000 GPUs), and the hours are
+    # noted as unfinished until the last one (metering/unfinished.py). Hours priced before
+    # have their old rows set aside first, so that a run that stops puts them back.
+    # Closed hours (freeze) and a single slice keep one transaction.
+    written = (None if freeze is not None or len(slices) * len(names) == 1 else
+               unfinished.Written.CHARGES if unfinished.fresh(
+                   con, start, end, names, unfinished.Written.CHARGES)
+               else unfinished.Written.REPRICED)
+    in_place = written is not None
     # Row order in `charges` carries no meaning; not keeping it makes the big inserts faster.
     # The caller's setting is restored afterwards.
     row = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
@@ -287,9 +292,9 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
     whole, each = ((nullcontext, lambda: transaction(con)) if in_place else
                    (lambda: transaction(con), nullcontext))
     try:
-        if in_place:
+        if written is not None:
             with transaction(con):
-                unfinished.begin(con, start, end, names, unfinished.Written.CHARGES)
+                unfinished.begin(con, start, end, names, written)
         with unfinished.recovered_on_error(con) if in_place else nullcontext(), whole():
             defaults: set[str] = set()
             with each():
@@ -362,8 +367,8 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                     for a, b, same in _runs(start, end, unchanged_of[cluster]):
                         if not same:
                             wastehours.mark(con, a, b, [cluster], now)
-                if in_place:
-                    unfinished.done(con, start, end, unfinished.Written.CHARGES)
+                if written is not None:
+                    unfinished.done(con, start, end, written)
     finally:
         for view in _WORK_VIEWS:  # before the tables they read
             con.execute(f"DROP VIEW IF EXISTS {view}")

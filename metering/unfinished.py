@@ -6,21 +6,22 @@ Two runs commit part of their hours' rows before the whole is written, to bound 
 - pricing: a period priced slice by slice commits each slice, so that DuckDB does not keep
   every slice's work tables until the end (metering/pricing.py).
 
-Where the ledger already holds rows for those hours, they are written as a whole: staged apart
-and swapped in at the end (ingest), or in one transaction (pricing), so that a run stopped
-part way leaves the old rows in place. Where it holds none (a month metered or priced for the
-first time, a backfill), there is nothing to keep: the rows go straight into the tables,
-which saves copying every row a second time or holding the whole period in one transaction
-(docs/performance.md, "Fresh hours written in place" and "A new period's slices committed
-one by one"), and the hours are noted in `unfinished_hours`, with what they hold part of
-(`Written`), for as long as they do. The note is written and committed before the first
-group or slice, and dropped in the run's last transaction.
+Where the ledger holds no rows for those hours (a month metered or priced for the first time,
+a backfill), there is nothing to keep: the rows go straight into the tables (docs/
+performance.md, "Fresh hours written in place" and "A new period's slices committed one by
+one"). Where it holds facts, ingest stages the new ones apart and swaps them in at the end
+(metering/facts.py). Where it holds charges, pricing first sets the old rows aside, in tables
+`aside_<table>` (`Written.REPRICED`), and then replaces them slice by slice. Either way the
+hours are noted in `unfinished_hours`, with what they hold part of (`Written`), for as long
+as they do: the note (and what is set aside) is committed before the first group or slice,
+and dropped in the run's last transaction.
 
-So a run stopped part way leaves hours that held nothing before and now hold some of their
-facts (or charges), and the note saying so. Nothing reads them: every writable open of the
-ledger (metering.db.connect) deletes them first, which puts the hours back as they were (not
-metered, or not priced, as before the run), and a reader of the ledger (metering.ledgerview)
-refuses it until then with one line. A run that fails or is interrupted deletes them itself.
+So a run stopped part way leaves hours that hold part of their new rows, and the note saying
+so. Nothing reads them: every writable open of the ledger (metering.db.connect) deletes them
+first and puts back what was set aside, which leaves the hours as they were before the run
+(not metered, not priced, or priced as before), and a reader of the ledger
+(metering.ledgerview) refuses it until then with one line. A run that fails or is
+interrupted does this itself.
 """
 
 from __future__ import annotations
@@ -47,12 +48,39 @@ PRICED_TABLES: Final = ("charges", "energy_hours", *wastehours.TABLES, pricedhou
 class Written(StrEnum):
     """What a noted hour range holds part of; its tables are what a recovery deletes."""
 
-    FACTS = "facts"  # ingest's node groups
-    CHARGES = "charges"  # pricing's slices
+    FACTS = "facts"  # ingest's node groups, into hours that held no facts
+    CHARGES = "charges"  # pricing's slices, into hours that held no charges
+    REPRICED = "repriced"  # pricing's slices, into hours whose old rows are set aside
 
     @property
     def tables(self) -> tuple[str, ...]:
         return FACT_TABLES if self is Written.FACTS else PRICED_TABLES
+
+    @property
+    def set_aside(self) -> bool:
+        """Whether the hours' old rows are kept in `aside_<table>` until the run is done."""
+        return self is Written.REPRICED
+
+    @property
+    def noun(self) -> str:
+        return "new charges" if self is Written.REPRICED else str(self)
+
+    @property
+    def undone(self) -> str:
+        """What the hours are once a recovery has deleted what the note says."""
+        return {Written.FACTS: "not metered now", Written.CHARGES: "not priced now",
+                Written.REPRICED: "priced as before the run (the charges it replaced are "
+                                  "put back)"}[self]
+
+    @property
+    def verb(self) -> str:
+        """What the same `meter` command does to the hours again."""
+        return "meters" if self is Written.FACTS else "prices"
+
+
+def aside(table: str) -> str:
+    """The table that keeps `table`'s old rows of a re-priced period until the run is done."""
+    return f"aside_{table}"
 
 
 class Note(NamedTuple):
@@ -100,7 +128,12 @@ def fresh(con: Any, start: datetime, end: datetime, clusters: Sequence[str] | No
 def begin(con: Any, start: datetime, end: datetime, clusters: Sequence[str] | None,
           written: Written = Written.FACTS) -> None:
     """Note that hours [start, end) of these clusters (None: any) are being written in
-    place; the caller commits it before the first group or slice."""
+    place, and set aside their rows where `written` says so; the caller commits it before the
+    first group or slice."""
+    if written.set_aside:
+        for table in written.tables:
+            con.execute(f"CREATE TABLE {aside(table)} AS SELECT * FROM {table} WHERE "
+                        f"{_where(clusters)}", _params(start, end, clusters))
     con.execute(f"INSERT INTO {TABLE} (hour_start, hour_end, clusters, written) "
                 "VALUES ($s, $e, $c, $w)",
                 {"s": start, "e": end, "c": None if clusters is None else sorted(clusters),
@@ -108,9 +141,13 @@ def begin(con: Any, start: datetime, end: datetime, clusters: Sequence[str] | No
 
 
 def done(con: Any, start: datetime, end: datetime, written: Written = Written.FACTS) -> None:
-    """The hours are written whole: drop their note in the run's last transaction."""
+    """The hours are written whole: drop their note (and what was set aside) in the run's
+    last transaction."""
     con.execute(f"DELETE FROM {TABLE} WHERE hour_start = $s AND hour_end = $e AND written = $w",
                 {"s": start, "e": end, "w": str(written)})
+    if written.set_aside:
+        for table in written.tables:
+            con.execute(f"DROP TABLE {aside(table)}")
 
 
 def pending(con: Any, catalog: str | None = None) -> list[Note]:
@@ -131,9 +168,9 @@ def pending(con: Any, catalog: str | None = None) -> list[Note]:
 
 
 def clear(con: Any) -> list[Note]:
-    """Delete what the noted hours hold, and the notes, in the caller's transaction; returns
-    the notes cleared. The hours held none of it before they were noted (`fresh`), so this
-    is the ledger as it was."""
+    """Delete what the noted hours hold, put back what was set aside, and drop the notes, in
+    the caller's transaction; returns the notes cleared. The hours held none of it before
+    they were noted (`fresh`), or what was set aside, so this is the ledger as it was."""
     rows = con.execute(f"SELECT hour_start, hour_end, clusters, written FROM {TABLE} "
                        "ORDER BY ALL").fetchall()
     notes = [Note(s, e, _written(w)) for s, e, _, w in rows]  # all known before a delete
@@ -142,6 +179,9 @@ def clear(con: Any) -> list[Note]:
         for table in note.written.tables:
             con.execute(f"DELETE FROM {table} WHERE {_where(names)}",
                         _params(start, stop, names))
+            if note.written.set_aside:
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {aside(table)}")
+                con.execute(f"DROP TABLE {aside(table)}")
     con.execute(f"DELETE FROM {TABLE}")
     return notes
 
@@ -178,7 +218,8 @@ def recovered_on_error(con: Any) -> Iterator[None]:
 
 def describe(notes: Sequence[Note]) -> str:
     """What the noted hours hold part of, in a few words: "the facts of hours A .. B UTC",
-    "; the charges of hours ..." (for a reader's refusal, a recovery's line)."""
+    "; the charges of hours ...", "; the new charges of hours ..." (for a reader's refusal, a
+    recovery's line)."""
     parts = []
     for written in Written:
         ranges = [n for n in notes if n.written is written]
@@ -186,5 +227,5 @@ def describe(notes: Sequence[Note]) -> str:
             shown = ", ".join(f"{s:%Y-%m-%d %H:%M} .. {e:%Y-%m-%d %H:%M}"
                               for s, e, _ in ranges[:3])
             more = f" and {len(ranges) - 3} more" if len(ranges) > 3 else ""
-            parts.append(f"the {written} of hours {shown}{more} UTC")
+            parts.append(f"the {written.noun} of hours {shown}{more} UTC")
     return "; ".join(parts)

@@ -1,7 +1,8 @@
-"""Hours never priced are priced slice by slice, each slice committed, and noted as unfinished
-until the last (metering/pricing.py, metering/unfinished.py): the rows are those of one
-transaction; a run that fails or is interrupted part way deletes what it priced, and one
-killed leaves a note that readers refuse and the next writable open clears."""
+"""A period of several slices is priced slice by slice, each slice committed, and noted as
+unfinished until the last (metering/pricing.py, metering/unfinished.py): the rows are those of
+one transaction. Hours priced before have their old rows set aside first. A run that fails or
+is interrupted part way deletes what it priced and puts back what it set aside; one killed
+leaves a note that readers refuse and the next writable open clears."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 
 from metering import ledgerview, pricedhours, pricing, unfinished
 from metering.cli_meter import main as meter_main
-from metering.costmodel import load_cost_model
+from metering.costmodel import default_path, load_cost_model
 from metering.db import connect
 from metering.pricing import PricingResult, price_period
 
@@ -35,7 +36,8 @@ PRICED = {"charges": "*", "energy_hours": "*", "waste_hours": "*",
 # The fleet's samples begin at 10-04 22:00: slices 2 and 3 hold charges, committed when the
 # fourth is priced.
 _STOP_AT = 4
-FACTS = ("device_hours", "mig_hours", "allocation_hours", "workload_hours", "grant_hours")
+FACTS = tuple(t for t in unfinished.FACT_TABLES if t != "coverage")
+_RECORD = pricedhours.record  # pricing calls it once per slice of a cluster
 
 
 def _rows(db: Path, tables: dict[str, str] | tuple[str, ...]) -> dict[str, list[Any]]:
@@ -51,6 +53,13 @@ def _notes(db: Path) -> list[tuple[Any, ...]]:
                            ).fetchall()
 
 
+def _aside_tables(db: Path) -> list[str]:
+    with connect(db, read_only=True) as con:
+        return [str(t) for (t,) in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_catalog = "
+            "current_database() AND table_name LIKE 'aside_%'").fetchall()]
+
+
 @pytest.fixture(scope="module")
 def metered(fleet_om_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The fleet's 72 hours metered, not priced."""
@@ -60,97 +69,109 @@ def metered(fleet_om_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return db
 
 
+@pytest.fixture(scope="module")
+def priced_before(metered: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same hours priced with dearer GPUs than the packaged cost model's: their old rows
+    differ from what a re-price with the packaged model writes."""
+    where = tmp_path_factory.mktemp("priced-before")
+    dearer = where / "dearer.yaml"
+    dearer.write_text(default_path().read_text().replace("hourly: 4.00", "hourly: 5.00")
+                      .replace("hourly: 2.00", "hourly: 3.00"))
+    db = _copy(metered, where / "priced.duckdb")
+    with connect(db) as con:
+        price_period(con, load_cost_model(dearer), START, END, slice_hours=168)
+    return db
+
+
 def _copy(src: Path, dst: Path) -> Path:
     shutil.copy(src, dst)
     return dst
 
 
-def _price(db: Path, slice_hours: int,
-           hook: Callable[[Any], None] | None = None) -> PricingResult:
+def _at_fourth_slice(monkeypatch: pytest.MonkeyPatch, act: Callable[[Any], None]) -> None:
+    """`act(con)` as pricing records its fourth slice's priced hours (slices 2 and 3 are
+    committed by then where the period is priced in place)."""
+    calls: list[int] = []
+
+    def record(con: Any, *args: Any, **kw: Any) -> None:
+        calls.append(1)
+        if len(calls) == _STOP_AT:
+            act(con)
+        _RECORD(con, *args, **kw)
+
+    monkeypatch.setattr(pricedhours, "record", record)
+
+
+def _price(db: Path, slice_hours: int) -> PricingResult:
     with connect(db) as con:
-        if hook is None:
-            return price_period(con, load_cost_model(None), START, END, slice_hours=slice_hours)
-        real = pricedhours.record
-        calls: list[int] = []
-
-        def record(*args: Any, **kw: Any) -> None:
-            calls.append(1)
-            if len(calls) == _STOP_AT:
-                hook(con)
-            real(*args, **kw)
-
-        pricedhours.record = record  # type: ignore[assignment]
-        try:
-            return price_period(con, load_cost_model(None), START, END,
-                                slice_hours=slice_hours)
-        finally:
-            pricedhours.record = real
+        return price_period(con, load_cost_model(None), START, END, slice_hours=slice_hours)
 
 
 def test_hours_never_priced_are_committed_slice_by_slice_with_the_rows_of_one_transaction(
-        metered: Path, tmp_path: Path) -> None:
-    seen: list[tuple[int, list[Any]]] = []
+        metered: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[int, list[Any], int]] = []
 
     def look(con: Any) -> None:  # what another connection sees: what is committed
         other = con.cursor()
+        aside = other.execute("SELECT count(*) FROM information_schema.tables WHERE "
+                              "table_name = 'aside_charges'").fetchall()[0][0]
         seen.append((other.execute("SELECT count(*) FROM charges").fetchall()[0][0],
-                     other.execute("SELECT written FROM unfinished_hours").fetchall()))
+                     other.execute("SELECT written FROM unfinished_hours").fetchall(),
+                     other.execute("SELECT count(*) FROM aside_charges").fetchall()[0][0]
+                     if aside else -1))
 
-    in_place = _price(_copy(metered, tmp_path / "a.duckdb"), 12, look)
-    charges, notes = seen[0]
+    _at_fourth_slice(monkeypatch, look)
+    in_place = _price(_copy(metered, tmp_path / "a.duckdb"), 12)
+    charges, notes, aside = seen[0]
     assert charges > 0 and notes == [("charges",)]  # slices committed, the period noted
+    assert aside == -1  # nothing to set aside
     assert _notes(tmp_path / "a.duckdb") == []
     # One slice: one transaction, as before.
+    monkeypatch.undo()
     whole = _price(_copy(metered, tmp_path / "b.duckdb"), 168)
     assert in_place == whole
     assert _rows(tmp_path / "a.duckdb", PRICED) == _rows(tmp_path / "b.duckdb", PRICED)
-    # Priced again, the hours hold charges: one transaction (mid-run, another connection
-    # still sees every old row, and no note), the same rows.
+    # Priced again, the hours hold charges: set aside (mid-run, every old row is kept aside
+    # and the hours are noted as re-priced), committed slice by slice, the same rows.
     total = len(_rows(tmp_path / "a.duckdb", ("charges",))["charges"])
     seen.clear()
-    again = _price(tmp_path / "a.duckdb", 12, look)
-    assert seen[0] == (total, [])
+    _at_fourth_slice(monkeypatch, look)
+    again = _price(tmp_path / "a.duckdb", 12)
+    assert seen[0][1:] == ([("repriced",)], total) and seen[0][0] > 0
     assert again == whole
     assert _rows(tmp_path / "a.duckdb", PRICED) == _rows(tmp_path / "b.duckdb", PRICED)
+    assert _notes(tmp_path / "a.duckdb") == [] and _aside_tables(tmp_path / "a.duckdb") == []
 
 
-def _stopped(stop: str) -> Callable[[Any], None]:
-    def hook(con: Any) -> None:
+@pytest.mark.parametrize("before", ["never priced", "priced"])
+@pytest.mark.parametrize("stop", ["error", "ctrl-c"])
+def test_a_stopped_pricing_leaves_the_hours_as_they_were(
+        metered: Path, priced_before: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], stop: str, before: str) -> None:
+    db = _copy(priced_before if before == "priced" else metered, tmp_path / "ledger.duckdb")
+    facts, old = _rows(db, FACTS), _rows(db, dict.fromkeys(PRICED, "*"))
+    monkeypatch.setattr(pricing, "SLICE_LADDER", (12,))
+
+    def stopped(con: Any) -> None:
         if stop == "ctrl-c":
             os.kill(os.getpid(), signal.SIGINT)
         raise RuntimeError("the disk went away")
-    return hook
 
-
-@pytest.mark.parametrize("stop", ["error", "ctrl-c"])
-def test_a_stopped_pricing_of_hours_never_priced_takes_out_what_it_committed(
-        metered: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str], stop: str) -> None:
-    db = _copy(metered, tmp_path / "ledger.duckdb")
-    facts = _rows(db, FACTS)
-    monkeypatch.setattr(pricing, "SLICE_LADDER", (12,))
-    real = pricedhours.record
-    calls: list[int] = []
-
-    def record(*args: Any, **kw: Any) -> None:
-        calls.append(1)
-        if len(calls) == _STOP_AT:
-            _stopped(stop)(None)
-        real(*args, **kw)
-
-    monkeypatch.setattr(pricedhours, "record", record)
+    _at_fourth_slice(monkeypatch, stopped)
     capsys.readouterr()
     rc = meter_main(["--price-only", *SPAN, "--db", str(db), "-q"])
     err = capsys.readouterr().err
     assert rc == (130 if stop == "ctrl-c" else 1) and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1, err
-    assert _rows(db, PRICED) == {t: [] for t in PRICED}  # slice 1 taken out again
-    assert _notes(db) == [] and _rows(db, FACTS) == facts
-    monkeypatch.setattr(pricedhours, "record", real)
+    # Slices 2 and 3 taken out again; a re-price's old rows back, to the timestamp.
+    assert _rows(db, dict.fromkeys(PRICED, "*")) == old
+    assert _notes(db) == [] and _aside_tables(db) == [] and _rows(db, FACTS) == facts
+    monkeypatch.setattr(pricedhours, "record", _RECORD)
     assert meter_main(["--price-only", *SPAN, "--db", str(db), "-q"]) == 0
     whole = _copy(metered, tmp_path / "whole.duckdb")
     _price(whole, 168)
     assert _rows(db, PRICED) == _rows(whole, PRICED)
+    assert before == "never priced" or _rows(db, PRICED) != _rows(priced_before, PRICED)
 
 
 _KILLED_AT_FOURTH_SLICE = """
@@ -167,30 +188,37 @@ def record(*args, **kw):
 pricedhours.record = record
 sys.exit(main(sys.argv[1:]))
 """
+_SPAN_SAID = "2026-10-04 00:00 .. 2026-10-07 00:00 UTC"
 
 
-def test_hours_a_killed_pricing_left_half_priced_are_refused_and_taken_out_on_open(
-        metered: Path, tmp_path: Path) -> None:
-    db = _copy(metered, tmp_path / "ledger.duckdb")
-    facts = _rows(db, FACTS)
+@pytest.mark.parametrize(("before", "written", "said"), [
+    ("never priced", "charges", f"the charges of hours {_SPAN_SAID} that a stopped "
+     "`gpu-ledger meter` run left half written: they are not priced now"),
+    ("priced", "repriced", f"the new charges of hours {_SPAN_SAID} that a stopped "
+     "`gpu-ledger meter` run left half written: they are priced as before the run (the "
+     "charges it replaced are put back)")])
+def test_hours_a_killed_pricing_left_half_priced_are_refused_and_put_back_on_open(
+        metered: Path, priced_before: Path, tmp_path: Path, before: str, written: str,
+        said: str) -> None:
+    db = _copy(priced_before if before == "priced" else metered, tmp_path / "ledger.duckdb")
+    facts, old = _rows(db, FACTS), _rows(db, dict.fromkeys(PRICED, "*"))
     command = ["--price-only", *SPAN, "--db", str(db)]
     run = subprocess.run([sys.executable, "-c", _KILLED_AT_FOURTH_SLICE, *command],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 9, run.stderr
-    assert _notes(db) == [(START, END, "charges")]
-    assert _rows(db, ("charges",))["charges"]  # the first slice's
-    span = "2026-10-04 00:00 .. 2026-10-07 00:00 UTC"
+    assert _notes(db) == [(START, END, written)]
+    assert _rows(db, ("charges",))["charges"] != old["charges"]  # slices 2-3 committed
     with pytest.raises(ledgerview.LedgerError) as refused:
         ledgerview.open_ledger(db)
-    assert f"the charges of hours {span} are half written" in str(refused.value) \
+    noun = "new charges" if before == "priced" else "charges"
+    assert f"the {noun} of hours {_SPAN_SAID} are half written" in str(refused.value) \
         and "\n" not in str(refused.value)
-    said: list[str] = []
-    connect(db, say=said.append).close()
-    assert said == [f"gpu-ledger: {db}: deleted the charges of hours {span} that a stopped "
-                    "`gpu-ledger meter` run left half written: they are not priced now, and "
-                    "the same `meter` command prices them again"]
-    assert _rows(db, PRICED) == {t: [] for t in PRICED} and _notes(db) == []
-    assert _rows(db, FACTS) == facts
+    told: list[str] = []
+    connect(db, say=told.append).close()
+    assert told == [f"gpu-ledger: {db}: deleted {said}, and the same `meter` command prices "
+                    "them again"]
+    assert _rows(db, dict.fromkeys(PRICED, "*")) == old
+    assert _notes(db) == [] and _aside_tables(db) == [] and _rows(db, FACTS) == facts
     assert meter_main([*command, "-q"]) == 0
     whole = _copy(metered, tmp_path / "whole.duckdb")
     _price(whole, 168)
@@ -229,8 +257,8 @@ def test_a_note_this_version_cannot_read_is_one_line_not_a_guess(
     facts = _rows(db, FACTS)
     with pytest.raises(ledgerview.LedgerError) as refused:
         ledgerview.open_ledger(db)
-    assert "unfinished_hours: a note of 'budgets', expected one of facts, charges" in str(
-        refused.value) and "\n" not in str(refused.value)
+    assert "unfinished_hours: a note of 'budgets', expected one of facts, charges, " \
+        "repriced" in str(refused.value) and "\n" not in str(refused.value)
     capsys.readouterr()
     assert meter_main(["--price-only", *SPAN, "--db", str(db)]) == 4
     err = capsys.readouterr().err

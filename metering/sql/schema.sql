@@ -224,14 +224,16 @@ CREATE TABLE IF NOT EXISTS ingest_chunks (
 
 -- Hours a run is writing straight into the ledger's tables, committing as it goes
 -- (metering/unfinished.py): a chunk's node groups into the fact tables, or a period's pricing
--- slices into the charges, energy and waste tables; hours that held no such rows before it.
--- While a row is here they hold part of them: a writable open of the ledger deletes them (and
--- the row), a reader refuses the ledger. The run's last transaction deletes the row.
+-- slices into the charges, energy and waste tables; hours that held no such rows before it,
+-- or (`repriced`) whose old pricing rows it copied into tables aside_<table> first.
+-- While a row is here they hold part of them: a writable open of the ledger deletes them (puts
+-- back what is aside, drops the row), a reader refuses the ledger. The run's last transaction
+-- deletes the row and drops the aside_ tables.
 CREATE TABLE IF NOT EXISTS unfinished_hours (
     hour_start        TIMESTAMP NOT NULL,   -- UTC
     hour_end          TIMESTAMP NOT NULL,
     clusters          VARCHAR[],            -- NULL: every cluster (a cluster label's chunk)
-    written           VARCHAR   NOT NULL DEFAULT 'facts'  -- facts | charges
+    written           VARCHAR   NOT NULL DEFAULT 'facts'  -- facts | charges | repriced
 );
 
 -- Closed months (metering/closes.py, `gpu-ledger close`): a closed month's charges never
