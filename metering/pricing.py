@@ -293,6 +293,9 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                    (lambda: transaction(con), nullcontext))
     try:
         if written is not None:
+            if written.set_aside and progress is not None:  # a copy of every row: minutes
+                progress.message("price: the hours hold charges already: copying them aside "
+                                 "first, to put back if the run stops")
             with transaction(con):
                 unfinished.begin(con, start, end, names, written)
         with unfinished.recovered_on_error(con) if in_place else nullcontext(), whole():

@@ -206,6 +206,7 @@ def test_hours_a_killed_pricing_left_half_priced_are_refused_and_put_back_on_ope
     run = subprocess.run([sys.executable, "-c", _KILLED_AT_FOURTH_SLICE, *command],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 9, run.stderr
+    assert ("copying them aside" in run.stderr) is (before == "priced"), run.stderr
     assert _notes(db) == [(START, END, written)]
     assert _rows(db, ("charges",))["charges"] != old["charges"]  # slices 2-3 committed
     with pytest.raises(ledgerview.LedgerError) as refused:
