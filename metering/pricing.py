@@ -3,9 +3,9 @@
 All row work is set-based SQL in metering/sql/pricing.sql. Python only resolves the cost model
 against the few distinct GPU models and namespaces of the period (glob rules are easier to get
 right once, in one place, than twice), loads those small tables, and runs the statements all or
-nothing: a period of several slices commits slice by slice, noted as unfinished until the last
-(hours priced before have their old rows set aside first; metering/unfinished.py); a single
-slice, or a period with closed hours, is one transaction.
+nothing: a period of several slices never priced commits slice by slice, noted as unfinished
+until the last (metering/unfinished.py); so does a re-price of more than ONE_TRANSACTION_SLICES
+slices, its old rows set aside first; any other period is one transaction.
 Each cluster is priced on its own, with its own prices and team rules (CostModel.for_cluster).
 """
 
@@ -193,6 +193,12 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str,
 # day's 1M did not.
 SLICE_LADDER: Final = (168, 72, 48, 24, 12, 6, 3, 1)
 PRICING_BYTES_PER_ROW: Final = 1_000
+# The most slices (of all clusters) a re-price keeps in one transaction; beyond, it commits
+# slice by slice with the old rows set aside (price_period). At 80,000 GPUs (12-hour slices)
+# one transaction took 0.73x the wall of the copy aside for 3 days and 0.74x for a week (14
+# slices, peak RSS 1.8 GiB, 5.5 GB spilled); the month (62) ran out of memory under the 1.5GB
+# cap (docs/performance.md, "Re-pricing with the old rows set aside").
+ONE_TRANSACTION_SLICES: Final = 14
 
 
 @dataclass(frozen=True)
@@ -241,11 +247,12 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
                  progress: Progress | None = None,
                  clusters: Sequence[str] | None = None,
                  freeze: Freeze | None = None, keep: bool = False) -> PricingResult:
-    """Rebuild `charges` for hours in [start, end) from the facts, all or nothing: where there
-    are several slices (of all clusters) and no freeze, one transaction per slice, with the
-    hours noted as unfinished until the last and their old pricing rows set aside first (a
-    failure deletes what was committed and puts those back: the hours are as before);
-    otherwise in one transaction.
+    """Rebuild `charges` for hours in [start, end) from the facts, all or nothing: where
+    there is no freeze and more than one slice (of all clusters) never priced, or more than
+    ONE_TRANSACTION_SLICES priced before, one transaction per slice, with the hours noted as
+    unfinished until the last and their old pricing rows set aside first (a failure deletes
+    what was committed and puts those back: the hours are as before); otherwise in one
+    transaction.
 
     `clusters` limits the rebuild to those clusters (default: every cluster with facts or
     charges in the period); each is priced with model.for_cluster(name) and no other
@@ -272,16 +279,18 @@ def price_period(con: duckdb.DuckDBPyConnection, model: CostModel,
     sql = sqlfile.load("pricing.sql")
     names = list(clusters) if clusters is not None else clusters_in(con, start, end)
     slices = list(Period(utc_aware(start), utc_aware(end)).chunks(slice_hours))
-    # A period of several slices commits each slice on its own, so that DuckDB frees its work
-    # tables (in one transaction it keeps every slice's until the end, spilled: 27 GB for an
-    # 80,000-GPU month, out of memory under the 1.5GB cap at 80,000 GPUs), and the hours are
-    # noted as unfinished until the last one (metering/unfinished.py). Hours priced before
-    # have their old rows set aside first, so that a run that stops puts them back.
-    # Closed hours (freeze) and a single slice keep one transaction.
-    written = (None if freeze is not None or len(slices) * len(names) == 1 else
+    # A period of several slices never priced commits each slice on its own, so that DuckDB
+    # frees its work tables (in one transaction it keeps every slice's until the end,
+    # spilled: 27 GB for an 80,000-GPU month, out of memory under the 1.5GB cap at that size),
+    # with the hours noted as unfinished until the last one (metering/unfinished.py). Hours
+    # priced before are too, beyond ONE_TRANSACTION_SLICES, with their old rows set aside
+    # first so that a run that stops puts them back; up to it, one transaction is cheaper than
+    # that copy. Closed hours (freeze) keep one transaction.
+    count = len(slices) * len(names)
+    written = (None if freeze is not None or count == 1 else
                unfinished.Written.CHARGES if unfinished.fresh(
-                   con, start, end, names, unfinished.Written.CHARGES)
-               else unfinished.Written.REPRICED)
+                   con, start, end, names, unfinished.Written.CHARGES) else
+               unfinished.Written.REPRICED if count > ONE_TRANSACTION_SLICES else None)
     in_place = written is not None
     # Row order in `charges` carries no meaning; not keeping it makes the big inserts faster.
     # The caller's setting is restored afterwards.

@@ -1,4 +1,5 @@
-"""A period of several slices is priced slice by slice, each slice committed, and noted as
+"""A period of several slices never priced (or priced before, in more than
+ONE_TRANSACTION_SLICES slices) is priced slice by slice, each slice committed, and noted as
 unfinished until the last (metering/pricing.py, metering/unfinished.py): the rows are those of
 one transaction. Hours priced before have their old rows set aside first. A run that fails or
 is interrupted part way deletes what it priced and puts back what it set aside; one killed
@@ -131,9 +132,16 @@ def test_hours_never_priced_are_committed_slice_by_slice_with_the_rows_of_one_tr
     whole = _price(_copy(metered, tmp_path / "b.duckdb"), 168)
     assert in_place == whole
     assert _rows(tmp_path / "a.duckdb", PRICED) == _rows(tmp_path / "b.duckdb", PRICED)
-    # Priced again, the hours hold charges: set aside (mid-run, every old row is kept aside
-    # and the hours are noted as re-priced), committed slice by slice, the same rows.
+    # Priced again, the hours hold charges. In no more than ONE_TRANSACTION_SLICES slices:
+    # one transaction (mid-run, another connection still sees every old row, and no note).
     total = len(_rows(tmp_path / "a.duckdb", ("charges",))["charges"])
+    seen.clear()
+    _at_fourth_slice(monkeypatch, look)
+    assert _price(tmp_path / "a.duckdb", 12) == whole
+    assert seen == [(total, [], -1)]
+    # In more: set aside (mid-run, every old row is kept aside and the hours are noted as
+    # re-priced), committed slice by slice; the same rows.
+    monkeypatch.setattr(pricing, "ONE_TRANSACTION_SLICES", 5)
     seen.clear()
     _at_fourth_slice(monkeypatch, look)
     again = _price(tmp_path / "a.duckdb", 12)
@@ -151,6 +159,7 @@ def test_a_stopped_pricing_leaves_the_hours_as_they_were(
     db = _copy(priced_before if before == "priced" else metered, tmp_path / "ledger.duckdb")
     facts, old = _rows(db, FACTS), _rows(db, dict.fromkeys(PRICED, "*"))
     monkeypatch.setattr(pricing, "SLICE_LADDER", (12,))
+    monkeypatch.setattr(pricing, "ONE_TRANSACTION_SLICES", 1)  # a re-price sets rows aside
 
     def stopped(con: Any) -> None:
         if stop == "ctrl-c":
@@ -179,6 +188,7 @@ import os, sys
 from metering import pricedhours, pricing
 from metering.cli_meter import main
 pricing.SLICE_LADDER = (12,)
+pricing.ONE_TRANSACTION_SLICES = 1  # a re-price sets rows aside
 real, calls = pricedhours.record, []
 def record(*args, **kw):
     calls.append(1)
