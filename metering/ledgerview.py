@@ -115,10 +115,13 @@ def _duckdb_sources(con: duckdb.DuckDBPyConnection, p: Path, alias: str) -> dict
     except unfinished.DamagedNote as e:
         raise LedgerError(f"{p}: {e}") from None
     if left:
+        back = (" (and puts back the charges they replace)"
+                if any(n.written.set_aside for n in left) else "")
         raise LedgerError(
             f"{p}: {unfinished.describe(left)} are half written: a `gpu-ledger meter` run "
             "stopped while writing them; any command that writes the ledger (`meter`, "
-            "`close`) deletes them first, and the same `meter` command writes them again")
+            f"`close`) deletes them first{back}, and the same `meter` command writes them "
+            "again")
     columns: dict[str, set[str]] = {}
     for table, column in con.execute(
             "SELECT table_name, column_name FROM information_schema.columns "

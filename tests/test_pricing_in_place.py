@@ -224,6 +224,8 @@ def test_hours_a_killed_pricing_left_half_priced_are_refused_and_put_back_on_ope
     noun = "new charges" if before == "priced" else "charges"
     assert f"the {noun} of hours {_SPAN_SAID} are half written" in str(refused.value) \
         and "\n" not in str(refused.value)
+    assert ("deletes them first (and puts back the charges they replace)" in str(
+        refused.value)) is (before == "priced")
     told: list[str] = []
     connect(db, say=told.append).close()
     assert told == [f"gpu-ledger: {db}: deleted {said}, and the same `meter` command prices "
