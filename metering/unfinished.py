@@ -21,9 +21,7 @@ so. Nothing reads them: every writable open of the ledger (metering.db.connect) 
 first and puts back what was set aside, which leaves the hours as they were before the run
 (not metered, not priced, or priced as before), and a reader of the ledger
 (metering.ledgerview) refuses it until then with one line. A run that fails or is
-interrupted does this itself. It is done a day at a time (`recover`), each day its own
-transaction, and the note is dropped last: a recovery stopped part way is done again whole by
-the next open.
+interrupted does this itself.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final, NamedTuple
 
@@ -45,11 +43,6 @@ FACT_TABLES: Final = ("device_hours", "mig_hours", "allocation_hours", "workload
                       "grant_hours", "coverage")
 # The tables pricing writes per hour and cluster: what a priced hour is.
 PRICED_TABLES: Final = ("charges", "energy_hours", *wastehours.TABLES, pricedhours.TABLE)
-# Hours a recovery puts back per transaction. The 80,000-GPU month's re-price, killed, was put
-# back in one transaction at a 3.6 GiB peak RSS under the 1.5GB cap (the deleted and inserted
-# rows' versions are held until COMMIT; docs/performance.md, "Re-pricing with the old rows set
-# aside"): a day at a time bounds that by a day's rows.
-RECOVERY_STEP: Final = timedelta(hours=24)
 
 
 class Written(StrEnum):
@@ -174,56 +167,39 @@ def pending(con: Any, catalog: str | None = None) -> list[Note]:
         f"SELECT hour_start, hour_end, {written} FROM {table} ORDER BY ALL").fetchall()]
 
 
-@contextmanager
-def _transaction(con: Any) -> Iterator[None]:
+def clear(con: Any) -> list[Note]:
+    """Delete what the noted hours hold, put back what was set aside, and drop the notes, in
+    the caller's transaction; returns the notes cleared. The hours held none of it before
+    they were noted (`fresh`), or what was set aside, so this is the ledger as it was."""
+    rows = con.execute(f"SELECT hour_start, hour_end, clusters, written FROM {TABLE} "
+                       "ORDER BY ALL").fetchall()
+    notes = [Note(s, e, _written(w)) for s, e, _, w in rows]  # all known before a delete
+    for (start, stop, clusters, _), note in zip(rows, notes, strict=True):
+        names = None if clusters is None else [str(c) for c in clusters]
+        for table in note.written.tables:
+            con.execute(f"DELETE FROM {table} WHERE {_where(names)}",
+                        _params(start, stop, names))
+            if note.written.set_aside:
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {aside(table)}")
+                con.execute(f"DROP TABLE {aside(table)}")
+    con.execute(f"DELETE FROM {TABLE}")
+    return notes
+
+
+def recover(con: Any) -> list[Note]:
+    """`clear` in a transaction of its own, where anything is noted (a writable open, a run's
+    failed chunk)."""
+    if not pending(con):
+        return []
     con.execute("BEGIN TRANSACTION")
     try:
-        yield
+        cleared = clear(con)
     except BaseException:
         with contextlib.suppress(duckdb.Error):
             con.execute("ROLLBACK")
         raise
     con.execute("COMMIT")
-
-
-def put_back(con: Any, note: Note, clusters: Sequence[str] | None, start: datetime,
-             end: datetime) -> None:
-    """Hours [start, end) of a note as they were: what they hold now deleted, what was set
-    aside inserted again. Run twice, it gives the same rows (the copies stay until
-    `recover`'s last transaction)."""
-    for table in note.written.tables:
-        con.execute(f"DELETE FROM {table} WHERE {_where(clusters)}",
-                    _params(start, end, clusters))
-        if note.written.set_aside:  # the copies hold the note's clusters only
-            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {aside(table)} WHERE "
-                        f"{_where(None)}", _params(start, end, None))
-
-
-def recover(con: Any) -> list[Note]:
-    """Put the noted hours back as they were (a writable open, a run's failed chunk or
-    pricing): a day at a time, each day its own transaction, then the notes and the copies
-    dropped in a last one; returns the notes. The hours held none of their rows before they
-    were noted (`fresh`), or held what was set aside, so this is the ledger as it was. A
-    recovery stopped part way leaves the notes, and the next one does it all again (a day put
-    back twice is the same day)."""
-    rows = con.execute(f"SELECT hour_start, hour_end, clusters, written FROM {TABLE} "
-                       "ORDER BY ALL").fetchall() if pending(con) else []
-    notes = [Note(s, e, _written(w)) for s, e, _, w in rows]  # all known before a delete
-    for (start, stop, clusters, _), note in zip(rows, notes, strict=True):
-        names = None if clusters is None else [str(c) for c in clusters]
-        day = start
-        while day < stop:
-            until = min(day + RECOVERY_STEP, stop)
-            with _transaction(con):
-                put_back(con, note, names, day, until)
-            day = until
-    if notes:
-        with _transaction(con):
-            for written in {n.written for n in notes if n.written.set_aside}:
-                for table in written.tables:
-                    con.execute(f"DROP TABLE {aside(table)}")
-            con.execute(f"DELETE FROM {TABLE}")
-    return notes
+    return cleared
 
 
 @contextmanager
