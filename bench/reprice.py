@@ -31,6 +31,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,42 +66,41 @@ def _fresh_copy(ledger: Path, copy: Path, reopen: bool) -> None:
         con.close()
 
 
-class _Spill:
-    """The largest size the spill directory reached while a run lasted."""
+@contextmanager
+def _spill_peak(directory: str) -> Iterator[list[int]]:
+    """The largest size (bytes, in the list's one item) the spill directory reached while the
+    block ran, read every second."""
+    peak, done = [0], threading.Event()
 
-    def __init__(self, directory: str) -> None:
-        self.directory, self.peak, self._done = directory, 0, threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def _watch(self) -> None:
-        while not self._done.is_set():
+    def watch() -> None:
+        while not done.is_set():
             size = 0
-            for root, _, files in os.walk(self.directory):
+            for root, _, files in os.walk(directory):
                 for f in files:
                     with contextlib.suppress(OSError):  # removed while read
                         size += os.path.getsize(os.path.join(root, f))
-            self.peak = max(self.peak, size)
-            self._done.wait(1.0)
+            peak[0] = max(peak[0], size)
+            done.wait(1.0)
 
-    def __enter__(self) -> _Spill:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        thread.join()
 
 
 def reprice(copy: Path, span: list[str], python: str, cwd: Path | None) -> dict[str, Any]:
     args = ["meter", "--price-only", *span, "--db", str(copy), "-q"]
     t0 = time.perf_counter()
-    with _Spill(f"{copy}.tmp") as spill:
+    with _spill_peak(f"{copy}.tmp") as spill:
         proc = subprocess.run([python, "-c", _CHILD, *args], capture_output=True, text=True,
                               check=False, cwd=cwd)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"re-price failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return {"wall_s": wall, **child_usage(proc.stderr), "spill_mib": spill.peak / 2**20,
+    return {"wall_s": wall, **child_usage(proc.stderr), "spill_mib": spill[0] / 2**20,
             "tables": rows_hash(copy)}
 
 
